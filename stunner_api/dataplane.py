@@ -1,0 +1,862 @@
+"""The STUNner v1 dataplane config: the contract between the operator and stunnerd.
+
+Pydantic models of Go STUNner's `pkg/apis/v1` (`StunnerConfig`, `AdminConfig`, `AuthConfig`,
+`ListenerConfig`, `ClusterConfig`) with the same JSON keys, defaults and aliases. Validation is
+Go's `Validate()`: it normalises and fills in defaults, so two configs that mean the same compare
+equal (`==`) once loaded. Models are frozen values.
+
+- `load_config(text, env)` parses YAML or JSON the way `pkg/config/client.ParseConfig` does:
+  `os.ExpandEnv` over the whole text except `auth.credentials` (l7mp/stunner#102), with
+  `STUNNER_PORT` defaulted first.
+- `StunnerConfig.to_json()` is byte-identical to Go's `json.Marshal` of the validated struct
+  (field order, `omitempty`, sorted map keys, compact separators, HTML-safe escaping).
+- `config_from_uri(uri)` is the `turn://user:pass@host:port?transport=udp` shorthand
+  (`NewDefaultConfig`).
+- `redacted(config)` and `str(config)` hide credentials, TLS keys and the license HMAC.
+
+Unknown keys are ignored, as Go's `json.Unmarshal` ignores them. Every problem raises
+`ConfigError`, whose message starts with the field path: `listeners[0].port: must be 1..65535,
+got 70000`.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import re
+from collections.abc import Callable, Mapping
+from typing import Any, Literal
+from urllib.parse import parse_qs, unquote, urlsplit
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import ErrorDetails, PydanticCustomError
+
+# Defaults (Go: pkg/apis/v1/default.go).
+API_VERSION = "v1"
+API_VERSION_V1ALPHA1 = "v1alpha1"
+DEFAULT_STUNNER_NAME = "default-stunnerd"
+DEFAULT_LOG_LEVEL = "all:INFO"
+DEFAULT_REALM = "stunner.l7mp.io"
+DEFAULT_PORT = 3478
+DEFAULT_ADDRESS = "0.0.0.0"
+DEFAULT_METRICS_PORT = 8080
+DEFAULT_HEALTHCHECK_PORT = 8086
+DEFAULT_HEALTHCHECK_ENDPOINT = f"http://:{DEFAULT_HEALTHCHECK_PORT}"
+ENV_PORT = "STUNNER_PORT"
+ENV_PUBLIC_PORT = "STUNNER_PUBLIC_PORT"
+SECRET = "<SECRET>"
+
+# Credentials of the config the CDS sends for a deleted Gateway (pkg/config/client: ZeroConfig).
+ZERO_CONFIG_USERNAME = "dummy-username"
+ZERO_CONFIG_PASSWORD = "dummy-password"
+
+# Names of the URI shorthand config (config.go: NewDefaultConfig).
+URI_LISTENER_NAME = "default-listener"
+URI_CLUSTER_NAME = "allow-any"
+URI_CLUSTER_ENDPOINTS = ("0.0.0.0/0",)
+
+AuthType = Literal["static", "ephemeral", "none"]
+ListenerProtocol = Literal["TURN-UDP", "TURN-TCP", "TURN-TLS", "TURN-DTLS"]
+ClusterType = Literal["STATIC", "STRICT_DNS"]
+ClusterProtocol = Literal["UDP", "TCP"]
+OffloadEngine = Literal["None", "XDP", "TC", "Auto"]
+
+# Accepted spellings, keyed by their case-folded form.
+AUTH_TYPES: Mapping[str, AuthType] = {
+    "static": "static",
+    "plaintext": "static",
+    "ephemeral": "ephemeral",
+    "longterm": "ephemeral",
+    "timewindowed": "ephemeral",
+    "none": "none",
+}
+LISTENER_PROTOCOLS: Mapping[str, ListenerProtocol] = {
+    "TURN-UDP": "TURN-UDP",
+    "UDP": "TURN-UDP",
+    "TURN-TCP": "TURN-TCP",
+    "TCP": "TURN-TCP",
+    "TURN-TLS": "TURN-TLS",
+    "TLS": "TURN-TLS",
+    "TURN-DTLS": "TURN-DTLS",
+    "DTLS": "TURN-DTLS",
+}
+CLUSTER_TYPES: Mapping[str, ClusterType] = {"STATIC": "STATIC", "STRICT_DNS": "STRICT_DNS"}
+CLUSTER_PROTOCOLS: Mapping[str, ClusterProtocol] = {"UDP": "UDP", "TCP": "TCP"}
+OFFLOAD_ENGINES: Mapping[str, OffloadEngine] = {
+    "none": "None",
+    "xdp": "XDP",
+    "tc": "TC",
+    "auto": "Auto",
+}
+# Listener protocol -> (URI scheme, transport) as in GetListenerURI.
+LISTENER_URI_PARTS: Mapping[ListenerProtocol, tuple[str, str]] = {
+    "TURN-UDP": ("turn", "udp"),
+    "TURN-TCP": ("turn", "tcp"),
+    "TURN-DTLS": ("turns", "udp"),
+    "TURN-TLS": ("turns", "tcp"),
+}
+TLS_PROTOCOLS: frozenset[ListenerProtocol] = frozenset({"TURN-TLS", "TURN-DTLS"})
+
+_PORT_RANGE = re.compile(r"(.*):<([0-9]+)-([0-9]+)>")
+_DNS_LABEL = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?")
+_PREFIX_LENGTH = re.compile(r"[0-9]{1,3}")
+_SHELL_SPECIAL = frozenset("*#$@!?-0123456789")
+_SHELL_NAME = re.compile(r"[A-Za-z0-9_]*")
+
+
+class ConfigError(ValueError):
+    """The config cannot be used; the message names the field path and the reason."""
+
+
+def _reject(reason: str, field: str = "") -> PydanticCustomError:
+    """A validation error with an exact message; `field` extends the error's path."""
+    return PydanticCustomError("stunner_config", "{reason}", {"reason": reason, "field": field})
+
+
+def _go_quote(value: object) -> str:
+    """Roughly Go's %q: a double-quoted string (non-strings are rendered first)."""
+    return json.dumps(value if isinstance(value, str) else str(value), ensure_ascii=False)
+
+
+def _normalize(
+    value: object, table: Mapping[str, str], fold: Callable[[str], str], default: str, what: str
+) -> object:
+    """Map an accepted spelling to its canonical form; "" means the default."""
+    if not isinstance(value, str):
+        return value  # strict type validation reports it
+    if value == "":
+        value = default
+    try:
+        return table[fold(value)]
+    except KeyError:
+        raise _reject(f"unknown {what}: {_go_quote(value)}") from None
+
+
+def _empty_is_default(value: object, default: object) -> object:
+    """Go treats the zero value as unset: "" and 0 mean the default."""
+    return default if value == "" or (type(value) is int and value == 0) else value
+
+
+def _check_url(value: str, what: str) -> str:
+    """A minimal url.Parse: the URL must split and a port, if any, must be a number."""
+    if value:
+        try:
+            urlsplit(value).port  # noqa: B018 - parsing the port is the check
+        except ValueError as exc:
+            raise _reject(f"invalid {what} endpoint URL {value}: {exc}") from None
+    return value
+
+
+def _omitempty(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """Go's `omitempty`: drop "", 0, empty lists and maps, and nil."""
+    return {k: v for k, v in pairs if v is not None and v != "" and v != [] and v != {} and v != 0}
+
+
+class _GoStruct(BaseModel):
+    """Common model settings: frozen values, Go's strict JSON types, unknown keys ignored."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore", strict=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_unset(cls, data: Any) -> Any:
+        """JSON null leaves a Go field at its zero value, which validation then defaults."""
+        if isinstance(data, Mapping):
+            return {k: v for k, v in data.items() if v is not None}
+        return data
+
+
+class LicenseConfig(_GoStruct):
+    """Premium licensing info (informational in the open-source build)."""
+
+    key: str = ""
+    hmac: str = Field(default="", repr=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Go JSON form: both keys always present."""
+        return {"key": self.key, "hmac": self.hmac}
+
+    def __str__(self) -> str:
+        return f"{{key={self.key},pass={SECRET}}}"
+
+
+class AdminConfig(_GoStruct):
+    """`admin`: daemon name, log levels, metrics and health-check endpoints, quota, offload."""
+
+    name: str = DEFAULT_STUNNER_NAME
+    loglevel: str = DEFAULT_LOG_LEVEL
+    metrics_endpoint: str = ""
+    # Go: a nil pointer means the default; an explicit "" disables health checks.
+    healthcheck_endpoint: str = DEFAULT_HEALTHCHECK_ENDPOINT
+    user_quota: int = 0
+    offload_engine: OffloadEngine = "None"
+    offload_interfaces: list[str] = Field(default_factory=list)
+    license_config: LicenseConfig | None = None
+
+    @field_validator("name", mode="before")
+    @classmethod
+    def _default_name(cls, value: object) -> object:
+        return _empty_is_default(value, DEFAULT_STUNNER_NAME)
+
+    @field_validator("loglevel", mode="before")
+    @classmethod
+    def _default_loglevel(cls, value: object) -> object:
+        return _empty_is_default(value, DEFAULT_LOG_LEVEL)
+
+    @field_validator("metrics_endpoint")
+    @classmethod
+    def _check_metrics_endpoint(cls, value: str) -> str:
+        return _check_url(value, "metric server")
+
+    @field_validator("healthcheck_endpoint")
+    @classmethod
+    def _check_healthcheck_endpoint(cls, value: str) -> str:
+        return _check_url(value, "health-check server")
+
+    @field_validator("user_quota")
+    @classmethod
+    def _clamp_quota(cls, value: int) -> int:
+        return max(value, 0)
+
+    @field_validator("offload_engine", mode="before")
+    @classmethod
+    def _normalize_offload(cls, value: object) -> object:
+        return _normalize(value, OFFLOAD_ENGINES, str.lower, "None", "offload mode")
+
+    @field_validator("offload_interfaces")
+    @classmethod
+    def _sort_interfaces(cls, value: list[str]) -> list[str]:
+        return sorted(value)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Go JSON form (`omitempty` everywhere; the health-check pointer is always set)."""
+        out = _omitempty(
+            [
+                ("name", self.name),
+                ("loglevel", self.loglevel),
+                ("metrics_endpoint", self.metrics_endpoint),
+            ]
+        )
+        out["healthcheck_endpoint"] = self.healthcheck_endpoint
+        out |= _omitempty(
+            [
+                ("user_quota", self.user_quota),
+                ("offload_engine", self.offload_engine),
+                ("offload_interfaces", list(self.offload_interfaces)),
+                ("license_config", self.license_config and self.license_config.to_dict()),
+            ]
+        )
+        return out
+
+    def __str__(self) -> str:
+        status = [f"name={_go_quote(self.name)}", f"logLevel={_go_quote(self.loglevel)}"]
+        if self.metrics_endpoint:
+            status.append(f"metrics={_go_quote(self.metrics_endpoint)}")
+        status.append(f"health-check={_go_quote(self.healthcheck_endpoint)}")
+        if self.user_quota > 0:
+            status.append(f"quota={self.user_quota}")
+        interfaces = "all"
+        if self.offload_engine != "None" and self.offload_interfaces:
+            interfaces = "<" + ",".join(self.offload_interfaces) + ">"
+        status.append(f"offload={self.offload_engine}[{interfaces}]")
+        status.append(f"license_info={self.license_config or '<MISSING>'}")
+        return "admin:{" + ",".join(status) + "}"
+
+
+class AuthConfig(_GoStruct):
+    """`auth`: the STUN/TURN long-term credential mechanism."""
+
+    type: AuthType = "static"
+    realm: str = DEFAULT_REALM
+    credentials: dict[str, str] = Field(default_factory=dict, repr=False)
+
+    @field_validator("type", mode="before")
+    @classmethod
+    def _normalize_type(cls, value: object) -> object:
+        return _normalize(value, AUTH_TYPES, str.lower, "static", "authentication type")
+
+    @field_validator("realm", mode="before")
+    @classmethod
+    def _default_realm(cls, value: object) -> object:
+        return _empty_is_default(value, DEFAULT_REALM)
+
+    @field_validator("credentials", mode="before")
+    @classmethod
+    def _null_credential_is_empty(cls, value: object) -> object:
+        if isinstance(value, Mapping):
+            return {k: "" if v is None else v for k, v in value.items()}
+        return value
+
+    @model_validator(mode="after")
+    def _check_credentials(self) -> AuthConfig:
+        keys = self.credentials.keys()
+        if self.type == "static" and not {"username", "password"} <= keys:
+            raise _reject("static: empty username or password", "credentials")
+        if self.type == "ephemeral" and "secret" not in keys:
+            raise _reject(
+                "cannot handle auth config for type ephemeral: invalid secret", "credentials"
+            )
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        """Go JSON form: `credentials` has no omitempty; its keys are sorted."""
+        out = _omitempty([("type", self.type), ("realm", self.realm)])
+        out["credentials"] = dict(sorted(self.credentials.items()))
+        return out
+
+    def __str__(self) -> str:
+        def shown(key: str) -> str:
+            value = self.credentials.get(key)
+            return "-" if value is None else SECRET if value else "<MISSING>"
+
+        status = [f"realm={_go_quote(self.realm)}", f"type={_go_quote(self.type)}"]
+        if self.type == "static":
+            status.append(f"username={_go_quote(shown('username'))}")
+            status.append(f"password={_go_quote(shown('password'))}")
+        elif self.type == "ephemeral":
+            status.append(f"shared-secret={_go_quote(shown('secret'))}")
+        return "auth:{" + ",".join(status) + "}"
+
+
+class ListenerConfig(_GoStruct):
+    """`listeners[]`: a TURN server socket and the clusters its clients may reach."""
+
+    name: str = ""
+    protocol: ListenerProtocol = "TURN-UDP"
+    public_address: str = ""
+    public_port: int = 0
+    # The advertised relay address (the pod IP in Kubernetes); sockets bind the wildcard.
+    address: str = DEFAULT_ADDRESS
+    port: int = DEFAULT_PORT
+    cert: str = Field(default="", repr=False)  # base64 PEM
+    key: str = Field(default="", repr=False)  # base64 PEM
+    routes: list[str] = Field(default_factory=list)
+
+    @field_validator("protocol", mode="before")
+    @classmethod
+    def _normalize_protocol(cls, value: object) -> object:
+        return _normalize(value, LISTENER_PROTOCOLS, str.upper, "TURN-UDP", "listener protocol")
+
+    @field_validator("public_port")
+    @classmethod
+    def _check_public_port(cls, value: int) -> int:
+        if not 0 <= value <= 65535:
+            raise _reject(f"must be 0..65535, got {value}")
+        return value
+
+    @field_validator("address", mode="before")
+    @classmethod
+    def _default_address(cls, value: object) -> object:
+        return "127.0.0.1" if value == "localhost" else _empty_is_default(value, DEFAULT_ADDRESS)
+
+    @field_validator("port", mode="before")
+    @classmethod
+    def _default_port(cls, value: object) -> object:
+        return _empty_is_default(value, DEFAULT_PORT)
+
+    @field_validator("port")
+    @classmethod
+    def _check_port(cls, value: int) -> int:
+        if not 1 <= value <= 65535:
+            raise _reject(f"must be 1..65535, got {value}")
+        return value
+
+    @field_validator("routes")
+    @classmethod
+    def _sort_routes(cls, value: list[str]) -> list[str]:
+        return sorted(value)
+
+    @model_validator(mode="after")
+    def _check_listener(self) -> ListenerConfig:
+        if not self.name:
+            raise _reject("missing name in listener configuration", "name")
+        if self.protocol in TLS_PROTOCOLS:
+            if not self.cert:
+                raise _reject(f"empty TLS cert for {self.protocol} listener", "cert")
+            if not self.key:
+                raise _reject(f"empty TLS key for {self.protocol} listener", "key")
+        return self
+
+    def uri(self, rfc7065: bool = True) -> str:
+        """The client URI (GetListenerURI): `turn:<addr>:<port>?transport=udp` and the like.
+
+        The public address and port win over `address` and `port`. As in Go, an IPv6 address
+        is not bracketed. With `rfc7065=False` the scheme is followed by "://".
+        """
+        scheme, transport = LISTENER_URI_PARTS[self.protocol]
+        address = self.public_address or self.address
+        port = self.public_port or self.port
+        separator = ":" if rfc7065 else "://"
+        return f"{scheme}{separator}{address}:{port}?transport={transport}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """Go JSON form (`omitempty` everywhere)."""
+        return _omitempty(
+            [
+                ("name", self.name),
+                ("protocol", self.protocol),
+                ("public_address", self.public_address),
+                ("public_port", self.public_port),
+                ("address", self.address),
+                ("port", self.port),
+                ("cert", self.cert),
+                ("key", self.key),
+                ("routes", list(self.routes)),
+            ]
+        )
+
+    def __str__(self) -> str:
+        public = f"{self.public_address or '-'}:{self.public_port or '-'}"
+        cert_key = f"{SECRET if self.cert else '-'}/{SECRET if self.key else '-'}"
+        status = [
+            f"turn://{self.address}:{self.port}?transport={self.protocol}",
+            f"public={public}",
+            f"cert/key={cert_key}",
+            "routes=[" + ",".join(self.routes) + "]",
+        ]
+        return f"{_go_quote(self.name or '-')}:{{" + ",".join(status) + "}"
+
+
+def static_endpoint_error(endpoint: str) -> str | None:
+    """Why `endpoint` is not a STATIC cluster endpoint (IP or CIDR, optional ":<min-max>").
+
+    None when it is one. Stricter than Go, which logs and skips a bad endpoint.
+    """
+    address = endpoint
+    if match := _PORT_RANGE.fullmatch(endpoint):
+        address, low, high = match.group(1), int(match.group(2)), int(match.group(3))
+        if not 0 <= low <= high <= 65535:
+            return (
+                f"invalid endpoint {_go_quote(endpoint)}: port range <{low}-{high}> "
+                "must have 0 <= min <= max <= 65535"
+            )
+    host, slash, prefix = address.partition("/")
+    if "%" in host or (slash and not _PREFIX_LENGTH.fullmatch(prefix)):
+        return f"invalid endpoint {_go_quote(endpoint)}: not an IP address or CIDR prefix"
+    try:
+        ipaddress.ip_network(address, strict=False)
+    except ValueError:
+        return f"invalid endpoint {_go_quote(endpoint)}: not an IP address or CIDR prefix"
+    return None
+
+
+def dns_endpoint_error(endpoint: str) -> str | None:
+    """Why `endpoint` is not a STRICT_DNS cluster endpoint (a DNS name); None when it is one."""
+    name = endpoint.removesuffix(".")
+    if 0 < len(name) <= 253 and all(_DNS_LABEL.fullmatch(lab) for lab in name.split(".")):
+        return None
+    return f"invalid endpoint {_go_quote(endpoint)}: not a DNS name"
+
+
+_ENDPOINT_CHECKS: Mapping[str, Callable[[str], str | None]] = {
+    "STATIC": static_endpoint_error,
+    "STRICT_DNS": dns_endpoint_error,
+}
+
+
+class ClusterConfig(_GoStruct):
+    """`clusters[]`: the peers a client may reach, by address (STATIC) or by name (STRICT_DNS)."""
+
+    name: str = ""
+    type: ClusterType = "STATIC"
+    protocol: ClusterProtocol = "UDP"
+    endpoints: list[str] = Field(default_factory=list)
+
+    @field_validator("type", mode="before")
+    @classmethod
+    def _normalize_type(cls, value: object) -> object:
+        return _normalize(value, CLUSTER_TYPES, str.upper, "STATIC", "cluster type")
+
+    @field_validator("protocol", mode="before")
+    @classmethod
+    def _normalize_protocol(cls, value: object) -> object:
+        return _normalize(value, CLUSTER_PROTOCOLS, str.upper, "UDP", "cluster protocol")
+
+    @field_validator("endpoints")
+    @classmethod
+    def _check_endpoints(cls, value: list[str], info: ValidationInfo) -> list[str]:
+        # `type` is validated first; if it failed, that error is reported instead.
+        check = _ENDPOINT_CHECKS.get(info.data.get("type", ""))
+        for index, endpoint in enumerate(value):
+            if check is not None and (reason := check(endpoint)):
+                raise _reject(reason, f"[{index}]")
+        return sorted(value)
+
+    @model_validator(mode="after")
+    def _check_name(self) -> ClusterConfig:
+        if not self.name:
+            raise _reject("missing name in cluster configuration", "name")
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        """Go JSON form: `name` is always present, the rest is `omitempty`."""
+        return {"name": self.name} | _omitempty(
+            [("type", self.type), ("protocol", self.protocol), ("endpoints", list(self.endpoints))]
+        )
+
+    def __str__(self) -> str:
+        status = [
+            f"type={_go_quote(self.type)}",
+            f"protocol={_go_quote(self.protocol)}",
+            "endpoints=[" + ",".join(self.endpoints) + "]",
+        ]
+        return f"{_go_quote(self.name or '-')}:{{" + ",".join(status) + "}"
+
+
+def _check_unique(names: list[str], kind: str) -> None:
+    seen: set[str] = set()
+    for index, name in enumerate(names):
+        if name in seen:
+            raise _reject(f"duplicate {kind} name {_go_quote(name)}", f"[{index}].name")
+        seen.add(name)
+
+
+class StunnerConfig(_GoStruct):
+    """The whole dataplane config (`version`, `admin`, `auth`, `listeners`, `clusters`)."""
+
+    version: Literal["v1"]
+    admin: AdminConfig = Field(default_factory=AdminConfig)
+    auth: AuthConfig
+    listeners: list[ListenerConfig] = Field(default_factory=list)
+    clusters: list[ClusterConfig] = Field(default_factory=list)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _go_zero_values(cls, data: Any) -> Any:
+        """A missing version or auth is Go's zero value, which validation then rejects."""
+        if isinstance(data, Mapping):
+            return {"version": "", "auth": {}} | {k: v for k, v in data.items() if v is not None}
+        return data
+
+    @field_validator("version", mode="before")
+    @classmethod
+    def _check_version(cls, value: object) -> object:
+        if value == API_VERSION_V1ALPHA1:
+            return API_VERSION  # same shape; the v1alpha1-only keys are dropped as unknown
+        if value != API_VERSION:
+            raise _reject(f"unsupported API version: {_go_quote(value)}")
+        return value
+
+    @field_validator("listeners")
+    @classmethod
+    def _unique_listeners(cls, value: list[ListenerConfig]) -> list[ListenerConfig]:
+        _check_unique([item.name for item in value], "listener")
+        return value
+
+    @field_validator("clusters")
+    @classmethod
+    def _unique_clusters(cls, value: list[ClusterConfig]) -> list[ClusterConfig]:
+        _check_unique([item.name for item in value], "cluster")
+        return value
+
+    def to_dict(self) -> dict[str, Any]:
+        """The content of `to_json()` as a dict."""
+        out: dict[str, Any] = {
+            "version": self.version,
+            "admin": self.admin.to_dict(),
+            "auth": self.auth.to_dict(),
+        }
+        return out | _omitempty(
+            [
+                ("listeners", [listener.to_dict() for listener in self.listeners]),
+                ("clusters", [cluster.to_dict() for cluster in self.clusters]),
+            ]
+        )
+
+    def to_json(self) -> str:
+        """What Go's `json.Marshal` emits for this config, byte for byte."""
+        text = json.dumps(self.to_dict(), ensure_ascii=False, separators=(",", ":"))
+        # encoding/json escapes HTML-significant characters and the JS line separators.
+        for char, escaped in (
+            ("<", "\\u003c"),
+            (">", "\\u003e"),
+            ("&", "\\u0026"),
+            ("\u2028", "\\u2028"),
+            ("\u2029", "\\u2029"),
+        ):
+            text = text.replace(char, escaped)
+        return text
+
+    def listener(self, name: str) -> ListenerConfig | None:
+        """The listener called `name`, if any."""
+        return next((item for item in self.listeners if item.name == name), None)
+
+    def cluster(self, name: str) -> ClusterConfig | None:
+        """The cluster called `name`, if any."""
+        return next((item for item in self.clusters if item.name == name), None)
+
+    def __str__(self) -> str:
+        listeners = ",".join(str(item) for item in self.listeners)
+        clusters = ",".join(str(item) for item in self.clusters)
+        return (
+            f"{{version={_go_quote(self.version)},{self.admin},{self.auth},"
+            f"listeners=[{listeners}],clusters=[{clusters}]}}"
+        )
+
+
+def _error_path(error: ErrorDetails) -> str:
+    """pydantic's loc (+ our `field` suffix) as "listeners[0].port"."""
+    path = ""
+    for part in error["loc"]:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        else:
+            path += f".{part}" if path else part
+    suffix = str(error.get("ctx", {}).get("field", ""))
+    if suffix:
+        path += suffix if suffix.startswith("[") or not path else f".{suffix}"
+    return path
+
+
+def _error_message(error: ErrorDetails) -> str:
+    path = _error_path(error)
+    if error["type"] == "stunner_config":
+        reason = error["msg"]
+    else:  # pydantic's own type errors: show what was given
+        reason = f"{error['msg']}, got {error['input']!r}"
+    return f"{path}: {reason}" if path else reason
+
+
+def _config_error(exc: ValidationError) -> ConfigError:
+    return ConfigError("; ".join(_error_message(error) for error in exc.errors()))
+
+
+def validate_config(data: Mapping[str, Any]) -> StunnerConfig:
+    """Validate and normalise an already parsed config (no env substitution)."""
+    try:
+        return StunnerConfig.model_validate(data)
+    except ValidationError as exc:
+        raise _config_error(exc) from None
+
+
+def _shell_name(text: str) -> tuple[str, int]:
+    """Go's os.getShellName: the variable name after a '$' and how many characters it spans."""
+    if text[0] == "{":
+        if len(text) > 2 and text[1] in _SHELL_SPECIAL and text[2] == "}":
+            return text[1], 3
+        closing = text.find("}", 1)
+        if closing == 1:
+            return "", 2  # bad syntax: "${}" is eaten
+        if closing < 0:
+            return "", 1  # bad syntax: "${" is eaten
+        return text[1:closing], closing + 1
+    if text[0] in _SHELL_SPECIAL:
+        return text[0], 1
+    name = _SHELL_NAME.match(text)
+    length = name.end() if name else 0
+    return text[:length], length
+
+
+def expand_env(text: str, env: Mapping[str, str]) -> str:
+    """Go's os.ExpandEnv: replace $VAR and ${VAR} from `env`; unset variables become ""."""
+    out: list[str] = []
+    start = index = 0
+    while index < len(text):
+        if text[index] == "$" and index + 1 < len(text):
+            out.append(text[start:index])
+            name, width = _shell_name(text[index + 1 :])
+            if name:
+                out.append(env.get(name, ""))
+            elif width == 0:
+                out.append("$")  # not followed by a name: the dollar stays
+            index += width
+            start = index + 1
+        index += 1
+    out.append(text[start:])
+    return "".join(out)
+
+
+def _with_default_port(env: Mapping[str, str]) -> dict[str, str]:
+    """STUNNER_PORT, unless set to digits, becomes STUNNER_PUBLIC_PORT if numeric, else 3478."""
+    resolved = dict(env)
+    if not re.fullmatch(r"[0-9]+", resolved.get(ENV_PORT, "")):
+        port = DEFAULT_PORT
+        public = resolved.get(ENV_PUBLIC_PORT, "")
+        if re.fullmatch(r"[+-]?[0-9]+", public):  # strconv.Atoi
+            port = int(public)
+        resolved[ENV_PORT] = str(port)
+    return resolved
+
+
+def _parse_document(text: str) -> dict[str, Any]:
+    """YAML, or JSON if YAML fails (sigs.k8s.io/yaml then encoding/json, as Go does)."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as yaml_error:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as json_error:
+            yaml_reason = " ".join(str(yaml_error).split())
+            raise ConfigError(
+                f"could not parse config: YAML parse error: {yaml_reason}, "
+                f"JSON parse error: {json_error}"
+            ) from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"could not parse config: expected a mapping, got {type(data).__name__}")
+    return data
+
+
+def _credentials_of(data: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    auth = data.get("auth")
+    credentials = auth.get("credentials") if isinstance(auth, Mapping) else None
+    return credentials if isinstance(credentials, Mapping) else None
+
+
+def load_config(text: str | bytes, env: Mapping[str, str] | None = None) -> StunnerConfig:
+    """Parse, env-substitute, validate and normalise a YAML or JSON config.
+
+    `env` (default: os.environ) feeds $VAR and ${VAR} everywhere except the values of
+    `auth.credentials`, which are kept verbatim so that passwords may contain '$'. STUNNER_PORT
+    is defaulted first (see `_with_default_port`); `env` itself is not changed.
+    """
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"could not parse config: not UTF-8: {exc}") from None
+    variables = _with_default_port(os.environ if env is None else env)
+    raw_credentials = _credentials_of(_parse_document(text))
+    data = _parse_document(expand_env(text, variables))
+    credentials = _credentials_of(data)
+    if raw_credentials is not None and credentials is not None:
+        data["auth"]["credentials"] = {**credentials, **raw_credentials}
+    return validate_config(data)
+
+
+def _redact_uri(uri: str) -> str:
+    """The URI with its password, if any, replaced (for error messages)."""
+    scheme, slashes, rest = uri.partition("://")
+    userinfo, at, host = rest.partition("@")
+    if slashes and at and ":" in userinfo:
+        return f"{scheme}://{userinfo.partition(':')[0]}:{SECRET}@{host}"
+    return uri
+
+
+_URI_PROTOCOLS: Mapping[tuple[str, str], ListenerProtocol] = {
+    parts: protocol for protocol, parts in LISTENER_URI_PARTS.items()
+}
+
+
+def _uri_protocol(scheme: str, transport: str) -> ListenerProtocol | None:
+    """getStunnerProtoForURI: transport tls/dtls wins, else scheme turn/turns + udp/tcp."""
+    if transport in ("tls", "dtls"):
+        return LISTENER_PROTOCOLS[transport.upper()]
+    return _URI_PROTOCOLS.get((scheme, transport))
+
+
+def config_from_uri(uri: str) -> StunnerConfig:
+    """A full config from `turn://user:pass@host:port?transport=udp` (NewDefaultConfig).
+
+    Static auth with that user and password in realm stunner.l7mp.io, one listener
+    "default-listener" routing to the cluster "allow-any" (STATIC, 0.0.0.0/0), health checks at
+    the default endpoint. The default port is 3478. TLS/DTLS is not supported yet.
+    """
+    shown = _redact_uri(uri)
+    try:
+        parts = urlsplit(uri)
+        port = parts.port or 0
+    except ValueError as exc:
+        raise ConfigError(f"invalid URI '{shown}': {exc}") from None
+    transport = parse_qs(parts.query).get("transport", ["udp"])[0].lower()
+    protocol = _uri_protocol(parts.scheme.lower() or "turn", transport)
+    if protocol is None:
+        raise ConfigError(f"invalid URI '{shown}': invalid scheme/protocol")
+    username = unquote(parts.username or "")
+    password = unquote(parts.password or "")
+    if not username or not password:
+        raise ConfigError(f"username/password must be set: '{shown}'")
+    if protocol in TLS_PROTOCOLS:
+        raise ConfigError(
+            f"{protocol} listener from URI '{shown}': TLS/DTLS shorthand is not supported yet"
+        )
+    host = parts.netloc.rpartition("@")[2]
+    if host.startswith("["):
+        host = host[1:].partition("]")[0]
+    else:
+        host = host.partition(":")[0]
+    return validate_config(
+        {
+            "version": API_VERSION,
+            "admin": {
+                "loglevel": DEFAULT_LOG_LEVEL,
+                "healthcheck_endpoint": DEFAULT_HEALTHCHECK_ENDPOINT,
+            },
+            "auth": {
+                "type": "static",
+                "realm": DEFAULT_REALM,
+                "credentials": {"username": username, "password": password},
+            },
+            "listeners": [
+                {
+                    "name": URI_LISTENER_NAME,
+                    "protocol": protocol,
+                    "address": host,
+                    "port": port,
+                    "routes": [URI_CLUSTER_NAME],
+                }
+            ],
+            "clusters": [
+                {
+                    "name": URI_CLUSTER_NAME,
+                    "type": "STATIC",
+                    "endpoints": list(URI_CLUSTER_ENDPOINTS),
+                }
+            ],
+        }
+    )
+
+
+def redacted(config: StunnerConfig) -> StunnerConfig:
+    """A copy safe to log or show: credential values, TLS cert/key and license HMAC hidden."""
+    auth = config.auth.model_copy(
+        update={"credentials": {key: SECRET for key in config.auth.credentials}}
+    )
+    admin = config.admin
+    if admin.license_config is not None and admin.license_config.hmac:
+        license_config = admin.license_config.model_copy(update={"hmac": SECRET})
+        admin = admin.model_copy(update={"license_config": license_config})
+    listeners = [
+        listener.model_copy(
+            update={"cert": SECRET if listener.cert else "", "key": SECRET if listener.key else ""}
+        )
+        for listener in config.listeners
+    ]
+    return config.model_copy(update={"admin": admin, "auth": auth, "listeners": listeners})
+
+
+def zero_config(name: str = DEFAULT_STUNNER_NAME) -> StunnerConfig:
+    """The config the CDS sends for a deleted Gateway: dummy static auth, nothing else."""
+    return validate_config(
+        {
+            "version": API_VERSION,
+            "admin": {"name": name},
+            "auth": {
+                "type": "static",
+                "realm": DEFAULT_REALM,
+                "credentials": {
+                    "username": ZERO_CONFIG_USERNAME,
+                    "password": ZERO_CONFIG_PASSWORD,
+                },
+            },
+        }
+    )
+
+
+ZERO_CONFIG = zero_config()
+
+
+def is_zero_config(config: StunnerConfig) -> bool:
+    """Whether `config` is the zero config of its daemon name: a deletion (IsConfigDeleted)."""
+    return config == zero_config(config.admin.name)

@@ -1,0 +1,3 @@
+from stunnerd.cli import main
+
+raise SystemExit(main())

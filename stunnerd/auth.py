@@ -1,0 +1,218 @@
+"""TURN authentication: long-term credentials, TURN REST ephemeral usernames, stateless nonces.
+
+Pure code: no I/O, and the clock is injected wherever time matters.
+
+- `long_term_key` is the RFC 8489 §9.2.2 key, MD5("username:realm:password"). Like pion/turn's
+  GenerateAuthKey (and so Go STUNner), no SASLprep/OpaqueString is applied.
+- Ephemeral credentials follow draft-uberti-behave-turn-rest-00 as Go STUNner does (coturn
+  `use-auth-secret` compatible): the username carries a UNIX expiry timestamp, the password is
+  base64(HMAC-SHA1(secret, username)).
+- `NonceManager` issues nonces that carry their own expiry and an HMAC over it, so nothing is
+  stored per client and every worker process sharing the secret accepts every other's nonces.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import logging
+import os
+import re
+import time
+from collections.abc import Callable, Mapping
+
+log = logging.getLogger("stunner.auth")
+
+USERNAME_SEPARATOR = ":"
+
+# strconv.Atoi (base 10): an optional sign, then ASCII digits only; the value must fit an int64.
+_GO_ATOI = re.compile(r"[+-]?[0-9]+")
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
+AUTH_TYPE_ALIASES: Mapping[str, str] = {
+    "static": "static",
+    "plaintext": "static",
+    "ephemeral": "ephemeral",
+    "longterm": "ephemeral",
+    "timewindowed": "ephemeral",
+    "none": "none",
+}
+
+
+class AuthError(Exception):
+    """An authentication configuration or credential is not acceptable; the text says why."""
+
+
+def long_term_key(username: str, realm: str, password: str) -> bytes:
+    """The STUN long-term credential key: MD5("username:realm:password") (RFC 8489 §9.2.2)."""
+    return hashlib.md5(f"{username}:{realm}:{password}".encode(), usedforsecurity=False).digest()
+
+
+def ephemeral_password(secret: str, username: str) -> str:
+    """The TURN REST password of `username`: base64(HMAC-SHA1(secret, username)), padded."""
+    mac = hmac.new(secret.encode(), username.encode(), hashlib.sha1).digest()
+    return base64.b64encode(mac).decode("ascii")
+
+
+def ephemeral_username(expiry: int, user_id: str = "") -> str:
+    """A TURN REST username "<expiry>:<user_id>" (the colon stays when the user id is empty)."""
+    return f"{expiry}{USERNAME_SEPARATOR}{user_id}"
+
+
+def _parse_go_int(text: str) -> int | None:
+    """`strconv.Atoi(text)`: the integer, or None where Go returns an error."""
+    if not _GO_ATOI.fullmatch(text):
+        return None
+    value = int(text)
+    return value if _INT64_MIN <= value <= _INT64_MAX else None
+
+
+def _first_integer(parts: list[str]) -> tuple[int, int] | None:
+    """(position, value) of the first part that `strconv.Atoi` accepts, or None."""
+    for position, part in enumerate(parts):
+        value = _parse_go_int(part)
+        if value is not None:
+            return position, value
+    return None
+
+
+def check_time_windowed_username(username: str, now: float) -> str:
+    """Check a TURN REST username at time `now` (UNIX seconds) and return its user id.
+
+    As Go STUNner's CheckTimeWindowedUsername: the username is split on ':' and the first
+    component that parses as an integer is the expiry timestamp, wherever it stands. A missing
+    or zero timestamp is invalid; a timestamp before the current second has expired. The user id
+    is the second component of "timestamp:userid", otherwise the whole username.
+    """
+    parts = username.split(USERNAME_SEPARATOR)
+    found = _first_integer(parts)
+    if found is None:
+        raise AuthError(f"invalid time-windowed username {username!r}: no timestamp")
+    index, expiry = found
+    if expiry == 0:
+        raise AuthError(f"invalid time-windowed username {username!r}: zero timestamp")
+    if expiry < int(now):
+        raise AuthError(f"expired time-windowed username {username!r}")
+    if len(parts) == 2 and index == 0:
+        return parts[1]
+    return username
+
+
+def _required(auth_type: str, credentials: Mapping[str, str], key: str) -> str:
+    value = credentials.get(key)
+    if not value:
+        raise AuthError(f"{auth_type} authentication needs a non-empty credential {key!r}")
+    return value
+
+
+class Authenticator:
+    """Maps a USERNAME to its long-term key under one auth config (static, ephemeral or none).
+
+    `key_for(username)` gives the key or None; `reason_for(username)` tells why it was None,
+    in words fit for a log line (never a secret). `user_id(username)` is the identity quotas
+    are counted against.
+    """
+
+    def __init__(
+        self,
+        auth_type: str,
+        realm: str,
+        credentials: Mapping[str, str],
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        normalized = AUTH_TYPE_ALIASES.get(auth_type.strip().lower())
+        if normalized is None:
+            raise AuthError(f"unknown authentication type {auth_type!r}")
+        self.auth_type = normalized
+        self.realm = realm
+        self._clock = clock
+        self._static_username = ""
+        self._static_key = b""
+        self._secret = ""
+        if normalized == "static":
+            self._static_username = _required("static", credentials, "username")
+            password = _required("static", credentials, "password")
+            self._static_key = long_term_key(self._static_username, realm, password)
+        elif normalized == "ephemeral":
+            self._secret = _required("ephemeral", credentials, "secret")
+
+    def _check(self, username: str) -> tuple[bytes | None, str]:
+        """The key for `username`, or None with the reason."""
+        if self.auth_type == "static":
+            if username != self._static_username:
+                return None, "unknown username"
+            return self._static_key, ""
+        if self.auth_type == "ephemeral":
+            try:
+                check_time_windowed_username(username, self._clock())
+            except AuthError as exc:
+                return None, str(exc)
+            password = ephemeral_password(self._secret, username)
+            return long_term_key(username, self.realm, password), ""
+        return None, "authentication is disabled (auth type none)"
+
+    def key_for(self, username: str) -> bytes | None:
+        """The long-term key of `username`, or None when this username cannot authenticate."""
+        return self._check(username)[0]
+
+    def reason_for(self, username: str) -> str:
+        """Why `key_for(username)` is None ("" when it is not)."""
+        return self._check(username)[1]
+
+    def user_id(self, username: str) -> str:
+        """The identity quotas count: the TURN REST user id for ephemeral, else the username."""
+        if self.auth_type == "ephemeral":
+            try:
+                return check_time_windowed_username(username, self._clock())
+            except AuthError:
+                return username
+        return username
+
+
+_NONCE_EXPIRY_HEX = 16  # 64-bit big-endian expiry in milliseconds
+_NONCE_MAC_HEX = 32  # HMAC-SHA256 truncated to 128 bits
+_NONCE_FORMAT = re.compile(f"[0-9a-f]{{{_NONCE_EXPIRY_HEX + _NONCE_MAC_HEX}}}")
+
+
+class NonceManager:
+    """Stateless nonces: hex(expiry in ms) followed by a truncated HMAC-SHA256 over that text.
+
+    Workers that share `secret` verify each other's nonces. A nonce is 48 lowercase hex
+    characters: printable, safe inside a quoted-string, well under RFC 8489's 128 characters.
+    """
+
+    def __init__(
+        self,
+        secret: bytes | None = None,
+        lifetime: float = 600.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if secret is None:
+            secret = os.urandom(32)
+        if not secret:
+            raise ValueError("nonce secret must not be empty")
+        if lifetime <= 0:
+            raise ValueError(f"nonce lifetime must be positive, got {lifetime}")
+        self._secret = secret
+        self.lifetime = lifetime
+        self._clock = clock
+
+    def _mac(self, expiry_hex: str) -> str:
+        digest = hmac.new(self._secret, expiry_hex.encode("ascii"), hashlib.sha256).hexdigest()
+        return digest[:_NONCE_MAC_HEX]
+
+    def issue(self) -> str:
+        """A fresh nonce, valid for `lifetime` seconds from now."""
+        expiry_ms = int((self._clock() + self.lifetime) * 1000)
+        expiry_hex = f"{expiry_ms:0{_NONCE_EXPIRY_HEX}x}"
+        return expiry_hex + self._mac(expiry_hex)
+
+    def is_valid(self, nonce: object) -> bool:
+        """Whether `nonce` was issued with this secret and has not expired; never raises."""
+        if not isinstance(nonce, str) or not _NONCE_FORMAT.fullmatch(nonce):
+            return False
+        expiry_hex, mac = nonce[:_NONCE_EXPIRY_HEX], nonce[_NONCE_EXPIRY_HEX:]
+        if not hmac.compare_digest(mac, self._mac(expiry_hex)):
+            return False
+        return self._clock() * 1000 < int(expiry_hex, 16)

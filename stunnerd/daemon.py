@@ -1,0 +1,133 @@
+"""The running dataplane: turns a validated StunnerConfig into listeners, auth and routes.
+
+`Stunner.apply(config)` plans, then applies, and on failure puts the previous configuration
+back: a config that cannot be applied (a port already in use, say) is refused whole.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable
+
+from stunner_api.dataplane import ListenerConfig, StunnerConfig
+
+from . import logs
+from .auth import Authenticator, AuthError, NonceManager
+from .listener import Listener
+from .router import DnsResolver, Router
+from .turn import ServerContext
+
+log = logging.getLogger("stunner.stunnerd")
+
+
+class ApplyError(Exception):
+    """The config was refused; the previous one keeps running."""
+
+
+def restart_needed(old: ListenerConfig, new: ListenerConfig, realm_changed: bool) -> bool:
+    """Only identity fields restart a listener; routes and public address change in place."""
+    identity = ("protocol", "address", "port", "cert", "key")
+    return realm_changed or any(getattr(old, f) != getattr(new, f) for f in identity)
+
+
+class Stunner:
+    def __init__(self, nonces: NonceManager | None = None, log_override: str | None = None) -> None:
+        self.config: StunnerConfig | None = None
+        self.listeners: dict[str, Listener] = {}
+        self.router = Router()
+        self.nonces = nonces or NonceManager()
+        self.context: ServerContext | None = None
+        self.log_override = log_override  # -l/-v on the command line win over admin.loglevel
+        self._resolver = DnsResolver(self.router)
+        self._resolver_task: asyncio.Task[None] | None = None
+
+    @property
+    def allocation_count(self) -> int:
+        return sum(len(lst.server.allocations) for lst in self.listeners.values())
+
+    async def apply(self, config: StunnerConfig) -> None:
+        """Reconcile the running dataplane to `config`, or raise ApplyError and change nothing."""
+        if config == self.config:
+            return
+        old = self.config
+        try:
+            authenticator = Authenticator(
+                config.auth.type, config.auth.realm, config.auth.credentials
+            )
+        except AuthError as exc:
+            raise ApplyError(f"auth: {exc}") from None
+        if self.log_override is None:
+            try:
+                logs.apply_level_spec(config.admin.loglevel)
+            except ValueError as exc:
+                raise ApplyError(f"admin.loglevel: {exc}") from None
+
+        realm_changed = old is not None and old.auth.realm != config.auth.realm
+        wanted = {lc.name: lc for lc in config.listeners}
+        to_stop = [
+            lst
+            for name, lst in self.listeners.items()
+            if name not in wanted or restart_needed(lst.config, wanted[name], realm_changed)
+        ]
+        stopped_names = {lst.name for lst in to_stop}
+        to_start = [
+            lc for name, lc in wanted.items() if name not in self.listeners or name in stopped_names
+        ]
+
+        context = self.context or ServerContext(authenticator, self.router, self.nonces)
+        previous_auth = context.authenticator
+        context.authenticator = authenticator
+        context.user_quota = config.admin.user_quota
+
+        await self._stop(to_stop)
+        started: list[Listener] = []
+        try:
+            for listener_config in to_start:
+                listener = Listener(listener_config, context)
+                await listener.start()
+                started.append(listener)
+        except (OSError, ValueError) as exc:
+            await self._stop(started)
+            context.authenticator = previous_auth
+            await self._restart(context, (lst.config for lst in to_stop))
+            raise ApplyError(f"listener {listener_config.name}: {exc}") from None
+
+        for listener in to_stop:
+            self.listeners.pop(listener.name, None)
+        for listener in started:
+            self.listeners[listener.name] = listener
+        for name, listener in self.listeners.items():
+            listener.config = wanted[name]  # routes, public address: in place
+        self.router.update({lc.name: lc.routes for lc in config.listeners}, config.clusters)
+        self.context = context
+        self.config = config
+        self._ensure_resolver()
+        log.info("applied config: %s", config)
+
+    async def _stop(self, listeners: Iterable[Listener]) -> None:
+        for listener in listeners:
+            await listener.stop()
+
+    async def _restart(self, context: ServerContext, configs: Iterable[ListenerConfig]) -> None:
+        """Rollback: bring back the listeners stopped for an apply that failed."""
+        for listener_config in configs:
+            listener = Listener(listener_config, context)
+            try:
+                await listener.start()
+            except (OSError, ValueError) as exc:
+                log.error("rollback: cannot restart listener %s: %s", listener.name, exc)
+                self.listeners.pop(listener.name, None)
+                continue
+            self.listeners[listener.name] = listener
+
+    def _ensure_resolver(self) -> None:
+        if self.router.dns_domains():
+            if self._resolver_task is None or self._resolver_task.done():
+                self._resolver_task = asyncio.get_running_loop().create_task(self._resolver.run())
+
+    async def close(self) -> None:
+        if self._resolver_task is not None:
+            self._resolver_task.cancel()
+        await self._stop(self.listeners.values())
+        self.listeners.clear()

@@ -1,0 +1,197 @@
+"""Listener transports: TURN-UDP and TURN-TCP sockets feeding one `TurnServer` each.
+
+The transport only frames packets and demultiplexes ChannelData (RFC 8656 §12) from STUN;
+all TURN logic lives in `turn.py`, written once for both transports.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import socket
+from typing import Any, cast
+
+from stunner_api.dataplane import ListenerConfig
+
+from . import stun
+from .turn import Downstream, ServerContext, TurnServer
+
+log = logging.getLogger("stunner.listener")
+
+MAX_STREAM_BUFFER = 4 * 65536  # a TCP client may have this much unframed data in flight
+SWEEP_INTERVAL = 1.0
+
+
+class UdpListenerProtocol(asyncio.DatagramProtocol):
+    def __init__(self, server: TurnServer) -> None:
+        self.server = server
+        self.transport: asyncio.DatagramTransport | None = None
+        self._downstreams: dict[Any, Downstream] = {}
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.DatagramTransport, transport)
+
+    def datagram_received(self, data: bytes, addr: Any) -> None:
+        # Hot path first: ChannelData from a client with an allocation.
+        if data and (data[0] & 0xC0) == 0x40:
+            allocation = self.server.allocations.get(addr)
+            if allocation is not None:
+                allocation.relay_channel_data(data)
+            return
+        allocation = self.server.allocations.get(addr)
+        if allocation is not None:
+            self.server.handle(data, allocation.downstream)
+        else:
+            self.server.handle(data, self._downstream(addr))
+
+    def _downstream(self, addr: Any) -> Downstream:
+        transport = self.transport
+        assert transport is not None
+
+        def send(data: bytes) -> None:
+            transport.sendto(data, addr)
+
+        return Downstream(addr, send, stream=False)
+
+    def error_received(self, exc: Exception) -> None:
+        log.debug("listener %s: %s", self.server.name, exc)
+
+
+class TcpConnectionProtocol(asyncio.Protocol):
+    """One TURN-over-TCP client connection: RFC 8656 framing, padded ChannelData."""
+
+    def __init__(self, server: TurnServer, connections: set[TcpConnectionProtocol]) -> None:
+        self.server = server
+        self.connections = connections
+        self.buffer = bytearray()
+        self.transport: asyncio.Transport | None = None
+        self.downstream: Downstream | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+        self.connections.add(self)
+        remote = transport.get_extra_info("peername")
+        self.downstream = Downstream(remote, self.transport.write, stream=True)
+
+    def data_received(self, data: bytes) -> None:
+        buffer = self.buffer
+        buffer += data
+        server, downstream = self.server, self.downstream
+        assert downstream is not None
+        while True:
+            try:
+                length = stun.stream_frame_length(buffer)
+            except stun.StunError as exc:
+                log.info("listener %s: closing %s: %s", server.name, downstream.address, exc)
+                self.close()
+                return
+            if length is None or len(buffer) < length:
+                break
+            frame = bytes(buffer[:length])
+            del buffer[:length]
+            if (frame[0] & 0xC0) == 0x40:
+                server.handle_channel_data(frame, downstream.remote)
+            else:
+                server.handle(frame, downstream)
+        if len(buffer) > MAX_STREAM_BUFFER:
+            self.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.connections.discard(self)
+        if self.downstream is not None:
+            self.server.connection_lost(self.downstream.remote)
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+
+class Listener:
+    """A running listener: its socket(s), its TURN server and its housekeeping timer."""
+
+    def __init__(self, config: ListenerConfig, context: ServerContext) -> None:
+        self.config = config
+        self.server = TurnServer(config.name, config.address, context)
+        self._udp: asyncio.DatagramTransport | None = None
+        self._tcp: asyncio.Server | None = None
+        self._connections: set[TcpConnectionProtocol] = set()
+        self._sweeper: asyncio.TimerHandle | None = None
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        port = self.config.port
+        protocol = self.config.protocol
+        if protocol == "TURN-UDP":
+            sock = _bound_socket(socket.SOCK_DGRAM, port)
+            self._udp, _ = await loop.create_datagram_endpoint(
+                lambda: UdpListenerProtocol(self.server), sock=sock
+            )
+        elif protocol == "TURN-TCP":
+            sock = _bound_socket(socket.SOCK_STREAM, port)
+            self._tcp = await loop.create_server(
+                lambda: TcpConnectionProtocol(self.server, self._connections), sock=sock
+            )
+        else:
+            raise ValueError(f"listener {self.name}: protocol {protocol} is not supported yet")
+        self._sweeper = loop.call_later(SWEEP_INTERVAL, self._sweep)
+        log.info(
+            "listener %s (%s) serving on port %d, relay address %s",
+            self.name,
+            protocol,
+            port,
+            self.config.address,
+        )
+
+    def _sweep(self) -> None:
+        self.server.sweep()
+        self._sweeper = asyncio.get_running_loop().call_later(SWEEP_INTERVAL, self._sweep)
+
+    async def stop(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+        if self._udp is not None:
+            self._udp.close()
+        if self._tcp is not None:
+            self._tcp.close()
+            for connection in list(self._connections):
+                connection.close()
+            await self._tcp.wait_closed()
+        self.server.close()
+        log.info("listener %s stopped", self.name)
+
+
+def _bound_socket(kind: socket.SocketKind, port: int) -> socket.socket:
+    """A socket on the wildcard address and `port`: dual-stack where the host has IPv6.
+
+    As in Go STUNner, the listener's `address` is the relay address it advertises, not the
+    address it binds.
+    """
+    if socket.has_ipv6:
+        try:
+            sock = socket.socket(socket.AF_INET6, kind)
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+            return _bind(sock, ("::", port), kind)
+        except OSError as exc:
+            if exc.errno not in (errno.EAFNOSUPPORT, errno.EADDRNOTAVAIL):
+                raise  # port in use, permission: the caller reports it
+    return _bind(socket.socket(socket.AF_INET, kind), ("0.0.0.0", port), kind)
+
+
+def _bind(sock: socket.socket, address: tuple[str, int], kind: socket.SocketKind) -> socket.socket:
+    try:
+        if kind == socket.SOCK_STREAM:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        else:
+            for option in (socket.SO_RCVBUF, socket.SO_SNDBUF):
+                sock.setsockopt(socket.SOL_SOCKET, option, 4 << 20)
+        sock.bind(address)
+        sock.setblocking(False)
+    except OSError:
+        sock.close()
+        raise
+    return sock

@@ -1,0 +1,112 @@
+"""Scoped log levels in Go STUNner's syntax (`all:INFO,turn:DEBUG`) and text/JSON output.
+
+Every scope is a child of the `stunner` logger: scope `turn` is `logging.getLogger("stunner.turn")`.
+`all` sets the `stunner` logger itself, so every scope without its own level inherits it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from typing import TextIO
+
+ROOT = "stunner"
+TRACE = 5
+logging.addLevelName(TRACE, "TRACE")
+
+LEVELS: dict[str, int] = {
+    "DISABLE": logging.CRITICAL + 10,
+    "ERROR": logging.ERROR,
+    "WARN": logging.WARNING,
+    "WARNING": logging.WARNING,
+    "INFO": logging.INFO,
+    "DEBUG": logging.DEBUG,
+    "TRACE": TRACE,
+}
+DEFAULT_LEVEL_SPEC = "all:INFO"
+
+
+def parse_level_spec(spec: str) -> dict[str, int]:
+    """Parse `all:INFO,turn:DEBUG` into {scope: level}; raise ValueError naming the bad part.
+
+    A bare level (`DEBUG`) means `all:DEBUG`, as in Go STUNner.
+    """
+    levels: dict[str, int] = {}
+    for raw_part in spec.split(","):
+        part = raw_part.strip()
+        if not part:
+            continue
+        scope, sep, level_name = part.rpartition(":")
+        if not sep:
+            scope, level_name = "all", part
+        scope = scope.strip() or "all"
+        level = LEVELS.get(level_name.strip().upper())
+        if level is None:
+            known = ", ".join(name for name in LEVELS if name != "WARNING")
+            raise ValueError(f"invalid log level {level_name.strip()!r} in {part!r}: use {known}")
+        levels[scope] = level
+    return levels
+
+
+def logger_name(scope: str) -> str:
+    return ROOT if scope == "all" else f"{ROOT}.{scope}"
+
+
+_applied_scopes: set[str] = set()
+
+
+def apply_level_spec(spec: str) -> None:
+    """Set the levels of `spec`; scopes named by an earlier spec but not this one are reset."""
+    levels = parse_level_spec(spec)
+    for scope in _applied_scopes - set(levels):
+        logging.getLogger(logger_name(scope)).setLevel(logging.NOTSET)
+    logging.getLogger(ROOT).setLevel(logging.INFO)
+    for scope, level in levels.items():
+        logging.getLogger(logger_name(scope)).setLevel(level)
+    _applied_scopes.clear()
+    _applied_scopes.update(levels)
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: ts, level, logger (scope), msg."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {
+            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+            + f".{int(record.msecs):03d}Z",
+            "level": record.levelname,
+            "logger": _scope_of(record.name),
+            "msg": record.getMessage(),
+        }
+        if record.exc_info:
+            entry["error"] = self.formatException(record.exc_info)
+        return json.dumps(entry, separators=(",", ":"))
+
+
+class TextFormatter(logging.Formatter):
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s.%(msecs)03d %(scope)s %(levelname)s: %(message)s", "%H:%M:%S")
+
+    def format(self, record: logging.LogRecord) -> str:
+        record.scope = _scope_of(record.name)
+        return super().format(record)
+
+
+def _scope_of(name: str) -> str:
+    return name[len(ROOT) + 1 :] if name.startswith(ROOT + ".") else name
+
+
+def setup(spec: str = DEFAULT_LEVEL_SPEC, fmt: str = "text", stream: TextIO | None = None) -> None:
+    """Install one handler on the `stunner` logger and apply `spec`."""
+    if fmt not in ("text", "json"):
+        raise ValueError(f"invalid log format {fmt!r}: use text or json")
+    root = logging.getLogger(ROOT)
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+    handler = logging.StreamHandler(stream or sys.stderr)
+    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    root.addHandler(handler)
+    root.propagate = False
+    apply_level_spec(spec)

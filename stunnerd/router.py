@@ -1,0 +1,322 @@
+"""Peer admission for the TURN relay: listener routes -> clusters -> endpoints (ANCHORS §1.4).
+
+A listener's `routes` name clusters, and a peer is reachable only when one of those clusters
+admits it. Nothing is reachable by default: an unknown listener, a listener without routes, or
+a route naming no configured cluster admits no peer.
+
+- STATIC clusters list endpoints "IP[/prefix][:<min-max>]". The peer IP must fall in the prefix
+  and, for relayed packets, the peer port in the range.
+- STRICT_DNS clusters list domain names, resolved in the background (`DnsResolver`). The peer IP
+  must equal one of the current addresses of one of the domains; port ranges do not apply.
+
+This dataplane relays UDP only, so only UDP clusters admit peers; TCP clusters are accepted in
+the config and admit nothing (a warning says so).
+
+`Router` is pure: the resolver pushes addresses in with `set_resolved`. Decisions are cached per
+(listener, peer) and the caches are dropped whenever the configuration or a resolution changes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+import re
+import socket
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+log = logging.getLogger("stunner.router")
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+CACHE_LIMIT = 65536  # decisions cached per kind before the cache is dropped and refilled
+DNS_UPDATE_INTERVAL = 5.0  # Go STUNner's dnsUpdateInterval
+
+_PORT_RANGE = re.compile(r"(.*):<([0-9]+)-([0-9]+)>")
+_PREFIX_LENGTH = re.compile(r"[0-9]+")
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointRange:
+    """A STATIC cluster endpoint: an IP network and an inclusive peer port range."""
+
+    network: IPNetwork
+    port_min: int = 0
+    port_max: int = 65535
+
+    def contains(self, ip: IPAddress) -> bool:
+        """Whether `ip` falls in the network (any port)."""
+        return ip in self.network
+
+    def admits(self, ip: IPAddress, port: int) -> bool:
+        """Whether `ip` falls in the network and `port` in the range."""
+        return ip in self.network and self.port_min <= port <= self.port_max
+
+
+def _normalize_ip(address: IPAddress) -> IPAddress:
+    """An IPv4-mapped IPv6 address as its IPv4 address, without any IPv6 scope id."""
+    if isinstance(address, ipaddress.IPv6Address):
+        if address.ipv4_mapped is not None:
+            return address.ipv4_mapped
+        if address.scope_id is not None:
+            return ipaddress.IPv6Address(address.packed)
+    return address
+
+
+def parse_peer_ip(text: str) -> IPAddress | None:
+    """The peer address from a socket string ("10.0.0.1", "::ffff:10.0.0.1", "fe80::1%eth0"),
+    or None when it is not an IP address."""
+    try:
+        return _normalize_ip(ipaddress.ip_address(text))
+    except (ValueError, TypeError):
+        return None
+
+
+def _parse_port(text: str, what: str, endpoint: str) -> int:
+    port = int(text)
+    if port > 65535:
+        raise ValueError(f"invalid endpoint {endpoint!r}: {what} {port} is above 65535")
+    return port
+
+
+def parse_endpoint(text: str) -> EndpointRange:
+    """Parse a STATIC cluster endpoint: "10.0.0.1", "10.0.0.0/8", "1.2.3.4/16:<1-2>", "::1",
+    "2001:db8::/32:<1-2>".
+
+    As Go (net.ParseCIDR) host bits are masked off: "1.2.3.4/16" is 1.2.0.0/16. A plain address
+    is a /32 or /128 network; without a port range every port is admitted. Raises ValueError,
+    naming the endpoint, on anything else (also on ports above 65535 or min > max, which Go
+    accepts silently).
+    """
+    address, port_min, port_max = text, 0, 65535
+    if match := _PORT_RANGE.fullmatch(text):
+        address = match.group(1)
+        port_min = _parse_port(match.group(2), "port", text)
+        port_max = _parse_port(match.group(3), "end port", text)
+        if port_min > port_max:
+            raise ValueError(
+                f"invalid endpoint {text!r}: port range <{port_min}-{port_max}> is empty"
+            )
+    if "%" in address:
+        raise ValueError(f"invalid endpoint {text!r}: scoped IPv6 addresses are not allowed")
+    host, slash, prefix = address.partition("/")
+    if slash and not _PREFIX_LENGTH.fullmatch(prefix):
+        raise ValueError(f"invalid endpoint {text!r}: prefix length must be a number")
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        raise ValueError(f"invalid endpoint {text!r}: {host!r} is not an IP address") from None
+    if not slash:
+        ip = _normalize_ip(ip)
+        prefix = str(ip.max_prefixlen)
+    try:
+        network = ipaddress.ip_network(f"{ip}/{prefix}", strict=False)
+    except ValueError:
+        raise ValueError(
+            f"invalid endpoint {text!r}: prefix length {prefix} is out of range"
+        ) from None
+    return EndpointRange(network, port_min, port_max)
+
+
+class ClusterSpec(Protocol):
+    """What the router reads of a cluster config (stunner_api.dataplane.ClusterConfig fits)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def type(self) -> str: ...  # "STATIC" | "STRICT_DNS"
+    @property
+    def protocol(self) -> str: ...  # "UDP" | "TCP"
+    @property
+    def endpoints(self) -> Sequence[str]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class _Matcher:
+    """One cluster, parsed once per update."""
+
+    name: str
+    endpoints: tuple[EndpointRange, ...] = ()
+    domains: tuple[str, ...] = ()
+
+
+def _build_matcher(cluster: ClusterSpec) -> _Matcher | None:
+    """The matcher of a UDP cluster, or None (with a warning) for one that admits nothing."""
+    kind, protocol = cluster.type.upper(), cluster.protocol.upper()
+    if protocol != "UDP":
+        log.warning(
+            "cluster %s: protocol %s is not relayed by this dataplane; it admits no peer",
+            cluster.name,
+            cluster.protocol,
+        )
+        return None
+    if kind == "STRICT_DNS":
+        return _Matcher(cluster.name, domains=tuple(d for d in cluster.endpoints if d))
+    if kind != "STATIC":
+        log.warning("cluster %s: unknown type %r; it admits no peer", cluster.name, cluster.type)
+        return None
+    endpoints = []
+    for text in cluster.endpoints:
+        try:
+            endpoints.append(parse_endpoint(text))
+        except ValueError as exc:
+            log.warning("cluster %s: endpoint ignored: %s", cluster.name, exc)
+    return _Matcher(cluster.name, endpoints=tuple(endpoints))
+
+
+class Router:
+    """Decides which peers each listener may reach. Single-threaded (one asyncio loop)."""
+
+    def __init__(self) -> None:
+        self._routes: dict[str, tuple[_Matcher, ...]] = {}
+        self._domains: set[str] = set()
+        self._resolved: dict[str, frozenset[IPAddress]] = {}
+        self._admit_cache: dict[tuple[str, str, int], bool] = {}
+        self._permit_cache: dict[tuple[str, str], bool] = {}
+        self.epoch = 0  # bumped whenever cached decisions are dropped
+
+    def _invalidate(self) -> None:
+        self.epoch += 1
+        self._admit_cache.clear()
+        self._permit_cache.clear()
+
+    def update(self, routes: Mapping[str, Sequence[str]], clusters: Sequence[ClusterSpec]) -> None:
+        """Install a new configuration: listener name -> routed cluster names, and clusters.
+
+        Resolved addresses are kept for domains that stay configured.
+        """
+        matchers: dict[str, _Matcher | None] = {c.name: _build_matcher(c) for c in clusters}
+        table: dict[str, tuple[_Matcher, ...]] = {}
+        for listener, names in routes.items():
+            routed = []
+            for name in names:
+                if name not in matchers:
+                    log.warning("listener %s: route to unknown cluster %s ignored", listener, name)
+                    continue
+                matcher = matchers[name]
+                if matcher is not None:
+                    routed.append(matcher)
+            table[listener] = tuple(routed)
+        domains = {d for m in matchers.values() if m is not None for d in m.domains}
+        self._routes = table
+        self._domains = domains
+        self._resolved = {d: ips for d, ips in self._resolved.items() if d in domains}
+        self._invalidate()
+
+    def dns_domains(self) -> set[str]:
+        """The STRICT_DNS domain names of the current configuration."""
+        return set(self._domains)
+
+    def set_resolved(self, domain: str, addresses: Iterable[str]) -> None:
+        """Record the current addresses of `domain` (the resolver's callback)."""
+        if domain not in self._domains:
+            log.debug("resolved domain %s is no longer configured; ignored", domain)
+            return
+        parsed = set()
+        for text in addresses:
+            ip = parse_peer_ip(text)
+            if ip is None:
+                log.debug("domain %s: resolved address %r is not an IP; ignored", domain, text)
+            else:
+                parsed.add(ip)
+        new = frozenset(parsed)
+        if self._resolved.get(domain) == new:
+            return
+        self._resolved[domain] = new
+        log.info("domain %s resolved to [%s]", domain, ", ".join(sorted(map(str, new))))
+        self._invalidate()
+
+    def _matches(self, matcher: _Matcher, ip: IPAddress, port: int | None) -> bool:
+        for domain in matcher.domains:
+            if ip in self._resolved.get(domain, ()):
+                return True
+        if port is None:
+            return any(endpoint.contains(ip) for endpoint in matcher.endpoints)
+        return any(endpoint.admits(ip, port) for endpoint in matcher.endpoints)
+
+    def _decide(self, listener: str, peer_ip: str, peer_port: int | None) -> bool:
+        ip = parse_peer_ip(peer_ip)
+        if ip is None:
+            log.debug("listener %s: peer %r is not an IP address", listener, peer_ip)
+            return False
+        for matcher in self._routes.get(listener, ()):
+            if self._matches(matcher, ip, peer_port):
+                return True
+        return False
+
+    def permits(self, listener: str, peer_ip: str) -> bool:
+        """CreatePermission/ChannelBind: whether a routed cluster admits `peer_ip` on any port."""
+        key = (listener, peer_ip)
+        decision = self._permit_cache.get(key)
+        if decision is None:
+            decision = self._decide(listener, peer_ip, None)
+            if len(self._permit_cache) >= CACHE_LIMIT:
+                self._permit_cache.clear()
+            self._permit_cache[key] = decision
+        return decision
+
+    def admits(self, listener: str, peer_ip: str, peer_port: int) -> bool:
+        """Per relayed packet, either direction: whether a routed cluster admits IP and port."""
+        key = (listener, peer_ip, peer_port)
+        decision = self._admit_cache.get(key)
+        if decision is None:
+            valid_port = isinstance(peer_port, int) and 0 <= peer_port <= 65535
+            decision = valid_port and self._decide(listener, peer_ip, peer_port)
+            if len(self._admit_cache) >= CACHE_LIMIT:
+                self._admit_cache.clear()
+            self._admit_cache[key] = decision
+        return decision
+
+
+async def resolve_with_getaddrinfo(domain: str) -> list[str]:
+    """The IPv4 and IPv6 addresses of `domain`, via the event loop's getaddrinfo."""
+    loop = asyncio.get_running_loop()
+    infos = await loop.getaddrinfo(domain, None, type=socket.SOCK_DGRAM)
+    addresses: dict[str, None] = {}  # ordered and deduplicated
+    for _family, _type, _proto, _name, sockaddr in infos:
+        addresses[str(sockaddr[0])] = None
+    return list(addresses)
+
+
+class DnsResolver:
+    """Re-resolves the router's STRICT_DNS domains every `interval` seconds.
+
+    A failed or timed-out lookup keeps the last good addresses of that domain.
+    """
+
+    def __init__(
+        self,
+        router: Router,
+        interval: float = DNS_UPDATE_INTERVAL,
+        resolve: Callable[[str], Awaitable[list[str]]] | None = None,
+        timeout: float = 10.0,
+    ) -> None:
+        self.router = router
+        self.interval = interval
+        self.timeout = timeout
+        self._resolve = resolve or resolve_with_getaddrinfo
+
+    async def _resolve_one(self, domain: str) -> None:
+        try:
+            addresses = await asyncio.wait_for(self._resolve(domain), self.timeout)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # any failure of one lookup must not stop the others
+            log.debug("cannot resolve %s (keeping the last addresses): %r", domain, exc)
+            return
+        self.router.set_resolved(domain, addresses)
+
+    async def resolve_now(self) -> None:
+        """Resolve every configured domain once, concurrently."""
+        domains = sorted(self.router.dns_domains())
+        if domains:
+            await asyncio.gather(*(self._resolve_one(domain) for domain in domains))
+
+    async def run(self) -> None:
+        """Resolve forever, every `interval` seconds, until cancelled."""
+        while True:
+            await self.resolve_now()
+            await asyncio.sleep(self.interval)

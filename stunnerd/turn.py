@@ -1,0 +1,637 @@
+"""The TURN server of one listener (RFC 8489 STUN, RFC 8656 TURN), independent of its transport.
+
+A listener (UDP or TCP, see `listener.py`) hands every packet from a client to `TurnServer`:
+ChannelData goes straight to the client's allocation, everything else through the
+(class, method) dispatch table. Each allocation owns one UDP relay socket towards the peers.
+
+Security: a peer is reachable only if the listener's routes admit it (`Router`), checked when a
+permission or channel is installed and again for every relayed packet in both directions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+import socket
+import struct
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+from . import stun
+from .auth import Authenticator, NonceManager
+from .router import Router
+from .stun import Address, Class, Message, Method
+
+log = logging.getLogger("stunner.turn")
+
+DEFAULT_ALLOCATION_LIFETIME = 600  # RFC 8656 §3.2
+MAX_ALLOCATION_LIFETIME = 3600
+PERMISSION_LIFETIME = 300  # RFC 8656 §9
+CHANNEL_LIFETIME = 600  # RFC 8656 §12
+RESPONSE_CACHE_TTL = 40.0  # a client gives up on a transaction after 39.5 s (RFC 8489 §6.2.1)
+RESPONSE_CACHE_MAX = 65536
+EVEN_PORT_ATTEMPTS = 16
+
+TRANSPORT_UDP = 17
+FAMILY_IPV4 = 0x01
+FAMILY_IPV6 = 0x02
+
+_CHANNEL_HEADER = struct.Struct("!HH")
+
+
+class RequestError(Exception):
+    """Answer the request with this error code (and optional extra attributes)."""
+
+    def __init__(
+        self, code: int, reason: str | None = None, attributes: dict[str, Any] | None = None
+    ) -> None:
+        super().__init__(code)
+        self.code = code
+        self.reason = reason or stun.ERROR_REASONS.get(code, "Error")
+        self.attributes = attributes or {}
+
+
+def canonical_address(addr: tuple[Any, ...]) -> Address:
+    """(ip, port) of a socket address; an IPv4-mapped IPv6 address becomes plain IPv4."""
+    ip: str = addr[0]
+    if ip.startswith("::ffff:") and "." in ip:
+        ip = ip[7:]
+    return ip, addr[1]
+
+
+def address_family(ip: str) -> int:
+    return FAMILY_IPV6 if ":" in ip else FAMILY_IPV4
+
+
+class Downstream:
+    """The client side of one 5-tuple: where replies and relayed data to that client go."""
+
+    __slots__ = ("remote", "address", "send", "stream")
+
+    def __init__(self, remote: Any, send: Callable[[bytes], None], stream: bool) -> None:
+        self.remote = remote  # the address as the socket reports it: the allocation key
+        self.address = canonical_address(remote)  # what XOR-MAPPED-ADDRESS reports
+        self.send = send
+        self.stream = stream
+
+
+@dataclass
+class ServerContext:
+    """What all listeners share and a reconcile swaps in place: auth, nonces, routing, quota."""
+
+    authenticator: Authenticator
+    router: Router
+    nonces: NonceManager = field(default_factory=NonceManager)
+    user_quota: int = 0  # allocations per user id; 0 means no quota
+    allocations_per_user: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def realm(self) -> str:
+        return self.authenticator.realm
+
+
+class Allocation(asyncio.DatagramProtocol):
+    """One TURN allocation: its relay socket, permissions and channel bindings (RFC 8656 §2.2)."""
+
+    def __init__(
+        self,
+        server: TurnServer,
+        downstream: Downstream,
+        username: str,
+        user_id: str,
+        family: int,
+        lifetime: int,
+    ) -> None:
+        self.server = server
+        self.downstream = downstream
+        self.username = username
+        self.user_id = user_id
+        self.family = family
+        self.expires_at = time.monotonic() + lifetime
+        self.permissions: dict[str, float] = {}  # peer IP -> expiry
+        self.channels: dict[int, tuple[Address, float]] = {}  # channel -> (peer, expiry)
+        self.channel_by_peer: dict[Address, int] = {}
+        self.relay: asyncio.DatagramTransport | None = None
+        self.relayed_address: Address = ("", 0)
+
+    # --- relay socket events: data from peers -------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.relay = cast(asyncio.DatagramTransport, transport)
+
+    def datagram_received(self, data: bytes, addr: tuple[Any, ...]) -> None:
+        """RFC 8656 §11.3 and §12.7: relay a peer's datagram to the client, if admitted."""
+        peer = (addr[0], addr[1])
+        server = self.server
+        if peer[0] not in self.permissions or not server.router.admits(
+            server.name, peer[0], peer[1]
+        ):
+            server.stats.dropped += 1
+            return
+        channel = self.channel_by_peer.get(peer)
+        if channel is not None:
+            self.downstream.send(stun.pack_channel_data(channel, data, self.downstream.stream))
+        else:
+            self.downstream.send(stun.data_indication(peer, data))
+        server.stats.peer_to_client += 1
+
+    def error_received(self, exc: Exception) -> None:
+        # ICMP errors from peers (port unreachable): nothing to do for a UDP relay.
+        log.debug("relay %s: %s", self.relayed_address, exc)
+
+    # --- data from the client -----------------------------------------------------------
+
+    def relay_to_peer(self, peer: Address, payload: bytes) -> None:
+        server = self.server
+        if (
+            self.relay is None
+            or peer[0] not in self.permissions
+            or not server.router.admits(server.name, peer[0], peer[1])
+        ):
+            server.stats.dropped += 1
+            return
+        self.relay.sendto(payload, peer)
+        server.stats.client_to_peer += 1
+
+    def relay_channel_data(self, data: bytes) -> None:
+        """RFC 8656 §12.6: ChannelData from the client goes to the channel's peer."""
+        if len(data) < 4:
+            return
+        channel, length = _CHANNEL_HEADER.unpack_from(data)
+        binding = self.channels.get(channel)
+        if binding is None or len(data) < 4 + length:
+            self.server.stats.dropped += 1
+            return
+        self.relay_to_peer(binding[0], data[4 : 4 + length])
+
+    # --- state -----------------------------------------------------------------------------
+
+    def expire(self, now: float) -> bool:
+        """Drop expired permissions and channels; True if the allocation itself expired."""
+        if now >= self.expires_at:
+            return True
+        for ip in [ip for ip, expiry in self.permissions.items() if expiry <= now]:
+            del self.permissions[ip]
+        for channel in [c for c, (_, expiry) in self.channels.items() if expiry <= now]:
+            peer, _ = self.channels.pop(channel)
+            self.channel_by_peer.pop(peer, None)
+        return False
+
+    def close(self) -> None:
+        if self.relay is not None:
+            self.relay.close()
+            self.relay = None
+
+
+@dataclass
+class Stats:
+    client_to_peer: int = 0
+    peer_to_client: int = 0
+    dropped: int = 0
+
+
+class Exchange:
+    """One request being served: the message, its client, and the key it was authenticated with."""
+
+    __slots__ = ("request", "downstream", "key")
+
+    def __init__(self, request: Message, downstream: Downstream) -> None:
+        self.request = request
+        self.downstream = downstream
+        self.key: bytes | None = None  # set once authenticated; the answer is signed with it
+
+
+Handler = Callable[[Exchange], Message | None]
+
+
+class TurnServer:
+    """TURN for one listener. Transport-agnostic: listeners feed it packets with a Downstream."""
+
+    def __init__(self, name: str, relay_ip: str, context: ServerContext) -> None:
+        try:
+            ipaddress.ip_address(relay_ip)
+        except ValueError:
+            raise ValueError(
+                f"listener {name}: relay address {relay_ip!r} is not an IP address"
+            ) from None
+        self.name = name
+        self.relay_ip = relay_ip
+        self.relay_family = address_family(relay_ip)
+        self.context = context
+        self.allocations: dict[Any, Allocation] = {}  # Downstream.remote -> allocation
+        self.stats = Stats()
+        self._responses: dict[tuple[Any, bytes], tuple[float, bytes]] = {}
+        self._pending: set[tuple[Any, bytes]] = set()  # Allocate requests being served
+        self._handlers: dict[tuple[Class, Method], Handler] = {
+            (Class.REQUEST, Method.BINDING): self._binding,
+            (Class.REQUEST, Method.REFRESH): self._refresh,
+            (Class.REQUEST, Method.CREATE_PERMISSION): self._create_permission,
+            (Class.REQUEST, Method.CHANNEL_BIND): self._channel_bind,
+            (Class.INDICATION, Method.SEND): self._send_indication,
+            (Class.INDICATION, Method.BINDING): _ignore,
+        }
+
+    @property
+    def router(self) -> Router:
+        return self.context.router
+
+    # --- entry points ------------------------------------------------------------------------
+
+    def handle(self, data: bytes, downstream: Downstream) -> None:
+        """A STUN message (not ChannelData) from a client. Never raises on bad input."""
+        try:
+            message = stun.parse_message(data)
+        except stun.UnknownMethodError as exc:
+            if exc.message_class == Class.REQUEST:
+                downstream.send(_unknown_method_error(bytes(data[:20])))
+            return
+        except stun.StunError as exc:
+            log.debug(
+                "listener %s: dropped malformed packet from %s: %s",
+                self.name,
+                downstream.address,
+                exc,
+            )
+            return
+        if message.message_class not in (Class.REQUEST, Class.INDICATION):
+            return  # responses are not ours to handle
+        key = (downstream.remote, message.transaction_id)
+        cached = self._responses.get(key)
+        if cached is not None:
+            downstream.send(cached[1])  # a retransmission gets the same answer (RFC 8489 §6.3.1)
+            return
+        if key in self._pending:
+            return  # the first copy is still being served (an Allocate binding its socket)
+        exchange = Exchange(message, downstream)
+        if message.method == Method.ALLOCATE and message.message_class == Class.REQUEST:
+            self._pending.add(key)
+            task = asyncio.get_running_loop().create_task(self._allocate(exchange))
+            task.add_done_callback(lambda _: self._pending.discard(key))
+            return
+        handler = self._handlers.get((message.message_class, message.method))
+        if handler is None:
+            if message.message_class == Class.REQUEST:
+                self._answer(exchange, RequestError(400, "Bad Request: unexpected method"))
+            return
+        try:
+            self._check_attributes(message)
+            response = handler(exchange)
+        except RequestError as error:
+            if message.message_class == Class.REQUEST:
+                self._answer(exchange, error)
+            return
+        except Exception:  # a bug must not take the listener down
+            log.exception("listener %s: error handling %s", self.name, message.method.name)
+            if message.message_class == Class.REQUEST:
+                self._answer(exchange, RequestError(500))
+            return
+        if response is not None:
+            self._answer(exchange, response)
+
+    @staticmethod
+    def _check_attributes(message: Message) -> None:
+        """RFC 8489 §6.3.1: a request with unknown comprehension-required attributes gets 420
+        listing them; an indication with them is discarded."""
+        if message.unknown_required:
+            raise RequestError(420, attributes={"UNKNOWN-ATTRIBUTES": message.unknown_required})
+
+    def handle_channel_data(self, data: bytes, remote: Any) -> None:
+        allocation = self.allocations.get(remote)
+        if allocation is not None:
+            allocation.relay_channel_data(data)
+        else:
+            self.stats.dropped += 1
+
+    def connection_lost(self, remote: Any) -> None:
+        """A stream client went away: its allocation goes with its connection (RFC 8656 §3.1)."""
+        allocation = self.allocations.get(remote)
+        if allocation is not None:
+            self._delete(allocation)
+
+    # --- answering -----------------------------------------------------------------------------
+
+    def _answer(self, exchange: Exchange, outcome: Message | RequestError) -> None:
+        request, downstream, key = exchange.request, exchange.downstream, exchange.key
+        if isinstance(outcome, RequestError):
+            response = _error_for(request.transaction_id, request.method, outcome)
+            if outcome.code in (401, 438):
+                response.attributes["REALM"] = self.context.realm
+                response.attributes["NONCE"] = self.context.nonces.issue()
+                key = None  # RFC 8489 §9.2.4: these are not integrity-protected
+        else:
+            response = outcome
+        data = response.encode(integrity_key=key, fingerprint=True)
+        if not (isinstance(outcome, RequestError) and outcome.code in (401, 438)):
+            self._remember(downstream.remote, request.transaction_id, data)
+        downstream.send(data)
+
+    def _remember(self, remote: Any, transaction_id: bytes, data: bytes) -> None:
+        if len(self._responses) >= RESPONSE_CACHE_MAX:
+            self._responses.pop(next(iter(self._responses)))
+        self._responses[(remote, transaction_id)] = (time.monotonic() + RESPONSE_CACHE_TTL, data)
+
+    # --- authentication (RFC 8489 §9.2.4) --------------------------------------------------
+
+    def _authenticate(self, exchange: Exchange) -> str:
+        """Return the username or raise the RFC's error; keeps the key to sign the answer."""
+        request = exchange.request
+        attrs = request.attributes
+        # 1. No MESSAGE-INTEGRITY: 401 with REALM and NONCE.
+        if "MESSAGE-INTEGRITY" not in attrs:
+            raise RequestError(401)
+        # 2. MESSAGE-INTEGRITY without USERNAME, REALM or NONCE: 400.
+        username: str | None = attrs.get("USERNAME")
+        if username is None or "REALM" not in attrs or "NONCE" not in attrs:
+            raise RequestError(400, "Bad Request: missing USERNAME, REALM or NONCE")
+        # 3. A NONCE that is no longer valid: 438 with a new one.
+        if not self.context.nonces.is_valid(attrs["NONCE"]):
+            raise RequestError(438)
+        # 4. An unknown username, or a wrong key: 401.
+        key = self.context.authenticator.key_for(username)
+        if key is None or attrs["REALM"] != self.context.realm:
+            log.info(
+                "listener %s: authentication failed for user %r: %s",
+                self.name,
+                username,
+                self.context.authenticator.reason_for(username),
+            )
+            raise RequestError(401)
+        if not request.check_integrity(key):
+            log.info(
+                "listener %s: authentication failed for user %r: bad message integrity",
+                self.name,
+                username,
+            )
+            raise RequestError(401)
+        exchange.key = key
+        return username
+
+    def _allocation_of(self, exchange: Exchange) -> Allocation:
+        """Authenticate a request on an existing allocation (RFC 8656 §5)."""
+        username = self._authenticate(exchange)
+        allocation = self.allocations.get(exchange.downstream.remote)
+        if allocation is None:
+            raise RequestError(437)
+        if username != allocation.username:
+            raise RequestError(441)
+        return allocation
+
+    # --- handlers --------------------------------------------------------------------------
+
+    def _binding(self, exchange: Exchange) -> Message:
+        """RFC 8489 §7.3.1: Binding is answered on every listener, without authentication."""
+        response = _response_to(exchange.request)
+        response.attributes["XOR-MAPPED-ADDRESS"] = exchange.downstream.address
+        return response
+
+    async def _allocate(self, exchange: Exchange) -> None:
+        try:
+            self._check_attributes(exchange.request)
+            response = await self._allocate_steps(exchange)
+        except RequestError as error:
+            self._answer(exchange, error)
+            return
+        except Exception:
+            log.exception("listener %s: error handling ALLOCATE", self.name)
+            self._answer(exchange, RequestError(500))
+            return
+        self._answer(exchange, response)
+
+    async def _allocate_steps(self, exchange: Exchange) -> Message:
+        """RFC 8656 §7.2, step by step."""
+        request, downstream = exchange.request, exchange.downstream
+        attrs = request.attributes
+        # 1. The request must be authenticated.
+        username = self._authenticate(exchange)
+        # 2. The 5-tuple must not have an allocation already (a retransmission of the request
+        #    that created it was answered from the response cache).
+        if downstream.remote in self.allocations:
+            raise RequestError(437)
+        # 3. REQUESTED-TRANSPORT: present, and UDP (TCP relaying is RFC 6062: not offered).
+        transport = attrs.get("REQUESTED-TRANSPORT")
+        if transport is None:
+            raise RequestError(400, "Bad Request: missing REQUESTED-TRANSPORT")
+        if transport != TRANSPORT_UDP:
+            raise RequestError(442)
+        # 4. DONT-FRAGMENT is accepted: relayed datagrams are sent as they are.
+        # 5. RESERVATION-TOKEN: this server never hands out tokens, so none can be valid.
+        if "RESERVATION-TOKEN" in attrs:
+            if "EVEN-PORT" in attrs or "REQUESTED-ADDRESS-FAMILY" in attrs:
+                raise RequestError(400, "Bad Request: RESERVATION-TOKEN with EVEN-PORT or family")
+            raise RequestError(508)
+        # 6./7. Address families: the relay family is the listener address's.
+        family = attrs.get("REQUESTED-ADDRESS-FAMILY", FAMILY_IPV4)
+        additional = attrs.get("ADDITIONAL-ADDRESS-FAMILY")
+        extra: dict[str, Any] = {}
+        if additional is not None:
+            if "REQUESTED-ADDRESS-FAMILY" in attrs or additional != FAMILY_IPV6:
+                raise RequestError(400, "Bad Request: invalid ADDITIONAL-ADDRESS-FAMILY")
+            # A dual allocation is not offered: allocate IPv4 and say why IPv6 is missing.
+            extra["ADDRESS-ERROR-CODE"] = (FAMILY_IPV6, 440, stun.ERROR_REASONS[440])
+        if family not in (FAMILY_IPV4, FAMILY_IPV6) or family != self.relay_family:
+            raise RequestError(440)
+        # 8. Quota (admin.user_quota): 486 once the user has that many allocations.
+        user_id = self.context.authenticator.user_id(username)
+        quota = self.context.user_quota
+        if quota > 0 and self.context.allocations_per_user.get(user_id, 0) >= quota:
+            raise RequestError(486)
+        # 9. The lifetime: at least the default, at most the maximum.
+        requested = attrs.get("LIFETIME", DEFAULT_ALLOCATION_LIFETIME)
+        lifetime = max(DEFAULT_ALLOCATION_LIFETIME, min(requested, MAX_ALLOCATION_LIFETIME))
+        # 10. The relay socket.
+        allocation = Allocation(self, downstream, username, user_id, family, lifetime)
+        even = "EVEN-PORT" in attrs
+        if not await self._bind_relay(allocation, even):
+            raise RequestError(508)
+        if downstream.remote in self.allocations:  # a concurrent Allocate won the race
+            allocation.close()
+            raise RequestError(437)
+        self.allocations[downstream.remote] = allocation
+        users = self.context.allocations_per_user
+        users[user_id] = users.get(user_id, 0) + 1
+        log.info(
+            "listener %s: allocation created for %s: relay %s:%d, user %r, lifetime %ds",
+            self.name,
+            _fmt(downstream.address),
+            *allocation.relayed_address,
+            username,
+            lifetime,
+        )
+        response = _response_to(request)
+        response.attributes["XOR-RELAYED-ADDRESS"] = allocation.relayed_address
+        response.attributes.update(extra)
+        response.attributes["LIFETIME"] = lifetime
+        response.attributes["XOR-MAPPED-ADDRESS"] = downstream.address
+        return response
+
+    async def _bind_relay(self, allocation: Allocation, even: bool) -> bool:
+        loop = asyncio.get_running_loop()
+        wildcard = "::" if allocation.family == FAMILY_IPV6 else "0.0.0.0"
+        for _ in range(EVEN_PORT_ATTEMPTS if even else 1):
+            try:
+                transport, _ = await loop.create_datagram_endpoint(
+                    lambda: allocation, local_addr=(wildcard, 0)
+                )
+            except OSError as exc:
+                log.warning("listener %s: cannot open a relay socket: %s", self.name, exc)
+                return False
+            port = transport.get_extra_info("sockname")[1]
+            if not even or port % 2 == 0:
+                allocation.relayed_address = (self.relay_ip, port)
+                _grow_buffers(transport)
+                return True
+            transport.close()
+        return False
+
+    def _refresh(self, exchange: Exchange) -> Message:
+        """RFC 8656 §7.3."""
+        request, downstream = exchange.request, exchange.downstream
+        allocation = self._allocation_of(exchange)
+        family = request.attributes.get("REQUESTED-ADDRESS-FAMILY")
+        if family is not None and family != allocation.family:
+            raise RequestError(443)
+        requested = request.attributes.get("LIFETIME", DEFAULT_ALLOCATION_LIFETIME)
+        lifetime = min(requested, MAX_ALLOCATION_LIFETIME)
+        if lifetime == 0:
+            self._delete(allocation)
+            log.info("listener %s: allocation deleted by %s", self.name, _fmt(downstream.address))
+        else:
+            allocation.expires_at = time.monotonic() + lifetime
+        response = _response_to(request)
+        response.attributes["LIFETIME"] = lifetime
+        return response
+
+    def _peer_addresses(self, request: Message, allocation: Allocation) -> list[Address]:
+        peers = [value for name, value in request.attribute_list if name == "XOR-PEER-ADDRESS"]
+        if not peers:
+            raise RequestError(400, "Bad Request: missing XOR-PEER-ADDRESS")
+        for ip, _ in peers:
+            if address_family(ip) != allocation.family:
+                raise RequestError(443)
+        for ip, _ in peers:
+            if not self.router.permits(self.name, ip):
+                log.info(
+                    "permission denied on listener %s for client %s to peer %s: "
+                    "no route to endpoint",
+                    self.name,
+                    _fmt(allocation.downstream.address),
+                    ip,
+                )
+                raise RequestError(403)
+        return peers
+
+    def _create_permission(self, exchange: Exchange) -> Message:
+        """RFC 8656 §10.2: all peers are admitted, or none."""
+        request = exchange.request
+        allocation = self._allocation_of(exchange)
+        expiry = time.monotonic() + PERMISSION_LIFETIME
+        for ip, _ in self._peer_addresses(request, allocation):
+            allocation.permissions[ip] = expiry
+        return _response_to(request)
+
+    def _channel_bind(self, exchange: Exchange) -> Message:
+        """RFC 8656 §12.2."""
+        request = exchange.request
+        allocation = self._allocation_of(exchange)
+        channel = request.attributes.get("CHANNEL-NUMBER")
+        if channel is None or not stun.is_valid_channel_number(channel):
+            raise RequestError(400, "Bad Request: missing or invalid CHANNEL-NUMBER")
+        ip, port = peer = self._peer_addresses(request, allocation)[0]
+        bound = allocation.channels.get(channel)
+        if bound is not None and bound[0] != peer:
+            raise RequestError(400, "Bad Request: channel bound to another peer")
+        if allocation.channel_by_peer.get(peer, channel) != channel:
+            raise RequestError(400, "Bad Request: peer bound to another channel")
+        now = time.monotonic()
+        allocation.channels[channel] = (peer, now + CHANNEL_LIFETIME)
+        allocation.channel_by_peer[peer] = channel
+        allocation.permissions[ip] = now + PERMISSION_LIFETIME  # a binding refreshes it
+        return _response_to(request)
+
+    def _send_indication(self, exchange: Exchange) -> None:
+        """RFC 8656 §11.2: relay DATA to XOR-PEER-ADDRESS; anything amiss is discarded."""
+        request = exchange.request
+        allocation = self.allocations.get(exchange.downstream.remote)
+        peer = request.attributes.get("XOR-PEER-ADDRESS")
+        data = request.attributes.get("DATA")
+        if allocation is None or peer is None or data is None:
+            self.stats.dropped += 1
+            return None
+        allocation.relay_to_peer(peer, data)
+        return None
+
+    # --- housekeeping ------------------------------------------------------------------------
+
+    def _delete(self, allocation: Allocation) -> None:
+        if self.allocations.get(allocation.downstream.remote) is allocation:
+            del self.allocations[allocation.downstream.remote]
+            users = self.context.allocations_per_user
+            left = users.get(allocation.user_id, 1) - 1
+            if left > 0:
+                users[allocation.user_id] = left
+            else:
+                users.pop(allocation.user_id, None)
+        allocation.close()
+
+    def sweep(self) -> None:
+        """Expire allocations, permissions, channels and cached responses (run every second)."""
+        now = time.monotonic()
+        for allocation in list(self.allocations.values()):
+            if allocation.expire(now):
+                log.info(
+                    "listener %s: allocation of %s expired",
+                    self.name,
+                    _fmt(allocation.downstream.address),
+                )
+                self._delete(allocation)
+        for key in [k for k, (expiry, _) in self._responses.items() if expiry <= now]:
+            del self._responses[key]
+
+    def close(self) -> None:
+        for allocation in list(self.allocations.values()):
+            self._delete(allocation)
+        self._responses.clear()
+
+
+def _ignore(exchange: Exchange) -> None:
+    return None  # a Binding indication is a keepalive (RFC 8489 §6.3.2)
+
+
+def _response_to(request: Message) -> Message:
+    return Message(request.method, Class.SUCCESS, request.transaction_id)
+
+
+def _error_for(transaction_id: bytes, method: Method, error: RequestError) -> Message:
+    response = Message(method, Class.ERROR, transaction_id)
+    response.attributes["ERROR-CODE"] = (error.code, error.reason)
+    response.attributes.update(error.attributes)
+    return response
+
+
+def _unknown_method_error(header: bytes) -> bytes:
+    """400 to a request whose method this server does not know, echoing that method."""
+    message_type = (struct.unpack_from("!H", header)[0] & 0x3EEF) | Class.ERROR
+    reason = b"Bad Request: unknown method"
+    value = struct.pack("!HBB", 0, 4, 0) + reason
+    value += bytes(-len(value) % 4)
+    attribute = struct.pack("!HH", 0x0009, 4 + len(reason)) + value
+    return struct.pack("!HHI", message_type, len(attribute), stun.COOKIE) + header[8:20] + attribute
+
+
+def _fmt(address: Address) -> str:
+    ip, port = address
+    return f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
+
+
+def _grow_buffers(transport: asyncio.BaseTransport) -> None:
+    sock = transport.get_extra_info("socket")
+    if sock is None:
+        return
+    for option in (socket.SO_RCVBUF, socket.SO_SNDBUF):
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, option, 1 << 20)
+        except OSError:
+            pass
