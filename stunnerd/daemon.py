@@ -41,6 +41,8 @@ class Stunner:
         self.log_override = log_override  # -l/-v on the command line win over admin.loglevel
         self._resolver = DnsResolver(self.router)
         self._resolver_task: asyncio.Task[None] | None = None
+        self._pending_resolution: asyncio.Task[None] | None = None
+        self._resolved_domains: set[str] = set()
 
     @property
     def allocation_count(self) -> int:
@@ -122,12 +124,20 @@ class Stunner:
             self.listeners[listener.name] = listener
 
     def _ensure_resolver(self) -> None:
-        if self.router.dns_domains():
-            if self._resolver_task is None or self._resolver_task.done():
-                self._resolver_task = asyncio.get_running_loop().create_task(self._resolver.run())
+        """Resolve STRICT_DNS names in the background; names new to this config at once."""
+        domains = self.router.dns_domains()
+        if not domains:
+            return
+        loop = asyncio.get_running_loop()
+        if self._resolver_task is None or self._resolver_task.done():
+            self._resolver_task = loop.create_task(self._resolver.run())
+        elif domains - self._resolved_domains:
+            self._pending_resolution = loop.create_task(self._resolver.resolve_now())
+        self._resolved_domains = domains
 
     async def close(self) -> None:
-        if self._resolver_task is not None:
-            self._resolver_task.cancel()
+        for task in (self._resolver_task, self._pending_resolution):
+            if task is not None:
+                task.cancel()
         await self._stop(self.listeners.values())
         self.listeners.clear()

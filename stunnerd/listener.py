@@ -27,7 +27,7 @@ class UdpListenerProtocol(asyncio.DatagramProtocol):
     def __init__(self, server: TurnServer) -> None:
         self.server = server
         self.transport: asyncio.DatagramTransport | None = None
-        self._downstreams: dict[Any, Downstream] = {}
+        self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.DatagramTransport, transport)
@@ -56,6 +56,10 @@ class UdpListenerProtocol(asyncio.DatagramProtocol):
 
     def error_received(self, exc: Exception) -> None:
         log.debug("listener %s: %s", self.server.name, exc)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.closed.done():
+            self.closed.set_result(None)
 
 
 class TcpConnectionProtocol(asyncio.Protocol):
@@ -113,7 +117,7 @@ class Listener:
     def __init__(self, config: ListenerConfig, context: ServerContext) -> None:
         self.config = config
         self.server = TurnServer(config.name, config.address, context)
-        self._udp: asyncio.DatagramTransport | None = None
+        self._udp: UdpListenerProtocol | None = None
         self._tcp: asyncio.Server | None = None
         self._connections: set[TcpConnectionProtocol] = set()
         self._sweeper: asyncio.TimerHandle | None = None
@@ -128,7 +132,7 @@ class Listener:
         protocol = self.config.protocol
         if protocol == "TURN-UDP":
             sock = _bound_socket(socket.SOCK_DGRAM, port)
-            self._udp, _ = await loop.create_datagram_endpoint(
+            _, self._udp = await loop.create_datagram_endpoint(
                 lambda: UdpListenerProtocol(self.server), sock=sock
             )
         elif protocol == "TURN-TCP":
@@ -154,8 +158,9 @@ class Listener:
     async def stop(self) -> None:
         if self._sweeper is not None:
             self._sweeper.cancel()
-        if self._udp is not None:
-            self._udp.close()
+        if self._udp is not None and self._udp.transport is not None:
+            self._udp.transport.close()
+            await self._udp.closed  # the port is free once the socket is really closed
         if self._tcp is not None:
             self._tcp.close()
             for connection in list(self._connections):

@@ -51,12 +51,14 @@ def make_config(
     auth: dict[str, Any] | None = None,
     protocols: tuple[str, ...] = ("TURN-UDP", "TURN-TCP"),
     user_quota: int = 0,
+    address: str = HOST,
+    cluster_type: str = "STATIC",
 ) -> StunnerConfig:
     listeners = [
         {
             "name": f"testns/gw/{p.lower()}",
             "protocol": p,
-            "address": HOST,
+            "address": address,
             "port": port,
             "routes": ["testns/backend"],
         }
@@ -72,7 +74,7 @@ def make_config(
             "credentials": {"username": USERNAME, "password": PASSWORD},
         },
         "listeners": listeners,
-        "clusters": [{"name": "testns/backend", "type": "STATIC", "endpoints": endpoints}],
+        "clusters": [{"name": "testns/backend", "type": cluster_type, "endpoints": endpoints}],
     }
     return load_config(json.dumps(text))
 
@@ -116,9 +118,9 @@ class Peer(asyncio.DatagramProtocol):
             self.transport.close()
 
 
-async def start_peer(echo: bool = True, port: int = 0) -> Peer:
+async def start_peer(echo: bool = True, port: int = 0, host: str = HOST) -> Peer:
     loop = asyncio.get_running_loop()
-    _, peer = await loop.create_datagram_endpoint(lambda: Peer(echo), local_addr=(HOST, port))
+    _, peer = await loop.create_datagram_endpoint(lambda: Peer(echo), local_addr=(host, port))
     return peer
 
 
@@ -143,7 +145,7 @@ class RawClient(asyncio.DatagramProtocol):
     async def connect(cls, server: tuple[str, int], **kwargs: str) -> RawClient:
         loop = asyncio.get_running_loop()
         _, client = await loop.create_datagram_endpoint(
-            lambda: cls(server, **kwargs), local_addr=(HOST, 0)
+            lambda: cls(server, **kwargs), local_addr=(server[0], 0)
         )
         return client
 

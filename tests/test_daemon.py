@@ -1,0 +1,108 @@
+"""Applying configs to a running stunnerd: in place where possible, all or nothing.
+
+We test: an identical config changes nothing; a route change applies in place, keeps the
+allocation, and takes effect on the very next relayed packet; a port change restarts that
+listener only; a config that cannot be applied (port in use) is refused whole and the previous
+config keeps serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import pytest
+
+from stunnerd.daemon import ApplyError
+from stunnerd.stun import Class
+
+from .turnclient import HOST, RawClient, free_port, make_config, running_stunner, start_peer
+
+
+def test_identical_config_changes_nothing() -> None:
+    async def main() -> None:
+        port = free_port()
+        config = make_config(port, [f"{HOST}/32"])
+        async with running_stunner(config) as stunner:
+            before = dict(stunner.listeners)
+            await stunner.apply(make_config(port, [f"{HOST}/32"]))
+            assert stunner.listeners == before
+
+    asyncio.run(main())
+
+
+def test_route_change_is_in_place_and_checked_per_packet() -> None:
+    async def main() -> None:
+        peer = await start_peer(echo=True)
+        port = free_port()
+        async with running_stunner(make_config(port, [f"{HOST}/32"])) as stunner:
+            udp_listener = stunner.listeners["testns/gw/turn-udp"]
+            client = await RawClient.connect((HOST, port))
+            await client.allocate()
+            await client.channel_bind(0x4000, (HOST, peer.port))
+            client.send_channel_data(0x4000, b"before")
+            assert await asyncio.wait_for(client.channel_data.get(), 2) == (0x4000, b"before")
+
+            await stunner.apply(make_config(port, ["10.0.0.0/8"]))  # the peer is no longer in
+            assert stunner.listeners["testns/gw/turn-udp"] is udp_listener
+            assert stunner.allocation_count == 1
+            client.send_channel_data(0x4000, b"after")
+            await asyncio.sleep(0.2)
+            assert client.channel_data.empty()
+            assert [data for data, _ in peer.received] == [b"before"]
+
+            await stunner.apply(make_config(port, [f"{HOST}/32"]))  # and back
+            client.send_channel_data(0x4000, b"again")
+            assert await asyncio.wait_for(client.channel_data.get(), 2) == (0x4000, b"again")
+            client.close()
+        peer.close()
+
+    asyncio.run(main())
+
+
+def test_port_change_restarts_that_listener_only() -> None:
+    async def main() -> None:
+        port, new_port = free_port(), free_port()
+        async with running_stunner(make_config(port, [f"{HOST}/32"])) as stunner:
+            tcp_listener = stunner.listeners["testns/gw/turn-tcp"]
+            config = make_config(port, [f"{HOST}/32"])
+            moved = config.model_copy(
+                update={
+                    "listeners": [
+                        config.listeners[0].model_copy(update={"port": new_port}),
+                        config.listeners[1],
+                    ]
+                }
+            )
+            await stunner.apply(moved)
+            assert stunner.listeners["testns/gw/turn-tcp"] is tcp_listener
+            client = await RawClient.connect((HOST, new_port))
+            assert (await client.allocate()).message_class == Class.SUCCESS
+            client.close()
+
+    asyncio.run(main())
+
+
+def test_config_that_cannot_be_applied_is_refused_whole() -> None:
+    async def main() -> None:
+        port = free_port()
+        busy = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        busy.bind(("0.0.0.0", 0))
+        busy_port = busy.getsockname()[1]
+        original = make_config(port, [f"{HOST}/32"], protocols=("TURN-UDP",))
+        async with running_stunner(original) as stunner:
+            client = await RawClient.connect((HOST, port))
+            await client.allocate()
+            bad = make_config(busy_port, ["10.0.0.0/8"], protocols=("TURN-UDP",))
+            with pytest.raises(ApplyError, match="testns/gw/turn-udp"):
+                await stunner.apply(bad)
+            assert stunner.config == original
+            # The listener was restarted on its old port, and the old routes still hold.
+            fresh = await RawClient.connect((HOST, port))
+            assert (await fresh.allocate()).message_class == Class.SUCCESS
+            assert stunner.router.permits("testns/gw/turn-udp", HOST)
+            fresh.close()
+            client.close()
+        busy.close()
+
+    asyncio.run(main())
