@@ -60,6 +60,19 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="UDP read loops per listener (accepted; one loop is used for now)",
     )
+    parser.add_argument(
+        "--force-ready-status",
+        action="store_true",
+        help="keep /ready at 200 while draining after SIGTERM",
+    )
+    parser.add_argument(
+        "--grace-period",
+        type=float,
+        default=3600.0,
+        metavar="SECONDS",
+        help="after SIGTERM, exit when the last allocation is gone or after this long "
+        "(default 3600, the operator's terminationGracePeriodSeconds)",
+    )
     return parser
 
 
@@ -83,18 +96,39 @@ def resolve_config(args: argparse.Namespace) -> StunnerConfig:
     return load_config(text)
 
 
-async def serve(stunner: Stunner, config: StunnerConfig) -> int:
-    stop = asyncio.Event()
+DRAIN_POLL_INTERVAL = 1.0
+
+
+async def serve(stunner: Stunner, config: StunnerConfig, grace_period: float = 3600.0) -> int:
+    """Serve until SIGTERM/SIGINT, then drain: not ready, keep serving, exit when the last
+    allocation is gone or the grace period ends. A second signal exits at once."""
+    signals = asyncio.Queue[int]()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, signals.put_nowait, sig)
     try:
         await stunner.apply(config)
     except ApplyError as exc:
         log.error("could not apply configuration: %s", exc)
+        await stunner.close()
         return 1
     log.info("stunnerd running with %d listener(s)", len(stunner.listeners))
-    await stop.wait()
+    received = await signals.get()
+    stunner.terminating = True
+    log.info(
+        "%s: draining %d allocation(s), at most %gs",
+        signal.Signals(received).name,
+        stunner.allocation_count,
+        grace_period,
+    )
+    deadline = loop.time() + grace_period
+    while stunner.allocation_count > 0 and loop.time() < deadline:
+        try:
+            received = await asyncio.wait_for(signals.get(), DRAIN_POLL_INTERVAL)
+        except TimeoutError:
+            continue
+        log.info("%s again: exiting now", signal.Signals(received).name)
+        break
     log.info("shutting down (%d active allocations)", stunner.allocation_count)
     await stunner.close()
     return 0
@@ -116,7 +150,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.dry_run:
         print(redacted(config).to_json())  # noqa: T201
         return 0
-    return asyncio.run(serve(Stunner(log_override=override), config))
+    stunner = Stunner(log_override=override, force_ready=args.force_ready_status)
+    return asyncio.run(serve(stunner, config, args.grace_period))
 
 
 if __name__ == "__main__":

@@ -10,9 +10,16 @@ import asyncio
 import logging
 from collections.abc import Iterable
 
-from stunner_api.dataplane import ListenerConfig, StunnerConfig
+from stunner_api.dataplane import (
+    DEFAULT_HEALTHCHECK_PORT,
+    DEFAULT_METRICS_PORT,
+    ListenerConfig,
+    StunnerConfig,
+    is_zero_config,
+)
 
 from . import logs
+from .admin import HttpServer, health_routes, metrics_routes, parse_endpoint
 from .auth import Authenticator, AuthError, NonceManager
 from .listener import Listener
 from .router import DnsResolver, Router
@@ -32,8 +39,18 @@ def restart_needed(old: ListenerConfig, new: ListenerConfig, realm_changed: bool
 
 
 class Stunner:
-    def __init__(self, nonces: NonceManager | None = None, log_override: str | None = None) -> None:
+    def __init__(
+        self,
+        nonces: NonceManager | None = None,
+        log_override: str | None = None,
+        force_ready: bool = False,
+    ) -> None:
         self.config: StunnerConfig | None = None
+        self.force_ready = force_ready  # --force-ready-status: stay ready while draining
+        self.terminating = False
+        self._configured = False  # a real (non-zero) config has been applied
+        self.health = HttpServer("health-check", health_routes(self))
+        self.metrics = HttpServer("metrics", {})
         self.listeners: dict[str, Listener] = {}
         self.router = Router()
         self.nonces = nonces or NonceManager()
@@ -43,6 +60,17 @@ class Stunner:
         self._resolver_task: asyncio.Task[None] | None = None
         self._pending_resolution: asyncio.Task[None] | None = None
         self._resolved_domains: set[str] = set()
+
+    @property
+    def ready(self) -> bool:
+        """Ready once a real config is running; not while terminating, unless forced."""
+        return self._configured and (not self.terminating or self.force_ready)
+
+    @property
+    def status(self) -> str:
+        if self.terminating:
+            return "TERMINATING"
+        return "READY" if self.ready else "NOT-READY"
 
     @property
     def allocation_count(self) -> int:
@@ -104,8 +132,31 @@ class Stunner:
         self.router.update({lc.name: lc.routes for lc in config.listeners}, config.clusters)
         self.context = context
         self.config = config
+        self._configured = self._configured or not is_zero_config(config)
         self._ensure_resolver()
+        await self._reconcile_admin_servers(config)
         log.info("applied config: %s", config)
+
+    async def _reconcile_admin_servers(self, config: StunnerConfig) -> None:
+        """Restart the health or metrics server only when its endpoint changed. A server that
+        cannot start is logged, not fatal: the TURN service matters more (as in Go STUNner)."""
+        wanted = [
+            (self.health, config.admin.healthcheck_endpoint, DEFAULT_HEALTHCHECK_PORT),
+            (self.metrics, config.admin.metrics_endpoint, DEFAULT_METRICS_PORT),
+        ]
+        for server, url, default_port in wanted:
+            if server.url == url:
+                continue
+            await server.stop()
+            if not url:
+                continue
+            try:
+                if server is self.metrics:
+                    path = parse_endpoint(url, default_port).path
+                    server.routes = metrics_routes(self, path)
+                await server.start(url, default_port)
+            except (OSError, ValueError) as exc:
+                log.error("cannot start the %s server on %s: %s", server.name, url, exc)
 
     async def _stop(self, listeners: Iterable[Listener]) -> None:
         for listener in listeners:
@@ -141,3 +192,5 @@ class Stunner:
                 task.cancel()
         await self._stop(self.listeners.values())
         self.listeners.clear()
+        await self.health.stop()
+        await self.metrics.stop()

@@ -133,10 +133,14 @@ class Allocation(asyncio.DatagramProtocol):
             return
         channel = self.channel_by_peer.get(peer)
         if channel is not None:
-            self.downstream.send(stun.pack_channel_data(channel, data, self.downstream.stream))
+            packet = stun.pack_channel_data(channel, data, self.downstream.stream)
         else:
-            self.downstream.send(stun.data_indication(peer, data))
-        server.stats.peer_to_client += 1
+            packet = stun.data_indication(peer, data)
+        self.downstream.send(packet)
+        stats = server.stats
+        stats.peer_to_client += 1
+        stats.tx_packets += 1
+        stats.tx_bytes += len(packet)
 
     def error_received(self, exc: Exception) -> None:
         # ICMP errors from peers (port unreachable): nothing to do for a UDP relay.
@@ -158,6 +162,9 @@ class Allocation(asyncio.DatagramProtocol):
 
     def relay_channel_data(self, data: bytes) -> None:
         """RFC 8656 §12.6: ChannelData from the client goes to the channel's peer."""
+        stats = self.server.stats
+        stats.rx_packets += 1
+        stats.rx_bytes += len(data)
         if len(data) < 4:
             return
         channel, length = _CHANNEL_HEADER.unpack_from(data)
@@ -188,9 +195,16 @@ class Allocation(asyncio.DatagramProtocol):
 
 @dataclass
 class Stats:
+    """Per-listener counters: rx/tx are client-side packets (metrics and /status)."""
+
+    rx_packets: int = 0
+    rx_bytes: int = 0
+    tx_packets: int = 0
+    tx_bytes: int = 0
     client_to_peer: int = 0
     peer_to_client: int = 0
     dropped: int = 0
+    allocations_total: int = 0
 
 
 class Exchange:
@@ -242,11 +256,13 @@ class TurnServer:
 
     def handle(self, data: bytes, downstream: Downstream) -> None:
         """A STUN message (not ChannelData) from a client. Never raises on bad input."""
+        self.stats.rx_packets += 1
+        self.stats.rx_bytes += len(data)
         try:
             message = stun.parse_message(data)
         except stun.UnknownMethodError as exc:
             if exc.message_class == Class.REQUEST:
-                downstream.send(_unknown_method_error(bytes(data[:20])))
+                self._send(downstream, _unknown_method_error(bytes(data[:20])))
             return
         except stun.StunError as exc:
             log.debug(
@@ -261,7 +277,7 @@ class TurnServer:
         key = (downstream.remote, message.transaction_id)
         cached = self._responses.get(key)
         if cached is not None:
-            downstream.send(cached[1])  # a retransmission gets the same answer (RFC 8489 §6.3.1)
+            self._send(downstream, cached[1])  # a retransmission: the same answer (RFC 8489 §6.3.1)
             return
         if key in self._pending:
             return  # the first copy is still being served (an Allocate binding its socket)
@@ -326,7 +342,12 @@ class TurnServer:
         data = response.encode(integrity_key=key, fingerprint=True)
         if not (isinstance(outcome, RequestError) and outcome.code in (401, 438)):
             self._remember(downstream.remote, request.transaction_id, data)
+        self._send(downstream, data)
+
+    def _send(self, downstream: Downstream, data: bytes) -> None:
         downstream.send(data)
+        self.stats.tx_packets += 1
+        self.stats.tx_bytes += len(data)
 
     def _remember(self, remote: Any, transaction_id: bytes, data: bytes) -> None:
         if len(self._responses) >= RESPONSE_CACHE_MAX:
@@ -450,6 +471,7 @@ class TurnServer:
             allocation.close()
             raise RequestError(437)
         self.allocations[downstream.remote] = allocation
+        self.stats.allocations_total += 1
         users = self.context.allocations_per_user
         users[user_id] = users.get(user_id, 0) + 1
         log.info(

@@ -53,6 +53,7 @@ def make_config(
     user_quota: int = 0,
     address: str = HOST,
     cluster_type: str = "STATIC",
+    admin: dict[str, Any] | None = None,
 ) -> StunnerConfig:
     listeners = [
         {
@@ -66,7 +67,13 @@ def make_config(
     ]
     text = {
         "version": "v1",
-        "admin": {"name": "test", "loglevel": "all:INFO", "user_quota": user_quota},
+        "admin": {
+            "name": "test",
+            "loglevel": "all:INFO",
+            "user_quota": user_quota,
+            "healthcheck_endpoint": "",  # each test picks its own port when it needs one
+            **(admin or {}),
+        },
         "auth": auth
         or {
             "type": "static",

@@ -1,0 +1,197 @@
+"""stunnerd's admin endpoints and lifecycle: health, /status, metrics, SIGTERM drain.
+
+We test: /live always 200; /ready 503 before a real config, 200 after, 503 while terminating
+(200 with --force-ready-status), and a zero config does not make it ready; /status carries the
+config and per-listener stats with every secret redacted; /metrics uses Go STUNner's names and
+counts what happened; a stunnerd process on SIGTERM stops being ready, keeps relaying, and exits 0
+once its last allocation is gone (or at once on a second signal).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+
+from stunner_api.dataplane import zero_config
+from stunnerd.daemon import Stunner
+from stunnerd.stun import Class
+
+from .turnclient import HOST, PASSWORD, RawClient, free_port, make_config, running_stunner
+
+
+def http_get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+
+
+async def get(url: str) -> tuple[int, str]:
+    return await asyncio.to_thread(http_get, url)
+
+
+def test_health_ready_and_status_redacted() -> None:
+    async def main() -> None:
+        port, health_port = free_port(), free_port()
+        admin = {"healthcheck_endpoint": f"http://127.0.0.1:{health_port}"}
+        config = make_config(port, [f"{HOST}/32"], admin=admin)
+        base = f"http://127.0.0.1:{health_port}"
+        async with running_stunner(config) as stunner:
+            assert await get(f"{base}/live") == (200, "{}")
+            status, body = await get(f"{base}/ready")
+            assert (status, json.loads(body)) == (200, {"status": 200, "message": "READY"})
+            client = await RawClient.connect((HOST, port))
+            await client.allocate()
+            status, body = await get(f"{base}/status")
+            assert status == 200
+            assert PASSWORD not in body
+            report = json.loads(body)
+            assert report["status"] == "READY" and report["allocationCount"] == 1
+            assert report["auth"]["credentials"]["password"] == "<SECRET>"
+            udp = next(lst for lst in report["listeners"] if lst["protocol"] == "TURN-UDP")
+            assert udp["stats"]["rx"]["pkts"] >= 2 and udp["stats"]["tx"]["pkts"] >= 2
+            stunner.terminating = True
+            status, body = await get(f"{base}/ready")
+            assert (status, json.loads(body)["message"]) == (503, "stunnerd not ready")
+            assert json.loads((await get(f"{base}/status"))[1])["status"] == "TERMINATING"
+            stunner.force_ready = True
+            assert (await get(f"{base}/ready"))[0] == 200
+            assert (await get(f"{base}/nope"))[0] == 404
+            client.close()
+
+    asyncio.run(main())
+
+
+def test_zero_config_is_not_ready() -> None:
+    async def main() -> None:
+        stunner = Stunner()
+        assert (stunner.ready, stunner.status) == (False, "NOT-READY")
+        zero = zero_config()
+        await stunner.apply(zero)
+        try:
+            assert (stunner.ready, stunner.status) == (False, "NOT-READY")
+            await stunner.apply(make_config(free_port(), [f"{HOST}/32"]))
+            assert (stunner.ready, stunner.status) == (True, "READY")
+            await stunner.apply(zero)  # a deletion after a real config: still configured
+            assert stunner.ready
+        finally:
+            await stunner.close()
+
+    asyncio.run(main())
+
+
+def test_metrics_use_go_stunner_names() -> None:
+    async def main() -> None:
+        port, metrics_port = free_port(), free_port()
+        admin = {"metrics_endpoint": f"http://127.0.0.1:{metrics_port}/metrics"}
+        async with running_stunner(make_config(port, [f"{HOST}/32"], admin=admin)):
+            client = await RawClient.connect((HOST, port))
+            assert (await client.allocate()).message_class == Class.SUCCESS
+            status, text = await get(f"http://127.0.0.1:{metrics_port}/metrics")
+            assert status == 200
+            samples = dict(
+                line.rsplit(" ", 1)
+                for line in text.splitlines()
+                if line and not line.startswith("#")
+            )
+            assert samples["stunner_allocations_active"] == "1"
+            rx = samples['stunner_listener_packets_total{direction="rx",name="testns/gw/turn-udp"}']
+            assert int(rx) >= 2
+            assert samples['stunner_listener_connections_total{name="testns/gw/turn-udp"}'] == "1"
+            assert "# TYPE stunner_listener_bytes_total counter" in text
+            assert float(samples["process_cpu_seconds_total"]) > 0
+            client.close()
+
+    asyncio.run(main())
+
+
+def start_stunnerd(config_json: str, *args: str) -> tuple[subprocess.Popen[str], str]:
+    handle, path = tempfile.mkstemp(suffix=".json")
+    with os.fdopen(handle, "w") as file:
+        file.write(config_json)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "stunnerd", "-c", path, *args], stderr=subprocess.PIPE, text=True
+    )
+    return proc, path
+
+
+def wait_ready(base: str, proc: subprocess.Popen[str]) -> None:
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()[1]
+        try:
+            if http_get(f"{base}/ready")[0] == 200:
+                return
+        except OSError:
+            pass
+        time.sleep(0.1)
+    raise AssertionError("stunnerd never became ready")
+
+
+def test_sigterm_drains_until_the_last_allocation_is_gone() -> None:
+    port, health_port = free_port(), free_port()
+    admin = {"healthcheck_endpoint": f"http://127.0.0.1:{health_port}"}
+    config = make_config(port, [f"{HOST}/32"], admin=admin, protocols=("TURN-UDP",))
+    proc, path = start_stunnerd(config.to_json())
+    base = f"http://127.0.0.1:{health_port}"
+    try:
+        wait_ready(base, proc)
+
+        async def drain() -> None:
+            client = await RawClient.connect((HOST, port))
+            assert (await client.allocate()).message_class == Class.SUCCESS
+            proc.send_signal(signal.SIGTERM)
+            await asyncio.sleep(0.5)
+            assert proc.poll() is None, "exited with an allocation still active"
+            assert (await get(f"{base}/ready"))[0] == 503
+            assert (await client.refresh(600)).message_class == Class.SUCCESS  # still serving
+            assert (await client.refresh(0)).message_class == Class.SUCCESS
+            client.close()
+
+        asyncio.run(drain())
+        assert proc.wait(timeout=5) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
+        os.unlink(path)
+
+
+def test_second_signal_exits_at_once() -> None:
+    port = free_port()
+    config = make_config(port, [f"{HOST}/32"], protocols=("TURN-UDP",))
+    proc, path = start_stunnerd(config.to_json(), "--grace-period", "600")
+    try:
+
+        async def hold() -> None:
+            deadline = time.monotonic() + 15
+            while True:
+                client = await RawClient.connect((HOST, port))
+                try:
+                    await client.allocate()
+                    break
+                except TimeoutError:
+                    client.close()  # stunnerd is not up yet
+                    assert time.monotonic() < deadline
+            proc.send_signal(signal.SIGTERM)
+            await asyncio.sleep(0.3)
+            assert proc.poll() is None
+            proc.send_signal(signal.SIGINT)
+            client.close()
+
+        asyncio.run(hold())
+        assert proc.wait(timeout=5) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
+        os.unlink(path)
