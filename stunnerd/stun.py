@@ -30,8 +30,11 @@ MAX_LENGTH = 0xFFFF  # the 16-bit message length field
 FAMILY_IPV4 = 0x01
 FAMILY_IPV6 = 0x02
 
-CHANNEL_MIN = 0x4000  # RFC 8656 §12: 0x4000-0x4FFF are channel numbers, 0x5000-0xFFFF reserved
-CHANNEL_MAX = 0x4FFF
+# RFC 5766 §11 made 0x4000-0x7FFF channel numbers; RFC 8656 §12 narrowed them to 0x4000-0x4FFF.
+# Clients in the wild (coturn's, older browsers') still bind above 0x4FFF and pion/turn, hence Go
+# STUNner, accepts them: for wire compatibility, so do we.
+CHANNEL_MIN = 0x4000
+CHANNEL_MAX = 0x7FFF
 
 Address = tuple[str, int]
 """(IP string, port); IPv6 without brackets."""

@@ -332,6 +332,14 @@ class TurnServer:
     def _answer(self, exchange: Exchange, outcome: Message | RequestError) -> None:
         request, downstream, key = exchange.request, exchange.downstream, exchange.key
         if isinstance(outcome, RequestError):
+            log.debug(
+                "listener %s: %s from %s: %d %s",
+                self.name,
+                request.method.name,
+                _fmt(downstream.address),
+                outcome.code,
+                outcome.reason,
+            )
             response = _error_for(request.transaction_id, request.method, outcome)
             if outcome.code in (401, 438):
                 response.attributes["REALM"] = self.context.realm

@@ -205,7 +205,7 @@ def test_unpack_channel_data_arbitrary(data: bytes) -> None:
 
 
 @FUZZ
-@given(st.integers(0x4000, 0x4FFF), st.binary(max_size=64), st.booleans())
+@given(st.integers(0x4000, 0x7FFF), st.binary(max_size=64), st.booleans())
 def test_channel_data_round_trip(channel: int, payload: bytes, pad: bool) -> None:
     data = stun.pack_channel_data(channel, payload, pad=pad)
     assert stun.unpack_channel_data(data) == (channel, payload)
