@@ -48,6 +48,7 @@ DEFAULT_STUNNER_NAME = "default-stunnerd"
 DEFAULT_LOG_LEVEL = "all:INFO"
 DEFAULT_REALM = "stunner.l7mp.io"
 DEFAULT_PORT = 3478
+DEFAULT_TLS_PORT = 443  # the turns:// shorthand's default (Go STUNner)
 DEFAULT_ADDRESS = "0.0.0.0"
 DEFAULT_METRICS_PORT = 8080
 DEFAULT_HEALTHCHECK_PORT = 8086
@@ -756,12 +757,13 @@ def _uri_protocol(scheme: str, transport: str) -> ListenerProtocol | None:
     return _URI_PROTOCOLS.get((scheme, transport))
 
 
-def config_from_uri(uri: str) -> StunnerConfig:
+def config_from_uri(uri: str, certificate: tuple[str, str] | None = None) -> StunnerConfig:
     """A full config from `turn://user:pass@host:port?transport=udp` (NewDefaultConfig).
 
     Static auth with that user and password in realm stunner.l7mp.io, one listener
     "default-listener" routing to the cluster "allow-any" (STATIC, 0.0.0.0/0), health checks at
-    the default endpoint. The default port is 3478. TLS/DTLS is not supported yet.
+    the default endpoint. The default port is 3478, 443 for TLS/DTLS, whose listener takes
+    `certificate`: (cert, key), base64 PEM (stunnerd makes a self-signed one, as Go does).
     """
     shown = _redact_uri(uri)
     try:
@@ -777,10 +779,12 @@ def config_from_uri(uri: str) -> StunnerConfig:
     password = unquote(parts.password or "")
     if not username or not password:
         raise ConfigError(f"username/password must be set: '{shown}'")
+    tls: dict[str, str] = {}
     if protocol in TLS_PROTOCOLS:
-        raise ConfigError(
-            f"{protocol} listener from URI '{shown}': TLS/DTLS shorthand is not supported yet"
-        )
+        if certificate is None:
+            raise ConfigError(f"{protocol} listener from URI '{shown}': needs a certificate")
+        tls = {"cert": certificate[0], "key": certificate[1]}
+        port = port or DEFAULT_TLS_PORT
     host = parts.netloc.rpartition("@")[2]
     if host.startswith("["):
         host = host[1:].partition("]")[0]
@@ -805,6 +809,7 @@ def config_from_uri(uri: str) -> StunnerConfig:
                     "address": host,
                     "port": port,
                     "routes": [URI_CLUSTER_NAME],
+                    **tls,
                 }
             ],
             "clusters": [

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 from typing import Any
 
@@ -663,17 +664,16 @@ def test_config_from_uri_cases(
         (
             "turns://user:secret-pw@1.2.3.4:443?transport=tcp",
             "TURN-TLS listener from URI 'turns://user:<SECRET>@1.2.3.4:443?transport=tcp': "
-            "TLS/DTLS shorthand is not supported yet",
+            "needs a certificate",
         ),
         (
             "turns://user:secret-pw@1.2.3.4",
-            "TURN-DTLS listener from URI 'turns://user:<SECRET>@1.2.3.4': "
-            "TLS/DTLS shorthand is not supported yet",
+            "TURN-DTLS listener from URI 'turns://user:<SECRET>@1.2.3.4': needs a certificate",
         ),
         (
             "turn://user:secret-pw@1.2.3.4?transport=tls",
             "TURN-TLS listener from URI 'turn://user:<SECRET>@1.2.3.4?transport=tls': "
-            "TLS/DTLS shorthand is not supported yet",
+            "needs a certificate",
         ),
         (
             "turn://user:secret-pw@1.2.3.4?transport=sctp",
@@ -699,6 +699,25 @@ def test_config_from_uri_errors_hide_the_password(uri: str, message: str) -> Non
         config_from_uri(uri)
     assert str(error.value) == message
     assert "secret-pw" not in str(error.value)
+
+
+@pytest.mark.parametrize(
+    ("uri", "protocol", "port"),
+    [
+        ("turns://user:pw@1.2.3.4?transport=tcp", "TURN-TLS", 443),
+        ("turns://user:pw@1.2.3.4:5349", "TURN-DTLS", 5349),
+        ("turn://user:pw@1.2.3.4?transport=tls", "TURN-TLS", 443),
+    ],
+)
+def test_config_from_uri_tls_takes_the_certificate(uri: str, protocol: str, port: int) -> None:
+    cert, key = base64.b64encode(b"cert-pem").decode(), base64.b64encode(b"key-pem").decode()
+    listener = config_from_uri(uri, certificate=(cert, key)).listeners[0]
+    assert (listener.protocol, listener.port, listener.cert, listener.key) == (
+        protocol,
+        port,
+        cert,
+        key,
+    )
 
 
 # --- client URIs -------------------------------------------------------------------------
