@@ -1,0 +1,895 @@
+"""A small stateful fake kube-apiserver speaking the real REST protocol over HTTP.
+
+Shared test infrastructure: the official ``kubernetes`` client works against it unchanged.
+
+What it does:
+- Resource types are registered generically (:class:`ResourceType`: group, version, plural,
+  kind, namespaced, status subresource). Core ``v1`` secrets, configmaps, services, endpoints,
+  namespaces and the Gateway API / STUNner kinds are registered by default.
+- Verbs: create (POST, 409 AlreadyExists, ``generateName``), get (404 NotFound), list (label
+  and field selectors, ``resourceVersion`` in the list metadata), watch (``?watch=true``:
+  newline-delimited JSON events over a chunked response; resumes from ``resourceVersion``;
+  ``timeoutSeconds`` ends the stream; a compacted ``resourceVersion`` yields a 410 Gone
+  ``ERROR`` event), update (PUT, 409 Conflict on a stale ``metadata.resourceVersion``), patch
+  (JSON patch, merge patch; strategic merge is treated as merge patch), delete (honours
+  finalizers by setting ``deletionTimestamp``), and the ``/status`` subresource.
+- Bookkeeping: ``uid``, ``creationTimestamp``, a global monotonically increasing
+  ``resourceVersion``, ``generation`` bumped on changes outside metadata and status.
+- Errors are ``kind: Status`` objects with ``code``, ``reason`` and ``message``.
+- ``?dryRun=All`` validates and answers but stores nothing.
+- Fault injection: :attr:`FakeApiServer.fail_status` answers every request with that error code;
+  :attr:`FakeApiServer.delay` stalls every request (cut short by :meth:`FakeApiServer.stop`).
+- Discovery: ``/api``, ``/apis``, ``/api/v1``, ``/apis/{group}/{version}``, ``/version``.
+
+Not implemented: server-side apply, list pagination, deletecollection, bookmarks, admission.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import jsonpatch
+import kubernetes.client
+
+JSON = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ResourceType:
+    group: str  # "" for the core group
+    version: str
+    plural: str
+    kind: str
+    namespaced: bool = True
+    status_subresource: bool = False
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return (self.group, self.version, self.plural)
+
+
+CORE_TYPES = (
+    ResourceType("", "v1", "namespaces", "Namespace", namespaced=False, status_subresource=True),
+    ResourceType("", "v1", "secrets", "Secret"),
+    ResourceType("", "v1", "configmaps", "ConfigMap"),
+    ResourceType("", "v1", "services", "Service", status_subresource=True),
+    ResourceType("", "v1", "endpoints", "Endpoints"),
+    ResourceType("", "v1", "pods", "Pod", status_subresource=True),
+    ResourceType("apps", "v1", "deployments", "Deployment", status_subresource=True),
+    ResourceType("apps", "v1", "daemonsets", "DaemonSet", status_subresource=True),
+    ResourceType("discovery.k8s.io", "v1", "endpointslices", "EndpointSlice"),
+)
+GATEWAY_TYPES = (
+    ResourceType(
+        "gateway.networking.k8s.io",
+        "v1",
+        "gatewayclasses",
+        "GatewayClass",
+        namespaced=False,
+        status_subresource=True,
+    ),
+    ResourceType("gateway.networking.k8s.io", "v1", "gateways", "Gateway", status_subresource=True),
+    ResourceType(
+        "gateway.networking.k8s.io", "v1alpha2", "udproutes", "UDPRoute", status_subresource=True
+    ),
+    ResourceType("stunner.l7mp.io", "v1", "gatewayconfigs", "GatewayConfig"),
+    ResourceType("stunner.l7mp.io", "v1", "udproutes", "UDPRoute", status_subresource=True),
+    ResourceType("stunner.l7mp.io", "v1", "dataplanes", "Dataplane", namespaced=False),
+    ResourceType("stunner.l7mp.io", "v1", "staticservices", "StaticService"),
+)
+
+
+class ApiError(Exception):
+    def __init__(self, code: int, reason: str, message: str, details: JSON | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.reason = reason
+        self.message = message
+        self.details = details
+
+    def status(self) -> JSON:
+        return status_object(self.code, self.reason, self.message, self.details)
+
+
+def status_object(code: int, reason: str, message: str, details: JSON | None = None) -> JSON:
+    body: JSON = {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Success" if code < 400 else "Failure",
+        "message": message,
+        "reason": reason,
+        "code": code,
+    }
+    if details is not None:
+        body["details"] = details
+    return body
+
+
+# --- label and field selectors ---------------------------------------------------------------
+
+_SET_RE = re.compile(r"^\s*([^\s!=]+)\s+(in|notin)\s+\((.*)\)\s*$")
+
+
+def _split_top_level(selector: str) -> list[str]:
+    parts, depth, cur = [], 0, ""
+    for ch in selector:
+        if ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+        if ch == "," and depth == 0:
+            parts.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    parts.append(cur)
+    return [p.strip() for p in parts if p.strip()]
+
+
+def label_selector_matches(selector: str, labels: dict[str, str]) -> bool:
+    """Kubernetes label selector basics: ``a=b``, ``a==b``, ``a!=b``, ``a in (x,y)``,
+    ``a notin (x,y)``, ``a`` (exists), ``!a`` (does not exist). Raises ValueError if malformed."""
+    for term in _split_top_level(selector):
+        if m := _SET_RE.match(term):
+            key, op, values = m.group(1), m.group(2), {v.strip() for v in m.group(3).split(",")}
+            if op == "in" and labels.get(key) not in values:
+                return False
+            if op == "notin" and key in labels and labels[key] in values:
+                return False
+        elif "!=" in term:
+            key, value = (s.strip() for s in term.split("!=", 1))
+            if labels.get(key) == value:
+                return False
+        elif "=" in term:
+            key, value = (s.strip() for s in term.replace("==", "=").split("=", 1))
+            if labels.get(key) != value:
+                return False
+        elif term.startswith("!"):
+            if term[1:].strip() in labels:
+                return False
+        elif re.fullmatch(r"[A-Za-z0-9./_-]+", term):
+            if term not in labels:
+                return False
+        else:
+            raise ValueError(f"unable to parse requirement: {term!r}")
+    return True
+
+
+def field_selector_matches(selector: str, obj: JSON) -> bool:
+    """Equality field selectors over dotted paths (``metadata.name=x``, ``spec.type!=y``)."""
+    for term in _split_top_level(selector):
+        negate = "!=" in term
+        path, value = (s.strip() for s in term.replace("==", "=").replace("!=", "=").split("=", 1))
+        cur: Any = obj
+        for part in path.split("."):
+            cur = cur.get(part) if isinstance(cur, dict) else None
+        actual = "" if cur is None else str(cur)
+        if (actual == value) == negate:
+            return False
+    return True
+
+
+# --- patches ---------------------------------------------------------------------------------
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    result = copy.deepcopy(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = merge_patch(result.get(key), value)
+    return result
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass
+class _Event:
+    rv: int
+    rtype: ResourceType
+    type: str
+    obj: JSON
+
+
+class FakeApiServer:
+    """The state and the HTTP front end. Use as a context manager or call start()/stop()."""
+
+    history_limit = 1000
+
+    def __init__(self, types: tuple[ResourceType, ...] = CORE_TYPES + GATEWAY_TYPES) -> None:
+        self._types: dict[tuple[str, str, str], ResourceType] = {}
+        for rt in types:
+            self.register(rt)
+        self._objects: dict[tuple[tuple[str, str, str], str, str], JSON] = {}
+        self._rv = 0
+        self._events: list[_Event] = []
+        self._oldest_rv = 0  # watches from below this get 410 Gone
+        self._cond = threading.Condition()
+        self._stopping = threading.Event()
+        self._conns: set[socket.socket] = set()
+        self._conns_lock = threading.Lock()
+        self.fail_status: int | None = None
+        self.delay: float = 0.0
+        self.requests: list[tuple[str, str]] = []  # (method, path) log
+        self._httpd: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    # --- lifecycle ---------------------------------------------------------------------------
+
+    def register(self, rt: ResourceType) -> None:
+        self._types[rt.key] = rt
+
+    @property
+    def url(self) -> str:
+        assert self._httpd is not None, "server not started"
+        host, port = self._httpd.server_address[:2]
+        return f"http://{host!s}:{port}"
+
+    def start(self) -> FakeApiServer:
+        self._httpd = _Server(("127.0.0.1", 0), _Handler)
+        self._httpd.fake = self
+        self._thread = threading.Thread(target=self._httpd.serve_forever, args=(0.05,), daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stopping.set()
+        with self._cond:
+            self._cond.notify_all()
+        if self._httpd is not None:
+            self._httpd.shutdown()
+            with self._conns_lock:
+                for conn in list(self._conns):
+                    try:
+                        conn.shutdown(socket.SHUT_RDWR)
+                    except OSError:
+                        pass
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline:
+                with self._conns_lock:
+                    if not self._conns:
+                        break
+                time.sleep(0.01)
+            self._httpd.server_close()
+        if self._thread is not None:
+            self._thread.join(5)
+
+    def __enter__(self) -> FakeApiServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def api_client(self, **config: Any) -> kubernetes.client.ApiClient:
+        """An official-client ApiClient pointed at this server (close it when done)."""
+        configuration = kubernetes.client.Configuration(host=self.url)
+        for key, value in config.items():
+            setattr(configuration, key, value)
+        return kubernetes.client.ApiClient(configuration)
+
+    def write_kubeconfig(self, path: Path, namespace: str = "default") -> Path:
+        """A kubeconfig file for this server (JSON is valid YAML)."""
+        path.write_text(
+            json.dumps(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "clusters": [{"name": "fake", "cluster": {"server": self.url}}],
+                    "users": [{"name": "fake", "user": {"token": "fake-token"}}],
+                    "contexts": [
+                        {
+                            "name": "fake",
+                            "context": {"cluster": "fake", "user": "fake", "namespace": namespace},
+                        }
+                    ],
+                    "current-context": "fake",
+                }
+            )
+        )
+        return path
+
+    # --- direct state access for tests (no HTTP) -----------------------------------------------
+
+    def resource_type(self, api_version: str, kind: str) -> ResourceType:
+        group, _, version = api_version.rpartition("/")
+        for rt in self._types.values():
+            if rt.group == group and rt.version == version and rt.kind == kind:
+                return rt
+        raise KeyError(f"no resource type {api_version} {kind}")
+
+    def seed(self, obj: JSON) -> JSON:
+        """Create an object directly (apiVersion and kind pick the resource type)."""
+        rt = self.resource_type(obj["apiVersion"], obj["kind"])
+        ns = obj.get("metadata", {}).get("namespace", "default") if rt.namespaced else ""
+        return self.create(rt, ns, obj)
+
+    def get_object(self, api_version: str, kind: str, namespace: str, name: str) -> JSON | None:
+        rt = self.resource_type(api_version, kind)
+        with self._cond:
+            obj = self._objects.get((rt.key, namespace if rt.namespaced else "", name))
+            return copy.deepcopy(obj) if obj is not None else None
+
+    @property
+    def resource_version(self) -> int:
+        with self._cond:
+            return self._rv
+
+    def compact(self) -> None:
+        """Forget the event history: watches from an older resourceVersion now get 410 Gone."""
+        with self._cond:
+            self._events.clear()
+            self._oldest_rv = self._rv
+
+    # --- the store ---------------------------------------------------------------------------
+
+    def _record(self, rt: ResourceType, type_: str, obj: JSON) -> None:
+        self._events.append(_Event(self._rv, rt, type_, copy.deepcopy(obj)))
+        if len(self._events) > self.history_limit:
+            dropped = self._events[: len(self._events) - self.history_limit]
+            del self._events[: len(dropped)]
+            self._oldest_rv = dropped[-1].rv
+        self._cond.notify_all()
+
+    def _bump(self, obj: JSON) -> None:
+        self._rv += 1
+        obj["metadata"]["resourceVersion"] = str(self._rv)
+
+    def create(self, rt: ResourceType, ns: str, body: JSON, dry_run: bool = False) -> JSON:
+        obj = copy.deepcopy(body)
+        if not isinstance(obj, dict):
+            raise ApiError(400, "BadRequest", "the body of the request was not a JSON object")
+        meta = obj.setdefault("metadata", {})
+        if not meta.get("name") and meta.get("generateName"):
+            meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
+        name = meta.get("name")
+        if not name:
+            raise ApiError(
+                422,
+                "Invalid",
+                f"{rt.kind} is invalid: metadata.name: Required value: name or "
+                "generateName is required",
+            )
+        if rt.namespaced:
+            if meta.get("namespace", ns) != ns:
+                raise ApiError(
+                    400,
+                    "BadRequest",
+                    "the namespace of the provided object does not match "
+                    "the namespace sent on the request",
+                )
+            meta["namespace"] = ns
+        else:
+            meta.pop("namespace", None)
+        obj["apiVersion"], obj["kind"] = rt.api_version, rt.kind
+        for field in ("resourceVersion", "deletionTimestamp"):
+            meta.pop(field, None)
+        meta["uid"] = str(uuid.uuid4())
+        meta["creationTimestamp"] = _now()
+        meta["generation"] = 1
+        if rt.status_subresource:
+            obj.pop("status", None)
+        with self._cond:
+            key = (rt.key, ns if rt.namespaced else "", name)
+            if key in self._objects:
+                raise ApiError(
+                    409,
+                    "AlreadyExists",
+                    f'{rt.plural}{"." + rt.group if rt.group else ""} "{name}" already exists',
+                    {"name": name, "group": rt.group, "kind": rt.plural},
+                )
+            if dry_run:
+                return obj
+            self._bump(obj)
+            self._objects[key] = obj
+            self._record(rt, "ADDED", obj)
+            return copy.deepcopy(obj)
+
+    def _key(self, rt: ResourceType, ns: str, name: str) -> tuple[tuple[str, str, str], str, str]:
+        return (rt.key, ns if rt.namespaced else "", name)
+
+    def _not_found(self, rt: ResourceType, name: str) -> ApiError:
+        resource = rt.plural + ("." + rt.group if rt.group else "")
+        return ApiError(
+            404,
+            "NotFound",
+            f'{resource} "{name}" not found',
+            {"name": name, "group": rt.group, "kind": rt.plural},
+        )
+
+    def get(self, rt: ResourceType, ns: str, name: str) -> JSON:
+        with self._cond:
+            obj = self._objects.get(self._key(rt, ns, name))
+            if obj is None:
+                raise self._not_found(rt, name)
+            return copy.deepcopy(obj)
+
+    def list(self, rt: ResourceType, ns: str | None, query: dict[str, str]) -> JSON:
+        with self._cond:
+            items = [
+                copy.deepcopy(o)
+                for (k, ons, _), o in sorted(self._objects.items())
+                if k == rt.key and (ns is None or ons == ns) and self._selected(o, query)
+            ]
+            rv = self._rv
+        return {
+            "apiVersion": rt.api_version,
+            "kind": rt.kind + "List",
+            "metadata": {"resourceVersion": str(rv)},
+            "items": items,
+        }
+
+    @staticmethod
+    def _selected(obj: JSON, query: dict[str, str]) -> bool:
+        try:
+            labels = obj.get("metadata", {}).get("labels") or {}
+            if sel := query.get("labelSelector"):
+                if not label_selector_matches(sel, labels):
+                    return False
+            if sel := query.get("fieldSelector"):
+                if not field_selector_matches(sel, obj):
+                    return False
+        except ValueError as e:
+            raise ApiError(400, "BadRequest", str(e)) from e
+        return True
+
+    def replace(
+        self,
+        rt: ResourceType,
+        ns: str,
+        name: str,
+        body: JSON,
+        subresource: str = "",
+        dry_run: bool = False,
+        check_rv: bool = True,
+    ) -> JSON:
+        if not isinstance(body, dict):
+            raise ApiError(400, "BadRequest", "the body of the request was not a JSON object")
+        with self._cond:
+            key = self._key(rt, ns, name)
+            old = self._objects.get(key)
+            if old is None:
+                raise self._not_found(rt, name)
+            meta = body.get("metadata") or {}
+            if meta.get("name", name) != name:
+                raise ApiError(
+                    400, "BadRequest", "the name of the object does not match the name on the URL"
+                )
+            want_rv = meta.get("resourceVersion")
+            if check_rv and want_rv and want_rv != old["metadata"]["resourceVersion"]:
+                resource = rt.plural + ("." + rt.group if rt.group else "")
+                raise ApiError(
+                    409,
+                    "Conflict",
+                    f'Operation cannot be fulfilled on {resource} "{name}": the object has been '
+                    "modified; please apply your changes to the latest version and try again",
+                    {"name": name, "group": rt.group, "kind": rt.plural},
+                )
+            new = copy.deepcopy(old)
+            if subresource == "status":
+                if "status" in body:
+                    new["status"] = copy.deepcopy(body["status"])
+                else:
+                    new.pop("status", None)
+            else:
+                new = {k: copy.deepcopy(v) for k, v in body.items() if k != "metadata"}
+                if rt.status_subresource:
+                    new.pop("status", None)
+                    if "status" in old:
+                        new["status"] = copy.deepcopy(old["status"])
+                new_meta = copy.deepcopy(meta)
+                for field in (
+                    "uid",
+                    "creationTimestamp",
+                    "generation",
+                    "deletionTimestamp",
+                    "namespace",
+                    "name",
+                ):
+                    new_meta.pop(field, None)
+                    if field in old["metadata"]:
+                        new_meta[field] = old["metadata"][field]
+                new["metadata"] = new_meta
+                new["apiVersion"], new["kind"] = rt.api_version, rt.kind
+                if self._spec_changed(rt, old, new):
+                    new["metadata"]["generation"] = old["metadata"].get("generation", 1) + 1
+            new["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"]
+            if new == old or dry_run:
+                return copy.deepcopy(new)
+            if new["metadata"].get("deletionTimestamp") and not new["metadata"].get("finalizers"):
+                del self._objects[key]
+                self._bump(new)
+                self._record(rt, "DELETED", new)
+                return copy.deepcopy(new)
+            self._bump(new)
+            self._objects[key] = new
+            self._record(rt, "MODIFIED", new)
+            return copy.deepcopy(new)
+
+    @staticmethod
+    def _spec_changed(rt: ResourceType, old: JSON, new: JSON) -> bool:
+        ignored = {"metadata", "status"} if rt.status_subresource else {"metadata"}
+
+        def strip(o: JSON) -> JSON:
+            return {k: v for k, v in o.items() if k not in ignored}
+
+        return strip(old) != strip(new)
+
+    def patch(
+        self,
+        rt: ResourceType,
+        ns: str,
+        name: str,
+        content_type: str,
+        patch: Any,
+        subresource: str = "",
+        dry_run: bool = False,
+    ) -> JSON:
+        current = self.get(rt, ns, name)
+        if content_type == "application/json-patch+json":
+            if not isinstance(patch, list):
+                raise ApiError(400, "BadRequest", "json patch must be a JSON array of operations")
+            try:
+                new = jsonpatch.apply_patch(current, patch)
+            except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException) as e:
+                raise ApiError(422, "Invalid", f"the JSON patch could not be applied: {e}") from e
+        elif content_type in (
+            "application/merge-patch+json",
+            "application/strategic-merge-patch+json",
+        ):
+            if not isinstance(patch, dict):
+                raise ApiError(400, "BadRequest", "merge patch must be a JSON object")
+            new = merge_patch(current, patch)
+        else:
+            raise ApiError(
+                415, "UnsupportedMediaType", f"the media type {content_type!r} is not supported"
+            )
+        # A patch carrying an explicit resourceVersion is a precondition; otherwise it
+        # applies to the current version.
+        patched_rv = (
+            (patch.get("metadata") or {}).get("resourceVersion")
+            if isinstance(patch, dict)
+            else None
+        )
+        if not patched_rv:
+            new.setdefault("metadata", {})["resourceVersion"] = current["metadata"][
+                "resourceVersion"
+            ]
+        return self.replace(rt, ns, name, new, subresource, dry_run)
+
+    def delete(self, rt: ResourceType, ns: str, name: str, dry_run: bool = False) -> JSON:
+        with self._cond:
+            key = self._key(rt, ns, name)
+            obj = self._objects.get(key)
+            if obj is None:
+                raise self._not_found(rt, name)
+            obj = copy.deepcopy(obj)
+            if dry_run:
+                return obj
+            if obj["metadata"].get("finalizers"):
+                if not obj["metadata"].get("deletionTimestamp"):
+                    obj["metadata"]["deletionTimestamp"] = _now()
+                    self._bump(obj)
+                    self._objects[key] = obj
+                    self._record(rt, "MODIFIED", obj)
+                return copy.deepcopy(obj)
+            del self._objects[key]
+            self._bump(obj)
+            self._record(rt, "DELETED", obj)
+            return obj
+
+    def watch_events(
+        self, rt: ResourceType, ns: str | None, query: dict[str, str]
+    ) -> Iterator[JSON]:
+        """Start a watch: validates now (raises ApiError), then returns the event iterator that
+        runs until the timeout, the server stops or the client leaves."""
+        timeout = float(query.get("timeoutSeconds") or 1800)
+        deadline = time.monotonic() + timeout
+        rv_param = query.get("resourceVersion", "")
+        with self._cond:
+            self._selected({}, query)  # reject a malformed selector up front
+            if rv_param in ("", "0"):
+                last = self._rv
+                initial = [
+                    {"type": "ADDED", "object": copy.deepcopy(o)}
+                    for (k, ons, _), o in sorted(self._objects.items())
+                    if k == rt.key and (ns is None or ons == ns) and self._selected(o, query)
+                ]
+            else:
+                try:
+                    last = int(rv_param)
+                except ValueError as e:
+                    raise ApiError(
+                        400, "BadRequest", f"invalid resourceVersion {rv_param!r}"
+                    ) from e
+                if last < self._oldest_rv:
+                    gone = status_object(
+                        410, "Expired", f"too old resource version: {last} ({self._oldest_rv})"
+                    )
+                    return iter([{"type": "ERROR", "object": gone}])
+                initial = []
+        return self._follow(rt, ns, query, initial, last, deadline)
+
+    def _follow(
+        self,
+        rt: ResourceType,
+        ns: str | None,
+        query: dict[str, str],
+        initial: list[JSON],
+        last: int,
+        deadline: float,
+    ) -> Iterator[JSON]:
+        yield from initial
+        while not self._stopping.is_set():
+            with self._cond:
+                pending = [e for e in self._events if e.rv > last]
+                if not pending:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        return
+                    self._cond.wait(min(remaining, 0.5))
+                    continue
+            for event in pending:
+                last = event.rv
+                obj = event.obj
+                if event.rtype.key != rt.key:
+                    continue
+                if ns is not None and obj["metadata"].get("namespace", "") != ns:
+                    continue
+                if not self._selected(obj, query):
+                    continue
+                yield {"type": event.type, "object": copy.deepcopy(obj)}
+
+    # --- discovery ---------------------------------------------------------------------------
+
+    def _resource_list(self, group: str, version: str) -> JSON | None:
+        resources = []
+        for rt in self._types.values():
+            if rt.group != group or rt.version != version:
+                continue
+            verbs = ["create", "delete", "get", "list", "patch", "update", "watch"]
+            resources.append(
+                {
+                    "name": rt.plural,
+                    "singularName": rt.kind.lower(),
+                    "namespaced": rt.namespaced,
+                    "kind": rt.kind,
+                    "verbs": verbs,
+                }
+            )
+            if rt.status_subresource:
+                resources.append(
+                    {
+                        "name": rt.plural + "/status",
+                        "singularName": "",
+                        "namespaced": rt.namespaced,
+                        "kind": rt.kind,
+                        "verbs": ["get", "patch", "update"],
+                    }
+                )
+        if not resources:
+            return None
+        return {
+            "kind": "APIResourceList",
+            "apiVersion": "v1",
+            "groupVersion": f"{group}/{version}" if group else version,
+            "resources": resources,
+        }
+
+    def _group_list(self) -> JSON:
+        groups: dict[str, list[str]] = {}
+        for rt in self._types.values():
+            if rt.group and rt.version not in groups.setdefault(rt.group, []):
+                groups[rt.group].append(rt.version)
+        return {
+            "kind": "APIGroupList",
+            "apiVersion": "v1",
+            "groups": [
+                {
+                    "name": g,
+                    "versions": [{"groupVersion": f"{g}/{v}", "version": v} for v in vs],
+                    "preferredVersion": {"groupVersion": f"{g}/{vs[0]}", "version": vs[0]},
+                }
+                for g, vs in sorted(groups.items())
+            ],
+        }
+
+    # --- routing -----------------------------------------------------------------------------
+
+    def route(self, path: str) -> tuple[ResourceType, str | None, str, str] | JSON:
+        """Map a path to (type, namespace or None, name, subresource) or a discovery document."""
+        parts = [p for p in path.split("/") if p]
+        if parts == ["version"]:
+            return {"major": "1", "minor": "32", "gitVersion": "v1.32.0-fake"}
+        if parts == ["api"]:
+            return {"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": []}
+        if parts == ["apis"]:
+            return self._group_list()
+        if parts[:1] == ["api"] and len(parts) >= 2:
+            group, version, rest = "", parts[1], parts[2:]
+        elif parts[:1] == ["apis"] and len(parts) >= 3:
+            group, version, rest = parts[1], parts[2], parts[3:]
+        else:
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        if not rest:
+            doc = self._resource_list(group, version)
+            if doc is None:
+                raise ApiError(404, "NotFound", "the server could not find the requested resource")
+            return doc
+        ns: str | None = None
+        if rest[0] == "namespaces" and len(rest) >= 3:
+            ns, rest = rest[1], rest[2:]
+        plural, name, sub = rest[0], "", ""
+        if len(rest) >= 2:
+            name = rest[1]
+        if len(rest) == 3:
+            sub = rest[2]
+        rt = self._types.get((group, version, plural))
+        if rt is None or len(rest) > 3 or (ns is not None and not rt.namespaced):
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        if sub and (sub != "status" or not rt.status_subresource):
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        return rt, ns, name, sub
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    fake: FakeApiServer
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: _Server
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def setup(self) -> None:
+        super().setup()
+        with self.server.fake._conns_lock:
+            self.server.fake._conns.add(self.connection)
+
+    def finish(self) -> None:
+        try:
+            super().finish()
+        finally:
+            with self.server.fake._conns_lock:
+                self.server.fake._conns.discard(self.connection)
+
+    def do_GET(self) -> None:
+        self._dispatch("GET")
+
+    def do_POST(self) -> None:
+        self._dispatch("POST")
+
+    def do_PUT(self) -> None:
+        self._dispatch("PUT")
+
+    def do_PATCH(self) -> None:
+        self._dispatch("PATCH")
+
+    def do_DELETE(self) -> None:
+        self._dispatch("DELETE")
+
+    def _send_json(self, code: int, body: JSON) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _read_body(self) -> Any:
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        if not raw:
+            return None
+        try:
+            return json.loads(raw)
+        except json.JSONDecodeError as e:
+            raise ApiError(400, "BadRequest", f"the request body is not valid JSON: {e}") from e
+
+    def _dispatch(self, method: str) -> None:
+        fake = self.server.fake
+        url = urlsplit(self.path)
+        query = {k: v[-1] for k, v in parse_qs(url.query).items()}
+        fake.requests.append((method, url.path))
+        try:
+            body = self._read_body() if method in ("POST", "PUT", "PATCH", "DELETE") else None
+            if fake.delay:
+                fake._stopping.wait(fake.delay)
+            if fake.fail_status:
+                raise ApiError(fake.fail_status, "InternalError", "injected failure")
+            routed = fake.route(url.path)
+            if isinstance(routed, dict):
+                if method != "GET":
+                    raise ApiError(405, "MethodNotAllowed", "method not allowed")
+                self._send_json(200, routed)
+                return
+            rt, ns, name, sub = routed
+            dry_run = query.get("dryRun") == "All"
+            scope = (ns or "") if rt.namespaced else ""
+            if method == "GET" and not name:
+                if query.get("watch") in ("true", "1"):
+                    self._watch(fake, rt, ns, query)
+                else:
+                    self._send_json(200, fake.list(rt, ns, query))
+            elif method == "GET":
+                self._send_json(200, fake.get(rt, scope, name))
+            elif method == "POST" and not name:
+                if rt.namespaced and ns is None:
+                    raise ApiError(405, "MethodNotAllowed", "create needs a namespace")
+                self._send_json(201, fake.create(rt, scope, body, dry_run))
+            elif method == "PUT" and name:
+                self._send_json(200, fake.replace(rt, scope, name, body, sub, dry_run))
+            elif method == "PATCH" and name:
+                ctype = (self.headers.get("Content-Type") or "").split(";")[0].strip()
+                self._send_json(200, fake.patch(rt, scope, name, ctype, body, sub, dry_run))
+            elif method == "DELETE" and name and not sub:
+                obj = fake.delete(rt, scope, name, dry_run)
+                if obj["metadata"].get("deletionTimestamp") and obj["metadata"].get("finalizers"):
+                    self._send_json(202, obj)
+                else:
+                    details = {"name": name, "group": rt.group, "kind": rt.plural}
+                    details["uid"] = obj["metadata"]["uid"]
+                    self._send_json(200, status_object(200, "", "", details))
+            else:
+                raise ApiError(405, "MethodNotAllowed", f"{method} is not supported here")
+        except ApiError as e:
+            self._send_json(e.code, e.status())
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True
+
+    def _watch(
+        self, fake: FakeApiServer, rt: ResourceType, ns: str | None, query: dict[str, str]
+    ) -> None:
+        events = fake.watch_events(rt, ns, query)  # raises ApiError before the headers go out
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        try:
+            for event in events:
+                self._chunk(json.dumps(event).encode() + b"\n")
+            self._chunk(b"")
+        except (BrokenPipeError, ConnectionResetError, OSError):
+            self.close_connection = True
+
+    def _chunk(self, data: bytes) -> None:
+        self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+        self.wfile.flush()
+
+
+@contextmanager
+def running(
+    types: tuple[ResourceType, ...] = CORE_TYPES + GATEWAY_TYPES,
+) -> Iterator[FakeApiServer]:
+    server = FakeApiServer(types).start()
+    try:
+        yield server
+    finally:
+        server.stop()

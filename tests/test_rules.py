@@ -1,0 +1,803 @@
+"""The admission rule table of stunner_api.rules.
+
+We test these aspects:
+- Every rule of RULES, one by one, with passing and failing objects (CASES); a test checks that
+  no rule is left without both.
+- Exact messages (field path, reason, what to do) for a representative subset.
+- Warnings: missing Secrets, wildcard StaticServices, deprecated protocols, ignored entries.
+- validate(): examples of GATEWAY-REFERENCE.md are admitted; other controllers' objects get an
+  empty verdict; DELETE runs only the delete rules; UPDATE warns on a realm change; a failing
+  Lookup propagates as LookupFailed.
+- defaults_patch(): applied with jsonpatch it writes the defaults, only with "add" ops, never
+  changes a value the user set, creates missing parents, and is idempotent.
+
+The fake Lookup holds real Secrets: TLS ones carry a self-signed certificate made here.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import datetime
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import jsonpatch
+import pytest
+import yaml
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+from stunner_api.rules import (
+    ON_DELETE,
+    RULES,
+    FieldError,
+    LookupFailed,
+    Request,
+    Rule,
+    Settings,
+    Verdict,
+    conforms_to_schema,
+    dataplane_counts,
+    dataplane_default_kept,
+    dataplane_image,
+    defaults_patch,
+    gateway_addresses,
+    gateway_allowed_routes,
+    gateway_annotations,
+    gateway_listener_names,
+    gateway_listener_ports,
+    gateway_listener_protocols,
+    gateway_listener_tls,
+    gateway_mixed_protocols,
+    gatewayclass_parameters_ref,
+    gatewayconfig_annotations,
+    gatewayconfig_auth_ref,
+    gatewayconfig_auth_type,
+    gatewayconfig_inline_auth,
+    gatewayconfig_log_level,
+    gatewayconfig_realm,
+    json_pointer,
+    staticservice_prefixes,
+    udproute_backend_kinds,
+    udproute_backend_ports,
+    udproute_parent_refs,
+    validate,
+)
+
+EXAMPLES = sorted((Path(__file__).parent / "data" / "resources").glob("*.yaml"))
+OURS = "stunner.l7mp.io/gateway-operator"
+GW_GROUP, SGROUP = "gateway.networking.k8s.io", "stunner.l7mp.io"
+V1ALPHA2 = "gateway.networking.k8s.io/v1alpha2"
+SETTINGS = Settings(pod_cidrs=("10.244.0.0/16", "fd00:10::/64"), service_cidrs=("10.96.0.0/12",))
+
+# --- a real certificate and fake cluster -------------------------------------------------------
+
+
+def self_signed(key: ec.EllipticCurvePrivateKey) -> bytes:
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "turn.example.com")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now)
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .sign(key, hashes.SHA256())
+    )
+    return cert.public_bytes(serialization.Encoding.PEM)
+
+
+def key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
+    return key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+
+
+KEY, OTHER_KEY = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+CERT = self_signed(KEY)
+
+
+def secret(name: str, kind: str = "Opaque", **data: bytes | str) -> dict[str, Any]:
+    raw = {k: v.encode() if isinstance(v, str) else v for k, v in data.items()}
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": name, "namespace": "stunner"},
+        "type": kind,
+        "data": {k: base64.b64encode(v).decode() for k, v in raw.items()},
+    }
+
+
+SECRETS = [
+    secret("stunner-auth-secret", type="static", username="user-1", password="pass-1"),
+    secret("untyped", username="user-1", password="pass-1"),
+    secret("ephemeral", type="ephemeral", secret="s3cr3t"),
+    secret("ephemeral-long", type="timewindowed", sharedSecret="s3cr3t"),
+    secret("partial", type="static", username="user-1"),
+    secret("ephemeral-empty", type="longterm"),
+    secret("badtype", type="oauth", username="u", password="p"),
+    secret("tls-secret", "kubernetes.io/tls", **{"tls.crt": CERT, "tls.key": key_pem(KEY)}),
+    secret("opaque-tls", crt=CERT, key=key_pem(KEY)),
+    secret("mismatch", "kubernetes.io/tls", **{"tls.crt": CERT, "tls.key": key_pem(OTHER_KEY)}),
+    secret("garbage", "kubernetes.io/tls", **{"tls.crt": b"nope", "tls.key": key_pem(KEY)}),
+    secret("badkey", "kubernetes.io/tls", **{"tls.crt": CERT, "tls.key": b"nope"}),
+    secret("certonly", "kubernetes.io/tls", **{"tls.crt": CERT}),
+    secret("basic", "kubernetes.io/basic-auth", username="u", password="p"),
+]
+
+
+class FakeLookup:
+    """In-memory Secrets and GatewayClasses; ``fail`` makes every read raise LookupFailed."""
+
+    def __init__(self) -> None:
+        self.secrets = {("stunner", s["metadata"]["name"]): s for s in SECRETS}
+        self.classes = {
+            "stunner-gatewayclass": gatewayclass(),
+            "other-class": gatewayclass(controllerName="example.com/other"),
+        }
+        self.fail = False
+
+    def secret(self, namespace: str, name: str) -> dict[str, Any] | None:
+        if self.fail:
+            raise LookupFailed(f"cannot read Secret {namespace}/{name}: connection refused")
+        return self.secrets.get((namespace, name))
+
+    def gateway_class(self, name: str) -> dict[str, Any] | None:
+        if self.fail:
+            raise LookupFailed(f"cannot read GatewayClass {name}: connection refused")
+        return self.classes.get(name)
+
+
+# --- object builders --------------------------------------------------------------------------
+
+
+def gatewayclass(**spec: Any) -> dict[str, Any]:
+    base = {
+        "controllerName": OURS,
+        "parametersRef": {
+            "group": "stunner.l7mp.io",
+            "kind": "GatewayConfig",
+            "name": "stunner-gatewayconfig",
+            "namespace": "stunner",
+        },
+    }
+    return {
+        "apiVersion": "gateway.networking.k8s.io/v1",
+        "kind": "GatewayClass",
+        "metadata": {"name": "stunner-gatewayclass"},
+        "spec": {**base, **spec},
+    }
+
+
+def parameters_ref(**ref: Any) -> dict[str, Any]:
+    obj = gatewayclass()
+    obj["spec"]["parametersRef"] = ref
+    return obj
+
+
+def gwconfig(**spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "stunner.l7mp.io/v1",
+        "kind": "GatewayConfig",
+        "metadata": {"name": "stunner-gatewayconfig", "namespace": "stunner"},
+        "spec": spec,
+    }
+
+
+def static(**spec: Any) -> dict[str, Any]:
+    return gwconfig(**{"authType": "static", "userName": "user-1", "password": "pass-1", **spec})
+
+
+def auth_ref(name: str, **ref: Any) -> dict[str, Any]:
+    return gwconfig(authRef={"name": name, "namespace": "stunner", **ref})
+
+
+def listener(name: str, port: Any, protocol: str = "TURN-UDP", **extra: Any) -> dict[str, Any]:
+    return {"name": name, "port": port, "protocol": protocol, **extra}
+
+
+def tls(*names: str, **extra: Any) -> dict[str, Any]:
+    refs = [{"kind": "Secret", "namespace": "stunner", "name": n} for n in names]
+    return {"certificateRefs": refs, **extra}
+
+
+def gateway(
+    *listeners: dict[str, Any], annotations: dict[str, Any] | None = None, **spec: Any
+) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": "gw", "namespace": "stunner"}
+    if annotations is not None:
+        meta["annotations"] = annotations
+    return {
+        "apiVersion": "gateway.networking.k8s.io/v1",
+        "kind": "Gateway",
+        "metadata": meta,
+        "spec": {
+            "gatewayClassName": "stunner-gatewayclass",
+            "listeners": list(listeners) or [listener("udp", 3478)],
+            **spec,
+        },
+    }
+
+
+def tls_gateway(*names: str, **extra: Any) -> dict[str, Any]:
+    return gateway(listener("tls", 443, "TURN-TLS", tls=tls(*names, **extra)))
+
+
+def annotated(**annotations: Any) -> dict[str, Any]:
+    keyed = {f"stunner.l7mp.io/{k.replace('_', '-')}": v for k, v in annotations.items()}
+    return gateway(listener("udp", 3478), listener("tcp", 3479, "TURN-TCP"), annotations=keyed)
+
+
+def addresses(*items: dict[str, Any]) -> dict[str, Any]:
+    return gateway(addresses=list(items))
+
+
+def allowed(namespaces: dict[str, Any]) -> dict[str, Any]:
+    return gateway(listener("udp", 3478, allowedRoutes={"namespaces": namespaces}))
+
+
+def route(
+    *backends: dict[str, Any],
+    parents: list[Any] | None = None,
+    api: str = "stunner.l7mp.io/v1",
+    rules: int = 1,
+) -> dict[str, Any]:
+    return {
+        "apiVersion": api,
+        "kind": "UDPRoute",
+        "metadata": {"name": "r", "namespace": "stunner"},
+        "spec": {
+            "parentRefs": [{"name": "udp-gateway"}] if parents is None else parents,
+            "rules": [{"backendRefs": list(backends) or [{"name": "svc"}]}] * rules,
+        },
+    }
+
+
+def ssvc(*prefixes: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "stunner.l7mp.io/v1",
+        "kind": "StaticService",
+        "metadata": {"name": "s", "namespace": "stunner"},
+        "spec": {"prefixes": list(prefixes)},
+    }
+
+
+def dataplane(name: str = "default", **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "stunner.l7mp.io/v1",
+        "kind": "Dataplane",
+        "metadata": {"name": name},
+        "spec": {"image": "l7mp/stunnerd:latest", **spec},
+    }
+
+
+def run(rule: Rule, obj: dict[str, Any], operation: str = "CREATE") -> tuple[list[str], list[str]]:
+    errors, warnings = rule(Request(obj, None, operation, FakeLookup(), SETTINGS))
+    return [str(e) for e in errors], warnings
+
+
+# --- every rule: passing and failing objects --------------------------------------------------
+
+# (rule, object, substrings each of which some error must contain; [] = no error at all)
+CASES: list[tuple[Rule, dict[str, Any], list[str]]] = [
+    (conforms_to_schema, gateway(), []),
+    (conforms_to_schema, gateway(listener("udp", "x")), ["spec.listeners[0].port: input should"]),
+    (conforms_to_schema, {**gateway(), "spec": {"listeners": []}}, ["spec.gatewayClassName"]),
+    (gatewayclass_parameters_ref, gatewayclass(), []),
+    (gatewayclass_parameters_ref, parameters_ref(name="c", namespace="n"), []),
+    (gatewayclass_parameters_ref, gatewayclass(parametersRef=None), ["spec.parametersRef: req"]),
+    (gatewayclass_parameters_ref, parameters_ref(group="x", name="c", namespace="n"), [".group"]),
+    (gatewayclass_parameters_ref, parameters_ref(kind="Foo", name="c", namespace="n"), [".kind"]),
+    (gatewayclass_parameters_ref, parameters_ref(namespace="n"), ["parametersRef.name: req"]),
+    (gatewayclass_parameters_ref, parameters_ref(name="c"), ["parametersRef.namespace: req"]),
+    (gatewayconfig_realm, gwconfig(realm="stunner.l7mp.io"), []),
+    (gatewayconfig_realm, gwconfig(), []),
+    (gatewayconfig_realm, gwconfig(realm="Stunner.io"), ["spec.realm: must be a lower-case"]),
+    (gatewayconfig_realm, gwconfig(realm="-a.b"), ["spec.realm"]),
+    (gatewayconfig_auth_type, gwconfig(authType="longterm"), []),
+    (gatewayconfig_auth_type, gwconfig(), []),
+    (gatewayconfig_auth_type, gwconfig(authType="Static"), ["spec.authType: must be"]),
+    (gatewayconfig_inline_auth, static(), []),
+    (gatewayconfig_inline_auth, gwconfig(userName="u", password="p"), []),
+    (gatewayconfig_inline_auth, gwconfig(authType="plaintext", userName="u", password="p"), []),
+    (gatewayconfig_inline_auth, gwconfig(authType="timewindowed", sharedSecret="s"), []),
+    (gatewayconfig_inline_auth, auth_ref("stunner-auth-secret"), []),
+    (gatewayconfig_inline_auth, gwconfig(authType="bogus"), []),  # reported by auth_type
+    (gatewayconfig_inline_auth, gwconfig(userName="u"), ["spec.password: required for static"]),
+    (gatewayconfig_inline_auth, gwconfig(), ["spec.userName: required", "spec.password: req"]),
+    (gatewayconfig_inline_auth, static(password="a b"), ["spec.password: may hold only"]),
+    (gatewayconfig_inline_auth, gwconfig(authType="ephemeral"), ["spec.sharedSecret: required"]),
+    (gatewayconfig_auth_ref, auth_ref("stunner-auth-secret"), []),
+    (gatewayconfig_auth_ref, auth_ref("untyped"), []),
+    (gatewayconfig_auth_ref, auth_ref("ephemeral"), []),
+    (gatewayconfig_auth_ref, auth_ref("ephemeral-long"), []),
+    (gatewayconfig_auth_ref, auth_ref("missing"), []),  # a warning, not an error
+    (gatewayconfig_auth_ref, static(), []),
+    (gatewayconfig_auth_ref, auth_ref("partial"), ["spec.authRef: Secret stunner/partial has no"]),
+    (gatewayconfig_auth_ref, auth_ref("ephemeral-empty"), ["has no 'secret' (or 'sharedSecret')"]),
+    (gatewayconfig_auth_ref, auth_ref("badtype"), ["has type 'oauth'"]),
+    (gatewayconfig_auth_ref, auth_ref("s", kind="ConfigMap"), ["must reference a core Secret"]),
+    (gatewayconfig_auth_ref, gwconfig(authRef={"namespace": "stunner"}), ["authRef.name: req"]),
+    (gatewayconfig_log_level, gwconfig(logLevel="all:DEBUG,turn:INFO"), []),
+    (gatewayconfig_log_level, gwconfig(logLevel="all:trace, rtp:disable"), []),
+    (gatewayconfig_log_level, gwconfig(logLevel="DEBUG"), ["'DEBUG' is not scope:LEVEL"]),
+    (gatewayconfig_log_level, gwconfig(logLevel="all:LOUD"), ["unknown level 'LOUD'"]),
+    (
+        gatewayconfig_annotations,
+        gwconfig(
+            loadBalancerServiceAnnotations={
+                "stunner.l7mp.io/service-type": "NodePort",
+                "service.beta.kubernetes.io/aws-load-balancer-type": "nlb",
+            }
+        ),
+        [],
+    ),
+    (
+        gatewayconfig_annotations,
+        gwconfig(loadBalancerServiceAnnotations={"stunner.l7mp.io/service-typ": "NodePort"}),
+        ['spec.loadBalancerServiceAnnotations["stunner.l7mp.io/service-typ"]: unknown'],
+    ),
+    (gateway_listener_names, gateway(listener("a", 1), listener("b", 2)), []),
+    (gateway_listener_names, gateway(listener("a", 1), listener("a", 2)), ["[1].name: duplicate"]),
+    (gateway_listener_protocols, gateway(listener("a", 1, "turn-dtls", tls=tls("x"))), []),
+    (gateway_listener_protocols, gateway(listener("a", 1, "TCP")), []),  # deprecated: warning
+    (gateway_listener_protocols, gateway(listener("a", 1, "udp")), [".protocol: must be one of"]),
+    (gateway_listener_protocols, gateway(listener("a", 1, "TURN-QUIC")), ["got 'TURN-QUIC'"]),
+    (gateway_listener_ports, gateway(listener("a", 3478), listener("b", 3478, "TURN-TCP")), []),
+    (gateway_listener_ports, gateway(listener("a", 0)), ["between 1 and 65535, got 0"]),
+    (
+        gateway_listener_ports,
+        gateway(listener("a", 443, "TURN-TCP"), listener("b", 443, "TURN-TLS", tls=tls("x"))),
+        ["spec.listeners[1].port: TCP port 443 is already used by spec.listeners[0]"],
+    ),
+    (
+        gateway_listener_ports,
+        gateway(listener("a", 3478, "UDP"), listener("b", 3478, "TURN-DTLS", tls=tls("x"))),
+        ["UDP port 3478 is already used"],
+    ),
+    (gateway_mixed_protocols, annotated(enable_mixed_protocol_lb=True), []),
+    (gateway_mixed_protocols, gateway(listener("a", 1), listener("b", 2, "DTLS")), []),
+    (gateway_listener_tls, tls_gateway("tls-secret"), []),
+    (gateway_listener_tls, tls_gateway("opaque-tls", mode="Terminate"), []),
+    (gateway_listener_tls, tls_gateway("missing"), []),  # a warning, not an error
+    (gateway_listener_tls, gateway(listener("a", 1, "TURN-TLS")), ["[0].tls: required for"]),
+    (gateway_listener_tls, tls_gateway("tls-secret", mode="Passthrough"), ["tls.mode: must be"]),
+    (gateway_listener_tls, tls_gateway(), ["tls.certificateRefs: required"]),
+    (gateway_listener_tls, tls_gateway("mismatch"), ["certificate and key do not match"]),
+    (gateway_listener_tls, tls_gateway("garbage"), ["not a PEM X.509 certificate"]),
+    (gateway_listener_tls, tls_gateway("badkey"), ["not an unencrypted PEM private key"]),
+    (gateway_listener_tls, tls_gateway("certonly"), ["must hold a PEM certificate in tls.crt"]),
+    (gateway_listener_tls, tls_gateway("basic"), ["of type 'kubernetes.io/basic-auth'"]),
+    (gateway_addresses, addresses({"type": "IPAddress", "value": "203.0.113.5"}), []),
+    (gateway_addresses, addresses({"value": "2001:db8::1"}), []),
+    (gateway_addresses, addresses({"type": "Hostname", "value": "turn.example.com"}), []),
+    (gateway_addresses, addresses({"value": "turn.example.com"}), ["must be an IP address"]),
+    (gateway_addresses, addresses({"type": "Hostname", "value": "a_b"}), ["lower-case DNS"]),
+    (gateway_addresses, addresses({"type": "NamedAddress", "value": "x"}), ["[0].type: must be"]),
+    (gateway_allowed_routes, allowed({"from": "All"}), []),
+    (gateway_allowed_routes, allowed({"from": "Selector", "selector": {"matchLabels": {}}}), []),
+    (gateway_allowed_routes, allowed({"from": "Any"}), ["namespaces.from: must be one of"]),
+    (gateway_allowed_routes, allowed({"from": "Selector"}), ["namespaces.selector: required"]),
+    (gateway_annotations, annotated(service_type="ClusterIP", disable_session_affinity="true"), []),
+    (gateway_annotations, annotated(external_traffic_policy="local"), []),
+    (gateway_annotations, annotated(nodeport='{"udp":31000}', targetport='{"tcp":44321}'), []),
+    (gateway_annotations, annotated(nodeport='{"ghost":31000}'), []),  # a warning
+    (gateway_annotations, annotated(color="red"), ["unknown STUNner annotation: use one of"]),
+    (gateway_annotations, annotated(service_type="ExternalName"), ["must be one of ClusterIP"]),
+    (gateway_annotations, annotated(disable_managed_dataplane="yes"), ['"true" or "false"']),
+    (gateway_annotations, annotated(external_traffic_policy="Global"), ["Local or Cluster"]),
+    (gateway_annotations, annotated(nodeport="udp:31000"), ["must be a JSON map"]),
+    (gateway_annotations, annotated(nodeport='{"udp":80}'), ["between 30000 and 32767, got 80"]),
+    (gateway_annotations, annotated(targetport='{"tcp":0}'), ["between 1 and 65535, got 0"]),
+    (udproute_parent_refs, route(), []),
+    (
+        udproute_parent_refs,
+        route(parents=[{"name": "gw", "group": GW_GROUP, "kind": "Gateway"}]),
+        [],
+    ),
+    (udproute_parent_refs, route(parents=[]), ["spec.parentRefs: required"]),
+    (udproute_parent_refs, route(parents=[{"name": "x", "kind": "Service"}]), ["[0]: must ref"]),
+    (udproute_backend_kinds, route({"name": "s", "group": "", "kind": "Service"}), []),
+    (udproute_backend_kinds, route({"name": "s", "group": SGROUP, "kind": "StaticService"}), []),
+    (udproute_backend_kinds, route({"name": "s", "kind": "StaticService"}), ["not a backend"]),
+    (udproute_backend_kinds, route({"name": "s", "group": SGROUP}), ["kind 'Service' is not"]),
+    (udproute_backend_ports, route({"name": "s", "port": 1, "endPort": 65535}), []),
+    (udproute_backend_ports, route({"name": "s", "port": 1}, api=V1ALPHA2), []),
+    (udproute_backend_ports, route({"name": "s", "port": 0}), ["port: must be between 1 and"]),
+    (udproute_backend_ports, route({"name": "s", "endPort": 9}), ["endPort: needs port"]),
+    (udproute_backend_ports, route({"name": "s", "port": 9, "endPort": 8}), ["must not be below"]),
+    (udproute_backend_ports, route({"name": "s"}, api=V1ALPHA2), ["port: required by"]),
+    (staticservice_prefixes, ssvc("192.0.2.0/24", "198.51.100.7", "2001:db8::/32"), []),
+    (staticservice_prefixes, ssvc("0.0.0.0/0", "::/0"), []),  # warnings
+    (staticservice_prefixes, ssvc("192.0.2.0/33"), ["spec.prefixes[0]: must be a CIDR"]),
+    (staticservice_prefixes, ssvc("10.0.0.0/8"), ["overlaps the pod network 10.244.0.0/16"]),
+    (staticservice_prefixes, ssvc("10.96.0.10"), ["overlaps the service network 10.96.0.0/12"]),
+    (staticservice_prefixes, ssvc("fd00:10::1/128"), ["overlaps the pod network fd00:10::/64"]),
+    (dataplane_image, dataplane(imagePullPolicy="IfNotPresent"), []),
+    (dataplane_image, dataplane(image=""), ["spec.image: required"]),
+    (dataplane_image, dataplane(imagePullPolicy="Sometimes"), ["spec.imagePullPolicy: must be"]),
+    (dataplane_counts, dataplane(replicas=0, terminationGracePeriodSeconds=3600), []),
+    (dataplane_counts, dataplane(replicas=-1), ["spec.replicas: must be 0 or more, got -1"]),
+    (dataplane_counts, dataplane(terminationGracePeriodSeconds=-5), ["GracePeriodSeconds: must"]),
+    (dataplane_default_kept, dataplane("dev"), []),
+    (dataplane_default_kept, dataplane("default"), ["metadata.name: the default Dataplane"]),
+]
+
+# (rule, object, substring of the one expected warning); none of these is an error
+WARNINGS: list[tuple[Rule, dict[str, Any], str]] = [
+    (gatewayconfig_auth_ref, auth_ref("missing"), "Secret stunner/missing does not exist (yet)"),
+    (
+        gatewayconfig_auth_ref,
+        auth_ref("basic"),
+        "is of type 'kubernetes.io/basic-auth', not Opaque",
+    ),
+    (
+        gatewayconfig_inline_auth,
+        gwconfig(authRef={"name": "x"}, userName="u"),
+        "spec.authRef overrides the inline userName: they are ignored",
+    ),
+    (
+        gateway_listener_protocols,
+        gateway(listener("a", 1, "TCP")),
+        "TCP is deprecated, write TURN-TCP",
+    ),
+    (
+        gateway_mixed_protocols,
+        gateway(listener("a", 1), listener("b", 2, "TURN-TCP")),
+        "mix UDP and TCP",
+    ),
+    (gateway_listener_tls, tls_gateway("missing"), "Secret stunner/missing does not exist (yet)"),
+    (gateway_listener_tls, gateway(listener("a", 1, tls=tls("x"))), "ignored, TURN-UDP listeners"),
+    (
+        gateway_addresses,
+        addresses({"value": "192.0.2.1"}, {"value": "192.0.2.2"}),
+        "only the first",
+    ),
+    (gateway_annotations, annotated(nodeport='{"ghost":31000}'), "no listener named 'ghost'"),
+    (udproute_backend_kinds, route(rules=2), "only the first rule is used"),
+    (staticservice_prefixes, ssvc("0.0.0.0/0"), "0.0.0.0/0 opens a public relay"),
+    (staticservice_prefixes, ssvc("::/0"), "::/0 opens a public relay"),
+    (staticservice_prefixes, ssvc(), "empty"),
+]
+
+
+def case_id(case: tuple[Rule, dict[str, Any], Any]) -> str:
+    return case[0].__name__
+
+
+@pytest.mark.parametrize(("rule", "obj", "expected"), CASES, ids=[case_id(c) for c in CASES])
+def test_rule(rule: Rule, obj: dict[str, Any], expected: list[str]) -> None:
+    operation = "DELETE" if rule in ON_DELETE else "CREATE"
+    errors, _ = run(rule, obj, operation)
+    if not expected:
+        assert errors == []
+    for needle in expected:
+        assert any(needle in e for e in errors), (needle, errors)
+
+
+@pytest.mark.parametrize(("rule", "obj", "expected"), WARNINGS, ids=[case_id(c) for c in WARNINGS])
+def test_rule_warns(rule: Rule, obj: dict[str, Any], expected: str) -> None:
+    errors, warnings = run(rule, obj)
+    assert errors == []
+    assert len(warnings) == 1 and expected in warnings[0], warnings
+
+
+def test_every_rule_has_passing_and_failing_cases() -> None:
+    passing = {rule for rule, _, expected in CASES if not expected}
+    failing = {rule for rule, _, expected in CASES if expected} | {r for r, _, _ in WARNINGS}
+    every = {rule for rules in RULES.values() for rule in rules}
+    assert every - passing == set()
+    assert every - failing == set()
+
+
+@pytest.mark.parametrize(
+    ("obj", "message"),
+    [
+        (
+            gateway(listener("a", 3478), listener("b", 70000)),
+            "spec.listeners[1].port: must be between 1 and 65535, got 70000",
+        ),
+        (
+            gwconfig(realm="Not A Realm!", userName="u", password="p"),
+            "spec.realm: must be a lower-case DNS name (letters a-z, digits, '-' and '.', starting "
+            "and ending with a letter or digit), like stunner.l7mp.io, got 'Not A Realm!'",
+        ),
+        (
+            gwconfig(authType="bogus"),
+            "spec.authType: must be static or ephemeral (or the aliases plaintext, longterm, "
+            "timewindowed), got 'bogus'",
+        ),
+        (
+            auth_ref("partial"),
+            "spec.authRef: Secret stunner/partial has no 'password' key, which static "
+            "authentication needs: add username and password to the Secret",
+        ),
+        (
+            gateway(listener("a", 1), listener("a", 2)),
+            "spec.listeners[1].name: duplicate listener name 'a', already used by "
+            "spec.listeners[0]: listener names must be unique within a Gateway",
+        ),
+        (
+            tls_gateway("mismatch"),
+            "spec.listeners[0].tls.certificateRefs[0]: Secret stunner/mismatch is unusable: its "
+            "certificate and key do not match (different public keys)",
+        ),
+        (
+            annotated(service_typo="x"),
+            'metadata.annotations["stunner.l7mp.io/service-typo"]: unknown STUNner annotation: '
+            "use one of stunner.l7mp.io/service-type, stunner.l7mp.io/enable-mixed-protocol-lb, "
+            "stunner.l7mp.io/external-traffic-policy, stunner.l7mp.io/disable-managed-dataplane, "
+            "stunner.l7mp.io/nodeport, stunner.l7mp.io/targetport, "
+            "stunner.l7mp.io/disable-health-check-expose, stunner.l7mp.io/disable-session-affinity",
+        ),
+        (
+            annotated(nodeport='{"udp":80}'),
+            "metadata.annotations[\"stunner.l7mp.io/nodeport\"]: NodePort of listener 'udp' must "
+            "be between 30000 and 32767, got 80",
+        ),
+        (
+            route({"name": "s", "port": 9, "endPort": 8}),
+            "spec.rules[0].backendRefs[0].endPort: must not be below port 9, got 8",
+        ),
+        (
+            ssvc("192.0.2.0/24", "10.244.1.0/24"),
+            "spec.prefixes[1]: 10.244.1.0/24 overlaps the pod network 10.244.0.0/16: a "
+            "StaticService must not reach inside the cluster (a backdoor); use a Service backend",
+        ),
+        (
+            dataplane(imagePullPolicy="Sometimes"),
+            "spec.imagePullPolicy: must be one of Always, IfNotPresent, Never, got 'Sometimes'",
+        ),
+        (
+            parameters_ref(name="c"),
+            "spec.parametersRef.namespace: required: GatewayConfigs are namespaced, set the "
+            "namespace of the GatewayConfig",
+        ),
+    ],
+)
+def test_exact_messages(obj: dict[str, Any], message: str) -> None:
+    verdict = validate(obj, None, "CREATE", FakeLookup(), SETTINGS)
+    assert verdict.message == message
+    assert not verdict.allowed
+
+
+# --- validate() -------------------------------------------------------------------------------
+
+
+def load(path: Path) -> dict[str, Any]:
+    obj = yaml.safe_load(path.read_text())
+    assert isinstance(obj, dict)
+    return obj
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
+def test_reference_examples_are_admitted(path: Path) -> None:
+    obj = load(path)
+    lookup = FakeLookup()
+    verdict = validate(obj, None, "CREATE", lookup, SETTINGS)
+    assert verdict.errors == []
+    assert verdict.allowed and verdict.message == ""
+    # Also once defaulted, and on an update to itself.
+    patched = jsonpatch.apply_patch(obj, defaults_patch(obj, lookup))
+    assert validate(patched, obj, "UPDATE", lookup, SETTINGS).errors == []
+
+
+def test_the_reference_examples_cover_every_kind() -> None:
+    assert {load(p)["kind"] for p in EXAMPLES} == set(RULES)
+
+
+def test_verdict_collects_every_problem_of_an_object() -> None:
+    obj = gwconfig(realm="Not A Realm!", authType="bogus", userName="u", password="p")
+    verdict = validate(obj, None, "CREATE", FakeLookup(), SETTINGS)
+    assert [e.path for e in verdict.errors] == ["spec.realm", "spec.authType"]
+    assert verdict.message == "; ".join(str(e) for e in verdict.errors)
+    assert str(FieldError("spec.x", "must be y")) == "spec.x: must be y"
+    assert Verdict().allowed and Verdict().message == ""
+
+
+def test_missing_secret_is_admitted_with_a_warning() -> None:
+    verdict = validate(auth_ref("missing"), None, "CREATE", FakeLookup(), SETTINGS)
+    assert verdict.allowed
+    assert verdict.warnings == [
+        "spec.authRef: Secret stunner/missing does not exist (yet): the GatewayConfig is "
+        "admitted, but STUNner will refuse clients until the Secret is created"
+    ]
+
+
+def test_secret_namespace_defaults_to_the_objects() -> None:
+    obj = gwconfig(authRef={"name": "partial"})
+    assert "stunner/partial" in validate(obj, None, "CREATE", FakeLookup(), SETTINGS).message
+
+
+@pytest.mark.parametrize(
+    "obj",
+    [
+        gatewayclass(controllerName="example.com/other", parametersRef=None),
+        {**gateway(listener("a", 0)), "spec": {"gatewayClassName": "other-class"}},
+        {**gateway(listener("a", 0)), "spec": {"gatewayClassName": "no-such-class"}},
+        {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "x"}},
+        {**dataplane(), "apiVersion": "example.com/v1"},
+    ],
+    ids=["other-controller-class", "other-class-gateway", "classless-gateway", "secret", "group"],
+)
+def test_objects_not_ours_get_an_empty_verdict(obj: dict[str, Any]) -> None:
+    for operation in ("CREATE", "UPDATE", "DELETE"):
+        verdict = validate(obj, obj, operation, FakeLookup(), SETTINGS)
+        assert verdict == Verdict()
+
+
+def test_delete_runs_only_the_delete_rules() -> None:
+    lookup = FakeLookup()
+    refused = validate(dataplane("default"), None, "DELETE", lookup, SETTINGS)
+    assert refused.message == (
+        "metadata.name: the default Dataplane cannot be deleted: removing it breaks the "
+        "installation (the operator provisions stunnerd pods from it)"
+    )
+    assert validate(dataplane("dev"), None, "DELETE", lookup, SETTINGS).allowed
+    assert validate(dataplane("default"), None, "CREATE", lookup, SETTINGS).allowed
+    broken = gwconfig(realm="BAD", authType="bogus")
+    assert validate(broken, None, "DELETE", lookup, SETTINGS) == Verdict()
+
+
+def test_update_warns_when_the_realm_changes() -> None:
+    old, new = static(realm="a.example.com"), static(realm="b.example.com")
+    verdict = validate(new, old, "UPDATE", FakeLookup(), SETTINGS)
+    assert verdict.allowed
+    assert verdict.warnings == [
+        "spec.realm: changing the realm from 'a.example.com' to 'b.example.com' restarts every "
+        "TURN listener of the Gateways using this GatewayConfig"
+    ]
+    assert validate(new, new, "UPDATE", FakeLookup(), SETTINGS).warnings == []
+
+
+def test_lookup_failure_propagates() -> None:
+    lookup = FakeLookup()
+    lookup.fail = True
+    with pytest.raises(LookupFailed, match="cannot read Secret stunner/s"):
+        validate(auth_ref("s"), None, "CREATE", lookup, SETTINGS)
+    with pytest.raises(LookupFailed, match="GatewayClass stunner-gatewayclass"):
+        validate(gateway(), None, "CREATE", lookup, SETTINGS)
+
+
+def test_settings_defaults() -> None:
+    assert Settings() == Settings(
+        controller_name=OURS, pod_cidrs=(), service_cidrs=(), node_port_range=(30000, 32767)
+    )
+    custom = Settings(node_port_range=(31000, 31999))
+    obj = annotated(nodeport='{"udp":30500}')
+    assert not validate(obj, None, "CREATE", FakeLookup(), custom).allowed
+    assert validate(obj, None, "CREATE", FakeLookup(), SETTINGS).allowed
+
+
+# --- defaults_patch() -------------------------------------------------------------------------
+
+
+def leaves(obj: Any, prefix: tuple[Any, ...] = ()) -> Iterator[tuple[tuple[Any, ...], Any]]:
+    """(path, value) of every scalar and empty list; an empty object may gain keys."""
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            yield from leaves(v, (*prefix, k))
+    elif isinstance(obj, list) and obj:
+        for i, v in enumerate(obj):
+            yield from leaves(v, (*prefix, i))
+    else:
+        yield prefix, obj
+
+
+def at(obj: Any, path: tuple[Any, ...]) -> Any:
+    for part in path:
+        obj = obj[part]
+    return obj
+
+
+DEFAULTED = [
+    *(load(p) for p in EXAMPLES),
+    gwconfig(),
+    {k: v for k, v in gwconfig().items() if k != "spec"},
+    auth_ref("x", namespace="other"),
+    gwconfig(realm="mine.example.com", authType="ephemeral", dataplane="dev"),
+    gateway(listener("t", 443, "TURN-TLS", tls=tls("x", mode="Passthrough"))),
+    gateway(listener("u", 1, allowedRoutes={"kinds": []})),
+    gateway(listener("u", 1, allowedRoutes={"namespaces": {"from": "All"}})),
+    route({"name": "s", "namespace": "media", "group": SGROUP, "kind": "StaticService"}),
+    route(parents=[{"name": "gw", "namespace": "gw-ns", "sectionName": "udp"}]),
+    route(parents=["not-an-object"]),
+    {"apiVersion": "stunner.l7mp.io/v1", "kind": "GatewayConfig", "spec": "malformed"},
+]
+
+
+@pytest.mark.parametrize("obj", DEFAULTED)
+def test_defaults_patch_only_adds_and_is_idempotent(obj: dict[str, Any]) -> None:
+    original = copy.deepcopy(obj)
+    ops = defaults_patch(obj, FakeLookup())
+    assert obj == original  # the input is not modified
+    assert all(op["op"] == "add" for op in ops)
+    patched = jsonpatch.apply_patch(obj, ops)
+    for path, value in leaves(original):
+        assert at(patched, path) == value, path
+    assert defaults_patch(patched, FakeLookup()) == []
+
+
+def test_defaults_of_a_gatewayconfig() -> None:
+    patched = jsonpatch.apply_patch(gwconfig(), defaults_patch(gwconfig()))
+    assert patched["spec"] == {
+        "realm": "stunner.l7mp.io",
+        "authType": "static",
+        "dataplane": "default",
+    }
+    bare = {k: v for k, v in gwconfig().items() if k != "spec"}
+    ops = defaults_patch(bare)
+    assert ops == [
+        {"op": "add", "path": "/spec", "value": {"realm": "stunner.l7mp.io"}},
+        {"op": "add", "path": "/spec/authType", "value": "static"},
+        {"op": "add", "path": "/spec/dataplane", "value": "default"},
+    ]
+    # The auth type of an authRef comes from its Secret: not defaulted.
+    patched = jsonpatch.apply_patch(auth_ref("s"), defaults_patch(auth_ref("s")))
+    assert "authType" not in patched["spec"]
+
+
+def test_defaults_of_a_gateway() -> None:
+    obj = gateway(
+        listener("t", 443, "TURN-TLS", tls=tls("x")),
+        listener("u", 3478, allowedRoutes={"namespaces": {"from": "All"}}),
+    )
+    patched = jsonpatch.apply_patch(obj, defaults_patch(obj, FakeLookup()))
+    tls_listener, udp_listener = patched["spec"]["listeners"]
+    assert tls_listener["tls"]["mode"] == "Terminate"
+    assert tls_listener["allowedRoutes"] == {"namespaces": {"from": "Same"}}
+    assert udp_listener["allowedRoutes"] == {"namespaces": {"from": "All"}}
+    assert "tls" not in udp_listener
+    # Another controller's Gateway is left alone when the class can be looked up.
+    other = {**obj, "spec": {**obj["spec"], "gatewayClassName": "other-class"}}
+    assert defaults_patch(other, FakeLookup()) == []
+    assert defaults_patch(other) != []
+
+
+def test_defaults_of_a_udproute() -> None:
+    obj = load(Path(__file__).parent / "data" / "resources" / "udproute-media-plane-route.yaml")
+    patched = jsonpatch.apply_patch(obj, defaults_patch(obj))
+    assert patched["spec"]["parentRefs"] == [
+        {"name": "udp-gateway", "group": GW_GROUP, "kind": "Gateway", "namespace": "stunner"}
+    ]
+    assert patched["spec"]["rules"][0]["backendRefs"] == [
+        {"name": "media-server-pool", "namespace": "media-plane", "group": "", "kind": "Service"}
+    ]
+    no_namespace = route()
+    del no_namespace["metadata"]["namespace"]
+    patched = jsonpatch.apply_patch(no_namespace, defaults_patch(no_namespace))
+    assert "namespace" not in patched["spec"]["parentRefs"][0]
+
+
+@pytest.mark.parametrize(
+    "obj",
+    [gatewayclass(), ssvc("0.0.0.0/0"), dataplane(), {"apiVersion": "v1", "kind": "Secret"}],
+    ids=["gatewayclass", "staticservice", "dataplane", "secret"],
+)
+def test_no_defaults_for_other_kinds(obj: dict[str, Any]) -> None:
+    assert defaults_patch(obj) == []
+
+
+@pytest.mark.parametrize(
+    ("tokens", "pointer"),
+    [
+        (["spec", "realm"], "/spec/realm"),
+        (
+            ["metadata", "annotations", "stunner.l7mp.io/service-type"],
+            "/metadata/annotations/stunner.l7mp.io~1service-type",
+        ),
+        (["a~b", 0, "c/d~e"], "/a~0b/0/c~1d~0e"),
+        ([], ""),
+    ],
+)
+def test_json_pointer_escaping(tokens: list[str | int], pointer: str) -> None:
+    assert json_pointer(tokens) == pointer
+    assert jsonpatch.JsonPointer(pointer).parts == [str(t) for t in tokens]
