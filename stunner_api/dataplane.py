@@ -757,13 +757,19 @@ def _uri_protocol(scheme: str, transport: str) -> ListenerProtocol | None:
     return _URI_PROTOCOLS.get((scheme, transport))
 
 
-def config_from_uri(uri: str, certificate: tuple[str, str] | None = None) -> StunnerConfig:
+Certificate = tuple[str, str]  # (cert, key), base64-encoded PEM
+
+
+def config_from_uri(
+    uri: str, certificate: Certificate | Callable[[str], Certificate] | None = None
+) -> StunnerConfig:
     """A full config from `turn://user:pass@host:port?transport=udp` (NewDefaultConfig).
 
     Static auth with that user and password in realm stunner.l7mp.io, one listener
     "default-listener" routing to the cluster "allow-any" (STATIC, 0.0.0.0/0), health checks at
     the default endpoint. The default port is 3478, 443 for TLS/DTLS, whose listener takes
-    `certificate`: (cert, key), base64 PEM (stunnerd makes a self-signed one, as Go does).
+    `certificate`: (cert, key), base64 PEM, or a function making one for the URI's host
+    (stunnerd passes one making a self-signed certificate, as Go does).
     """
     shown = _redact_uri(uri)
     try:
@@ -779,17 +785,18 @@ def config_from_uri(uri: str, certificate: tuple[str, str] | None = None) -> Stu
     password = unquote(parts.password or "")
     if not username or not password:
         raise ConfigError(f"username/password must be set: '{shown}'")
-    tls: dict[str, str] = {}
-    if protocol in TLS_PROTOCOLS:
-        if certificate is None:
-            raise ConfigError(f"{protocol} listener from URI '{shown}': needs a certificate")
-        tls = {"cert": certificate[0], "key": certificate[1]}
-        port = port or DEFAULT_TLS_PORT
     host = parts.netloc.rpartition("@")[2]
     if host.startswith("["):
         host = host[1:].partition("]")[0]
     else:
         host = host.partition(":")[0]
+    tls: dict[str, str] = {}
+    if protocol in TLS_PROTOCOLS:
+        if certificate is None:
+            raise ConfigError(f"{protocol} listener from URI '{shown}': needs a certificate")
+        cert, key = certificate(host) if callable(certificate) else certificate
+        tls = {"cert": cert, "key": key}
+        port = port or DEFAULT_TLS_PORT
     return validate_config(
         {
             "version": API_VERSION,

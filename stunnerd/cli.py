@@ -9,12 +9,19 @@ import os
 import signal
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
-from stunner_api.dataplane import ConfigError, StunnerConfig, config_from_uri, load_config, redacted
+from stunner_api.dataplane import (
+    ConfigError,
+    StunnerConfig,
+    config_from_uri,
+    redacted,
+    zero_config,
+)
 
 from . import logs
 from .daemon import ApplyError, Stunner
+from .sources import DEFAULT_CDS_ADDRESS, ConfigSource, SourceError, source_for
+from .tls import self_signed_certificate
 
 log = logging.getLogger("stunner.stunnerd")
 
@@ -32,11 +39,24 @@ def build_parser() -> argparse.ArgumentParser:
         help="build a default config from turn://user:pass@addr:port?transport=udp",
     )
     parser.add_argument(
+        "-w",
+        "--watch",
+        action="store_true",
+        help="watch the config origin and reconcile every change (start empty)",
+    )
+    parser.add_argument(
+        "-i",
+        "--id",
+        metavar="NAMESPACE/NAME",
+        help="the config to ask the CDS for (default STUNNER_NAMESPACE/STUNNER_NAME)",
+    )
+    parser.add_argument(
         "-c",
         "--config",
         metavar="ORIGIN",
         default=os.environ.get("STUNNER_CONFIG_ORIGIN"),
-        help="config file path or file:// URI (env STUNNER_CONFIG_ORIGIN)",
+        help="config origin: a file path, file://PATH, or the config discovery service "
+        "(http://HOST:PORT, HOST:PORT; default :13478); env STUNNER_CONFIG_ORIGIN",
     )
     parser.add_argument(
         "-l",
@@ -76,45 +96,52 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def resolve_config(args: argparse.Namespace) -> StunnerConfig:
-    """The startup config from the URI shorthand or the config origin; ConfigError if none."""
+def config_source(args: argparse.Namespace) -> ConfigSource | StunnerConfig:
+    """The URI shorthand's config, or the source named by -c (default: the CDS on :13478)."""
     if args.uri:
-        return config_from_uri(args.uri)
-    origin: str | None = args.config
-    if not origin:
-        raise ConfigError("no config: give -c FILE or a turn:// URI")
-    if origin.startswith(("http://", "https://", "ws://", "wss://")) or origin == "k8s":
-        raise ConfigError(
-            f"config origin {origin!r}: the config discovery service is not "
-            "supported yet; give a file path"
-        )
-    path = Path(origin.removeprefix("file://"))
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
-    return load_config(text)
+        return config_from_uri(args.uri, certificate=self_signed_certificate)
+    return source_for(args.config or DEFAULT_CDS_ADDRESS, args.id)
 
 
 DRAIN_POLL_INTERVAL = 1.0
 
 
-async def serve(stunner: Stunner, config: StunnerConfig, grace_period: float = 3600.0) -> int:
-    """Serve until SIGTERM/SIGINT, then drain: not ready, keep serving, exit when the last
-    allocation is gone or the grace period ends. A second signal exits at once."""
+async def watch_configs(stunner: Stunner, source: ConfigSource) -> None:
+    """Apply every config the source yields; a refused one leaves the running one in place."""
+    async for config in source.watch():
+        try:
+            await stunner.apply(config)
+        except ApplyError as exc:
+            log.error(
+                "could not reconcile new configuration (running configuration unchanged): %s", exc
+            )
+
+
+async def serve(
+    stunner: Stunner,
+    initial: StunnerConfig,
+    source: ConfigSource | None = None,
+    grace_period: float = 3600.0,
+) -> int:
+    """Serve `initial` (and, in watch mode, every config from `source`) until SIGTERM/SIGINT,
+    then drain: not ready, stop watching, keep serving, exit when the last allocation is gone
+    or the grace period ends. A second signal exits at once."""
     signals = asyncio.Queue[int]()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, signals.put_nowait, sig)
     try:
-        await stunner.apply(config)
+        await stunner.apply(initial)
     except ApplyError as exc:
         log.error("could not apply configuration: %s", exc)
         await stunner.close()
         return 1
+    watcher = loop.create_task(watch_configs(stunner, source)) if source else None
     log.info("stunnerd running with %d listener(s)", len(stunner.listeners))
     received = await signals.get()
     stunner.terminating = True
+    if watcher is not None:
+        watcher.cancel()
     log.info(
         "%s: draining %d allocation(s), at most %gs",
         signal.Signals(received).name,
@@ -134,6 +161,22 @@ async def serve(stunner: Stunner, config: StunnerConfig, grace_period: float = 3
     return 0
 
 
+async def run(args: argparse.Namespace, stunner: Stunner) -> int:
+    try:
+        origin = config_source(args)
+        if args.watch and not args.dry_run and not isinstance(origin, StunnerConfig):
+            # Watch mode starts empty (not ready) and takes its config from the source.
+            return await serve(stunner, zero_config(), origin, args.grace_period)
+        config = origin if isinstance(origin, StunnerConfig) else await origin.load()
+    except (ConfigError, SourceError) as exc:
+        log.error("invalid configuration: %s", exc)
+        return 1
+    if args.dry_run:
+        print(redacted(config).to_json())  # noqa: T201
+        return 0
+    return await serve(stunner, config, None, args.grace_period)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     override = "all:DEBUG" if args.verbose else args.log
@@ -142,16 +185,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:
         print(f"stunnerd: {exc}", file=sys.stderr)  # noqa: T201
         return 2
-    try:
-        config = resolve_config(args)
-    except ConfigError as exc:
-        log.error("invalid configuration: %s", exc)
-        return 1
-    if args.dry_run:
-        print(redacted(config).to_json())  # noqa: T201
-        return 0
     stunner = Stunner(log_override=override, force_ready=args.force_ready_status)
-    return asyncio.run(serve(stunner, config, args.grace_period))
+    return asyncio.run(run(args, stunner))
 
 
 if __name__ == "__main__":

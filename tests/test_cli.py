@@ -128,3 +128,47 @@ def test_demo_passes() -> None:
         f"turn:127.0.0.1:{port}?transport=udp",
         f"turn:127.0.0.1:{port}?transport=tcp",
     ]
+
+
+def test_turns_shorthand_serves_tls_with_a_self_signed_certificate() -> None:
+    import ssl
+
+    port = free_port()
+    uri = f"turns://user:pass@127.0.0.1:{port}?transport=tcp"
+    dry = run("--dry-run", uri)
+    assert dry.returncode == 0, dry.stderr
+    listener = json.loads(dry.stdout)["listeners"][0]
+    assert listener["protocol"] == "TURN-TLS" and listener["port"] == port
+    assert "BEGIN" not in dry.stdout  # cert and key are redacted
+    proc = subprocess.Popen([*STUNNERD, uri], stderr=subprocess.DEVNULL)
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE  # self-signed: we check the certificate's SAN below
+    try:
+        deadline = time.monotonic() + 15
+        while True:
+            try:
+                raw = socket.create_connection(("127.0.0.1", port), timeout=1)
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "stunnerd did not start"
+                time.sleep(0.1)
+        with context.wrap_socket(raw) as tls:
+            der = tls.getpeercert(binary_form=True)
+            assert der is not None
+            from cryptography import x509
+
+            san = x509.load_der_x509_certificate(der).extensions.get_extension_for_class(
+                x509.SubjectAlternativeName
+            )
+            assert "127.0.0.1" in [str(ip) for ip in san.value.get_values_for_type(x509.IPAddress)]
+            request = Message(Method.BINDING, Class.REQUEST)
+            tls.sendall(request.encode())
+            header = tls.recv(20)
+            body = tls.recv(int.from_bytes(header[2:4], "big"))
+            response = stun.parse_message(header + body)
+            assert response.transaction_id == request.transaction_id
+            assert response.message_class == Class.SUCCESS
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)

@@ -1,0 +1,362 @@
+"""Where stunnerd gets its config from: a file, or the config discovery service (CDS).
+
+`source_for(origin, id)` picks the source by the origin's form (see `source_for`). Every source
+has the same two operations:
+
+- `await source.load()`: one-shot, for stunnerd without `-w`. A bad config raises `ConfigError`
+  (its message names the field); an unreachable or missing origin raises `SourceError`.
+- `async for config in source.watch()`: every new valid config, forever (cancel the consumer to
+  stop). An invalid config is logged with the reason and skipped, so a running daemon keeps its
+  config; a config identical to the last one yielded is not yielded again. The watch never fails:
+  a missing file or an unreachable CDS is retried every `retry_period` seconds.
+
+The CDS watch ignores the zero config, which the CDS sends when the Gateway is deleted: a draining
+stunnerd keeps serving its last config (Go's `suppressDelete`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import re
+import socket
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from pathlib import Path
+from typing import Protocol
+
+from websockets.asyncio.client import connect
+from websockets.exceptions import WebSocketException
+from websockets.typing import Origin
+
+from stunner_api.dataplane import ConfigError, StunnerConfig, is_zero_config, load_config
+
+file_log = logging.getLogger("stunner.config-file-client")
+cds_log = logging.getLogger("stunner.cds-client")
+
+DEFAULT_CDS_ADDRESS = ":13478"
+DEFAULT_NAMESPACE = "default"
+CONFIG_ENDPOINT = "/api/v1/configs/{namespace}/{name}"
+RETRY_PERIOD = 1.0
+FILE_POLL_INTERVAL = 0.25
+PING_PERIOD = 5.0
+PONG_WAIT = 8.0
+HTTP_TIMEOUT = 5.0
+
+# host:port, :port or [v6]:port, with no scheme: the address of a CDS server.
+_HOST_PORT = re.compile(r"(\[[0-9A-Fa-f:.%\w]*\]|[^/\\:\[\]]*):(\d{1,5})")
+
+
+class SourceError(Exception):
+    """The config origin cannot be used: unreachable, missing, or not supported."""
+
+
+class ConfigSource(Protocol):
+    """A config origin: one-shot `load()` and a never-ending, deduplicated `watch()`."""
+
+    async def load(self) -> StunnerConfig: ...
+
+    def watch(self) -> AsyncIterator[StunnerConfig]: ...
+
+
+class FileSource:
+    """A config file, watched by polling its (mtime, size, inode); no inotify needed.
+
+    A zero-length file is skipped (a writer truncated it and has not written yet). A missing file
+    is retried every `retry_period` seconds; this is logged once, not on every poll.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        poll_interval: float = FILE_POLL_INTERVAL,
+        retry_period: float = RETRY_PERIOD,
+    ) -> None:
+        self.path = Path(path)
+        self.env = env
+        self.poll_interval = poll_interval
+        self.retry_period = retry_period
+
+    def __repr__(self) -> str:
+        return f"FileSource({str(self.path)!r})"
+
+    def _read(self) -> bytes:
+        try:
+            return self.path.read_bytes()
+        except OSError as exc:
+            raise SourceError(f"cannot read config file {self.path}: {exc.strerror}") from None
+
+    async def load(self) -> StunnerConfig:
+        text = await asyncio.to_thread(self._read)
+        return load_config(text, self.env)
+
+    async def watch(self) -> AsyncGenerator[StunnerConfig, None]:
+        last_json: str | None = None
+        last_stat: tuple[int, int, int] | None = None
+        missing = False
+        while True:
+            try:
+                stat = self.path.stat()
+                text = (
+                    self._read()
+                    if (stat.st_mtime_ns, stat.st_size, stat.st_ino) != last_stat
+                    else None
+                )
+            except (OSError, SourceError) as exc:
+                if not missing:
+                    file_log.warning(
+                        "config file %s is not available (%s); retrying every %gs",
+                        self.path,
+                        exc.strerror if isinstance(exc, OSError) else exc,
+                        self.retry_period,
+                    )
+                    missing = True
+                last_stat = None
+                await asyncio.sleep(self.retry_period)
+                continue
+            if missing:
+                file_log.info("config file %s is available again", self.path)
+                missing = False
+            if text is not None:
+                last_stat = (stat.st_mtime_ns, stat.st_size, stat.st_ino)
+                config = self._parse(text)
+                if config is not None:
+                    config_json = config.to_json()
+                    if config_json == last_json:
+                        file_log.debug("config file %s: config unchanged, ignoring", self.path)
+                    else:
+                        last_json = config_json
+                        file_log.debug("config file %s: new config", self.path)
+                        yield config
+            await asyncio.sleep(self.poll_interval)
+
+    def _parse(self, text: bytes) -> StunnerConfig | None:
+        if not text:
+            file_log.debug(
+                "config file %s is empty (truncated during a write?), ignoring", self.path
+            )
+            return None
+        try:
+            return load_config(text, self.env)
+        except ConfigError as exc:
+            file_log.warning("ignoring invalid config in %s: %s", self.path, exc)
+            return None
+
+
+class CdsSource:
+    """The config discovery service: `GET` once, or a WebSocket stream of full configs.
+
+    The watch pings the server every `ping_period` seconds and drops the connection when a ping
+    is unanswered for `pong_wait` seconds; after any failure it reconnects every `retry_period`
+    seconds, forever.
+    """
+
+    def __init__(
+        self,
+        address: str,
+        namespace: str,
+        name: str,
+        *,
+        node: str | None = None,
+        env: Mapping[str, str] | None = None,
+        retry_period: float = RETRY_PERIOD,
+        ping_period: float = PING_PERIOD,
+        pong_wait: float = PONG_WAIT,
+    ) -> None:
+        """`address`: `http(s)://host:port`, `ws(s)://host:port`, `host:port` or `:port`."""
+        self.address = address
+        self.namespace = namespace
+        self.name = name
+        self.node = node
+        self.env = env
+        self.retry_period = retry_period
+        self.ping_period = ping_period
+        self.pong_wait = pong_wait
+        scheme, netloc = _split_address(address)
+        secure = scheme in ("https", "wss")
+        path = CONFIG_ENDPOINT.format(
+            namespace=urllib.parse.quote(namespace, safe=""),
+            name=urllib.parse.quote(name, safe=""),
+        )
+        get_query = urllib.parse.urlencode({"node": node} if node else {})
+        watch_query = urllib.parse.urlencode({"watch": "true"} | ({"node": node} if node else {}))
+        self.origin = f"{'https' if secure else 'http'}://{netloc}"
+        self.url = self.origin + path + (f"?{get_query}" if get_query else "")
+        self.ws_url = f"{'wss' if secure else 'ws'}://{netloc}{path}?{watch_query}"
+
+    def __repr__(self) -> str:
+        return f"CdsSource({self.origin!r}, {self.namespace}/{self.name})"
+
+    def _get(self) -> bytes:
+        # No proxies: the CDS is in-cluster, and a stray http_proxy must not capture it.
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        request = urllib.request.Request(self.url, headers={"Accept": "application/json"})
+        try:
+            with opener.open(request, timeout=HTTP_TIMEOUT) as response:
+                body: bytes = response.read()
+                return body
+        except urllib.error.HTTPError as exc:
+            with exc:
+                message = _error_message(exc.read()) or exc.reason
+            raise SourceError(
+                f"CDS server {self.origin}: config {self.namespace}/{self.name}: "
+                f"HTTP {exc.code}: {message}"
+            ) from None
+        except (urllib.error.URLError, OSError) as exc:
+            reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
+            raise SourceError(f"cannot reach CDS server {self.origin}: {reason}") from None
+
+    async def load(self) -> StunnerConfig:
+        cds_log.debug("GET %s", self.url)
+        body = await asyncio.to_thread(self._get)
+        return load_config(body, self.env)
+
+    async def watch(self) -> AsyncGenerator[StunnerConfig, None]:
+        last_json: str | None = None
+        failing = False
+        while True:
+            try:
+                async with connect(
+                    self.ws_url,
+                    origin=Origin(self.origin),
+                    ping_interval=self.ping_period,
+                    ping_timeout=self.pong_wait,
+                    open_timeout=max(self.pong_wait, 1.0),
+                    close_timeout=min(1.0, self.pong_wait),
+                    proxy=None,
+                ) as ws:
+                    cds_log.info("connected to CDS server %s", self.ws_url)
+                    failing = False
+                    async for message in ws:
+                        config = self._parse(message)
+                        if config is None:
+                            continue
+                        config_json = config.to_json()
+                        if config_json == last_json:
+                            cds_log.debug("config unchanged, ignoring")
+                            continue
+                        last_json = config_json
+                        yield config
+                cds_log.info("CDS server %s closed the connection; reconnecting", self.ws_url)
+            except (OSError, TimeoutError, WebSocketException) as exc:
+                level = logging.DEBUG if failing else logging.WARNING
+                cds_log.log(
+                    level,
+                    "connection to CDS server %s failed: %s; retrying every %gs",
+                    self.ws_url,
+                    str(exc) or type(exc).__name__,
+                    self.retry_period,
+                )
+                failing = True
+            await asyncio.sleep(self.retry_period)
+
+    def _parse(self, message: str | bytes) -> StunnerConfig | None:
+        try:
+            config = load_config(message, self.env)
+        except ConfigError as exc:
+            cds_log.warning("ignoring invalid config from CDS server: %s", exc)
+            return None
+        if is_zero_config(config):
+            cds_log.info(
+                "config %s/%s deleted on the CDS server; keeping the running config",
+                self.namespace,
+                self.name,
+            )
+            return None
+        return config
+
+
+def _error_message(body: bytes) -> str:
+    """The `message` of a CDS error body `{code, message}`, else the body's text."""
+    text = body.decode("utf-8", "replace").strip()
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError:
+        return text
+    if isinstance(data, dict) and isinstance(data.get("message"), str):
+        return str(data["message"])
+    return text
+
+
+def _split_address(address: str) -> tuple[str, str]:
+    """(scheme, host:port) of a CDS address; an empty host is localhost."""
+    if "://" not in address:
+        address = "http://" + address
+    parts = urllib.parse.urlsplit(address)
+    scheme = parts.scheme.lower()
+    if scheme not in ("http", "https", "ws", "wss"):
+        raise SourceError(f"invalid CDS address {address!r}: unsupported scheme {scheme!r}")
+    try:
+        port = parts.port
+    except ValueError as exc:
+        raise SourceError(f"invalid CDS address {address!r}: {exc}") from None
+    host = parts.hostname or "localhost"
+    if ":" in host:
+        host = f"[{host}]"
+    return scheme, host if port is None else f"{host}:{port}"
+
+
+def resolve_id(id: str | None, env: Mapping[str, str]) -> tuple[str, str]:
+    """(namespace, name): `id` as `namespace/name`, else STUNNER_NAMESPACE and STUNNER_NAME from
+    `env` (both must be set), else `default/stunnerd-<hostname>`."""
+    if not id:
+        namespace, name = env.get("STUNNER_NAMESPACE"), env.get("STUNNER_NAME")
+        if namespace and name:
+            return namespace, name
+        return DEFAULT_NAMESPACE, f"stunnerd-{socket.gethostname()}"
+    namespace, sep, name = id.partition("/")
+    if not sep or not namespace or not name or "/" in name:
+        raise SourceError(f"invalid id {id!r}: want <namespace>/<name>")
+    return namespace, name
+
+
+def source_for(
+    origin: str,
+    id: str | None = None,
+    env: Mapping[str, str] | None = None,
+    *,
+    retry_period: float = RETRY_PERIOD,
+    ping_period: float = PING_PERIOD,
+    pong_wait: float = PONG_WAIT,
+) -> ConfigSource:
+    """The config source of `origin` (stunnerd `-c`):
+
+    - `file://<path>` or a plain path: a `FileSource`;
+    - `http(s)://host:port`, `ws(s)://host:port`, `host:port` or `:port` (empty: `:13478`,
+      the default): a `CdsSource` for config `id` (see `resolve_id`), sending `node=` if
+      STUNNER_NODENAME is set in `env`;
+    - `k8s` (CDS discovery through the Kubernetes API): not supported, `SourceError`.
+
+    `env` defaults to `os.environ`; it also feeds `$VAR` substitution in the configs.
+    """
+    environ: Mapping[str, str] = os.environ if env is None else env
+    origin = origin.strip() or DEFAULT_CDS_ADDRESS
+    if origin == "k8s":
+        raise SourceError(
+            "config origin 'k8s' (CDS discovery through Kubernetes) is not supported: "
+            "give the CDS address, e.g. -c http://stunner-config-discovery.stunner-system:13478"
+        )
+    if origin.startswith("file://"):
+        return FileSource(origin.removeprefix("file://"), env=env, retry_period=retry_period)
+    lowered = origin.lower()
+    if lowered.startswith(("http://", "https://", "ws://", "wss://")) or _HOST_PORT.fullmatch(
+        origin
+    ):
+        namespace, name = resolve_id(id, environ)
+        return CdsSource(
+            origin,
+            namespace,
+            name,
+            node=environ.get("STUNNER_NODENAME") or None,
+            env=env,
+            retry_period=retry_period,
+            ping_period=ping_period,
+            pong_wait=pong_wait,
+        )
+    return FileSource(origin, env=env, retry_period=retry_period)
