@@ -1,4 +1,4 @@
-"""Listener transports: TURN-UDP and TURN-TCP sockets feeding one `TurnServer` each.
+"""Listener transports: TURN-UDP, -TCP, -TLS and -DTLS sockets, each feeding one `TurnServer`.
 
 The transport only frames packets and demultiplexes ChannelData (RFC 8656 §12) from STUN;
 all TURN logic lives in `turn.py`, written once for both transports.
@@ -14,7 +14,7 @@ from typing import Any, cast
 
 from stunner_api.dataplane import ListenerConfig
 
-from . import stun
+from . import stun, tls
 from .turn import Downstream, ServerContext, TurnServer
 
 log = logging.getLogger("stunner.listener")
@@ -119,6 +119,7 @@ class Listener:
         self.server = TurnServer(config.name, config.address, context)
         self._udp: UdpListenerProtocol | None = None
         self._tcp: asyncio.Server | None = None
+        self._dtls: tls.DtlsListenerProtocol | None = None
         self._connections: set[TcpConnectionProtocol] = set()
         self._sweeper: asyncio.TimerHandle | None = None
 
@@ -140,6 +141,21 @@ class Listener:
             self._tcp = await loop.create_server(
                 lambda: TcpConnectionProtocol(self.server, self._connections), sock=sock
             )
+        elif protocol == "TURN-TLS":
+            context = tls.server_ssl_context(self.config.cert, self.config.key)
+            sock = _bound_socket(socket.SOCK_STREAM, port)
+            self._tcp = await loop.create_server(
+                lambda: TcpConnectionProtocol(self.server, self._connections),
+                sock=sock,
+                ssl=context,
+                ssl_handshake_timeout=tls.HANDSHAKE_TIMEOUT,
+            )
+        elif protocol == "TURN-DTLS":
+            # The context first: a bad certificate is refused before the port is taken.
+            cert, key = self.config.cert, self.config.key
+            dtls = tls.DtlsListenerProtocol(self.server, cert, key)
+            sock = _bound_socket(socket.SOCK_DGRAM, port)
+            _, self._dtls = await loop.create_datagram_endpoint(lambda: dtls, sock=sock)
         else:
             raise ValueError(f"listener {self.name}: protocol {protocol} is not supported yet")
         self._sweeper = loop.call_later(SWEEP_INTERVAL, self._sweep)
@@ -161,6 +177,9 @@ class Listener:
         if self._udp is not None and self._udp.transport is not None:
             self._udp.transport.close()
             await self._udp.closed  # the port is free once the socket is really closed
+        if self._dtls is not None:
+            self._dtls.close()  # close_notify to each client, then the socket
+            await self._dtls.closed
         if self._tcp is not None:
             self._tcp.close()
             for connection in list(self._connections):

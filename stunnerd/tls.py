@@ -1,0 +1,464 @@
+"""TLS and DTLS for TURN listeners: certificates, the TURN-TLS context and the DTLS transport.
+
+The listener config holds its certificate and key as base64-encoded PEM (as in Go STUNner).
+TURN-TLS runs the ordinary stream transport (`TcpConnectionProtocol`) under asyncio's TLS.
+TURN-DTLS is `DtlsListenerProtocol`: one UDP socket, one pyOpenSSL `Connection` with memory BIOs
+per client address, and the same TURN demultiplexing as TURN-UDP. A client gets a session only
+after it echoed a stateless cookie (RFC 6347 §4.2.1 HelloVerifyRequest), so a spoofed source
+cannot make the server keep state or do public-key work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import datetime
+import hashlib
+import hmac
+import ipaddress
+import logging
+import os
+import secrets
+import ssl
+import struct
+import tempfile
+import time
+from typing import Any, cast
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+from OpenSSL import SSL
+
+from .turn import Downstream, TurnServer
+
+log = logging.getLogger("stunner.listener")
+
+DTLS1_2_VERSION = 0xFEFD  # pyOpenSSL has no constant for it
+HANDSHAKE_TIMEOUT = 10.0  # a DTLS handshake not done by then is freed
+IDLE_TIMEOUT = 3600.0  # an established DTLS session with no traffic for this long is closed
+COOKIE_LIFETIME = 60  # seconds per cookie secret bucket; the previous bucket is still valid
+MAX_DATAGRAM = 1400  # handshake flights are packed into datagrams of at most this many bytes
+RECORD_HEADER = 13  # DTLS record: type, version, epoch, sequence number (6), length
+
+
+# ---- certificates
+
+
+def decode_pem(value: str, what: str) -> bytes:
+    """The PEM bytes of a base64-encoded PEM config value; ValueError naming the problem."""
+    try:
+        pem = base64.b64decode("".join(value.split()), validate=True)
+    except (binascii.Error, ValueError):
+        raise ValueError(f"{what} is not valid base64 PEM: bad base64") from None
+    if b"-----BEGIN " not in pem:
+        raise ValueError(f"{what} is not valid base64 PEM: no PEM block after base64 decoding")
+    return pem
+
+
+def load_certificate(cert_b64: str, key_b64: str) -> tuple[list[x509.Certificate], Any]:
+    """The certificate chain and private key, checked to belong together."""
+    cert_pem = decode_pem(cert_b64, "cert")
+    key_pem = decode_pem(key_b64, "key")
+    try:
+        chain = x509.load_pem_x509_certificates(cert_pem)
+    except ValueError:
+        raise ValueError("cert is not valid base64 PEM: no parsable certificate") from None
+    try:
+        key = serialization.load_pem_private_key(key_pem, password=None)
+    except (ValueError, TypeError):
+        # The key's bytes never appear in a message: only that it could not be read.
+        raise ValueError("key is not valid base64 PEM: no parsable unencrypted key") from None
+    public = serialization.PublicFormat.SubjectPublicKeyInfo
+    encoding = serialization.Encoding.DER
+    if chain[0].public_key().public_bytes(encoding, public) != key.public_key().public_bytes(
+        encoding, public
+    ):
+        raise ValueError("key does not match the certificate")
+    return chain, key
+
+
+def server_ssl_context(cert_b64: str, key_b64: str) -> ssl.SSLContext:
+    """A TLS >= 1.2 server context for a TURN-TLS listener."""
+    chain, key = load_certificate(cert_b64, key_b64)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    # The ssl module loads certificates only from files: a private directory, removed at once.
+    with tempfile.TemporaryDirectory(prefix="stunner-tls-") as directory:
+        os.chmod(directory, 0o700)
+        cert_file = os.path.join(directory, "cert.pem")
+        key_file = os.path.join(directory, "key.pem")
+        pem = serialization.Encoding.PEM
+        with open(cert_file, "wb") as f:
+            f.write(b"".join(c.public_bytes(pem) for c in chain))
+        descriptor = os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(descriptor, "wb") as f:
+            f.write(
+                key.private_bytes(
+                    pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+                )
+            )
+        try:
+            context.load_cert_chain(cert_file, key_file)
+        except ssl.SSLError as exc:
+            raise ValueError(f"cannot use the certificate and key: {exc.reason}") from None
+    return context
+
+
+def self_signed_certificate(hostname: str) -> tuple[str, str]:
+    """(cert, key) as base64 PEM: EC P-256, valid for a year, SAN `hostname` (DNS name or IP)."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hostname)])
+    alt: x509.GeneralName
+    try:
+        alt = x509.IPAddress(ipaddress.ip_address(hostname))
+    except ValueError:
+        alt = x509.DNSName(hostname)
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=365))
+        .add_extension(x509.SubjectAlternativeName([alt]), critical=False)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    cert_pem = cert.public_bytes(serialization.Encoding.PEM)
+    key_pem = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+    return base64.b64encode(cert_pem).decode(), base64.b64encode(key_pem).decode()
+
+
+# ---- DTLS
+
+
+class CookieJar:
+    """Stateless DTLS cookies: HMAC(secret, client address, time bucket)."""
+
+    def __init__(self, lifetime: int = COOKIE_LIFETIME) -> None:
+        self.secret = secrets.token_bytes(32)
+        self.lifetime = lifetime
+
+    def make(self, remote: Any, bucket: int | None = None) -> bytes:
+        if bucket is None:
+            bucket = int(time.time()) // self.lifetime
+        message = f"{remote[0]}|{remote[1]}|{bucket}".encode()
+        return hmac.new(self.secret, message, hashlib.sha256).digest()[:20]
+
+    def check(self, remote: Any, cookie: bytes) -> bool:
+        bucket = int(time.time()) // self.lifetime
+        return any(hmac.compare_digest(self.make(remote, b), cookie) for b in (bucket, bucket - 1))
+
+
+def dtls_context(cert_b64: str, key_b64: str, cookies: CookieJar) -> SSL.Context:
+    """A DTLS >= 1.2 server context whose cookies are bound to the client address, kept as
+    each connection's app data (memory BIOs do not know it)."""
+    chain, key = load_certificate(cert_b64, key_b64)
+    context = SSL.Context(SSL.DTLS_METHOD)
+    context.set_min_proto_version(DTLS1_2_VERSION)
+    context.set_options(SSL.OP_NO_QUERY_MTU)
+    context.use_certificate(chain[0])
+    for extra in chain[1:]:
+        context.add_extra_chain_cert(extra)
+    context.use_privatekey(key)
+    context.set_cookie_generate_callback(lambda conn: cookies.make(conn.get_app_data()))
+    context.set_cookie_verify_callback(
+        lambda conn, cookie: cookies.check(conn.get_app_data(), cookie)
+    )
+    return context
+
+
+def split_records(data: bytes, limit: int = MAX_DATAGRAM) -> list[bytes]:
+    """Pack the DTLS records a memory BIO gives back to back into datagrams of <= `limit`."""
+    datagrams: list[bytes] = []
+    current = b""
+    offset = 0
+    while offset < len(data):
+        if len(data) - offset < RECORD_HEADER:
+            end = len(data)
+        else:
+            (length,) = struct.unpack_from("!H", data, offset + 11)
+            end = min(len(data), offset + RECORD_HEADER + length)
+        record = data[offset:end]
+        offset = end
+        if current and len(current) + len(record) > limit:
+            datagrams.append(current)
+            current = b""
+        current += record
+    if current:
+        datagrams.append(current)
+    return datagrams
+
+
+def client_hello_random(data: bytes) -> bytes | None:
+    """The client random of a datagram that starts with an epoch-0 ClientHello, else None.
+
+    Record header (13 bytes), handshake header (12), client_version (2), random (32).
+    """
+    if len(data) < 59 or data[0] != 22 or data[3:5] != b"\0\0" or data[13] != 1:
+        return None
+    return data[27:59]
+
+
+class DtlsSession:
+    """One client's DTLS connection: handshake, retransmission, records in and out."""
+
+    def __init__(
+        self, protocol: DtlsListenerProtocol, remote: Any, conn: SSL.Connection, hello: bytes
+    ) -> None:
+        self.protocol = protocol
+        self.remote = remote
+        self.conn = conn
+        self.hello_random = client_hello_random(hello)
+        self.established = False
+        self.closed = False
+        self.created = self.last_seen = time.monotonic()
+        self.downstream = Downstream(remote, self.send, stream=False)
+        self.timer: asyncio.TimerHandle | None = None
+
+    def flush(self) -> None:
+        transport = self.protocol.transport
+        try:
+            data = self.conn.bio_read(65536)
+        except SSL.WantReadError:
+            return
+        if transport is not None:
+            for datagram in split_records(data):
+                transport.sendto(datagram, self.remote)
+
+    def send(self, data: bytes) -> None:
+        """Downstream send: one TURN message or ChannelData per DTLS record."""
+        if not self.established or self.closed:
+            return
+        try:
+            self.conn.send(data)
+        except SSL.Error as exc:
+            log.debug("listener %s: DTLS send to %s: %s", self.protocol.name, self.remote, exc)
+            self.protocol.close_session(self)
+            return
+        self.flush()
+
+    def handshake(self) -> None:
+        try:
+            self.conn.do_handshake()
+        except SSL.WantReadError:
+            self.flush()
+            self._schedule_retransmit()
+            return
+        self.flush()
+        self.established = True
+        self._cancel_timer()
+        log.debug("listener %s: DTLS session with %s established", self.protocol.name, self.remote)
+
+    def _schedule_retransmit(self) -> None:
+        self._cancel_timer()
+        delay = self.conn.DTLSv1_get_timeout()
+        if delay is not None:
+            loop = asyncio.get_running_loop()
+            self.timer = loop.call_later(max(delay, 0.0), self._retransmit)
+
+    def _retransmit(self) -> None:
+        self.timer = None
+        if self.closed or self.established:
+            return
+        try:
+            self.conn.DTLSv1_handle_timeout()
+        except SSL.Error:
+            self.protocol.close_session(self)
+            return
+        self.flush()
+        self._schedule_retransmit()
+
+    def _cancel_timer(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+    def received(self, data: bytes) -> None:
+        self.last_seen = time.monotonic()
+        self.conn.bio_write(data)
+        if not self.established:
+            self.handshake()
+            if not self.established:
+                return
+        server = self.protocol.server
+        while not self.closed:
+            try:
+                message = self.conn.recv(65536)
+            except SSL.WantReadError:
+                break
+            except SSL.ZeroReturnError:  # close_notify
+                self.protocol.close_session(self)
+                return
+            if not message:
+                break
+            if (message[0] & 0xC0) == 0x40:
+                server.handle_channel_data(message, self.remote)
+            else:
+                server.handle(message, self.downstream)
+        self.flush()  # alerts, renegotiation refusal
+
+    def close(self, notify: bool = True) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self._cancel_timer()
+        if notify and self.established:
+            try:
+                self.conn.shutdown()
+            except SSL.Error:
+                pass
+            self.flush()
+
+
+class DtlsListenerProtocol(asyncio.DatagramProtocol):
+    """TURN over DTLS on one UDP socket: a DTLS session per client address after a cookie."""
+
+    def __init__(
+        self,
+        server: TurnServer,
+        cert_b64: str,
+        key_b64: str,
+        handshake_timeout: float | None = None,
+        idle_timeout: float | None = None,
+    ) -> None:
+        self.server = server
+        # Read at construction, not import, so tests (and tuning) can change the defaults.
+        self.handshake_timeout = handshake_timeout or HANDSHAKE_TIMEOUT
+        self.idle_timeout = idle_timeout or IDLE_TIMEOUT
+        self.cookies = CookieJar()
+        self.context = dtls_context(cert_b64, key_b64, self.cookies)
+        self.sessions: dict[Any, DtlsSession] = {}
+        self._listener: SSL.Connection | None = None
+        self.transport: asyncio.DatagramTransport | None = None
+        self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._sweeper: asyncio.TimerHandle | None = None
+
+    @property
+    def name(self) -> str:
+        return self.server.name
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.DatagramTransport, transport)
+        self._schedule_sweep()
+
+    def datagram_received(self, data: bytes, addr: Any) -> None:
+        try:
+            session = self.sessions.get(addr)
+            if session is None:
+                self._listen(data, addr)
+            elif client_hello_random(data) not in (None, session.hello_random):
+                self._listen(data, addr)  # a new handshake from the same address: a restart
+            else:
+                session.received(data)
+        except SSL.Error as exc:
+            log.debug("listener %s: DTLS from %s: %s", self.name, addr, exc)
+            session = self.sessions.get(addr)
+            if session is not None:
+                session.flush()  # the fatal alert
+                self.close_session(session, notify=False)
+        except Exception:  # never out of datagram_received: drop the datagram
+            log.exception("listener %s: DTLS datagram from %s dropped", self.name, addr)
+
+    def _listen(self, data: bytes, addr: Any) -> None:
+        """A datagram from an unknown address: answer a ClientHello without a valid cookie
+        with a HelloVerifyRequest and forget it; with one, start a session."""
+        if not data or data[0] != 22:  # only handshake records may open a session
+            return
+        listener = self._listener
+        if listener is None:
+            listener = self._listener = SSL.Connection(self.context)
+            listener.set_accept_state()
+            # A memory BIO has no MTU to query (OP_NO_QUERY_MTU): without one, DTLS cannot write.
+            listener.set_ciphertext_mtu(MAX_DATAGRAM)
+        listener.set_app_data(addr)  # what the cookie is bound to
+        try:
+            listener.bio_write(data)
+            listener.DTLSv1_listen()
+        except SSL.WantReadError:
+            self._answer(listener, addr)  # HelloVerifyRequest, or nothing for garbage
+            return
+        except SSL.Error:
+            self._listener = None  # unusable now: a fresh one for the next datagram
+            return
+        self._listener = None  # verified: it holds the ClientHello and becomes the session
+        previous = self.sessions.get(addr)
+        if previous is not None:  # the client restarted behind the same address
+            self.close_session(previous, notify=False)
+        session = DtlsSession(self, addr, listener, data)
+        self.sessions[addr] = session
+        session.handshake()
+
+    def _answer(self, listener: SSL.Connection, addr: Any) -> None:
+        try:
+            data = listener.bio_read(65536)
+        except SSL.WantReadError:
+            return
+        if self.transport is not None:
+            self.transport.sendto(data, addr)
+
+    def close_session(self, session: DtlsSession, notify: bool = True) -> None:
+        session.close(notify)
+        if self.sessions.get(session.remote) is session:
+            del self.sessions[session.remote]
+        self.server.connection_lost(session.remote)
+
+    def _schedule_sweep(self) -> None:
+        interval = min(1.0, self.handshake_timeout / 2)
+        self._sweeper = asyncio.get_running_loop().call_later(interval, self._sweep)
+
+    def _sweep(self) -> None:
+        now = time.monotonic()
+        for session in list(self.sessions.values()):
+            if session.established:
+                expired = now - session.last_seen > self.idle_timeout
+            else:  # counted from the start: retransmitted hellos do not keep it alive
+                expired = now - session.created > self.handshake_timeout
+            if expired:
+                log.debug("listener %s: DTLS session %s timed out", self.name, session.remote)
+                self.close_session(session)
+        self._schedule_sweep()
+
+    def error_received(self, exc: Exception) -> None:
+        log.debug("listener %s: %s", self.name, exc)
+
+    def close(self) -> None:
+        """close_notify to every client, then close the socket."""
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+        for session in list(self.sessions.values()):
+            self.close_session(session)
+        if self.transport is not None:
+            self.transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+        for session in list(self.sessions.values()):
+            self.close_session(session, notify=False)
+        if not self.closed.done():
+            self.closed.set_result(None)
