@@ -205,6 +205,18 @@ def render_metrics(stunner: Stunner) -> str:
                 value = getattr(lst.server.stats, f"{direction}_{attr}")
                 samples.append((f'{{direction="{direction}",name="{_label(name)}"}}', value))
         family(metric, "counter", help_text, samples)
+    counters = sorted(stunner.context.cluster_counters.items()) if stunner.context else []
+    for metric, offset, help_text in (
+        ("stunner_cluster_packets_total", 0, "Number of packets to and from the cluster."),
+        ("stunner_cluster_bytes_total", 1, "Number of bytes to and from the cluster."),
+    ):
+        samples = []
+        for name, values in counters:
+            for direction, index in (("tx", offset), ("rx", offset + 2)):
+                samples.append(
+                    (f'{{direction="{direction}",name="{_label(name)}"}}', values[index])
+                )
+        family(metric, "counter", help_text, samples)
     usage = resource.getrusage(resource.RUSAGE_SELF)
     family(
         "process_cpu_seconds_total",

@@ -174,7 +174,7 @@ class Router:
         self._routes: dict[str, tuple[_Matcher, ...]] = {}
         self._domains: set[str] = set()
         self._resolved: dict[str, frozenset[IPAddress]] = {}
-        self._admit_cache: dict[tuple[str, str, int], bool] = {}
+        self._admit_cache: dict[tuple[str, str, int], str | None] = {}
         self._permit_cache: dict[tuple[str, str], bool] = {}
         self.epoch = 0  # bumped whenever cached decisions are dropped
 
@@ -237,22 +237,23 @@ class Router:
             return any(endpoint.contains(ip) for endpoint in matcher.endpoints)
         return any(endpoint.admits(ip, port) for endpoint in matcher.endpoints)
 
-    def _decide(self, listener: str, peer_ip: str, peer_port: int | None) -> bool:
+    def _decide(self, listener: str, peer_ip: str, peer_port: int | None) -> str | None:
+        """The name of the first routed cluster that admits the peer, or None."""
         ip = parse_peer_ip(peer_ip)
         if ip is None:
             log.debug("listener %s: peer %r is not an IP address", listener, peer_ip)
-            return False
+            return None
         for matcher in self._routes.get(listener, ()):
             if self._matches(matcher, ip, peer_port):
-                return True
-        return False
+                return matcher.name
+        return None
 
     def permits(self, listener: str, peer_ip: str) -> bool:
         """CreatePermission/ChannelBind: whether a routed cluster admits `peer_ip` on any port."""
         key = (listener, peer_ip)
         decision = self._permit_cache.get(key)
         if decision is None:
-            decision = self._decide(listener, peer_ip, None)
+            decision = self._decide(listener, peer_ip, None) is not None
             if len(self._permit_cache) >= CACHE_LIMIT:
                 self._permit_cache.clear()
             self._permit_cache[key] = decision
@@ -260,15 +261,22 @@ class Router:
 
     def admits(self, listener: str, peer_ip: str, peer_port: int) -> bool:
         """Per relayed packet, either direction: whether a routed cluster admits IP and port."""
+        return self.cluster_of(listener, peer_ip, peer_port) is not None
+
+    def cluster_of(self, listener: str, peer_ip: str, peer_port: int) -> str | None:
+        """Per relayed packet: the routed cluster admitting IP and port (None: drop it).
+        Cached; the cache is cleared by every update."""
         key = (listener, peer_ip, peer_port)
-        decision = self._admit_cache.get(key)
-        if decision is None:
-            valid_port = isinstance(peer_port, int) and 0 <= peer_port <= 65535
-            decision = valid_port and self._decide(listener, peer_ip, peer_port)
-            if len(self._admit_cache) >= CACHE_LIMIT:
-                self._admit_cache.clear()
-            self._admit_cache[key] = decision
-        return decision
+        try:
+            return self._admit_cache[key]
+        except KeyError:
+            pass
+        valid_port = isinstance(peer_port, int) and 0 <= peer_port <= 65535
+        cluster = self._decide(listener, peer_ip, peer_port) if valid_port else None
+        if len(self._admit_cache) >= CACHE_LIMIT:
+            self._admit_cache.clear()
+        self._admit_cache[key] = cluster
+        return cluster
 
 
 async def resolve_with_getaddrinfo(domain: str) -> list[str]:

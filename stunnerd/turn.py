@@ -16,6 +16,7 @@ import logging
 import socket
 import struct
 import time
+from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -87,6 +88,10 @@ class ServerContext:
     nonces: NonceManager = field(default_factory=NonceManager)
     user_quota: int = 0  # allocations per user id; 0 means no quota
     allocations_per_user: dict[str, int] = field(default_factory=dict)
+    # cluster name -> [tx packets, tx bytes, rx packets, rx bytes]: to and from its peers
+    cluster_counters: defaultdict[str, list[int]] = field(
+        default_factory=lambda: defaultdict(lambda: [0, 0, 0, 0])
+    )
 
     @property
     def realm(self) -> str:
@@ -126,11 +131,13 @@ class Allocation(asyncio.DatagramProtocol):
         """RFC 8656 §11.3 and §12.7: relay a peer's datagram to the client, if admitted."""
         peer = (addr[0], addr[1])
         server = self.server
-        if peer[0] not in self.permissions or not server.router.admits(
-            server.name, peer[0], peer[1]
-        ):
+        cluster = server.context.router.cluster_of(server.name, peer[0], peer[1])
+        if cluster is None or peer[0] not in self.permissions:
             server.stats.dropped += 1
             return
+        counters = server.context.cluster_counters[cluster]
+        counters[2] += 1
+        counters[3] += len(data)
         channel = self.channel_by_peer.get(peer)
         if channel is not None:
             packet = stun.pack_channel_data(channel, data, self.downstream.stream)
@@ -150,15 +157,15 @@ class Allocation(asyncio.DatagramProtocol):
 
     def relay_to_peer(self, peer: Address, payload: bytes) -> None:
         server = self.server
-        if (
-            self.relay is None
-            or peer[0] not in self.permissions
-            or not server.router.admits(server.name, peer[0], peer[1])
-        ):
+        cluster = server.context.router.cluster_of(server.name, peer[0], peer[1])
+        if cluster is None or self.relay is None or peer[0] not in self.permissions:
             server.stats.dropped += 1
             return
         self.relay.sendto(payload, peer)
         server.stats.client_to_peer += 1
+        counters = server.context.cluster_counters[cluster]
+        counters[0] += 1
+        counters[1] += len(payload)
 
     def relay_channel_data(self, data: bytes) -> None:
         """RFC 8656 §12.6: ChannelData from the client goes to the channel's peer."""

@@ -24,7 +24,15 @@ from stunner_api.dataplane import zero_config
 from stunnerd.daemon import Stunner
 from stunnerd.stun import Class
 
-from .turnclient import HOST, PASSWORD, RawClient, free_port, make_config, running_stunner
+from .turnclient import (
+    HOST,
+    PASSWORD,
+    RawClient,
+    free_port,
+    make_config,
+    running_stunner,
+    start_peer,
+)
 
 
 def http_get(url: str) -> tuple[int, str]:
@@ -92,10 +100,15 @@ def test_zero_config_is_not_ready() -> None:
 def test_metrics_use_go_stunner_names() -> None:
     async def main() -> None:
         port, metrics_port = free_port(), free_port()
+        peer = await start_peer(echo=True)
         admin = {"metrics_endpoint": f"http://127.0.0.1:{metrics_port}/metrics"}
         async with running_stunner(make_config(port, [f"{HOST}/32"], admin=admin)):
             client = await RawClient.connect((HOST, port))
             assert (await client.allocate()).message_class == Class.SUCCESS
+            await client.channel_bind(0x4000, (HOST, peer.port))
+            for _ in range(3):
+                client.send_channel_data(0x4000, b"12345678")
+                await asyncio.wait_for(client.channel_data.get(), 2)
             status, text = await get(f"http://127.0.0.1:{metrics_port}/metrics")
             assert status == 200
             samples = dict(
@@ -109,7 +122,12 @@ def test_metrics_use_go_stunner_names() -> None:
             assert samples['stunner_listener_connections_total{name="testns/gw/turn-udp"}'] == "1"
             assert "# TYPE stunner_listener_bytes_total counter" in text
             assert float(samples["process_cpu_seconds_total"]) > 0
+            cluster = 'name="testns/backend"'
+            assert samples[f'stunner_cluster_packets_total{{direction="tx",{cluster}}}'] == "3"
+            assert samples[f'stunner_cluster_packets_total{{direction="rx",{cluster}}}'] == "3"
+            assert samples[f'stunner_cluster_bytes_total{{direction="rx",{cluster}}}'] == "24"
             client.close()
+        peer.close()
 
     asyncio.run(main())
 
