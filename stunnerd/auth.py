@@ -22,6 +22,8 @@ import re
 import time
 from collections.abc import Callable, Mapping
 
+from stunner_api.dataplane import AUTH_TYPES
+
 log = logging.getLogger("stunner.auth")
 
 USERNAME_SEPARATOR = ":"
@@ -29,15 +31,6 @@ USERNAME_SEPARATOR = ":"
 # strconv.Atoi (base 10): an optional sign, then ASCII digits only; the value must fit an int64.
 _GO_ATOI = re.compile(r"[+-]?[0-9]+")
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
-
-AUTH_TYPE_ALIASES: Mapping[str, str] = {
-    "static": "static",
-    "plaintext": "static",
-    "ephemeral": "ephemeral",
-    "longterm": "ephemeral",
-    "timewindowed": "ephemeral",
-    "none": "none",
-}
 
 
 class AuthError(Exception):
@@ -121,7 +114,7 @@ class Authenticator:
         credentials: Mapping[str, str],
         clock: Callable[[], float] = time.time,
     ) -> None:
-        normalized = AUTH_TYPE_ALIASES.get(auth_type.strip().lower())
+        normalized = AUTH_TYPES.get(auth_type.strip().lower())
         if normalized is None:
             raise AuthError(f"unknown authentication type {auth_type!r}")
         self.auth_type = normalized
