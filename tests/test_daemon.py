@@ -13,6 +13,7 @@ import socket
 
 import pytest
 
+from stunner_api.dataplane import StunnerConfig
 from stunnerd.daemon import ApplyError
 from stunnerd.stun import Class
 
@@ -104,5 +105,37 @@ def test_config_that_cannot_be_applied_is_refused_whole() -> None:
             fresh.close()
             client.close()
         busy.close()
+
+    asyncio.run(main())
+
+
+def test_certificate_change_restarts_that_listener_only() -> None:
+    from stunnerd.tls import self_signed_certificate
+
+    async def main() -> None:
+        udp_port, tls_port = free_port(), free_port()
+        base = make_config(udp_port, [f"{HOST}/32"], protocols=("TURN-UDP",))
+
+        def with_tls(certificate: tuple[str, str]) -> StunnerConfig:
+            tls = base.listeners[0].model_copy(
+                update={
+                    "name": "testns/gw/tls",
+                    "protocol": "TURN-TLS",
+                    "port": tls_port,
+                    "cert": certificate[0],
+                    "key": certificate[1],
+                }
+            )
+            return base.model_copy(update={"listeners": [base.listeners[0], tls]})
+
+        async with running_stunner(with_tls(self_signed_certificate("127.0.0.1"))) as stunner:
+            udp, tls = stunner.listeners["testns/gw/turn-udp"], stunner.listeners["testns/gw/tls"]
+            client = await RawClient.connect((HOST, udp_port))
+            await client.allocate()
+            await stunner.apply(with_tls(self_signed_certificate("127.0.0.1")))
+            assert stunner.listeners["testns/gw/turn-udp"] is udp
+            assert stunner.listeners["testns/gw/tls"] is not tls
+            assert stunner.allocation_count == 1  # the UDP client's allocation survived
+            client.close()
 
     asyncio.run(main())
