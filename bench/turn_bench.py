@@ -1,0 +1,669 @@
+"""TURN relay benchmark: stunnerd against coturn, side by side in one run.
+
+Same generator for both servers: coturn's `turnutils_uclient` -> TURN server -> `turnutils_peer`
+(UDP echo), everything on 127.0.0.1. For each case and server: sent and received packets/s,
+loss, RTT, server CPU-seconds (utime+stime from /proc, the server process and its children),
+relayed packets per server CPU-second (each echoed packet counted twice: client->peer and
+peer->client) and the stunnerd/coturn ratio of that figure. Then the allocation setup rate
+(allocations/s, long-term auth, our own asyncio client) and the RSS per idle allocation.
+
+    .venv/bin/python bench/turn_bench.py            # default matrix, < 5 minutes
+    .venv/bin/python bench/turn_bench.py --quick    # 3 cases
+    .venv/bin/python bench/turn_bench.py --cases 'udp-*-c10-*' --json out.json
+
+See bench/README.md for the columns and the latest table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import datetime
+import fnmatch
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, cast
+
+from stunnerd.auth import long_term_key
+from stunnerd.stun import Class, Message, Method, StunError, parse_message
+
+USER = "user"
+PASSWORD = "pass"
+REALM = "stunner.l7mp.io"
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+SERVERS = ("stunnerd", "coturn")
+REPO = Path(__file__).resolve().parent.parent
+
+
+def log(text: str) -> None:
+    sys.stderr.write(text + "\n")
+    sys.stderr.flush()
+
+
+# --- cases -----------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    transport: str  # "udp" | "tcp"
+    method: str  # "chan" (ChannelData) | "send" (Send indications, uclient -s)
+    size: int  # payload bytes (uclient -l)
+    clients: int  # uclient -m
+    pps: int  # per client
+
+    @property
+    def name(self) -> str:
+        return f"{self.transport}-{self.method}-{self.size}-c{self.clients}-{self.pps}pps"
+
+
+def full_matrix() -> list[Case]:
+    loads = [(1, 1000), (10, 1000), (50, 1000), (100, 1000), (200, 50)]
+    return [
+        Case(t, m, s, c, p)
+        for t in ("udp", "tcp")
+        for m in ("chan", "send")
+        for s in (120, 1000)
+        for c, p in loads
+    ]
+
+
+def default_matrix() -> list[Case]:
+    """The default, under 5 minutes: 120 B ChannelData over UDP at 10/50/100 clients x 1000 pps
+    and 200 clients x 50 pps, over TCP at 10/50 clients; packet size (1000 B) and Send
+    indications varied at 10 clients, UDP and TCP. `--full` runs the whole 40-case product
+    (about 15 minutes)."""
+    cases = [Case("udp", "chan", 120, c, p) for c, p in ((10, 1000), (50, 1000), (100, 1000))]
+    cases.append(Case("udp", "chan", 120, 200, 50))
+    cases += [Case("tcp", "chan", 120, c, 1000) for c in (10, 50)]
+    cases += [Case(t, "chan", 1000, 10, 1000) for t in ("udp", "tcp")]
+    cases += [Case(t, "send", 120, 10, 1000) for t in ("udp", "tcp")]
+    return cases
+
+
+def quick_matrix() -> list[Case]:
+    return [
+        Case("udp", "chan", 120, 10, 1000),
+        Case("udp", "chan", 120, 50, 1000),
+        Case("tcp", "chan", 120, 10, 1000),
+    ]
+
+
+# --- processes -------------------------------------------------------------------------------
+
+
+def port_is_free(port: int) -> bool:
+    for kind in (socket.SOCK_DGRAM, socket.SOCK_STREAM):
+        with socket.socket(socket.AF_INET, kind) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                return False
+    return True
+
+
+def free_port() -> int:
+    for _ in range(200):
+        port = random.randint(20000, 45000)
+        if port_is_free(port):
+            return port
+    raise RuntimeError("no free port found")
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime+stime of `pid` and its live descendants (fields 14 and 15 of /proc/PID/stat)."""
+    total = 0.0
+    for p in [pid, *descendants(pid)]:
+        try:
+            stat = Path(f"/proc/{p}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        total += (int(fields[11]) + int(fields[12])) / CLK_TCK
+    return total
+
+
+def descendants(pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat[stat.rindex(")") + 2 :].split()[1])
+        children.setdefault(ppid, []).append(int(entry.name))
+    out: list[int] = []
+    todo = [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def rss_kib(pid: int) -> int:
+    """VmRSS of `pid` and its live descendants, KiB."""
+    total = 0
+    for p in [pid, *descendants(pid)]:
+        with contextlib.suppress(OSError):
+            for line in Path(f"/proc/{p}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1])
+    return total
+
+
+def stop(proc: subprocess.Popen[bytes], name: str) -> None:
+    """SIGTERM; for stunnerd (which drains on SIGTERM) a second signal, SIGINT, exits at once;
+    SIGKILL after a short wait."""
+    if proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        proc.send_signal(signal.SIGTERM)
+    if name == "stunnerd":
+        time.sleep(0.2)
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(timeout=3)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=3)
+
+
+class Server:
+    def __init__(self, name: str, workdir: Path) -> None:
+        self.name = name
+        self.port = free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.workdir = workdir
+
+    def start(self) -> None:
+        logfile = (self.workdir / f"{self.name}-{self.port}.log").open("wb")
+        if self.name == "stunnerd":
+            config = {
+                "version": "v1",
+                "admin": {"name": "bench", "loglevel": "all:WARN", "healthcheck_endpoint": ""},
+                "auth": {
+                    "type": "static",
+                    "realm": REALM,
+                    "credentials": {"username": USER, "password": PASSWORD},
+                },
+                "listeners": [
+                    {
+                        "name": f"bench-{t}",
+                        "protocol": f"TURN-{t.upper()}",
+                        "address": "127.0.0.1",
+                        "port": self.port,
+                        "routes": ["allow-any"],
+                    }
+                    for t in ("udp", "tcp")
+                ],
+                "clusters": [
+                    {"name": "allow-any", "type": "STATIC", "protocol": "UDP",
+                     "endpoints": ["0.0.0.0/0"]}
+                ],
+            }  # fmt: skip
+            path = self.workdir / f"stunnerd-{self.port}.json"
+            path.write_text(json.dumps(config))
+            stunnerd = shutil.which("stunnerd", path=str(Path(sys.executable).parent))
+            argv = [stunnerd or "stunnerd", "-c", str(path)]
+        else:
+            argv = [
+                "turnserver", "-n", "--listening-ip", "127.0.0.1",
+                "--listening-port", str(self.port), "--relay-ip", "127.0.0.1",
+                "--lt-cred-mech", "--user", f"{USER}:{PASSWORD}", "--realm", REALM,
+                "--no-tls", "--no-dtls", "--allow-loopback-peers", "--no-cli",
+                "--no-stdout-log", "--log-file", "/dev/null", "--simple-log",
+                "--pidfile", str(self.workdir / f"turnserver-{self.port}.pid"),
+            ]  # fmt: skip
+        self.proc = subprocess.Popen(argv, stdout=logfile, stderr=subprocess.STDOUT)
+        logfile.close()
+        self._wait_ready()
+
+    def _wait_ready(self) -> None:
+        assert self.proc is not None
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}")
+            with socket.socket() as sock:
+                sock.settimeout(0.2)
+                if sock.connect_ex(("127.0.0.1", self.port)) == 0:
+                    time.sleep(0.3)
+                    return
+            time.sleep(0.1)
+        raise RuntimeError(f"{self.name} not listening on {self.port} after 10 s")
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            stop(self.proc, self.name)
+
+
+@contextlib.contextmanager
+def running(names: tuple[str, ...], workdir: Path) -> Iterator[dict[str, Server]]:
+    servers: dict[str, Server] = {}
+    try:
+        for name in names:
+            servers[name] = Server(name, workdir)
+            servers[name].start()
+        yield servers
+    finally:
+        for server in servers.values():
+            server.stop()
+
+
+# --- one uclient run -------------------------------------------------------------------------
+
+_PROGRESS = re.compile(r"msz=\d+, tot_send_msgs=(\d+), tot_recv_msgs=(\d+)")
+_TOTAL = re.compile(r"start_mclient: tot_send_msgs=(\d+), tot_recv_msgs=(\d+)")
+_LOST = re.compile(r"Total lost packets (\d+) \(([\d.]+)%\)")
+_RTT = re.compile(r"Average round trip delay ([\d.]+) ms")
+
+
+def run_uclient(case: Case, server: Server, peer_port: int, duration: float) -> dict[str, Any]:
+    interval = max(1, round(1000 / case.pps))
+    count = max(10, round(duration * 1000 / interval))
+    argv = ["turnutils_uclient", "-c", "-m", str(case.clients), "-n", str(count),
+            "-z", str(interval), "-l", str(case.size), "-e", "127.0.0.1",
+            "-r", str(peer_port), "-u", USER, "-w", PASSWORD, "-p", str(server.port)]  # fmt: skip
+    if case.transport == "tcp":
+        argv.append("-t")
+    if case.method == "send":
+        argv.append("-s")
+    argv.append("127.0.0.1")
+    timeout = 3 * duration + 30 + case.clients * 0.05
+    samples: list[tuple[float, int, int]] = []  # (monotonic, sent, received), ~1/s
+    lines: list[str] = []
+    cpu0 = cpu_seconds(server.pid)
+    start = time.monotonic()
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    timer = threading.Timer(timeout, proc.kill)
+    timer.start()
+    try:
+        assert proc.stdout is not None
+        for raw in proc.stdout:
+            line = raw.decode(errors="replace")
+            lines.append(line)
+            match = _PROGRESS.search(line)
+            if match:
+                samples.append((time.monotonic(), int(match[1]), int(match[2])))
+        proc.wait(timeout=5)
+    finally:
+        timer.cancel()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    end = time.monotonic()
+    cpu = cpu_seconds(server.pid) - cpu0
+    text = "".join(lines)
+    total = _TOTAL.search(text)
+    result: dict[str, Any] = {
+        "server": server.name, "case": case.name, "cpu_s": cpu, "wall_s": end - start,
+        "messages_per_client": count, "load1": os.getloadavg()[0],
+        "timed_out": total is None,
+    }  # fmt: skip
+    if total is None:
+        for key in ("sent", "received", "sent_pps", "peak_sent_pps", "recv_pps", "loss_pct",
+                    "rtt_ms", "relayed_per_cpu_s"):  # fmt: skip
+            result[key] = None
+        return result
+    sent, received = int(total[1]), int(total[2])
+    lost = _LOST.search(text)
+    rtt = _RTT.search(text)
+    # The sending window: from the last progress sample with nothing sent to the first one
+    # at the final count (or the end of the run): 1 s resolution, so the rates are lower
+    # bounds of the mean rate while sending.
+    t0 = start
+    for t, s, _ in samples:
+        if s == 0:
+            t0 = t
+    t1 = next((t for t, s, _ in samples if s >= sent), end)
+    r1 = next((t for t, _, r in samples if r >= received), end)
+    result.update(
+        sent=sent,
+        received=received,
+        sent_pps=sent / max(t1 - t0, 1e-3),
+        peak_sent_pps=max(
+            (
+                (b[1] - a[1]) / (b[0] - a[0])
+                for a, b in zip(samples, samples[1:], strict=False)
+                if b[0] - a[0] > 0.5
+            ),
+            default=None,
+        ),
+        recv_pps=received / max(r1 - t0, 1e-3),
+        loss_pct=float(lost[2]) if lost else 100.0 * (sent - received) / max(sent, 1),
+        rtt_ms=float(rtt[1]) if rtt else None,
+        relayed_per_cpu_s=2 * received / cpu if cpu > 0 else None,
+        progress=[(round(t - start, 2), s, r) for t, s, r in samples],
+    )
+    return result
+
+
+# --- allocations (own client) ----------------------------------------------------------------
+
+
+class _AllocClient(asyncio.DatagramProtocol):
+    def __init__(self) -> None:
+        self.transport: asyncio.DatagramTransport | None = None
+        self.replies: asyncio.Queue[bytes] = asyncio.Queue()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.DatagramTransport, transport)
+
+    def datagram_received(self, data: bytes, addr: tuple[str | Any, int]) -> None:
+        self.replies.put_nowait(data)
+
+
+async def _transact(client: _AllocClient, request: Message, key: bytes | None) -> Message:
+    assert client.transport is not None
+    data = request.encode(integrity_key=key)
+    for attempt in range(5):
+        client.transport.sendto(data)
+        deadline = time.monotonic() + 0.5 * (2**attempt)
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                raw = await asyncio.wait_for(client.replies.get(), left)
+            except TimeoutError:
+                break
+            try:
+                reply = parse_message(raw)
+            except StunError:
+                continue
+            if reply.transaction_id == request.transaction_id:
+                return reply
+    raise TimeoutError("no reply")
+
+
+async def _allocate(client: _AllocClient, key: bytes) -> bool:
+    attrs: dict[str, Any] = {"REQUESTED-TRANSPORT": 17, "LIFETIME": 3600}
+    first = await _transact(client, Message(Method.ALLOCATE, Class.REQUEST, attributes=attrs), None)
+    if first.message_class == Class.SUCCESS:
+        return True
+    nonce = first.attributes.get("NONCE")
+    realm = first.attributes.get("REALM", REALM)
+    if nonce is None:
+        return False
+    attrs = {"USERNAME": USER, "REALM": realm, "NONCE": nonce, **attrs}
+    second = await _transact(client, Message(Method.ALLOCATE, Class.REQUEST, attributes=attrs), key)
+    return second.message_class == Class.SUCCESS
+
+
+async def _allocations(port: int, count: int, concurrency: int) -> tuple[int, float, list[Any]]:
+    """`count` allocations, each on its own UDP socket (one 5-tuple each), `concurrency` in
+    flight. Returns (successes, seconds, transports: close them to let them go idle... later)."""
+    loop = asyncio.get_running_loop()
+    key = long_term_key(USER, REALM, PASSWORD)
+    clients: list[_AllocClient] = []
+    for _ in range(count):
+        _, proto = await loop.create_datagram_endpoint(
+            _AllocClient, remote_addr=("127.0.0.1", port)
+        )
+        clients.append(proto)
+    semaphore = asyncio.Semaphore(concurrency)
+
+    async def one(client: _AllocClient) -> bool:
+        async with semaphore:
+            try:
+                return await _allocate(client, key)
+            except TimeoutError:
+                return False
+
+    start = time.monotonic()
+    results = await asyncio.gather(*(one(c) for c in clients))
+    seconds = time.monotonic() - start
+    return sum(results), seconds, [c.transport for c in clients]
+
+
+def allocation_bench(server: Server, count: int, concurrency: int) -> dict[str, Any]:
+    async def main() -> dict[str, Any]:
+        await asyncio.sleep(0.5)
+        rss0 = rss_kib(server.pid)
+        cpu0 = cpu_seconds(server.pid)
+        ok, seconds, transports = await _allocations(server.port, count, concurrency)
+        cpu = cpu_seconds(server.pid) - cpu0
+        await asyncio.sleep(1.0)  # idle allocations, client sockets still open
+        rss1 = rss_kib(server.pid)
+        for transport in transports:
+            transport.close()
+        return {
+            "server": server.name, "allocations": count, "succeeded": ok,
+            "seconds": seconds, "alloc_per_s": ok / seconds if seconds else None,
+            "cpu_s": cpu, "alloc_per_cpu_s": ok / cpu if cpu > 0 else None,
+            "rss_before_kib": rss0, "rss_after_kib": rss1,
+            "rss_per_alloc_kib": (rss1 - rss0) / ok if ok else None,
+            "load1": os.getloadavg()[0],
+        }  # fmt: skip
+
+    return asyncio.run(main())
+
+
+# --- output ----------------------------------------------------------------------------------
+
+
+def fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def relay_table(rows: list[dict[str, Any]]) -> str:
+    out = [
+        "| case | server | sent/s | peak sent/s | recv/s | loss % | RTT ms | CPU-s "
+        "| relayed pkt/CPU-s | stunnerd/coturn |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    by_case: dict[str, dict[str, dict[str, Any]]] = {}
+    for row in rows:
+        by_case.setdefault(row["case"], {})[row["server"]] = row
+    for case, servers in by_case.items():
+        r = ratio(
+            servers.get("stunnerd", {}).get("relayed_per_cpu_s"),
+            servers.get("coturn", {}).get("relayed_per_cpu_s"),
+        )
+        for name in SERVERS:
+            if name not in servers:
+                continue
+            row = servers[name]
+            status = " (timeout)" if row["timed_out"] else ""
+            out.append(
+                f"| {case} | {name}{status} | {fmt(row['sent_pps'], '.0f')} "
+                f"| {fmt(row['peak_sent_pps'], '.0f')} "
+                f"| {fmt(row['recv_pps'], '.0f')} | {fmt(row['loss_pct'], '.2f')} "
+                f"| {fmt(row['rtt_ms'], '.3f')} | {fmt(row['cpu_s'], '.2f')} "
+                f"| {fmt(row['relayed_per_cpu_s'], '.0f')} "
+                f"| {fmt(r, '.2f') + 'x' if name == 'stunnerd' and r else ''} |"
+            )
+    return "\n".join(out)
+
+
+def alloc_table(rows: list[dict[str, Any]]) -> str:
+    out = [
+        "| server | allocations ok | allocations/s | CPU-s | allocations/CPU-s | RSS before MiB "
+        "| RSS after MiB | RSS per idle allocation KiB |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for row in rows:
+        out.append(
+            f"| {row['server']} | {row['succeeded']}/{row['allocations']} "
+            f"| {fmt(row['alloc_per_s'], '.0f')} | {fmt(row['cpu_s'], '.2f')} "
+            f"| {fmt(row['alloc_per_cpu_s'], '.0f')} "
+            f"| {row['rss_before_kib'] / 1024:.1f} | {row['rss_after_kib'] / 1024:.1f} "
+            f"| {fmt(row['rss_per_alloc_kib'], '.1f')} |"
+        )
+    by = {row["server"]: row for row in rows}
+    if "stunnerd" in by and "coturn" in by:
+        a = ratio(by["stunnerd"]["alloc_per_s"], by["coturn"]["alloc_per_s"])
+        c = ratio(by["stunnerd"]["alloc_per_cpu_s"], by["coturn"]["alloc_per_cpu_s"])
+        m = ratio(by["stunnerd"]["rss_per_alloc_kib"], by["coturn"]["rss_per_alloc_kib"])
+        out.append(
+            f"| stunnerd/coturn | | {fmt(a, '.2f')}x | | {fmt(c, '.2f')}x | | | {fmt(m, '.2f')}x |"
+        )
+    return "\n".join(out)
+
+
+# --- main ------------------------------------------------------------------------------------
+
+
+def wait_idle(threshold: float, max_wait: float) -> None:
+    deadline = time.monotonic() + max_wait
+    while True:
+        load = os.getloadavg()
+        if load[0] < threshold:
+            log(f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}: idle enough")
+            return
+        if time.monotonic() >= deadline:
+            log(f"WARNING: load average {load[0]:.2f} still >= {threshold} after "
+                f"{max_wait:.0f} s; going on, figures are less trustworthy")  # fmt: skip
+            return
+        log(f"load average {load[0]:.2f} >= {threshold}, waiting (up to {max_wait:.0f} s)...")
+        time.sleep(min(5.0, max(0.1, deadline - time.monotonic())))
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--quick", action="store_true", help="3 cases (UDP 10/50, TCP 10)")
+    group.add_argument("--full", action="store_true", help="the full 40-case product")
+    parser.add_argument(
+        "--cases",
+        default="",
+        help="comma-separated glob patterns on case names, e.g. 'udp-*-c10-*'",
+    )
+    parser.add_argument(
+        "--duration",
+        type=float,
+        default=2.0,
+        help="nominal seconds of sending per case (default 2)",
+    )
+    parser.add_argument(
+        "--idle-load",
+        type=float,
+        default=1.0,
+        help="wait for the 1-min load average to drop below this (default 1.0)",
+    )
+    parser.add_argument(
+        "--idle-wait",
+        type=float,
+        default=30.0,
+        help="wait at most this many seconds for it (default 30)",
+    )
+    parser.add_argument(
+        "--allocations",
+        type=int,
+        default=1000,
+        help="allocations for the setup-rate and RSS test (0 skips; default 1000)",
+    )
+    parser.add_argument(
+        "--concurrency", type=int, default=50, help="allocations in flight (default 50)"
+    )
+    parser.add_argument(
+        "--servers", default=",".join(SERVERS), help="comma-separated subset of stunnerd,coturn"
+    )
+    parser.add_argument("--json", type=Path, help="also write every measurement to this file")
+    parser.add_argument("--list", action="store_true", help="list the selected cases and exit")
+    return parser.parse_args(argv)  # fmt: skip
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)  # unwinds through the finally blocks that stop processes
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    signal.signal(signal.SIGTERM, _terminate)
+    cases = quick_matrix() if args.quick else full_matrix() if args.full else default_matrix()
+    if args.cases:
+        patterns = [p.strip() for p in args.cases.split(",") if p.strip()]
+        pool = full_matrix() if not args.quick else cases
+        cases = [c for c in pool if any(fnmatch.fnmatch(c.name, p) for p in patterns)]
+    if args.list:
+        sys.stdout.write("".join(f"{c.name}\n" for c in cases))
+        return 0
+    names = tuple(n for n in SERVERS if n in args.servers.split(","))
+    for tool in ("turnutils_uclient", "turnutils_peer", "turnserver"):
+        if shutil.which(tool) is None:
+            log(f"{tool} not found: install coturn")
+            return 2
+    started = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    wait_idle(args.idle_load, args.idle_wait)
+    load_start = os.getloadavg()
+    relay_rows: list[dict[str, Any]] = []
+    alloc_rows: list[dict[str, Any]] = []
+    t_start = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="turn-bench-") as tmp:
+        workdir = Path(tmp)
+        if args.allocations > 0:
+            with running(names, workdir) as servers:
+                for name in names:
+                    log(f"allocations: {args.allocations} against {name}...")
+                    alloc_rows.append(
+                        allocation_bench(servers[name], args.allocations, args.concurrency)
+                    )
+        peer_port = free_port()
+        peer = subprocess.Popen(
+            ["turnutils_peer", "-L", "127.0.0.1", "-p", str(peer_port)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        try:
+            with running(names, workdir) as servers:
+                for i, case in enumerate(cases):
+                    # alternate the order so neither server always runs on a warmer machine
+                    order = names if i % 2 == 0 else names[::-1]
+                    for name in order:
+                        log(f"[{i + 1}/{len(cases)}] {case.name} on {name} "
+                            f"(load {os.getloadavg()[0]:.2f})...")  # fmt: skip
+                        relay_rows.append(
+                            run_uclient(case, servers[name], peer_port, args.duration)
+                        )
+        finally:
+            stop(peer, "turnutils_peer")
+    load_end = os.getloadavg()
+    elapsed = time.monotonic() - t_start
+    cmd = " ".join(["bench/turn_bench.py", *(argv if argv is not None else sys.argv[1:])])
+    header = (
+        f"{started}, `{cmd}`, {os.cpu_count()} CPUs, {elapsed:.0f} s; load average "
+        f"{load_start[0]:.2f} {load_start[1]:.2f} {load_start[2]:.2f} at start, "
+        f"{load_end[0]:.2f} {load_end[1]:.2f} {load_end[2]:.2f} at end\n"
+    )
+    out = [header]
+    if relay_rows:
+        out += [relay_table(relay_rows), ""]
+    if alloc_rows:
+        out += [alloc_table(alloc_rows), ""]
+    sys.stdout.write("\n".join(out))
+    if args.json:
+        args.json.write_text(json.dumps({
+            "started": started, "command": cmd, "elapsed_s": elapsed,
+            "load_start": load_start, "load_end": load_end,
+            "relay": relay_rows, "allocations": alloc_rows,
+        }, indent=2))  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(KeyboardInterrupt):
+        sys.exit(main())
+    sys.exit(130)
