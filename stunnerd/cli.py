@@ -8,7 +8,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from stunner_api.dataplane import (
     ConfigError,
@@ -186,7 +186,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"stunnerd: {exc}", file=sys.stderr)  # noqa: T201
         return 2
     stunner = Stunner(log_override=override, force_ready=args.force_ready_status)
-    return asyncio.run(run(args, stunner))
+    with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
+        return runner.run(run(args, stunner))
+
+
+def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop where it is installed (the packet path runs in its C event loop), else asyncio's
+    own; STUNNER_EVENT_LOOP=asyncio forces the latter."""
+    if os.environ.get("STUNNER_EVENT_LOOP", "").lower() == "asyncio":
+        return None
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
+    return factory
 
 
 if __name__ == "__main__":
