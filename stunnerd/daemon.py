@@ -106,7 +106,7 @@ class Stunner:
         ]
 
         context = self.context or ServerContext(authenticator, self.router, self.nonces)
-        previous_auth = context.authenticator
+        previous = (context.authenticator, context.user_quota)
         context.authenticator = authenticator
         context.user_quota = config.admin.user_quota
 
@@ -119,7 +119,7 @@ class Stunner:
                 started.append(listener)
         except (OSError, ValueError) as exc:
             await self._stop(started)
-            context.authenticator = previous_auth
+            context.authenticator, context.user_quota = previous
             await self._restart(context, (lst.config for lst in to_stop))
             raise ApplyError(f"listener {listener_config.name}: {exc}") from None
 

@@ -94,10 +94,11 @@ def test_config_that_cannot_be_applied_is_refused_whole() -> None:
         async with running_stunner(original) as stunner:
             client = await RawClient.connect((HOST, port))
             await client.allocate()
-            bad = make_config(busy_port, ["10.0.0.0/8"], protocols=("TURN-UDP",))
+            bad = make_config(busy_port, ["10.0.0.0/8"], protocols=("TURN-UDP",), user_quota=7)
             with pytest.raises(ApplyError, match="testns/gw/turn-udp"):
                 await stunner.apply(bad)
             assert stunner.config == original
+            assert stunner.context is not None and stunner.context.user_quota == 0
             # The listener was restarted on its old port, and the old routes still hold.
             fresh = await RawClient.connect((HOST, port))
             assert (await fresh.allocate()).message_class == Class.SUCCESS
