@@ -137,6 +137,8 @@ async def serve(
         await stunner.close()
         return 1
     watcher = loop.create_task(watch_configs(stunner, source)) if source else None
+    if watcher is not None:
+        watcher.add_done_callback(_report_watch_end)
     log.info("stunnerd running with %d listener(s)", len(stunner.listeners))
     received = await signals.get()
     stunner.terminating = True
@@ -159,6 +161,11 @@ async def serve(
     log.info("shutting down (%d active allocations)", stunner.allocation_count)
     await stunner.close()
     return 0
+
+
+def _report_watch_end(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("config watch stopped: %r (serving the last config)", task.exception())
 
 
 async def run(args: argparse.Namespace, stunner: Stunner) -> int:
