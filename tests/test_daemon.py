@@ -140,3 +140,37 @@ def test_certificate_change_restarts_that_listener_only() -> None:
             client.close()
 
     asyncio.run(main())
+
+
+def test_log_levels_follow_every_reconcile_unless_overridden() -> None:
+    import logging
+
+    from stunnerd import logs
+    from stunnerd.daemon import Stunner
+
+    turn = logging.getLogger("stunner.turn")
+
+    async def main() -> None:
+        port = free_port()
+        async with running_stunner(make_config(port, [f"{HOST}/32"])) as stunner:
+            await stunner.apply(
+                make_config(port, [f"{HOST}/32"], admin={"loglevel": "all:WARN,turn:DEBUG"})
+            )
+            assert turn.getEffectiveLevel() == logging.DEBUG
+            assert logging.getLogger("stunner.auth").getEffectiveLevel() == logging.WARNING
+            await stunner.apply(make_config(port, [f"{HOST}/32"], admin={"loglevel": "all:ERROR"}))
+            assert turn.getEffectiveLevel() == logging.ERROR
+        overridden = Stunner(log_override="all:INFO")
+        logs.apply_level_spec("all:INFO")
+        await overridden.apply(
+            make_config(free_port(), [f"{HOST}/32"], admin={"loglevel": "all:ERROR"})
+        )
+        try:
+            assert turn.getEffectiveLevel() == logging.INFO  # -l on the command line wins
+        finally:
+            await overridden.close()
+
+    try:
+        asyncio.run(main())
+    finally:
+        logs.apply_level_spec(logs.DEFAULT_LEVEL_SPEC)
