@@ -145,7 +145,6 @@ class Allocation(asyncio.DatagramProtocol):
             packet = stun.data_indication(peer, data)
         self.downstream.send(packet)
         stats = server.stats
-        stats.peer_to_client += 1
         stats.tx_packets += 1
         stats.tx_bytes += len(packet)
 
@@ -162,7 +161,6 @@ class Allocation(asyncio.DatagramProtocol):
             server.stats.dropped += 1
             return
         self.relay.sendto(payload, peer)
-        server.stats.client_to_peer += 1
         counters = server.context.cluster_counters[cluster]
         counters[0] += 1
         counters[1] += len(payload)
@@ -208,8 +206,6 @@ class Stats:
     rx_bytes: int = 0
     tx_packets: int = 0
     tx_bytes: int = 0
-    client_to_peer: int = 0
-    peer_to_client: int = 0
     dropped: int = 0
     allocations_total: int = 0
 
