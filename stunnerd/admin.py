@@ -26,6 +26,7 @@ log = logging.getLogger("stunner.admin")
 
 Response = tuple[int, str, bytes]  # status, content type, body
 Route = Callable[[], Response]
+RoutesFor = Callable[[str], dict[str, Route]]  # the endpoint URL's path -> {path: handler}
 
 REASONS = {200: "OK", 404: "Not Found", 405: "Method Not Allowed", 503: "Service Unavailable"}
 REQUEST_TIMEOUT = 5.0
@@ -48,11 +49,12 @@ def parse_endpoint(url: str, default_port: int) -> Endpoint:
 
 
 class HttpServer:
-    """Serves `routes` (path -> handler) on one endpoint; start/stop are idempotent."""
+    """Serves the routes `routes_for` gives for the endpoint's path; start/stop are idempotent."""
 
-    def __init__(self, name: str, routes: dict[str, Route]) -> None:
+    def __init__(self, name: str, routes_for: RoutesFor) -> None:
         self.name = name
-        self.routes = routes
+        self.routes_for = routes_for
+        self.routes: dict[str, Route] = {}
         self.url = ""
         self._server: asyncio.Server | None = None
 
@@ -64,6 +66,7 @@ class HttpServer:
 
     async def start(self, url: str, default_port: int) -> None:
         endpoint = parse_endpoint(url, default_port)
+        self.routes = self.routes_for(endpoint.path)
         self._server = await asyncio.start_server(
             self._serve, host=endpoint.host or None, port=endpoint.port, reuse_address=True
         )

@@ -19,7 +19,7 @@ from stunner_api.dataplane import (
 )
 
 from . import logs
-from .admin import HttpServer, health_routes, metrics_routes, parse_endpoint
+from .admin import HttpServer, health_routes, metrics_routes
 from .auth import Authenticator, AuthError, NonceManager
 from .listener import Listener
 from .router import DnsResolver, Router
@@ -49,8 +49,9 @@ class Stunner:
         self.force_ready = force_ready  # --force-ready-status: stay ready while draining
         self.terminating = False
         self._configured = False  # a real (non-zero) config has been applied
-        self.health = HttpServer("health-check", health_routes(self))
-        self.metrics = HttpServer("metrics", {})
+        # Fixed paths, as Go STUNner's; the metrics path comes from metrics_endpoint.
+        self.health = HttpServer("health-check", lambda _path: health_routes(self))
+        self.metrics = HttpServer("metrics", lambda path: metrics_routes(self, path))
         self.listeners: dict[str, Listener] = {}
         self.router = Router()
         self.nonces = nonces or NonceManager()
@@ -151,9 +152,6 @@ class Stunner:
             if not url:
                 continue
             try:
-                if server is self.metrics:
-                    path = parse_endpoint(url, default_port).path
-                    server.routes = metrics_routes(self, path)
                 await server.start(url, default_port)
             except (OSError, ValueError) as exc:
                 log.error("cannot start the %s server on %s: %s", server.name, url, exc)
