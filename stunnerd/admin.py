@@ -143,7 +143,7 @@ def status_of(stunner: Stunner) -> dict[str, Any]:
     status: dict[str, Any] = {}
     if stunner.config is not None:
         status = redacted(stunner.config).to_dict()
-        stats = {name: lst.server.stats for name, lst in stunner.listeners.items()}
+        stats = stunner.listener_stats()
         for listener in status.get("listeners", []):
             s = stats.get(listener["name"])
             if s is not None:
@@ -179,7 +179,8 @@ def render_metrics(stunner: Stunner) -> str:
         lines.append(f"# TYPE {name} {kind}")
         lines.extend(f"{name}{labels} {value:g}" for labels, value in samples)
 
-    listeners = sorted(stunner.listeners.items())
+    stats = sorted(stunner.listener_stats().items())
+    active = stunner.listener_allocations()
     family(
         "stunner_allocations_active",
         "gauge",
@@ -190,25 +191,25 @@ def render_metrics(stunner: Stunner) -> str:
         "stunner_listener_connections",
         "gauge",
         "Number of active downstream connections.",
-        [(f'{{name="{_label(n)}"}}', len(lst.server.allocations)) for n, lst in listeners],
+        [(f'{{name="{_label(n)}"}}', active.get(n, 0)) for n, _ in stats],
     )
     family(
         "stunner_listener_connections_total",
         "counter",
         "Number of downstream connections (allocations) since start.",
-        [(f'{{name="{_label(n)}"}}', lst.server.stats.allocations_total) for n, lst in listeners],
+        [(f'{{name="{_label(n)}"}}', s.allocations_total) for n, s in stats],
     )
     for metric, attr, help_text in (
         ("stunner_listener_packets_total", "packets", "Number of packets on the listener."),
         ("stunner_listener_bytes_total", "bytes", "Number of bytes on the listener."),
     ):
         samples = []
-        for name, lst in listeners:
+        for name, listener_stats in stats:
             for direction in ("rx", "tx"):
-                value = getattr(lst.server.stats, f"{direction}_{attr}")
+                value = getattr(listener_stats, f"{direction}_{attr}")
                 samples.append((f'{{direction="{direction}",name="{_label(name)}"}}', value))
         family(metric, "counter", help_text, samples)
-    counters = sorted(stunner.context.cluster_counters.items()) if stunner.context else []
+    counters = sorted(stunner.cluster_counters().items())
     for metric, offset, help_text in (
         ("stunner_cluster_packets_total", 0, "Number of packets to and from the cluster."),
         ("stunner_cluster_bytes_total", 1, "Number of bytes to and from the cluster."),
@@ -221,17 +222,18 @@ def render_metrics(stunner: Stunner) -> str:
                 )
         family(metric, "counter", help_text, samples)
     usage = resource.getrusage(resource.RUSAGE_SELF)
+    worker_cpu, worker_rss = stunner.worker_usage()  # --udp-thread-num: the whole stunnerd
     family(
         "process_cpu_seconds_total",
         "counter",
         "Total user and system CPU time in seconds.",
-        [("", usage.ru_utime + usage.ru_stime)],
+        [("", usage.ru_utime + usage.ru_stime + worker_cpu)],
     )
     family(
         "process_resident_memory_bytes",
         "gauge",
         "Resident memory size in bytes.",
-        [("", _rss_bytes())],
+        [("", rss_bytes() + worker_rss)],
     )
     family(
         "process_start_time_seconds",
@@ -242,7 +244,7 @@ def render_metrics(stunner: Stunner) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _rss_bytes() -> int:
+def rss_bytes() -> int:
     try:
         with open(f"/proc/{os.getpid()}/statm") as statm:
             return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")

@@ -19,9 +19,12 @@ from stunner_api.dataplane import (
 )
 
 from . import logs
+from .auth import NonceManager
 from .daemon import ApplyError, Stunner
 from .sources import DEFAULT_CDS_ADDRESS, ConfigSource, SourceError, source_for
 from .tls import self_signed_certificate
+from .turn import UserAllocations
+from .workers import WorkerPool, udp_process_count, usable_cpus
 
 log = logging.getLogger("stunner.stunnerd")
 
@@ -75,10 +78,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "-u",
         "--udp-thread-num",
-        type=int,
-        default=0,
+        type=_non_negative,
+        default=None,
         metavar="N",
-        help="UDP read loops per listener (accepted; one loop is used for now)",
+        help="processes serving each UDP listener, one SO_REUSEPORT socket each (default: one "
+        "per usable CPU; 0 or 1: this process alone; capped at the usable CPUs)",
     )
     parser.add_argument(
         "--force-ready-status",
@@ -94,6 +98,16 @@ def build_parser() -> argparse.ArgumentParser:
         "(default 3600, the operator's terminationGracePeriodSeconds)",
     )
     return parser
+
+
+def _non_negative(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must not be negative: {value}")
+    return value
 
 
 def config_source(args: argparse.Namespace) -> ConfigSource | StunnerConfig:
@@ -184,6 +198,38 @@ async def run(args: argparse.Namespace, stunner: Stunner) -> int:
     return await serve(stunner, config, None, args.grace_period)
 
 
+def udp_workers(args: argparse.Namespace, override: str | None) -> WorkerPool | None:
+    """The worker pool -u asks for (processes beyond this one), or None for one process."""
+    cpus = usable_cpus()
+    processes = udp_process_count(args.udp_thread_num, cpus)
+    if args.udp_thread_num is not None and args.udp_thread_num > processes:
+        log.info(
+            "--udp-thread-num=%d: using %d process(es), one per usable CPU",
+            args.udp_thread_num,
+            processes,
+        )
+    if processes <= 1 or args.dry_run:
+        return None
+    return WorkerPool(
+        processes - 1,
+        secret=os.urandom(32),
+        users=UserAllocations(),
+        log_spec=override or logs.DEFAULT_LEVEL_SPEC,
+        log_format=args.log_format,
+        log_override=override is not None,
+    )
+
+
+async def run_with_workers(args: argparse.Namespace, stunner: Stunner) -> int:
+    if stunner.workers is None:
+        return await run(args, stunner)
+    await stunner.workers.start()
+    try:
+        return await run(args, stunner)
+    finally:
+        await stunner.workers.close()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     override = "all:DEBUG" if args.verbose else args.log
@@ -192,9 +238,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:
         print(f"stunnerd: {exc}", file=sys.stderr)  # noqa: T201
         return 2
-    stunner = Stunner(log_override=override, force_ready=args.force_ready_status)
     with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
-        return runner.run(run(args, stunner))
+        return runner.run(_main(args, override))
+
+
+async def _main(args: argparse.Namespace, override: str | None) -> int:
+    workers = udp_workers(args, override)
+    stunner = Stunner(
+        nonces=NonceManager(workers.secret) if workers is not None else None,
+        log_override=override,
+        force_ready=args.force_ready_status,
+        workers=workers,
+    )
+    return await run_with_workers(args, stunner)
 
 
 def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:

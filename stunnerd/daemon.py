@@ -6,7 +6,6 @@ back: a config that cannot be applied (a port already in use, say) is refused wh
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Iterable
 
@@ -23,7 +22,8 @@ from .admin import HttpServer, health_routes, metrics_routes
 from .auth import Authenticator, AuthError, NonceManager
 from .listener import Listener
 from .router import DnsResolver, Router
-from .turn import ServerContext
+from .turn import ServerContext, Stats, UserAllocations
+from .workers import WorkerCounters, WorkerPool
 
 log = logging.getLogger("stunner.stunnerd")
 
@@ -44,6 +44,7 @@ class Stunner:
         nonces: NonceManager | None = None,
         log_override: str | None = None,
         force_ready: bool = False,
+        workers: WorkerPool | None = None,
     ) -> None:
         self.config: StunnerConfig | None = None
         self.force_ready = force_ready  # --force-ready-status: stay ready while draining
@@ -55,12 +56,12 @@ class Stunner:
         self.listeners: dict[str, Listener] = {}
         self.router = Router()
         self.nonces = nonces or NonceManager()
+        self.users = workers.users if workers is not None else UserAllocations()
         self.context: ServerContext | None = None
+        self.workers = workers  # --udp-thread-num: they serve the other sockets of UDP listeners
+        self._udp_sockets = 1 + (workers.size if workers is not None else 0)
         self.log_override = log_override  # -l/-v on the command line win over admin.loglevel
         self._resolver = DnsResolver(self.router)
-        self._resolver_task: asyncio.Task[None] | None = None
-        self._pending_resolution: asyncio.Task[None] | None = None
-        self._resolved_domains: set[str] = set()
 
     @property
     def ready(self) -> bool:
@@ -75,7 +76,49 @@ class Stunner:
 
     @property
     def allocation_count(self) -> int:
-        return sum(len(lst.server.allocations) for lst in self.listeners.values())
+        return sum(self.listener_allocations().values())
+
+    # --- counters, this process and the UDP workers together -----------------------------
+
+    def _worker_reports(self) -> list[WorkerCounters]:
+        return self.workers.reports() if self.workers is not None else []
+
+    def listener_stats(self) -> dict[str, Stats]:
+        totals: dict[str, Stats] = {}
+        for name, listener in self.listeners.items():
+            totals[name] = stats = Stats()
+            stats.add(listener.server.stats)
+            for report in self._worker_reports():
+                entry = report.listeners.get(name)
+                if entry is not None and entry[0] == listener.generation:
+                    stats.add(entry[1])
+        return totals
+
+    def listener_allocations(self) -> dict[str, int]:
+        """Active allocations per listener."""
+        counts = {name: len(lst.server.allocations) for name, lst in self.listeners.items()}
+        for report in self._worker_reports():
+            for name, (generation, _, active) in report.listeners.items():
+                listener = self.listeners.get(name)
+                if listener is not None and listener.generation == generation:
+                    counts[name] += active
+        return counts
+
+    def cluster_counters(self) -> dict[str, list[int]]:
+        """cluster -> [tx packets, tx bytes, rx packets, rx bytes], to and from its peers."""
+        own = self.context.cluster_counters if self.context is not None else {}
+        totals = {name: list(values) for name, values in own.items()}
+        for report in self._worker_reports():
+            for name, values in report.clusters.items():
+                current = totals.setdefault(name, [0, 0, 0, 0])
+                for i, value in enumerate(values):
+                    current[i] += value
+        return totals
+
+    def worker_usage(self) -> tuple[float, int]:
+        """CPU seconds and resident bytes of the UDP workers (the dead ones' CPU included)."""
+        reports = self._worker_reports()
+        return sum(r.cpu_seconds for r in reports), sum(r.rss_bytes for r in reports)
 
     async def apply(self, config: StunnerConfig) -> None:
         """Reconcile the running dataplane to `config`, or raise ApplyError and change nothing."""
@@ -106,22 +149,30 @@ class Stunner:
             lc for name, lc in wanted.items() if name not in self.listeners or name in stopped_names
         ]
 
-        context = self.context or ServerContext(authenticator, self.router, self.nonces)
+        context = self.context or ServerContext(
+            authenticator, self.router, self.nonces, users=self.users
+        )
         previous = (context.authenticator, context.user_quota)
         context.authenticator = authenticator
         context.user_quota = config.admin.user_quota
 
+        if self.workers is not None and to_stop:
+            # The workers let go of their copies first, so that the ports are really free.
+            remaining = [lst for lst in self.listeners.values() if lst not in to_stop]
+            await self.workers.sync(old, remaining)
         await self._stop(to_stop)
         started: list[Listener] = []
         try:
             for listener_config in to_start:
-                listener = Listener(listener_config, context)
+                listener = Listener(listener_config, context, self._udp_sockets)
                 await listener.start()
                 started.append(listener)
         except (OSError, ValueError) as exc:
             await self._stop(started)
             context.authenticator, context.user_quota = previous
             await self._restart(context, (lst.config for lst in to_stop))
+            if self.workers is not None:
+                await self.workers.sync(old, self.listeners.values())
             raise ApplyError(f"listener {listener_config.name}: {exc}") from None
 
         for listener in to_stop:
@@ -134,7 +185,9 @@ class Stunner:
         self.context = context
         self.config = config
         self._configured = self._configured or not is_zero_config(config)
-        self._ensure_resolver()
+        self._resolver.follow()
+        if self.workers is not None:
+            await self.workers.sync(config, self.listeners.values())
         await self._reconcile_admin_servers(config)
         log.info("applied config: %s", config)
 
@@ -163,7 +216,7 @@ class Stunner:
     async def _restart(self, context: ServerContext, configs: Iterable[ListenerConfig]) -> None:
         """Rollback: bring back the listeners stopped for an apply that failed."""
         for listener_config in configs:
-            listener = Listener(listener_config, context)
+            listener = Listener(listener_config, context, self._udp_sockets)
             try:
                 await listener.start()
             except (OSError, ValueError) as exc:
@@ -172,22 +225,10 @@ class Stunner:
                 continue
             self.listeners[listener.name] = listener
 
-    def _ensure_resolver(self) -> None:
-        """Resolve STRICT_DNS names in the background; names new to this config at once."""
-        domains = self.router.dns_domains()
-        if not domains:
-            return
-        loop = asyncio.get_running_loop()
-        if self._resolver_task is None or self._resolver_task.done():
-            self._resolver_task = loop.create_task(self._resolver.run())
-        elif domains - self._resolved_domains:
-            self._pending_resolution = loop.create_task(self._resolver.resolve_now())
-        self._resolved_domains = domains
-
     async def close(self) -> None:
-        for task in (self._resolver_task, self._pending_resolution):
-            if task is not None:
-                task.cancel()
+        self._resolver.close()
+        if self.workers is not None:
+            await self.workers.close()
         await self._stop(self.listeners.values())
         self.listeners.clear()
         await self.health.stop()

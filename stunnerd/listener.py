@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import itertools
 import logging
 import socket
 from typing import Any, cast
@@ -111,12 +112,33 @@ class TcpConnectionProtocol(asyncio.Protocol):
             self.transport.close()
 
 
-class Listener:
-    """A running listener: its socket(s), its TURN server and its housekeeping timer."""
+_GENERATIONS = itertools.count(1)
 
-    def __init__(self, config: ListenerConfig, context: ServerContext) -> None:
+
+class Listener:
+    """A running listener: its socket(s), its TURN server and its housekeeping timer.
+
+    A TURN-UDP listener with `udp_sockets` > 1 binds that many sockets on its port with
+    SO_REUSEPORT, reads the first and keeps the others in `worker_sockets` for the UDP worker
+    processes (the kernel hashes each client's 5-tuple to one socket, so to one process). A
+    worker builds its Listener around the socket it was handed (`sock`), under the primary's
+    `generation` for that listener.
+    """
+
+    def __init__(
+        self,
+        config: ListenerConfig,
+        context: ServerContext,
+        udp_sockets: int = 1,
+        sock: socket.socket | None = None,
+        generation: int | None = None,
+    ) -> None:
         self.config = config
         self.server = TurnServer(config.name, config.address, context)
+        self.generation = generation if generation is not None else next(_GENERATIONS)
+        self.worker_sockets: list[socket.socket] = []
+        self._udp_sockets = udp_sockets
+        self._given_socket = sock
         self._udp: UdpListenerProtocol | None = None
         self._tcp: asyncio.Server | None = None
         self._dtls: tls.DtlsListenerProtocol | None = None
@@ -132,7 +154,11 @@ class Listener:
         port = self.config.port
         protocol = self.config.protocol
         if protocol == "TURN-UDP":
-            sock = _bound_socket(socket.SOCK_DGRAM, port)
+            if self._given_socket is not None:
+                sock = self._given_socket
+                sock.setblocking(False)
+            else:
+                sock, *self.worker_sockets = _bound_udp_group(port, self._udp_sockets)
             _, self._udp = await loop.create_datagram_endpoint(
                 lambda: UdpListenerProtocol(self.server), sock=sock
             )
@@ -177,6 +203,9 @@ class Listener:
         if self._udp is not None and self._udp.transport is not None:
             self._udp.transport.close()
             await self._udp.closed  # the port is free once the socket is really closed
+        for sock in self.worker_sockets:
+            sock.close()  # the workers have let go of their copies (WorkerPool.sync) first
+        self.worker_sockets = []
         if self._dtls is not None:
             self._dtls.close()  # close_notify to each client, then the socket
             await self._dtls.closed
@@ -189,7 +218,28 @@ class Listener:
         log.info("listener %s stopped", self.name)
 
 
-def _bound_socket(kind: socket.SocketKind, port: int) -> socket.socket:
+def _bound_udp_group(port: int, count: int) -> list[socket.socket]:
+    """`count` UDP sockets on `port`, in one SO_REUSEPORT group when there are several: all
+    bound before any is read, so the kernel's 5-tuple hash does not move as the group forms."""
+    if count <= 1:
+        return [_bound_socket(socket.SOCK_DGRAM, port)]
+    if port != 0:
+        # A port already held by another SO_REUSEPORT group of this user would quietly be
+        # shared with it: try a plain bind first, so "address in use" is reported as always.
+        _bound_socket(socket.SOCK_DGRAM, port).close()
+    group = [_bound_socket(socket.SOCK_DGRAM, port, reuse_port=True)]
+    try:
+        port = group[0].getsockname()[1]  # port 0: the group shares the one the kernel chose
+        for _ in range(count - 1):
+            group.append(_bound_socket(socket.SOCK_DGRAM, port, reuse_port=True))
+    except OSError:
+        for sock in group:
+            sock.close()
+        raise
+    return group
+
+
+def _bound_socket(kind: socket.SocketKind, port: int, reuse_port: bool = False) -> socket.socket:
     """A socket on the wildcard address and `port`: dual-stack where the host has IPv6.
 
     As in Go STUNner, the listener's `address` is the relay address it advertises, not the
@@ -199,15 +249,19 @@ def _bound_socket(kind: socket.SocketKind, port: int) -> socket.socket:
         try:
             sock = socket.socket(socket.AF_INET6, kind)
             sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-            return _bind(sock, ("::", port), kind)
+            return _bind(sock, ("::", port), kind, reuse_port)
         except OSError as exc:
             if exc.errno not in (errno.EAFNOSUPPORT, errno.EADDRNOTAVAIL):
                 raise  # port in use, permission: the caller reports it
-    return _bind(socket.socket(socket.AF_INET, kind), ("0.0.0.0", port), kind)
+    return _bind(socket.socket(socket.AF_INET, kind), ("0.0.0.0", port), kind, reuse_port)
 
 
-def _bind(sock: socket.socket, address: tuple[str, int], kind: socket.SocketKind) -> socket.socket:
+def _bind(
+    sock: socket.socket, address: tuple[str, int], kind: socket.SocketKind, reuse_port: bool
+) -> socket.socket:
     try:
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         if kind == socket.SOCK_STREAM:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         else:

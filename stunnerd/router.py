@@ -306,6 +306,9 @@ class DnsResolver:
         self.interval = interval
         self.timeout = timeout
         self._resolve = resolve or resolve_with_getaddrinfo
+        self._loop_task: asyncio.Task[None] | None = None
+        self._pending: asyncio.Task[None] | None = None
+        self._known: set[str] = set()
 
     async def _resolve_one(self, domain: str) -> None:
         try:
@@ -328,3 +331,21 @@ class DnsResolver:
         while True:
             await self.resolve_now()
             await asyncio.sleep(self.interval)
+
+    def follow(self) -> None:
+        """After a router update: resolve in the background if there are domains, and resolve
+        the domains new since the last call at once."""
+        domains = self.router.dns_domains()
+        if not domains:
+            return
+        loop = asyncio.get_running_loop()
+        if self._loop_task is None or self._loop_task.done():
+            self._loop_task = loop.create_task(self.run())
+        elif domains - self._known:
+            self._pending = loop.create_task(self.resolve_now())
+        self._known = domains
+
+    def close(self) -> None:
+        for task in (self._loop_task, self._pending):
+            if task is not None:
+                task.cancel()

@@ -11,6 +11,7 @@ permission or channel is installed and again for every relayed packet in both di
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import ipaddress
 import logging
 import socket
@@ -79,6 +80,35 @@ class Downstream:
         self.stream = stream
 
 
+class UserAllocations:
+    """Allocations per user id, for `admin.user_quota`: one ledger per stunnerd.
+
+    In a UDP worker process, a stand-in with the same interface asks the primary's ledger
+    (`stunnerd.worker`), so the quota holds across processes.
+    """
+
+    def __init__(self) -> None:
+        self.counts: dict[str, int] = {}
+
+    def try_acquire(self, user_id: str, quota: int) -> bool:
+        """Count one more allocation of `user_id`, unless that would exceed `quota` (0: none)."""
+        count = self.counts.get(user_id, 0)
+        if quota > 0 and count >= quota:
+            return False
+        self.counts[user_id] = count + 1
+        return True
+
+    async def acquire(self, user_id: str, quota: int) -> bool:
+        return self.try_acquire(user_id, quota)
+
+    def release(self, user_id: str) -> None:
+        left = self.counts.get(user_id, 1) - 1
+        if left > 0:
+            self.counts[user_id] = left
+        else:
+            self.counts.pop(user_id, None)
+
+
 @dataclass
 class ServerContext:
     """What all listeners share and a reconcile swaps in place: auth, nonces, routing, quota."""
@@ -87,7 +117,7 @@ class ServerContext:
     router: Router
     nonces: NonceManager = field(default_factory=NonceManager)
     user_quota: int = 0  # allocations per user id; 0 means no quota
-    allocations_per_user: dict[str, int] = field(default_factory=dict)
+    users: UserAllocations = field(default_factory=UserAllocations)
     # cluster name -> [tx packets, tx bytes, rx packets, rx bytes]: to and from its peers
     cluster_counters: defaultdict[str, list[int]] = field(
         default_factory=lambda: defaultdict(lambda: [0, 0, 0, 0])
@@ -208,6 +238,13 @@ class Stats:
     tx_bytes: int = 0
     dropped: int = 0
     allocations_total: int = 0
+
+    def add(self, other: Stats) -> None:
+        for name in STATS_FIELDS:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+
+
+STATS_FIELDS = tuple(f.name for f in dataclasses.fields(Stats))
 
 
 class Exchange:
@@ -467,8 +504,8 @@ class TurnServer:
             raise RequestError(440)
         # 8. Quota (admin.user_quota): 486 once the user has that many allocations.
         user_id = self.context.authenticator.user_id(username)
-        quota = self.context.user_quota
-        if quota > 0 and self.context.allocations_per_user.get(user_id, 0) >= quota:
+        users = self.context.users
+        if not await users.acquire(user_id, self.context.user_quota):
             raise RequestError(486)
         # 9. The lifetime: at least the default, at most the maximum.
         requested = attrs.get("LIFETIME", DEFAULT_ALLOCATION_LIFETIME)
@@ -477,14 +514,14 @@ class TurnServer:
         allocation = Allocation(self, downstream, username, user_id, family, lifetime)
         even = "EVEN-PORT" in attrs
         if not await self._bind_relay(allocation, even):
+            users.release(user_id)
             raise RequestError(508)
         if downstream.remote in self.allocations:  # a concurrent Allocate won the race
+            users.release(user_id)
             allocation.close()
             raise RequestError(437)
         self.allocations[downstream.remote] = allocation
         self.stats.allocations_total += 1
-        users = self.context.allocations_per_user
-        users[user_id] = users.get(user_id, 0) + 1
         log.info(
             "listener %s: allocation created for %s: relay %s:%d, user %r, lifetime %ds",
             self.name,
@@ -601,12 +638,7 @@ class TurnServer:
     def _delete(self, allocation: Allocation) -> None:
         if self.allocations.get(allocation.downstream.remote) is allocation:
             del self.allocations[allocation.downstream.remote]
-            users = self.context.allocations_per_user
-            left = users.get(allocation.user_id, 1) - 1
-            if left > 0:
-                users[allocation.user_id] = left
-            else:
-                users.pop(allocation.user_id, None)
+            self.context.users.release(allocation.user_id)
         allocation.close()
 
     def sweep(self) -> None:

@@ -1,0 +1,233 @@
+"""A UDP worker process: `python -m stunnerd.worker CONTROL_FD INDEX` (started by WorkerPool).
+
+It serves the sockets the primary hands it, one per TURN-UDP listener, with the config the
+primary last synced; it has no config source, admin server or other listeners of its own.
+It ignores SIGINT and SIGTERM (a terminal's Ctrl-C or a process-group signal must not cut
+allocations short while the primary drains) and exits when the primary says so or its control
+channel closes, which is also what happens when the primary dies.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import logging
+import resource
+import signal
+import socket
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from stunner_api.dataplane import ConfigError, StunnerConfig, validate_config
+
+from . import logs
+from .admin import rss_bytes
+from .auth import Authenticator, AuthError, NonceManager
+from .channel import Channel
+from .listener import Listener
+from .router import DnsResolver, Router
+from .turn import ServerContext, UserAllocations
+
+log = logging.getLogger("stunner.stunnerd")
+
+STATS_INTERVAL = 1.0
+ACQUIRE_TIMEOUT = 5.0
+
+
+class LedgerClient(UserAllocations):
+    """`admin.user_quota` held in the primary's ledger: with a quota, an Allocate waits for the
+    primary's answer; without one, the count is only reported."""
+
+    def __init__(self, channel: Channel) -> None:
+        super().__init__()
+        self.channel = channel
+        self._ids = itertools.count(1)
+        self._waiting: dict[int, asyncio.Future[bool]] = {}
+
+    async def acquire(self, user_id: str, quota: int) -> bool:
+        if quota <= 0:
+            self.channel.post({"op": "acquire", "id": 0, "user": user_id, "quota": 0})
+            return True
+        request_id = next(self._ids)
+        answer = asyncio.get_running_loop().create_future()
+        self._waiting[request_id] = answer
+        self.channel.post({"op": "acquire", "id": request_id, "user": user_id, "quota": quota})
+        try:
+            return await asyncio.wait_for(answer, ACQUIRE_TIMEOUT)
+        except TimeoutError:
+            log.error("no quota answer from the primary for user %r", user_id)
+            return False
+        finally:
+            self._waiting.pop(request_id, None)
+
+    def answered(self, request_id: int, granted: bool) -> None:
+        answer = self._waiting.get(request_id)
+        if answer is not None and not answer.done():
+            answer.set_result(granted)
+
+    def release(self, user_id: str) -> None:
+        self.channel.post({"op": "release", "user": user_id})
+
+
+class WorkerDataplane:
+    """The listeners, auth and routes of one worker, reconciled to each sync."""
+
+    def __init__(self, nonces: NonceManager, users: UserAllocations, log_override: bool) -> None:
+        self.router = Router()
+        self.nonces = nonces
+        self.users = users
+        self.context: ServerContext | None = None  # from the first sync on
+        self.listeners: dict[str, Listener] = {}
+        self.handed: dict[tuple[str, int], socket.socket] = {}  # sockets not yet served
+        self.log_override = log_override
+        self._resolver = DnsResolver(self.router)
+
+    def hand(self, name: str, generation: int, sock: socket.socket) -> None:
+        old = self.handed.pop((name, generation), None)
+        if old is not None:
+            old.close()
+        self.handed[(name, generation)] = sock
+
+    async def sync(self, config: StunnerConfig, wanted: dict[str, int]) -> None:
+        try:
+            authenticator = Authenticator(
+                config.auth.type, config.auth.realm, config.auth.credentials
+            )
+        except AuthError as exc:  # the primary applied it, so this is not expected
+            log.error("auth: %s (keeping the previous one)", exc)
+            if self.context is None:
+                return
+        else:
+            if self.context is None:
+                self.context = ServerContext(authenticator, self.router, self.nonces)
+                self.context.users = self.users
+            self.context.authenticator = authenticator
+        context = self.context
+        context.user_quota = config.admin.user_quota
+        if not self.log_override:
+            try:
+                logs.apply_level_spec(config.admin.loglevel)
+            except ValueError as exc:
+                log.error("admin.loglevel: %s", exc)
+        configs = {lc.name: lc for lc in config.listeners}
+        for name, listener in list(self.listeners.items()):
+            if wanted.get(name) != listener.generation or name not in configs:
+                await listener.stop()
+                del self.listeners[name]
+        for name, generation in wanted.items():
+            if name in self.listeners or name not in configs:
+                continue
+            sock = self.handed.pop((name, generation), None)
+            if sock is None:
+                log.error("listener %s: no socket for generation %d", name, generation)
+                continue
+            listener = Listener(configs[name], context, sock=sock, generation=generation)
+            try:
+                await listener.start()
+            except (OSError, ValueError) as exc:
+                log.error("listener %s: %s", name, exc)
+                sock.close()
+                continue
+            self.listeners[name] = listener
+        for name, listener in self.listeners.items():
+            listener.config = configs[name]
+        for key in [key for key in self.handed if wanted.get(key[0]) != key[1]]:
+            self.handed.pop(key).close()
+        self.router.update({lc.name: lc.routes for lc in config.listeners}, config.clusters)
+        self._resolver.follow()
+
+    def report(self) -> dict[str, Any]:
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        return {
+            "op": "stats",
+            "listeners": {
+                name: {
+                    "generation": listener.generation,
+                    "stats": vars(listener.server.stats),
+                    "active": len(listener.server.allocations),
+                }
+                for name, listener in self.listeners.items()
+            },
+            "clusters": dict(self.context.cluster_counters) if self.context else {},
+            "cpu": usage.ru_utime + usage.ru_stime,
+            "rss": rss_bytes(),
+        }
+
+    async def close(self) -> None:
+        self._resolver.close()
+        for listener in self.listeners.values():
+            await listener.stop()
+        self.listeners.clear()
+        for sock in self.handed.values():
+            sock.close()
+        self.handed.clear()
+
+
+async def serve(channel: Channel, log_override: bool) -> None:
+    hello = await channel.receive()
+    if hello is None or hello.body.get("op") != "hello":
+        log.error("UDP worker: no hello from the primary")
+        return
+    ledger = LedgerClient(channel)
+    dataplane = WorkerDataplane(
+        NonceManager(bytes.fromhex(hello.body["secret"])), ledger, log_override
+    )
+    reporter = asyncio.get_running_loop().create_task(_report(channel, dataplane))
+    try:
+        while (message := await channel.receive()) is not None:
+            body = message.body
+            op = body.get("op")
+            if op == "socket" and message.sock is not None:
+                dataplane.hand(str(body["listener"]), int(body["generation"]), message.sock)
+            elif op == "sync":
+                try:
+                    config = validate_config(body["config"]) if body["config"] else None
+                except ConfigError as exc:
+                    log.error("UDP worker: refusing a config from the primary: %s", exc)
+                    continue
+                if config is not None:
+                    await dataplane.sync(config, {k: int(v) for k, v in body["listeners"].items()})
+                channel.post({"op": "synced", "seq": body["seq"]})
+            elif op == "acquired":
+                ledger.answered(int(body["id"]), bool(body["granted"]))
+            elif op == "exit":
+                break
+    finally:
+        reporter.cancel()
+        await dataplane.close()
+        channel.post(dataplane.report())
+        await channel.flush()
+        channel.close()
+
+
+async def _report(channel: Channel, dataplane: WorkerDataplane) -> None:
+    while True:
+        await asyncio.sleep(STATS_INTERVAL)
+        channel.post(dataplane.report())
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="stunnerd.worker")
+    parser.add_argument("control_fd", type=int)
+    parser.add_argument("index", type=int)
+    parser.add_argument("--log", default=logs.DEFAULT_LEVEL_SPEC)
+    parser.add_argument("--log-format", choices=("text", "json"), default="text")
+    parser.add_argument("--log-override", action="store_true")
+    args = parser.parse_args(argv)
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
+    logs.setup(args.log, args.log_format)
+    from .cli import event_loop_factory
+
+    async def run() -> None:
+        await serve(Channel(socket.socket(fileno=args.control_fd)), args.log_override)
+
+    with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
+        runner.run(run())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,323 @@
+"""UDP worker processes (`--udp-thread-num N`): N sockets per TURN-UDP listener, N processes.
+
+Go stunnerd reads each UDP listener with N goroutines on N SO_REUSEPORT sockets. A Python
+process has one GIL, so here the N sockets are served by N processes: the primary (this
+process: config, admin servers, TCP/TLS/DTLS listeners, and the first socket of each UDP
+listener) and N-1 workers (`stunnerd.worker`).
+
+- The primary binds all N sockets of a listener before any is read (`Listener`), keeps a copy
+  of each, and hands socket i to worker i over the worker's control channel. The kernel hashes
+  a client's 5-tuple to one socket, so an allocation lives in the worker that got its Allocate.
+  A worker that dies is respawned and given the same sockets: the group never changes shape,
+  so no other client's flow moves.
+- `sync` is level-based: the worker is told the whole current config and which listener
+  generations to run, and answers once it runs exactly those.
+- Nonces are stateless and keyed by a secret the primary shares, so they verify in any process.
+  `admin.user_quota` is counted in the primary's ledger; workers ask it (`acquire`).
+- Workers push their counters every second; `/status` and the metrics add them up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import math
+import os
+import socket
+import sys
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from stunner_api.dataplane import StunnerConfig
+
+from .channel import Channel, Received
+from .listener import Listener
+from .turn import STATS_FIELDS, Stats, UserAllocations
+
+log = logging.getLogger("stunner.stunnerd")
+
+SYNC_TIMEOUT = 10.0
+RESPAWN_DELAY = 1.0
+EXIT_TIMEOUT = 5.0
+
+
+# --- how many ----------------------------------------------------------------------------
+
+
+def cgroup_cpu_limit(cpu_max: str) -> float | None:
+    """Cores allowed by a cgroup v2 `cpu.max` ("200000 100000" -> 2.0; "max 100000" -> None)."""
+    parts = cpu_max.split()
+    if len(parts) != 2 or parts[0] == "max":
+        return None
+    try:
+        quota, period = int(parts[0]), int(parts[1])
+    except ValueError:
+        return None
+    return quota / period if quota > 0 and period > 0 else None
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on (affinity), capped by the container's cgroup CPU limit."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    try:
+        with open("/sys/fs/cgroup/cpu.max") as cpu_max:
+            limit = cgroup_cpu_limit(cpu_max.read())
+    except OSError:
+        limit = None
+    if limit is not None:
+        cpus = min(cpus, max(1, math.ceil(limit)))
+    return max(1, cpus)
+
+
+def udp_process_count(requested: int | None, cpus: int) -> int:
+    """Processes serving each UDP listener: one per usable core by default; 0 or 1 means the
+    primary alone; more than the cores is capped at the cores (a process per core is all a
+    GIL-bound reader can use; the operator passes Go's default of 16)."""
+    if requested is None:
+        return cpus
+    return max(1, min(requested, cpus))
+
+
+# --- the pool ----------------------------------------------------------------------------
+
+
+@dataclass
+class WorkerCounters:
+    """A worker's last report: per-listener (generation, stats, active allocations), per-cluster
+    counters, its CPU seconds and RSS."""
+
+    listeners: dict[str, tuple[int, Stats, int]] = field(default_factory=dict)
+    clusters: dict[str, list[int]] = field(default_factory=dict)
+    cpu_seconds: float = 0.0
+    rss_bytes: int = 0
+
+    @classmethod
+    def from_report(cls, body: dict[str, Any]) -> WorkerCounters:
+        listeners = {
+            name: (
+                int(entry["generation"]),
+                Stats(**{k: int(entry["stats"][k]) for k in STATS_FIELDS}),
+                int(entry["active"]),
+            )
+            for name, entry in body.get("listeners", {}).items()
+        }
+        clusters = {name: [int(v) for v in values] for name, values in body["clusters"].items()}
+        return cls(listeners, clusters, float(body["cpu"]), int(body["rss"]))
+
+
+class Worker:
+    """One worker process as the primary sees it."""
+
+    def __init__(self, index: int, process: asyncio.subprocess.Process, channel: Channel) -> None:
+        self.index = index
+        self.process = process
+        self.channel = channel
+        self.sent: dict[str, int] = {}  # listener -> generation whose socket it was handed
+        self.synced = 0  # the last sync sequence number it acknowledged
+        self.counters = WorkerCounters()
+        self.users: collections.Counter[str] = collections.Counter()  # quota held in the ledger
+        self.acked = asyncio.Event()
+
+
+class WorkerPool:
+    """`size` worker processes that serve socket 1..size of every TURN-UDP listener."""
+
+    def __init__(
+        self,
+        size: int,
+        secret: bytes,
+        users: UserAllocations,
+        log_spec: str,
+        log_format: str = "text",
+        log_override: bool = False,
+    ) -> None:
+        self.size = size
+        self.users = users
+        self.secret = secret  # the nonce key: the primary's NonceManager uses it too
+        self._log_args = ["--log", log_spec, "--log-format", log_format]
+        if log_override:
+            self._log_args.append("--log-override")
+        self.workers: dict[int, Worker] = {}
+        self.retired = WorkerCounters()  # what workers that died had counted
+        self._state: tuple[dict[str, Any], dict[str, tuple[int, list[socket.socket]]]] | None
+        self._state = None
+        self._seq = 0
+        self._closing = False
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> None:
+        await asyncio.gather(*(self._spawn(index) for index in range(self.size)))
+        log.info("started %d UDP worker process(es)", self.size)
+
+    async def _spawn(self, index: int) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        with theirs:
+            process = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "stunnerd.worker",
+                str(theirs.fileno()),
+                str(index + 1),
+                *self._log_args,
+                pass_fds=(theirs.fileno(),),
+                stdin=asyncio.subprocess.DEVNULL,
+            )
+        worker = Worker(index, process, Channel(ours))
+        worker.channel.post({"op": "hello", "secret": self.secret.hex()})
+        self.workers[index] = worker
+        self._keep(self._serve(worker))
+
+    def _keep(self, coroutine: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # --- level-based sync ---------------------------------------------------------------
+
+    async def sync(self, config: StunnerConfig | None, listeners: Iterable[Listener]) -> None:
+        """Make every worker run `config` with exactly these listeners' UDP sockets; returns
+        once each live worker has said so (or SYNC_TIMEOUT passed: a stuck worker is logged)."""
+        sockets = {lst.name: (lst.generation, lst.worker_sockets) for lst in listeners}
+        sockets = {name: entry for name, entry in sockets.items() if entry[1]}
+        self._state = (config.to_dict() if config is not None else {}, sockets)
+        self._seq += 1
+        workers = [w for w in self.workers.values() if not w.channel.closed]
+        for worker in workers:
+            self._send_state(worker)
+        waits = [self._wait_synced(worker, self._seq) for worker in workers]
+        await asyncio.gather(*waits)
+
+    def _send_state(self, worker: Worker) -> None:
+        if self._state is None:
+            return
+        config, sockets = self._state
+        for name, (generation, group) in sockets.items():
+            if worker.sent.get(name) != generation:
+                worker.channel.post(
+                    {"op": "socket", "listener": name, "generation": generation},
+                    group[worker.index],
+                )
+                worker.sent[name] = generation
+        worker.sent = {name: gen for name, gen in worker.sent.items() if name in sockets}
+        listeners = {name: generation for name, (generation, _) in sockets.items()}
+        worker.channel.post(
+            {"op": "sync", "seq": self._seq, "config": config, "listeners": listeners}
+        )
+
+    async def _wait_synced(self, worker: Worker, seq: int) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + SYNC_TIMEOUT
+        while worker.synced < seq and not worker.channel.closed:
+            worker.acked.clear()
+            try:
+                await asyncio.wait_for(worker.acked.wait(), deadline - loop.time())
+            except TimeoutError:
+                log.error("UDP worker %d did not apply the config in time", worker.index + 1)
+                return
+
+    # --- messages from a worker -----------------------------------------------------------
+
+    async def _serve(self, worker: Worker) -> None:
+        while (message := await worker.channel.receive()) is not None:
+            try:
+                self._handle(worker, message)
+            except (KeyError, TypeError, ValueError) as exc:
+                log.error("UDP worker %d: bad message %r: %r", worker.index + 1, message, exc)
+        await self._lost(worker)
+
+    def _handle(self, worker: Worker, message: Received) -> None:
+        body = message.body
+        op = body["op"]
+        if op == "stats":
+            worker.counters = WorkerCounters.from_report(body)
+        elif op == "synced":
+            worker.synced = int(body["seq"])
+            worker.acked.set()
+        elif op == "acquire":
+            user, request_id = str(body["user"]), int(body["id"])
+            granted = self.users.try_acquire(user, int(body["quota"]))
+            if granted:
+                worker.users[user] += 1
+            if request_id:
+                worker.channel.post({"op": "acquired", "id": request_id, "granted": granted})
+        elif op == "release":
+            user = str(body["user"])
+            if worker.users[user] > 0:
+                worker.users[user] -= 1
+                self.users.release(user)
+        if message.sock is not None:
+            message.sock.close()  # workers never send sockets
+
+    async def _lost(self, worker: Worker) -> None:
+        """The worker's channel closed: it exited or crashed. Forget its allocations, keep its
+        counters, and (unless we are closing) start a new one on the same sockets."""
+        worker.channel.close()
+        worker.acked.set()  # nobody waits for a sync from it any more
+        for user, count in worker.users.items():
+            for _ in range(count):
+                self.users.release(user)
+        _fold(self.retired, worker.counters)
+        worker.counters = WorkerCounters()
+        try:
+            code = await asyncio.wait_for(worker.process.wait(), EXIT_TIMEOUT)
+        except TimeoutError:
+            worker.process.kill()
+            code = await worker.process.wait()
+        if self._closing:
+            return
+        log.error("UDP worker %d exited (code %s): restarting it", worker.index + 1, code)
+        await asyncio.sleep(RESPAWN_DELAY)
+        if self._closing:
+            return
+        try:
+            await self._spawn(worker.index)
+        except OSError as exc:
+            log.error("cannot restart UDP worker %d: %s", worker.index + 1, exc)
+            return
+        self._send_state(self.workers[worker.index])
+
+    # --- counters -----------------------------------------------------------------------
+
+    def reports(self) -> list[WorkerCounters]:
+        """Every live worker's last report, and what the dead ones had counted."""
+        return [w.counters for w in self.workers.values()] + [self.retired]
+
+    async def close(self) -> None:
+        """Tell every worker to stop (closing its channel) and wait for the processes."""
+        self._closing = True
+        for worker in self.workers.values():
+            worker.channel.post({"op": "exit"})
+        for worker in self.workers.values():
+            await worker.channel.flush()
+        for worker in self.workers.values():
+            try:
+                await asyncio.wait_for(worker.process.wait(), EXIT_TIMEOUT)
+            except TimeoutError:
+                log.error("UDP worker %d did not exit: killing it", worker.index + 1)
+                worker.process.kill()
+                await worker.process.wait()
+        for task in list(self._tasks):
+            task.cancel()
+        for worker in self.workers.values():
+            worker.channel.close()
+
+
+def _fold(into: WorkerCounters, counters: WorkerCounters) -> None:
+    for name, (generation, stats, _active) in counters.listeners.items():
+        kept = into.listeners.get(name)
+        if kept is not None and kept[0] == generation:
+            kept[1].add(stats)
+        else:
+            merged = Stats()
+            merged.add(stats)
+            into.listeners[name] = (generation, merged, 0)
+    for name, values in counters.clusters.items():
+        totals = into.clusters.setdefault(name, [0, 0, 0, 0])
+        for i, value in enumerate(values):
+            totals[i] += value
+    into.cpu_seconds += counters.cpu_seconds
