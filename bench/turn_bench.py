@@ -186,11 +186,12 @@ def stop(proc: subprocess.Popen[bytes], name: str) -> None:
 
 
 class Server:
-    def __init__(self, name: str, workdir: Path) -> None:
+    def __init__(self, name: str, workdir: Path, udp_threads: int | None = None) -> None:
         self.name = name
         self.port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
         self.workdir = workdir
+        self.udp_threads = udp_threads  # stunnerd -u; None: its default (one per CPU)
 
     def start(self) -> None:
         logfile = (self.workdir / f"{self.name}-{self.port}.log").open("wb")
@@ -222,6 +223,8 @@ class Server:
             path.write_text(json.dumps(config))
             stunnerd = shutil.which("stunnerd", path=str(Path(sys.executable).parent))
             argv = [stunnerd or "stunnerd", "-c", str(path)]
+            if self.udp_threads is not None:
+                argv.append(f"--udp-thread-num={self.udp_threads}")
         else:
             argv = [
                 "turnserver", "-n", "--listening-ip", "127.0.0.1",
@@ -260,11 +263,13 @@ class Server:
 
 
 @contextlib.contextmanager
-def running(names: tuple[str, ...], workdir: Path) -> Iterator[dict[str, Server]]:
+def running(
+    names: tuple[str, ...], workdir: Path, udp_threads: int | None
+) -> Iterator[dict[str, Server]]:
     servers: dict[str, Server] = {}
     try:
         for name in names:
-            servers[name] = Server(name, workdir)
+            servers[name] = Server(name, workdir, udp_threads)
             servers[name].start()
         yield servers
     finally:
@@ -582,6 +587,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--servers", default=",".join(SERVERS), help="comma-separated subset of stunnerd,coturn"
     )
+    parser.add_argument(
+        "--udp-threads",
+        type=int,
+        default=None,
+        metavar="N",
+        help="stunnerd --udp-thread-num (default: stunnerd's own, one process per usable CPU)",
+    )
     parser.add_argument("--json", type=Path, help="also write every measurement to this file")
     parser.add_argument("--list", action="store_true", help="list the selected cases and exit")
     return parser.parse_args(argv)  # fmt: skip
@@ -616,7 +628,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="turn-bench-") as tmp:
         workdir = Path(tmp)
         if args.allocations > 0:
-            with running(names, workdir) as servers:
+            with running(names, workdir, args.udp_threads) as servers:
                 for name in names:
                     log(f"allocations: {args.allocations} against {name}...")
                     alloc_rows.append(
@@ -628,7 +640,7 @@ def main(argv: list[str] | None = None) -> int:
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
         try:
-            with running(names, workdir) as servers:
+            with running(names, workdir, args.udp_threads) as servers:
                 for i, case in enumerate(cases):
                     # alternate the order so neither server always runs on a warmer machine
                     order = names if i % 2 == 0 else names[::-1]

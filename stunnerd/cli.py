@@ -158,17 +158,19 @@ async def serve(
     stunner.terminating = True
     if watcher is not None:
         watcher.cancel()
+    active = await stunner.current_allocation_count()
     log.info(
         "%s: draining %d allocation(s), at most %gs",
         signal.Signals(received).name,
-        stunner.allocation_count,
+        active,
         grace_period,
     )
     deadline = loop.time() + grace_period
-    while stunner.allocation_count > 0 and loop.time() < deadline:
+    while active > 0 and loop.time() < deadline:
         try:
             received = await asyncio.wait_for(signals.get(), DRAIN_POLL_INTERVAL)
         except TimeoutError:
+            active = await stunner.current_allocation_count()
             continue
         log.info("%s again: exiting now", signal.Signals(received).name)
         break

@@ -78,6 +78,12 @@ class Stunner:
     def allocation_count(self) -> int:
         return sum(self.listener_allocations().values())
 
+    async def current_allocation_count(self) -> int:
+        """allocation_count with the UDP workers' counts fetched now, not up to a second old."""
+        if self.workers is not None:
+            await self.workers.refresh()
+        return self.allocation_count
+
     # --- counters, this process and the UDP workers together -----------------------------
 
     def _worker_reports(self) -> list[WorkerCounters]:

@@ -190,6 +190,8 @@ async def serve(channel: Channel, log_override: bool) -> None:
                 if config is not None:
                     await dataplane.sync(config, {k: int(v) for k, v in body["listeners"].items()})
                 channel.post({"op": "synced", "seq": body["seq"]})
+            elif op == "report":
+                channel.post(dataplane.report())
             elif op == "acquired":
                 ledger.answered(int(body["id"]), bool(body["granted"]))
             elif op == "exit":

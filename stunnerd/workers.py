@@ -41,6 +41,7 @@ log = logging.getLogger("stunner.stunnerd")
 SYNC_TIMEOUT = 10.0
 RESPAWN_DELAY = 1.0
 EXIT_TIMEOUT = 5.0
+REPORT_TIMEOUT = 2.0
 
 
 # --- how many ----------------------------------------------------------------------------
@@ -122,6 +123,7 @@ class Worker:
         self.counters = WorkerCounters()
         self.users: collections.Counter[str] = collections.Counter()  # quota held in the ledger
         self.acked = asyncio.Event()
+        self.reported = asyncio.Event()
 
 
 class WorkerPool:
@@ -235,6 +237,7 @@ class WorkerPool:
         op = body["op"]
         if op == "stats":
             worker.counters = WorkerCounters.from_report(body)
+            worker.reported.set()
         elif op == "synced":
             worker.synced = int(body["seq"])
             worker.acked.set()
@@ -257,7 +260,8 @@ class WorkerPool:
         """The worker's channel closed: it exited or crashed. Forget its allocations, keep its
         counters, and (unless we are closing) start a new one on the same sockets."""
         worker.channel.close()
-        worker.acked.set()  # nobody waits for a sync from it any more
+        worker.acked.set()  # nobody waits for a sync or a report from it any more
+        worker.reported.set()
         for user, count in worker.users.items():
             for _ in range(count):
                 self.users.release(user)
@@ -282,6 +286,18 @@ class WorkerPool:
         self._send_state(self.workers[worker.index])
 
     # --- counters -----------------------------------------------------------------------
+
+    async def refresh(self) -> None:
+        """Ask every live worker for its counters now and wait for them (at most
+        REPORT_TIMEOUT): a drain must not miss an allocation made within the last second."""
+        workers = [w for w in self.workers.values() if not w.channel.closed]
+        for worker in workers:
+            worker.reported.clear()
+            worker.channel.post({"op": "report"})
+        waits = [asyncio.wait_for(w.reported.wait(), REPORT_TIMEOUT) for w in workers]
+        for outcome in await asyncio.gather(*waits, return_exceptions=True):
+            if isinstance(outcome, TimeoutError):
+                log.warning("a UDP worker did not report its counters in time")
 
     def reports(self) -> list[WorkerCounters]:
         """Every live worker's last report, and what the dead ones had counted."""
