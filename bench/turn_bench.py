@@ -123,17 +123,23 @@ def free_port() -> int:
     raise RuntimeError("no free port found")
 
 
-def cpu_seconds(pid: int) -> float:
-    """utime+stime of `pid` and its live descendants (fields 14 and 15 of /proc/PID/stat)."""
-    total = 0.0
+def cpu_times(pid: int) -> tuple[float, float]:
+    """(utime, stime) of `pid` and its live descendants, seconds (fields 14 and 15 of
+    /proc/PID/stat)."""
+    user = system = 0.0
     for p in [pid, *descendants(pid)]:
         try:
             stat = Path(f"/proc/{p}/stat").read_text()
         except OSError:
             continue
         fields = stat[stat.rindex(")") + 2 :].split()
-        total += (int(fields[11]) + int(fields[12])) / CLK_TCK
-    return total
+        user += int(fields[11]) / CLK_TCK
+        system += int(fields[12]) / CLK_TCK
+    return user, system
+
+
+def cpu_seconds(pid: int) -> float:
+    return sum(cpu_times(pid))
 
 
 def descendants(pid: int) -> list[int]:
@@ -299,7 +305,7 @@ def run_uclient(case: Case, server: Server, peer_port: int, duration: float) -> 
     timeout = 3 * duration + 30 + case.clients * 0.05
     samples: list[tuple[float, int, int]] = []  # (monotonic, sent, received), ~1/s
     lines: list[str] = []
-    cpu0 = cpu_seconds(server.pid)
+    user0, system0 = cpu_times(server.pid)
     start = time.monotonic()
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     timer = threading.Timer(timeout, proc.kill)
@@ -319,12 +325,14 @@ def run_uclient(case: Case, server: Server, peer_port: int, duration: float) -> 
             proc.kill()
             proc.wait()
     end = time.monotonic()
-    cpu = cpu_seconds(server.pid) - cpu0
+    user1, system1 = cpu_times(server.pid)
+    cpu = (user1 - user0) + (system1 - system0)
     text = "".join(lines)
     total = _TOTAL.search(text)
     result: dict[str, Any] = {
-        "server": server.name, "case": case.name, "cpu_s": cpu, "wall_s": end - start,
-        "messages_per_client": count, "load1": os.getloadavg()[0],
+        "server": server.name, "case": case.name, "cpu_s": cpu,
+        "sys_pct": 100.0 * (system1 - system0) / cpu if cpu > 0 else None,
+        "wall_s": end - start, "messages_per_client": count, "load1": os.getloadavg()[0],
         "timed_out": total is None,
     }  # fmt: skip
     if total is None:
@@ -476,9 +484,9 @@ def ratio(a: float | None, b: float | None) -> float | None:
 
 def relay_table(rows: list[dict[str, Any]]) -> str:
     out = [
-        "| case | server | sent/s | peak sent/s | recv/s | loss % | RTT ms | CPU-s "
+        "| case | server | sent/s | peak sent/s | recv/s | loss % | RTT ms | CPU-s | sys % "
         "| relayed pkt/CPU-s | stunnerd/coturn |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     by_case: dict[str, dict[str, dict[str, Any]]] = {}
     for row in rows:
@@ -498,7 +506,7 @@ def relay_table(rows: list[dict[str, Any]]) -> str:
                 f"| {fmt(row['peak_sent_pps'], '.0f')} "
                 f"| {fmt(row['recv_pps'], '.0f')} | {fmt(row['loss_pct'], '.2f')} "
                 f"| {fmt(row['rtt_ms'], '.3f')} | {fmt(row['cpu_s'], '.2f')} "
-                f"| {fmt(row['relayed_per_cpu_s'], '.0f')} "
+                f"| {fmt(row['sys_pct'], '.0f')} | {fmt(row['relayed_per_cpu_s'], '.0f')} "
                 f"| {fmt(r, '.2f') + 'x' if name == 'stunnerd' and r else ''} |"
             )
     return "\n".join(out)
