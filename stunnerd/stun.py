@@ -53,6 +53,8 @@ _FINGERPRINT = 0x8028
 _XOR_PEER_ADDRESS = 0x0012
 _DATA = 0x0013
 _DATA_INDICATION = 0x0017  # Method.DATA | Class.INDICATION
+_SEND_INDICATION = 0x0016  # Method.SEND | Class.INDICATION
+SEND_INDICATION_PREFIX = _SEND_INDICATION.to_bytes(2, "big")
 
 
 class Method(enum.IntEnum):
@@ -404,8 +406,26 @@ def _length_problem(entry: AttributeEntry, length: int) -> str | None:
 # --- messages -------------------------------------------------------------------------------
 
 
-def _random_transaction_id() -> bytes:
-    return os.urandom(TRANSACTION_ID_LENGTH)
+class _TransactionIds:
+    """Cryptographically random transaction ids (RFC 8489 §6), drawn from the OS 340 at a
+    time: a Data indication per relayed packet must not cost a getrandom() call each."""
+
+    BATCH = 340 * TRANSACTION_ID_LENGTH
+
+    def __init__(self) -> None:
+        self._pool = b""
+        self._offset = 0
+
+    def next(self) -> bytes:
+        offset = self._offset
+        if offset + TRANSACTION_ID_LENGTH > len(self._pool):
+            self._pool = os.urandom(self.BATCH)
+            offset = 0
+        self._offset = offset + TRANSACTION_ID_LENGTH
+        return self._pool[offset : offset + TRANSACTION_ID_LENGTH]
+
+
+_random_transaction_id = _TransactionIds().next
 
 
 @dataclasses.dataclass
@@ -561,11 +581,60 @@ def is_stun(data: bytes | bytearray | memoryview) -> bool:
     return len(data) >= HEADER_LENGTH and data[0] & 0xC0 == 0 and data[4:8] == _COOKIE_BYTES
 
 
+def parse_send_indication(raw: bytes) -> tuple[Address, bytes] | None:
+    """The relay hot path for a Send indication (RFC 8656 §11.2): (peer, data) without building
+    a `Message`, when `raw` has the plain shape: XOR-PEER-ADDRESS, DATA, optionally a matching
+    FINGERPRINT last, nothing else. None for anything else (malformed, other attributes,
+    duplicates), which `parse_message` then judges exactly as before."""
+    if len(raw) < HEADER_LENGTH:
+        return None
+    message_type, length, cookie, tid = _HEADER.unpack_from(raw)
+    end = len(raw)
+    if message_type != _SEND_INDICATION or cookie != COOKIE or length % 4 or end != 20 + length:
+        return None
+    peer: Address | None = None
+    payload: bytes | None = None
+    offset = HEADER_LENGTH
+    while offset < end:
+        attr_type, attr_length = _ATTRIBUTE_HEADER.unpack_from(raw, offset)
+        start = offset + 4
+        stop = start + attr_length
+        if stop > end:
+            return None
+        if attr_type == _XOR_PEER_ADDRESS and peer is None:
+            try:
+                peer = unpack_xor_address(raw[start:stop], tid)
+            except StunError:
+                return None
+        elif attr_type == _DATA and payload is None:
+            payload = raw[start:stop]
+        elif attr_type == _FINGERPRINT and attr_length == 4 and stop == end:
+            if binascii.crc32(raw[:offset]) ^ FINGERPRINT_XOR != int.from_bytes(raw[start:stop]):
+                return None
+        else:
+            return None
+        offset = stop + (-attr_length % 4)
+    if peer is None or payload is None:
+        return None
+    return peer, payload
+
+
+# XOR-PEER-ADDRESS values of IPv4 peers (an IPv4 XOR uses the cookie only, RFC 8489 §14.2).
+_xor_peer_v4: dict[Address, bytes] = {}
+_XOR_PEER_CACHE_LIMIT = 4096
+
+
 def data_indication(peer: Address, payload: bytes) -> bytes:
     """A Data indication (RFC 8656 §11.3): XOR-PEER-ADDRESS and DATA, random transaction id,
     no FINGERPRINT. The relay hot path: no `Message`, no attribute table."""
-    tid = os.urandom(TRANSACTION_ID_LENGTH)
-    address = pack_xor_address(peer, tid)
+    tid = _random_transaction_id()
+    address = _xor_peer_v4.get(peer)
+    if address is None:
+        address = pack_xor_address(peer, tid)
+        if address[1] == FAMILY_IPV4:  # no transaction id in an IPv4 XOR: reusable
+            if len(_xor_peer_v4) >= _XOR_PEER_CACHE_LIMIT:
+                _xor_peer_v4.clear()
+            _xor_peer_v4[peer] = address
     size = len(payload)
     pad = -size % 4
     length = 8 + len(address) + size + pad

@@ -298,6 +298,11 @@ class TurnServer:
         """A STUN message (not ChannelData) from a client. Never raises on bad input."""
         self.stats.rx_packets += 1
         self.stats.rx_bytes += len(data)
+        if data[:2] == stun.SEND_INDICATION_PREFIX:
+            relay = stun.parse_send_indication(bytes(data))
+            if relay is not None:  # the hot path; anything unusual takes the full parser below
+                self._relay_send_indication(downstream, *relay)
+                return
         try:
             message = stun.parse_message(data)
         except stun.UnknownMethodError as exc:
@@ -624,14 +629,20 @@ class TurnServer:
     def _send_indication(self, exchange: Exchange) -> None:
         """RFC 8656 §11.2: relay DATA to XOR-PEER-ADDRESS; anything amiss is discarded."""
         request = exchange.request
-        allocation = self.allocations.get(exchange.downstream.remote)
         peer = request.attributes.get("XOR-PEER-ADDRESS")
         data = request.attributes.get("DATA")
-        if allocation is None or peer is None or data is None:
+        if peer is None or data is None:
             self.stats.dropped += 1
             return None
-        allocation.relay_to_peer(peer, data)
+        self._relay_send_indication(exchange.downstream, peer, data)
         return None
+
+    def _relay_send_indication(self, downstream: Downstream, peer: Address, data: bytes) -> None:
+        allocation = self.allocations.get(downstream.remote)
+        if allocation is None:
+            self.stats.dropped += 1
+            return
+        allocation.relay_to_peer(peer, data)
 
     # --- housekeeping ------------------------------------------------------------------------
 

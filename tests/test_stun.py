@@ -673,6 +673,19 @@ def test_data_indication_random_transaction_id() -> None:
     assert first[8:20] != second[8:20]
 
 
+def test_transaction_ids_stay_distinct_across_refills() -> None:
+    # Ids come from the OS in batches; three batches' worth must never repeat or shrink.
+    ids = [stun.data_indication(("192.0.2.1", 1), b"x")[8:20] for _ in range(1100)]
+    assert all(len(tid) == 12 for tid in ids)
+    assert len(set(ids)) == len(ids)
+
+
+def test_data_indication_peer_cache_keeps_each_peer() -> None:
+    for port in (1, 2, 1):
+        message = stun.parse_message(stun.data_indication(("192.0.2.9", port), b"x"))
+        assert message.attributes["XOR-PEER-ADDRESS"] == ("192.0.2.9", port)
+
+
 def test_data_indication_too_long() -> None:
     with pytest.raises(ValueError) as info:
         stun.data_indication(("2001:db8::1", 1), bytes(65505))  # 24 + 4 + 65505 + 3 > 65535

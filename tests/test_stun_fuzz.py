@@ -224,3 +224,85 @@ def test_data_indication_round_trip(peer: stun.Address, payload: bytes) -> None:
 def test_xor_address_round_trip(peer: stun.Address, tid: bytes) -> None:
     assert stun.unpack_xor_address(stun.pack_xor_address(peer, tid), tid) == peer
     assert stun.unpack_address(stun.pack_address(peer)) == peer
+
+
+# --- the Send-indication fast path agrees with the full parser ------------------------------
+
+SEND_INDICATION = 0x0016
+PEER_V4 = ("10.0.0.7", 5004)
+
+send_indications = st.builds(
+    raw_message,
+    st.just(SEND_INDICATION),
+    st.lists(
+        st.tuples(
+            st.sampled_from([0x0012, 0x0013, 0x8028, 0x8022, 0x0001, 0x0024]),
+            st.binary(max_size=24),
+        ),
+        max_size=4,
+    ),
+)
+
+
+def fast_agrees_with_full(data: bytes) -> None:
+    """The fast path either declines (the full parser decides) or gives what the full parser
+    would relay: the first XOR-PEER-ADDRESS and DATA of a message with nothing unknown."""
+    fast = stun.parse_send_indication(data)
+    if fast is None:
+        return
+    message = stun.parse_message(data)  # must not raise: the fast path took it as valid
+    assert (message.method, message.message_class) == (Method.SEND, Class.INDICATION)
+    assert not message.unknown_required
+    assert fast == (message.attributes["XOR-PEER-ADDRESS"], message.attributes["DATA"])
+
+
+@FUZZ
+@given(send_indications)
+def test_send_fast_path_on_framed_attributes(data: bytes) -> None:
+    fast_agrees_with_full(data)
+
+
+@FUZZ
+@given(address, st.binary(max_size=64), transaction_id, st.booleans(), st.data())
+def test_send_fast_path_on_mutated_indications(
+    peer: tuple[str, int], payload: bytes, tid: bytes, fingerprint: bool, data: st.DataObject
+) -> None:
+    attributes = {"XOR-PEER-ADDRESS": peer, "DATA": payload}
+    raw = bytearray(
+        Message(Method.SEND, Class.INDICATION, tid, attributes).encode(fingerprint=fingerprint)
+    )
+    assert stun.parse_send_indication(bytes(raw)) == (peer, payload)  # the plain shape is taken
+    for _ in range(data.draw(st.integers(1, 3))):
+        raw[data.draw(st.integers(0, len(raw) - 1))] = data.draw(uint8)
+    fast_agrees_with_full(bytes(raw))
+
+
+def send_indication(*attributes: tuple[int, bytes]) -> bytes:
+    return raw_message(SEND_INDICATION, list(attributes))
+
+
+XOR_PEER_V4 = stun.pack_xor_address(PEER_V4, bytes(12))
+FAST_PATH_CASES = [
+    # (what, message, what the fast path gives)
+    ("plain", send_indication((0x12, XOR_PEER_V4), (0x13, b"media")), (PEER_V4, b"media")),
+    ("DATA first", send_indication((0x13, b"m"), (0x12, XOR_PEER_V4)), (PEER_V4, b"m")),
+    ("empty DATA", send_indication((0x12, XOR_PEER_V4), (0x13, b"")), (PEER_V4, b"")),
+    ("no DATA", send_indication((0x12, XOR_PEER_V4)), None),
+    ("no peer", send_indication((0x13, b"media")), None),
+    ("SOFTWARE too", send_indication((0x12, XOR_PEER_V4), (0x13, b"m"), (0x8022, b"x")), None),
+    ("two peers", send_indication((0x12, XOR_PEER_V4), (0x12, XOR_PEER_V4), (0x13, b"m")), None),
+    ("short peer", send_indication((0x12, XOR_PEER_V4[:6]), (0x13, b"m")), None),
+    (
+        "bad fingerprint",
+        send_indication((0x12, XOR_PEER_V4), (0x13, b"m"), (0x8028, bytes(4))),
+        None,
+    ),
+    ("a request", raw_message(0x0006, [(0x12, XOR_PEER_V4), (0x13, b"m")]), None),
+    ("truncated", send_indication((0x12, XOR_PEER_V4), (0x13, b"media"))[:-4], None),
+]
+
+
+def test_send_fast_path_table() -> None:
+    for what, data, expected in FAST_PATH_CASES:
+        assert stun.parse_send_indication(data) == expected, what
+        fast_agrees_with_full(data)

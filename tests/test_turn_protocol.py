@@ -414,6 +414,15 @@ def test_send_and_data_indications_both_ways() -> None:
             assert indication.attributes["DATA"] == b"hello peer"
             assert indication.attributes["XOR-PEER-ADDRESS"] == (HOST, peer.port)
             assert peer.received[0] == (b"hello peer", relayed)
+            # An unusual shape (SOFTWARE too) leaves the fast path for the full parser: relayed
+            # all the same.
+            unusual = Message(Method.SEND, Class.INDICATION)
+            unusual.attributes.update(
+                {"XOR-PEER-ADDRESS": (HOST, peer.port), "DATA": b"via the parser", "SOFTWARE": "t"}
+            )
+            client.send_raw(unusual.encode())
+            indication = await asyncio.wait_for(client.indications.get(), 2)
+            assert indication.attributes["DATA"] == b"via the parser"
             client.close()
         peer.close()
 
