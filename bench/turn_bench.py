@@ -29,6 +29,7 @@ import re
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -482,6 +483,48 @@ def ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
 
 
+def run_label(row: dict[str, Any]) -> str:
+    """The case name, with `#k` for the k-th of several repeats."""
+    repeat = row.get("repeat")
+    return row["case"] if repeat is None else f"{row['case']} #{repeat}"
+
+
+def max_loss(by_repeat: dict[int, dict[str, dict[str, Any]]], server: str) -> str:
+    losses = [
+        runs[server]["loss_pct"]
+        for runs in by_repeat.values()
+        if runs.get(server, {}).get("loss_pct") is not None
+    ]
+    return fmt(max(losses), ".2f") if losses else "-"
+
+
+def repeat_table(rows: list[dict[str, Any]]) -> str:
+    """Per case over its repeats: the stunnerd/coturn ratios, their median, the worst loss."""
+    out = [
+        "| case | runs | stunnerd/coturn per run | median | stunnerd max loss % "
+        "| coturn max loss % |",
+        "|---|---:|---|---:|---:|---:|",
+    ]
+    runs: dict[str, dict[int, dict[str, dict[str, Any]]]] = {}
+    for row in rows:
+        runs.setdefault(row["case"], {}).setdefault(row["repeat"], {})[row["server"]] = row
+    for case, by_repeat in runs.items():
+        each = [
+            ratio(
+                servers.get("stunnerd", {}).get("relayed_per_cpu_s"),
+                servers.get("coturn", {}).get("relayed_per_cpu_s"),
+            )
+            for servers in by_repeat.values()
+        ]
+        ratios = [r for r in each if r is not None]
+        out.append(
+            f"| {case} | {len(by_repeat)} | {', '.join(format(r, '.2f') + 'x' for r in ratios)} "
+            f"| {fmt(statistics.median(ratios), '.2f') + 'x' if ratios else '-'} "
+            f"| {max_loss(by_repeat, 'stunnerd')} | {max_loss(by_repeat, 'coturn')} |"
+        )
+    return "\n".join(out)
+
+
 def relay_table(rows: list[dict[str, Any]]) -> str:
     out = [
         "| case | server | sent/s | peak sent/s | recv/s | loss % | RTT ms | CPU-s | sys % "
@@ -490,7 +533,7 @@ def relay_table(rows: list[dict[str, Any]]) -> str:
     ]
     by_case: dict[str, dict[str, dict[str, Any]]] = {}
     for row in rows:
-        by_case.setdefault(row["case"], {})[row["server"]] = row
+        by_case.setdefault(run_label(row), {})[row["server"]] = row
     for case, servers in by_case.items():
         r = ratio(
             servers.get("stunnerd", {}).get("relayed_per_cpu_s"),
@@ -602,6 +645,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         metavar="N",
         help="stunnerd --udp-thread-num (default: stunnerd's own, one process per usable CPU)",
     )
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        metavar="N",
+        help="run every case N times (servers alternating) and add the median ratio per case",
+    )
     parser.add_argument("--json", type=Path, help="also write every measurement to this file")
     parser.add_argument("--list", action="store_true", help="list the selected cases and exit")
     return parser.parse_args(argv)  # fmt: skip
@@ -613,6 +663,9 @@ def _terminate(signum: int, frame: object) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.repeat < 1:
+        log("--repeat must be at least 1")
+        return 2
     signal.signal(signal.SIGTERM, _terminate)
     cases = quick_matrix() if args.quick else full_matrix() if args.full else default_matrix()
     if args.cases:
@@ -650,14 +703,17 @@ def main(argv: list[str] | None = None) -> int:
         try:
             with running(names, workdir, args.udp_threads) as servers:
                 for i, case in enumerate(cases):
-                    # alternate the order so neither server always runs on a warmer machine
-                    order = names if i % 2 == 0 else names[::-1]
-                    for name in order:
-                        log(f"[{i + 1}/{len(cases)}] {case.name} on {name} "
-                            f"(load {os.getloadavg()[0]:.2f})...")  # fmt: skip
-                        relay_rows.append(
-                            run_uclient(case, servers[name], peer_port, args.duration)
-                        )
+                    for repeat in range(1, args.repeat + 1):
+                        # alternate the order so neither server always runs on a warmer machine
+                        order = names if (i + repeat) % 2 else names[::-1]
+                        for name in order:
+                            log(f"[{i + 1}/{len(cases)}] {case.name} on {name}"
+                                f"{f' (run {repeat}/{args.repeat})' if args.repeat > 1 else ''}"
+                                f" (load {os.getloadavg()[0]:.2f})...")  # fmt: skip
+                            row = run_uclient(case, servers[name], peer_port, args.duration)
+                            if args.repeat > 1:
+                                row["repeat"] = repeat
+                            relay_rows.append(row)
         finally:
             stop(peer, "turnutils_peer")
     load_end = os.getloadavg()
@@ -671,6 +727,8 @@ def main(argv: list[str] | None = None) -> int:
     out = [header]
     if relay_rows:
         out += [relay_table(relay_rows), ""]
+        if args.repeat > 1:
+            out += [repeat_table(relay_rows), ""]
     if alloc_rows:
         out += [alloc_table(alloc_rows), ""]
     sys.stdout.write("\n".join(out))
