@@ -21,7 +21,6 @@ got 70000`.
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import os
 import re
@@ -40,6 +39,8 @@ from pydantic import (
     model_validator,
 )
 from pydantic_core import ErrorDetails, PydanticCustomError
+
+from .endpoints import EndpointError, parse_static_endpoint
 
 # Defaults (Go: pkg/apis/v1/default.go).
 API_VERSION = "v1"
@@ -108,9 +109,7 @@ LISTENER_URI_PARTS: Mapping[ListenerProtocol, tuple[str, str]] = {
 }
 TLS_PROTOCOLS: frozenset[ListenerProtocol] = frozenset({"TURN-TLS", "TURN-DTLS"})
 
-_PORT_RANGE = re.compile(r"(.*):<([0-9]+)-([0-9]+)>")
 _DNS_LABEL = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?")
-_PREFIX_LENGTH = re.compile(r"[0-9]{1,3}")
 _SHELL_SPECIAL = frozenset("*#$@!?-0123456789")
 _SHELL_NAME = re.compile(r"[A-Za-z0-9_]*")
 
@@ -431,22 +430,19 @@ class ListenerConfig(_GoStruct):
 def static_endpoint_error(endpoint: str) -> str | None:
     """Why `endpoint` is not a STATIC cluster endpoint (IP or CIDR, optional ":<min-max>").
 
-    None when it is one. Stricter than Go, which logs and skips a bad endpoint.
+    None when it is one. The parser is the router's own (`endpoints.parse_static_endpoint`), so
+    what admission accepts is exactly what the dataplane can route. Stricter than Go, which logs
+    and skips a bad endpoint.
     """
-    address = endpoint
-    if match := _PORT_RANGE.fullmatch(endpoint):
-        address, low, high = match.group(1), int(match.group(2)), int(match.group(3))
-        if not 0 <= low <= high <= 65535:
+    try:
+        parse_static_endpoint(endpoint)
+    except EndpointError as exc:
+        if exc.port_range is not None:
+            low, high = exc.port_range
             return (
                 f"invalid endpoint {_go_quote(endpoint)}: port range <{low}-{high}> "
                 "must have 0 <= min <= max <= 65535"
             )
-    host, slash, prefix = address.partition("/")
-    if "%" in host or (slash and not _PREFIX_LENGTH.fullmatch(prefix)):
-        return f"invalid endpoint {_go_quote(endpoint)}: not an IP address or CIDR prefix"
-    try:
-        ipaddress.ip_network(address, strict=False)
-    except ValueError:
         return f"invalid endpoint {_go_quote(endpoint)}: not an IP address or CIDR prefix"
     return None
 

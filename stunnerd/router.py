@@ -21,104 +21,31 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
-import re
 import socket
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-log = logging.getLogger("stunner.router")
+from stunner_api.endpoints import (
+    EndpointRange,
+    IPAddress,
+    normalize_ip,
+    parse_static_endpoint,
+)
 
-IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
-IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+log = logging.getLogger("stunner.router")
 
 CACHE_LIMIT = 65536  # decisions cached per kind before the cache is dropped and refilled
 DNS_UPDATE_INTERVAL = 5.0  # Go STUNner's dnsUpdateInterval
-
-_PORT_RANGE = re.compile(r"(.*):<([0-9]+)-([0-9]+)>")
-_PREFIX_LENGTH = re.compile(r"[0-9]+")
-
-
-@dataclass(frozen=True, slots=True)
-class EndpointRange:
-    """A STATIC cluster endpoint: an IP network and an inclusive peer port range."""
-
-    network: IPNetwork
-    port_min: int = 0
-    port_max: int = 65535
-
-    def contains(self, ip: IPAddress) -> bool:
-        """Whether `ip` falls in the network (any port)."""
-        return ip in self.network
-
-    def admits(self, ip: IPAddress, port: int) -> bool:
-        """Whether `ip` falls in the network and `port` in the range."""
-        return ip in self.network and self.port_min <= port <= self.port_max
-
-
-def _normalize_ip(address: IPAddress) -> IPAddress:
-    """An IPv4-mapped IPv6 address as its IPv4 address, without any IPv6 scope id."""
-    if isinstance(address, ipaddress.IPv6Address):
-        if address.ipv4_mapped is not None:
-            return address.ipv4_mapped
-        if address.scope_id is not None:
-            return ipaddress.IPv6Address(address.packed)
-    return address
 
 
 def parse_peer_ip(text: str) -> IPAddress | None:
     """The peer address from a socket string ("10.0.0.1", "::ffff:10.0.0.1", "fe80::1%eth0"),
     or None when it is not an IP address."""
     try:
-        return _normalize_ip(ipaddress.ip_address(text))
+        return normalize_ip(ipaddress.ip_address(text))
     except (ValueError, TypeError):
         return None
-
-
-def _parse_port(text: str, what: str, endpoint: str) -> int:
-    port = int(text)
-    if port > 65535:
-        raise ValueError(f"invalid endpoint {endpoint!r}: {what} {port} is above 65535")
-    return port
-
-
-def parse_endpoint(text: str) -> EndpointRange:
-    """Parse a STATIC cluster endpoint: "10.0.0.1", "10.0.0.0/8", "1.2.3.4/16:<1-2>", "::1",
-    "2001:db8::/32:<1-2>".
-
-    As Go (net.ParseCIDR) host bits are masked off: "1.2.3.4/16" is 1.2.0.0/16. A plain address
-    is a /32 or /128 network; without a port range every port is admitted. Raises ValueError,
-    naming the endpoint, on anything else (also on ports above 65535 or min > max, which Go
-    accepts silently).
-    """
-    address, port_min, port_max = text, 0, 65535
-    if match := _PORT_RANGE.fullmatch(text):
-        address = match.group(1)
-        port_min = _parse_port(match.group(2), "port", text)
-        port_max = _parse_port(match.group(3), "end port", text)
-        if port_min > port_max:
-            raise ValueError(
-                f"invalid endpoint {text!r}: port range <{port_min}-{port_max}> is empty"
-            )
-    if "%" in address:
-        raise ValueError(f"invalid endpoint {text!r}: scoped IPv6 addresses are not allowed")
-    host, slash, prefix = address.partition("/")
-    if slash and not _PREFIX_LENGTH.fullmatch(prefix):
-        raise ValueError(f"invalid endpoint {text!r}: prefix length must be a number")
-    try:
-        ip = ipaddress.ip_address(host)
-    except ValueError:
-        raise ValueError(f"invalid endpoint {text!r}: {host!r} is not an IP address") from None
-    if not slash:
-        ip = _normalize_ip(ip)
-        prefix = str(ip.max_prefixlen)
-    try:
-        network = ipaddress.ip_network(f"{ip}/{prefix}", strict=False)
-    except ValueError:
-        raise ValueError(
-            f"invalid endpoint {text!r}: prefix length {prefix} is out of range"
-        ) from None
-    return EndpointRange(network, port_min, port_max)
 
 
 class ClusterSpec(Protocol):
@@ -161,7 +88,7 @@ def _build_matcher(cluster: ClusterSpec) -> _Matcher | None:
     endpoints = []
     for text in cluster.endpoints:
         try:
-            endpoints.append(parse_endpoint(text))
+            endpoints.append(parse_static_endpoint(text))
         except ValueError as exc:
             log.warning("cluster %s: endpoint ignored: %s", cluster.name, exc)
     return _Matcher(cluster.name, endpoints=tuple(endpoints))
