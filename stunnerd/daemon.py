@@ -23,7 +23,7 @@ from .auth import Authenticator, AuthError, NonceManager
 from .listener import Listener
 from .router import DnsResolver, Router
 from .turn import ServerContext, Stats, UserAllocations
-from .workers import WorkerCounters, WorkerPool
+from .workers import WorkerCounters, WorkerPool, add_cluster_counters
 
 log = logging.getLogger("stunner.stunnerd")
 
@@ -91,10 +91,11 @@ class Stunner:
 
     def listener_stats(self) -> dict[str, Stats]:
         totals: dict[str, Stats] = {}
+        reports = self._worker_reports()
         for name, listener in self.listeners.items():
             totals[name] = stats = Stats()
             stats.add(listener.server.stats)
-            for report in self._worker_reports():
+            for report in reports:
                 entry = report.listeners.get(name)
                 if entry is not None and entry[0] == listener.generation:
                     stats.add(entry[1])
@@ -115,10 +116,7 @@ class Stunner:
         own = self.context.cluster_counters if self.context is not None else {}
         totals = {name: list(values) for name, values in own.items()}
         for report in self._worker_reports():
-            for name, values in report.clusters.items():
-                current = totals.setdefault(name, [0, 0, 0, 0])
-                for i, value in enumerate(values):
-                    current[i] += value
+            add_cluster_counters(totals, report.clusters)
         return totals
 
     def worker_usage(self) -> tuple[float, int]:

@@ -590,7 +590,12 @@ def parse_send_indication(raw: bytes) -> tuple[Address, bytes] | None:
         return None
     message_type, length, cookie, tid = _HEADER.unpack_from(raw)
     end = len(raw)
-    if message_type != _SEND_INDICATION or cookie != COOKIE or length % 4 or end != 20 + length:
+    if (
+        message_type != _SEND_INDICATION
+        or cookie != COOKIE
+        or length % 4
+        or end != HEADER_LENGTH + length
+    ):
         return None
     peer: Address | None = None
     payload: bytes | None = None

@@ -299,7 +299,7 @@ class TurnServer:
         self.stats.rx_packets += 1
         self.stats.rx_bytes += len(data)
         if data[:2] == stun.SEND_INDICATION_PREFIX:
-            relay = stun.parse_send_indication(bytes(data))
+            relay = stun.parse_send_indication(data)
             if relay is not None:  # the hot path; anything unusual takes the full parser below
                 self._relay_send_indication(downstream, *relay)
                 return

@@ -101,8 +101,9 @@ class WorkerDataplane:
                 return
         else:
             if self.context is None:
-                self.context = ServerContext(authenticator, self.router, self.nonces)
-                self.context.users = self.users
+                self.context = ServerContext(
+                    authenticator, self.router, self.nonces, users=self.users
+                )
             self.context.authenticator = authenticator
         context = self.context
         context.user_quota = config.admin.user_quota

@@ -332,8 +332,13 @@ def _fold(into: WorkerCounters, counters: WorkerCounters) -> None:
             merged = Stats()
             merged.add(stats)
             into.listeners[name] = (generation, merged, 0)
-    for name, values in counters.clusters.items():
-        totals = into.clusters.setdefault(name, [0, 0, 0, 0])
+    add_cluster_counters(into.clusters, counters.clusters)
+    into.cpu_seconds += counters.cpu_seconds
+
+
+def add_cluster_counters(into: dict[str, list[int]], more: dict[str, list[int]]) -> None:
+    """Add per-cluster [tx packets, tx bytes, rx packets, rx bytes] counters into `into`."""
+    for name, values in more.items():
+        totals = into.setdefault(name, [0, 0, 0, 0])
         for i, value in enumerate(values):
             totals[i] += value
-    into.cpu_seconds += counters.cpu_seconds
