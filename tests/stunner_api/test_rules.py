@@ -25,7 +25,7 @@ from typing import Any
 import jsonpatch
 import pytest
 import yaml
-from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
 from stunner_api.rules import (
     ON_DELETE,
@@ -89,6 +89,15 @@ SETTINGS = Settings(pod_cidrs=("10.244.0.0/16", "fd00:10::/64"), service_cidrs=(
 
 KEY, OTHER_KEY = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
 CERT = self_signed(KEY)
+RSA_KEY = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+
+
+def inconsistent_rsa_key() -> bytes:
+    """RSA_KEY's public numbers with a private number off: the RSA consistency check (~27 ms a
+    review) would refuse it; the public-key match does not look (issue 10, fault 6)."""
+    n = RSA_KEY.private_numbers()
+    broken = rsa.RSAPrivateNumbers(n.p, n.q, n.d, n.dmp1 + 2, n.dmq1, n.iqmp, n.public_numbers)
+    return key_pem(broken.private_key(unsafe_skip_rsa_key_validation=True))
 
 
 def secret(name: str, kind: str = "Opaque", **data: bytes | str) -> dict[str, Any]:
@@ -117,6 +126,11 @@ SECRETS = [
     secret("badkey", "kubernetes.io/tls", **{"tls.crt": CERT, "tls.key": b"nope"}),
     secret("certonly", "kubernetes.io/tls", **{"tls.crt": CERT}),
     secret("basic", "kubernetes.io/basic-auth", username="u", password="p"),
+    secret(
+        "rsa-unchecked",
+        "kubernetes.io/tls",
+        **{"tls.crt": self_signed(RSA_KEY), "tls.key": inconsistent_rsa_key()},
+    ),
 ]
 
 
@@ -372,6 +386,7 @@ CASES: list[tuple[Rule, dict[str, Any], list[str]]] = [
     (gateway_mixed_protocols, gateway(listener("a", 1), listener("b", 2, "DTLS")), []),
     (gateway_listener_tls, tls_gateway("tls-secret"), []),
     (gateway_listener_tls, tls_gateway("opaque-tls", mode="Terminate"), []),
+    (gateway_listener_tls, tls_gateway("rsa-unchecked"), []),  # no RSA consistency check
     (gateway_listener_tls, tls_gateway("missing"), []),  # a warning, not an error
     (gateway_listener_tls, gateway(listener("a", 1, "TURN-TLS")), ["[0].tls: required for"]),
     (gateway_listener_tls, tls_gateway("tls-secret", mode="Passthrough"), ["tls.mode: must be"]),
