@@ -151,6 +151,8 @@ def deployment(gateway: Object, dataplane: Object, settings: RenderSettings) -> 
         "ports": [{"name": "metrics-port", "containerPort": METRICS_PORT, "protocol": "TCP"}],
         "resources": _map(spec.get("resources")) or _map(DEFAULT_RESOURCES),
     }
+    if spec.get("envFrom"):  # Go declares it and drops it; we pass it on
+        container["envFrom"] = [_map(e) for e in spec["envFrom"] if isinstance(e, Mapping)]
     if not spec.get("disableHealthCheck"):
         container["livenessProbe"] = _probe("/live")
         container["readinessProbe"] = _probe("/ready")

@@ -750,6 +750,7 @@ def test_the_deployment() -> None:
             labels={"app": "overridden", "pod": "label"},
             annotations={"pod": "annotation"},
             env=[{"name": "EXTRA", "value": "1"}],
+            envFrom=[{"configMapRef": {"name": "more-env"}}],
             replicas=3,
             hostNetwork=True,
         ),
@@ -803,6 +804,7 @@ def test_the_deployment() -> None:
         "STUNNER_CONFIG_ORIGIN",
         "EXTRA",
     ]
+    assert container["envFrom"] == [{"configMapRef": {"name": "more-env"}}]
     origin = container["env"][4]["value"]
     assert origin == RenderSettings().config_discovery_url and "svc" in origin  # never a pod IP
     assert container["livenessProbe"]["httpGet"] == {
