@@ -191,24 +191,28 @@ def main() -> None:
     listeners = sum(len(c.listeners) for c in plan.configs.values())
     clusters = sum(len(c.clusters) for c in plan.configs.values())
 
-    print(f"command: {' '.join([os.path.relpath(sys.executable), *sys.argv])}")
-    print(f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    print(
-        f"snapshot: {len(objects)} objects indexed in {snapshot_seconds:.3f} s; "
-        f"render: {len(plan.configs)} configs, {listeners} listeners, {clusters} clusters, "
-        f"{len(plan.deployments)} Deployments, {len(plan.services)} Services, "
-        f"{len(plan.statuses)} statuses, {len(plan.findings)} findings"
-    )
     median_wall, median_cpu = statistics.median(walls), statistics.median(cpus)
-    print(
-        f"render of {args.gateways} Gateways (3 listeners, 2 routes each), {args.repeat} runs: "
-        f"wall median {median_wall:.3f} s (best {min(walls):.3f} s), "
-        f"CPU median {median_cpu:.3f} s (best {min(cpus):.3f} s)"
-    )
-    print(
-        f"budget {BUDGET_SECONDS:.1f} s: median wall is {median_wall / BUDGET_SECONDS:.2f} of it, "
-        f"{1000 * median_wall / args.gateways:.2f} ms per Gateway"
-    )
+    lines = [
+        f"command: {' '.join([os.path.relpath(sys.executable), *sys.argv])}",
+        f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}",
+        (
+            f"snapshot: {len(objects)} objects indexed in {snapshot_seconds:.3f} s; "
+            f"render: {len(plan.configs)} configs, {listeners} listeners, {clusters} clusters, "
+            f"{len(plan.deployments)} Deployments, {len(plan.services)} Services, "
+            f"{len(plan.statuses)} statuses, {len(plan.findings)} findings"
+        ),
+        (
+            f"render of {args.gateways} Gateways (3 listeners, 2 routes each), {args.repeat} runs: "
+            f"wall median {median_wall:.3f} s (best {min(walls):.3f} s), "
+            f"CPU median {median_cpu:.3f} s (best {min(cpus):.3f} s)"
+        ),
+        (
+            f"budget {BUDGET_SECONDS:.1f} s: the median wall is "
+            f"{median_wall / BUDGET_SECONDS:.2f} of it, "
+            f"{1000 * median_wall / args.gateways:.2f} ms per Gateway"
+        ),
+    ]
+    sys.stdout.write("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":
