@@ -193,6 +193,11 @@ class Snapshot:
             if ns == namespace
         ]
 
+    def may_read_secret(self, namespace: str, name: str) -> bool:
+        """Whether a requester may read a Secret that no ReferenceGrant opens: the reconciler's
+        own rights are no reason to read across namespaces, so never."""
+        return False
+
     def permits(
         self,
         source: tuple[str, str, str],

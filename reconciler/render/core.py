@@ -117,7 +117,7 @@ class _Renderer:
         self.services: dict[str, dict[str, Any]] = {}
         self.gateways: dict[tuple[str, str], GatewayPlan] = {}
         self.clusters: dict[str, config.Cluster] = {}
-        self.route_parents: list[tuple[Object, list[RouteParent]]] = []
+        self.route_parents: list[tuple[Object, list[RouteParent], bool]] = []
 
     # --- findings and status ----------------------------------------------------------------
 
@@ -362,14 +362,14 @@ class _Renderer:
                 lst.routes.add(cluster_name)
             verdict = Reason.ACCEPTED if accepting else Reason.NOT_ALLOWED_BY_LISTENERS
             parents.append(RouteParent(parent_ref, verdict, gateway=plan))
-        self.route_parents.append((route, parents))
-        if any(p.reason == Reason.ACCEPTED for p in parents):
+        self.route_parents.append((route, parents, masked))
+        if parents and not masked:  # backends resolved for status even where not attached
             self.clusters[cluster_name] = config.cluster(route, self.snapshot, self.settings)
             for reason, message in self.clusters[cluster_name].problems:
                 self.note(route, "spec.rules[0].backendRefs", message, reason)
 
-    def route_status(self, route: Object, parents: list[RouteParent]) -> None:
-        cluster = self.clusters.get(_id(route))
+    def route_status(self, route: Object, parents: list[RouteParent], masked: bool) -> None:
+        cluster = None if masked else self.clusters.get(_id(route))
         resolved = cond.route_resolved(cluster.problems if cluster else [])
         ours = []
         for parent in parents:
@@ -593,8 +593,8 @@ class _Renderer:
             self.attach_route(route, masked=_id(route) in stunner_ids)
         for plan in self.gateways.values():
             self.render_gateway(plan)
-        for route, parents in self.route_parents:
-            self.route_status(route, parents)
+        for route, parents, masked in self.route_parents:
+            self.route_status(route, parents, masked)
         return Plan(
             configs=self.configs,
             deployments=self.deployments,
