@@ -335,11 +335,10 @@ def test_routes_attach_by_allowed_routes_same_all_and_selector() -> None:
 
 
 def test_a_route_no_listener_allows_is_not_allowed_by_listeners() -> None:
-    plan = plan_of(route(namespace="elsewhere"))
-    assert parent_conditions(plan, ns="elsewhere")[0]["Accepted"] == (
-        "False",
-        "NotAllowedByListeners",
-    )
+    plan = plan_of(route({"name": "gone"}, namespace="elsewhere"))
+    parent = parent_conditions(plan, ns="elsewhere")[0]
+    assert parent["Accepted"] == ("False", "NotAllowedByListeners")
+    assert parent["ResolvedRefs"] == ("False", "BackendNotFound")  # said even when not attached
     assert plan.configs["stunner/gw"].clusters == []
 
 
