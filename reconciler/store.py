@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from stunner_api.resources import GATEWAY_API_GROUP, STUNNER_GROUP, group_of
+from stunner_api.vocabulary import CORE_GROUP, GATEWAY_API_GROUP, STUNNER_GROUP, group_of
 
 Object = Mapping[str, Any]
 
@@ -52,11 +52,11 @@ KINDS: Mapping[tuple[str, str], Kind] = {
     (STUNNER_GROUP, "UDPRoute"): Kind.STUNNER_UDP_ROUTE,
     (GATEWAY_API_GROUP, "UDPRoute"): Kind.GATEWAY_API_UDP_ROUTE,
     (STUNNER_GROUP, "StaticService"): Kind.STATIC_SERVICE,
-    ("", "Service"): Kind.SERVICE,
+    (CORE_GROUP, "Service"): Kind.SERVICE,
     ("discovery.k8s.io", "EndpointSlice"): Kind.ENDPOINT_SLICE,
-    ("", "Secret"): Kind.SECRET,
-    ("", "Namespace"): Kind.NAMESPACE,
-    ("", "Node"): Kind.NODE,
+    (CORE_GROUP, "Secret"): Kind.SECRET,
+    (CORE_GROUP, "Namespace"): Kind.NAMESPACE,
+    (CORE_GROUP, "Node"): Kind.NODE,
     (GATEWAY_API_GROUP, "ReferenceGrant"): Kind.REFERENCE_GRANT,
 }
 CLUSTER_SCOPED = frozenset({Kind.GATEWAY_CLASS, Kind.DATAPLANE, Kind.NAMESPACE, Kind.NODE})

@@ -21,19 +21,29 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from stunner_api import rules
-from stunner_api.resources import (
+from stunner_api.vocabulary import (
+    AUTH_SECRET_PASSWORD_KEYS,
+    AUTH_SECRET_SHARED_SECRET_KEYS,
+    AUTH_SECRET_TYPE_KEY,
+    AUTH_SECRET_USERNAME_KEYS,
+    AUTH_TYPE_ALIASES,
+    BACKEND_KINDS,
+    CORE_GROUP,
     DEFAULT_AUTH_TYPE,
     DEFAULT_LOG_LEVEL,
     DEFAULT_REALM,
     GATEWAY_API_GROUP,
+    GATEWAY_CONFIG_AUTH_TYPES,
     STUNNER_GROUP,
+    TLS_CERT_KEYS,
+    TLS_KEY_KEYS,
+    AuthType,
     group_of,
 )
+from stunner_api.vocabulary import ConditionReason as Reason
 
 from ..store import Kind, Object, Snapshot, name_of, namespace_of
 from .plan import RenderSettings
-from .words import Reason
 
 STUNNER_ADDR = "$STUNNER_ADDR"
 HEALTHCHECK_ENDPOINT = "http://:8086"
@@ -102,7 +112,7 @@ def auth(gateway_config: Object, snapshot: Snapshot) -> dict[str, Any]:
         name = str(ref.get("name") or "")
         permitted = snapshot.permits(
             (STUNNER_GROUP, "GatewayConfig", namespace_of(gateway_config)),
-            ("", "Secret", namespace, name),
+            (CORE_GROUP, "Secret", namespace, name),
         )
         secret = snapshot.get(Kind.SECRET, namespace, name) if permitted else None
         if secret is None:
@@ -112,17 +122,19 @@ def auth(gateway_config: Object, snapshot: Snapshot) -> dict[str, Any]:
                 f"{namespace}/{name} {why}"
             )
         data = _decoded(secret)
-        raw_type = data.get("type") or DEFAULT_AUTH_TYPE
-        username, password = data.get("username"), data.get("password")
-        shared = _secret_value(data, ("secret", "sharedSecret"))
+        raw_type = data.get(AUTH_SECRET_TYPE_KEY) or DEFAULT_AUTH_TYPE
+        username = _secret_value(data, AUTH_SECRET_USERNAME_KEYS)
+        password = _secret_value(data, AUTH_SECRET_PASSWORD_KEYS)
+        shared = _secret_value(data, AUTH_SECRET_SHARED_SECRET_KEYS)
     else:
         raw_type = str(spec.get("authType") or DEFAULT_AUTH_TYPE)
         username, password = spec.get("userName"), spec.get("password")
         shared = spec.get("sharedSecret")
-    auth_type = rules.AUTH_TYPES.get(str(raw_type).lower())
+    spelling = str(raw_type).lower()
+    auth_type = AUTH_TYPE_ALIASES.get(spelling) if spelling in GATEWAY_CONFIG_AUTH_TYPES else None
     if auth_type is None:
         raise AuthError(f"invalid authentication type {str(raw_type)!r}")
-    if auth_type == "static":
+    if auth_type == AuthType.STATIC:
         if not username or not password:
             raise AuthError("missing username and/or password for plaintext authentication")
         credentials = {"username": str(username), "password": str(password)}
@@ -130,7 +142,7 @@ def auth(gateway_config: Object, snapshot: Snapshot) -> dict[str, Any]:
         if not shared:
             raise AuthError("missing shared-secret for longterm authentication")
         credentials = {"secret": str(shared)}
-    return {"type": auth_type, "realm": realm, "credentials": credentials}
+    return {"type": str(auth_type), "realm": realm, "credentials": credentials}
 
 
 # --- TLS --------------------------------------------------------------------------------------
@@ -148,7 +160,7 @@ def tls_pair(
         namespace = str(ref.get("namespace") or gw_namespace)
         name = str(ref.get("name") or "")
         if not snapshot.permits(
-            (GATEWAY_API_GROUP, "Gateway", gw_namespace), ("", "Secret", namespace, name)
+            (GATEWAY_API_GROUP, "Gateway", gw_namespace), (CORE_GROUP, "Secret", namespace, name)
         ):
             return (
                 None,
@@ -160,8 +172,8 @@ def tls_pair(
         if secret is None:
             continue
         data = secret.get("data") or {}
-        cert = next((data[k] for k in rules.CERT_KEYS if data.get(k)), None)
-        key = next((data[k] for k in rules.KEY_KEYS if data.get(k)), None)
+        cert = next((data[k] for k in TLS_CERT_KEYS if data.get(k)), None)
+        key = next((data[k] for k in TLS_KEY_KEYS if data.get(k)), None)
         if cert and key:
             return (str(cert), str(key)), Reason.RESOLVED_REFS, ""
     return (
@@ -256,7 +268,7 @@ def cluster(route: Object, snapshot: Snapshot, settings: RenderSettings) -> Clus
         group, kind = str(ref.get("group") or ""), str(ref.get("kind") or "Service")
         namespace, name = str(ref.get("namespace") or route_namespace), str(ref.get("name") or "")
         where = f"{kind} {namespace}/{name}"
-        if (group, kind) not in rules.BACKEND_KINDS:
+        if (group, kind) not in BACKEND_KINDS:
             result.problems.append(
                 (Reason.INVALID_KIND, f"backend group {group!r} kind {kind!r} is not supported")
             )

@@ -16,16 +16,26 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from stunner_api import rules
 from stunner_api.dataplane import ConfigError, StunnerConfig, validate_config
-from stunner_api.resources import GATEWAY_API_GROUP, group_of
+from stunner_api.rules import Problem, Severity
+from stunner_api.vocabulary import (
+    DISABLE_MANAGED_DATAPLANE,
+    GATEWAY_API_GROUP,
+    LISTENER_PROTOCOLS,
+    LISTENER_TRANSPORT,
+    RELATED_GATEWAY_NAME,
+    TARGETPORT,
+    TLS_PROTOCOLS,
+    ListenerProtocol,
+    group_of,
+)
+from stunner_api.vocabulary import ConditionReason as Reason
 
 from ..store import Kind, Object, Snapshot, labels_of, matches_selector, meta, name_of, namespace_of
 from . import conditions as cond
 from . import config, manifests
-from .judge import Problem, judge, under
+from .judge import judge, under
 from .plan import Finding, Plan, RenderSettings, StatusUpdate
-from .words import RELATED_GATEWAY_NAME, Reason, Severity
 
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"  # every Namespace has it (Kubernetes 1.22+)
 
@@ -57,7 +67,7 @@ class ListenerPlan:
     index: int
     spec: Mapping[str, Any]
     name: str
-    protocol: str | None
+    protocol: ListenerProtocol | None
     port: int | None
     accepted: cond.Condition = cond.LISTENER_ACCEPTED
     conflicted: cond.Condition = cond.NO_CONFLICTS
@@ -77,7 +87,7 @@ class ListenerPlan:
 
     @property
     def transport(self) -> str:
-        return rules.PROTOCOLS[self.protocol] if self.protocol else "UDP"
+        return LISTENER_TRANSPORT[self.protocol] if self.protocol else "UDP"
 
 
 @dataclass
@@ -97,11 +107,8 @@ class RouteParent:
     gateway: GatewayPlan | None = None
 
 
-def _canonical_protocol(value: Any) -> str | None:
-    text = str(value)
-    if text in rules.PROTOCOL_ALIASES:
-        return rules.PROTOCOL_ALIASES[text]
-    return text.upper() if text.upper() in rules.PROTOCOLS else None
+def _canonical_protocol(value: Any) -> ListenerProtocol | None:
+    return LISTENER_PROTOCOLS.get(str(value).upper())
 
 
 class _Renderer:
@@ -248,7 +255,7 @@ class _Renderer:
             )
         if plan.port is None and plan.accepted.status == "True":
             plan.accepted = cond.listener_not_accepted(Reason.PORT_UNAVAILABLE, "port unavailable")
-        if plan.rendered and plan.protocol in rules.TLS_PROTOCOLS:
+        if plan.rendered and plan.protocol in TLS_PROTOCOLS:
             pair, reason, message = config.tls_pair(spec, gateway, self.snapshot)
             if pair is None:
                 plan.resolved = cond.listener_refs_unresolved(reason, message)
@@ -474,7 +481,7 @@ class _Renderer:
             return
         assert ctx.gateway_config is not None and ctx.dataplane is not None and ctx.auth is not None
         annotations = manifests.service_annotations(gateway, ctx.gateway_config)
-        targetports, _ = manifests.port_map(annotations, rules.TARGETPORT)
+        targetports, _ = manifests.port_map(annotations, TARGETPORT)
         listeners: list[dict[str, Any]] = []
         address_found = True
         first_address: str | None = None
@@ -484,7 +491,7 @@ class _Renderer:
             lst.public = self.public_address(gateway, lst)
             entry: dict[str, Any] = {
                 "name": f"{gw_id}/{lst.name}",
-                "protocol": lst.protocol,
+                "protocol": str(lst.protocol),
                 "address": config.STUNNER_ADDR,
                 "port": targetports.get(lst.name, lst.port),
                 "routes": sorted(lst.routes),
@@ -522,7 +529,7 @@ class _Renderer:
                 self.note(gateway, "metadata.annotations", note, Reason.INVALID)
             if service is not None:
                 self.services[gw_id] = service
-            if not manifests.is_true(annotations, rules.DISABLE_MANAGED_DATAPLANE):
+            if not manifests.is_true(annotations, DISABLE_MANAGED_DATAPLANE):
                 self.deployments[gw_id] = manifests.deployment(
                     gateway, ctx.dataplane, self.settings
                 )
