@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 import ipaddress
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
@@ -116,6 +116,8 @@ class _Renderer:
         self.snapshot = snapshot
         self.settings = settings
         self.controller = settings.controller_name
+        # The rules decide what is ours by the same controller name.
+        self.rule_settings = replace(settings.rules, controller_name=settings.controller_name)
         self.now = now
         self.findings: list[Finding] = []
         self.statuses: list[StatusUpdate] = []
@@ -159,7 +161,7 @@ class _Renderer:
     # --- GatewayClass -----------------------------------------------------------------------
 
     def judge_errors(self, obj: Object) -> list[Problem]:
-        problems = judge(obj, self.snapshot, self.settings.rules)
+        problems = judge(obj, self.snapshot, self.rule_settings)
         self.note_problems(obj, problems)
         return [p for p in problems if p.severity == Severity.ERROR]
 
@@ -201,7 +203,7 @@ class _Renderer:
         if ctx.error is not None:
             plan.error, plan.error_reason = ctx.error, Reason.PENDING
             return plan
-        problems = judge(gateway, self.snapshot, self.settings.rules)
+        problems = judge(gateway, self.snapshot, self.rule_settings)
         self.note_problems(gateway, problems)
         spec_listeners = _spec(gateway).get("listeners")
         listeners = spec_listeners if isinstance(spec_listeners, list) else []
@@ -296,7 +298,7 @@ class _Renderer:
     def attach_route(self, route: Object, masked: bool) -> None:
         route_ns = namespace_of(route)
         cluster_name = _id(route)
-        problems = judge(route, self.snapshot, self.settings.rules)
+        problems = judge(route, self.snapshot, self.rule_settings)
         self.note_problems(route, problems)
         fatal = [
             p for p in problems if p.severity == Severity.ERROR and not under(p.path, "spec.rules")

@@ -612,6 +612,19 @@ def test_an_invalid_class_invalidates_its_gateways(base: tuple[Obj, ...], messag
     assert parent_conditions(plan)[0]["Accepted"] == ("False", "Pending")
 
 
+def test_another_controller_name_is_judged_by_the_same_rules() -> None:
+    bad = gateway(name="bad")
+    bad["spec"]["addresses"] = [{"type": "IPAddress", "value": "not-an-ip"}]
+    base = (gateway_class(controller="example.com/stunner"), gateway_config(), dataplane())
+    settings = RenderSettings(controller_name="example.com/stunner")
+    plan = plan_of(gateway(), bad, base=base, settings=settings)
+    assert set(plan.configs) == {"stunner/gw"}
+    assert conditions(plan.status_of("Gateway", "stunner", "bad"))["Accepted"] == (
+        "False",
+        "UnsupportedAddress",
+    )
+
+
 def test_a_class_of_another_controller_is_left_alone() -> None:
     plan = plan_of(
         base=(gateway_class(controller="example.com/other"), gateway_config(), dataplane())
