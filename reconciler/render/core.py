@@ -23,7 +23,6 @@ from stunner_api.vocabulary import (
     GATEWAY_API_GROUP,
     LISTENER_PROTOCOLS,
     LISTENER_TRANSPORT,
-    RELATED_GATEWAY_NAME,
     TARGETPORT,
     TLS_PROTOCOLS,
     ListenerProtocol,
@@ -410,15 +409,29 @@ class _Renderer:
 
     # --- public addresses (ANCHORS §2.6) ----------------------------------------------------
 
+    def gateway_service(self, gateway: Object) -> Object | None:
+        """The live Service exposing a Gateway: of the Services of its namespace annotated with
+        it (and owned by it, when its uid is known), a LoadBalancer before an ExternalName
+        before a NodePort before a ClusterIP one."""
+        uid = meta(gateway).get("uid")
+        candidates = [
+            svc
+            for svc in self.snapshot.services_of_gateway(namespace_of(gateway), _id(gateway))
+            if not uid
+            or any(o.get("uid") == uid for o in meta(svc).get("ownerReferences") or [])
+            or (name_of(svc) == name_of(gateway) and not meta(svc).get("ownerReferences"))
+        ]
+        rank = {"LoadBalancer": 0, "ExternalName": 1, "NodePort": 2, "ClusterIP": 3}
+        candidates.sort(key=lambda svc: rank.get(str(_spec(svc).get("type", "ClusterIP")), 4))
+        return candidates[0] if candidates else None
+
     def public_address(self, gateway: Object, listener: ListenerPlan) -> tuple[str, int] | None:
         port = listener.port or 0
         addresses = _spec(gateway).get("addresses") or []
         if addresses and isinstance(addresses[0], Mapping) and addresses[0].get("value"):
             return str(addresses[0]["value"]), port
-        service = self.snapshot.get(Kind.SERVICE, namespace_of(gateway), name_of(gateway))
+        service = self.gateway_service(gateway)
         if service is None:
-            return None
-        if (meta(service).get("annotations") or {}).get(RELATED_GATEWAY_NAME) != _id(gateway):
             return None
         service_port = next(
             (

@@ -668,18 +668,24 @@ def test_observed_generation_and_kept_transition_times() -> None:
 
 
 def live_service(
-    type_: str = "LoadBalancer", ingress: list[Obj] | None = None, node_port: int = 0
+    type_: str = "LoadBalancer",
+    ingress: list[Obj] | None = None,
+    node_port: int = 0,
+    name: str = "gw",
+    owner_uid: str | None = None,
 ) -> Obj:
     port: Obj = {"name": "udp", "port": 3478, "protocol": "UDP"}
     if node_port:
         port["nodePort"] = node_port
+    owners = [{"kind": "Gateway", "name": "gw", "uid": owner_uid}] if owner_uid else []
     return {
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": {
-            "name": "gw",
+            "name": name,
             "namespace": "stunner",
             "annotations": {"stunner.l7mp.io/related-gateway-name": "stunner/gw"},
+            "ownerReferences": owners,
         },
         "spec": {"type": type_, "ports": [port]},
         "status": {"loadBalancer": {"ingress": ingress or []}},
@@ -729,6 +735,20 @@ def node(*addresses: tuple[str, str]) -> Obj:
 def test_public_address_discovery(objects: list[Obj], public: tuple[str, int]) -> None:
     rendered = plan_of(*objects).configs["stunner/gw"].listeners[0]
     assert (rendered.public_address, rendered.public_port) == public
+
+
+def test_the_load_balancer_service_the_gateway_owns_is_preferred() -> None:
+    objects = [
+        gateway(uid="gw-uid"),
+        live_service("NodePort", node_port=31000, name="a", owner_uid="gw-uid"),
+        live_service(ingress=[{"ip": "203.0.113.1"}], name="b", owner_uid="gw-uid"),
+        live_service(ingress=[{"ip": "203.0.113.9"}], name="c", owner_uid="someone-else"),
+        node(("ExternalIP", "198.51.100.1")),
+    ]
+    rendered = plan_of(*objects).configs["stunner/gw"].listeners[0]
+    assert (rendered.public_address, rendered.public_port) == ("203.0.113.1", 3478)
+    foreign_only = [gateway(uid="gw-uid"), objects[3]]
+    assert plan_of(*foreign_only).configs["stunner/gw"].listeners[0].public_address == ""
 
 
 def test_the_hinted_address_wins() -> None:
