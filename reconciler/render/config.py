@@ -213,7 +213,7 @@ def _port_suffix(ref: Mapping[str, Any], ports_apply: bool) -> str:
     return f":<{port}-{end}>"
 
 
-def _is_ip(text: str) -> bool:
+def is_ip(text: str) -> bool:
     try:
         ipaddress.ip_address(text)
     except ValueError:
@@ -228,11 +228,11 @@ def _service_addresses(service: Object, snapshot: Snapshot, settings: RenderSett
         if endpoint_slice.get("addressType") not in ("IPv4", "IPv6", None):
             continue  # FQDN slices carry names, not addresses
         for endpoint in endpoint_slice.get("endpoints") or []:
-            out += [a for a in endpoint.get("addresses") or [] if _is_ip(str(a))]
+            out += [a for a in endpoint.get("addresses") or [] if is_ip(str(a))]
     if settings.relay_to_cluster_ip:
         spec = _spec(service)
         cluster_ips = spec.get("clusterIPs") or [spec.get("clusterIP")]
-        out += [str(ip) for ip in cluster_ips if ip and ip != "None" and _is_ip(str(ip))]
+        out += [str(ip) for ip in cluster_ips if ip and ip != "None" and is_ip(str(ip))]
     return out
 
 

@@ -10,7 +10,6 @@ the rendered listeners that allow them; each attached route becomes one cluster.
 from __future__ import annotations
 
 import copy
-import ipaddress
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -19,6 +18,7 @@ from typing import Any
 from stunner_api.dataplane import ConfigError, StunnerConfig, validate_config
 from stunner_api.rules import Problem, Severity
 from stunner_api.vocabulary import (
+    DEFAULT_DATAPLANE,
     DISABLE_MANAGED_DATAPLANE,
     GATEWAY_API_GROUP,
     LISTENER_PROTOCOLS,
@@ -180,7 +180,7 @@ class _Renderer:
         if errors:
             ctx.error = f"GatewayConfig {namespace}/{name}: {errors[0]}"
             return ctx
-        dataplane_name = str(_spec(ctx.gateway_config).get("dataplane") or "default")
+        dataplane_name = str(_spec(ctx.gateway_config).get("dataplane") or DEFAULT_DATAPLANE)
         ctx.dataplane = self.snapshot.get(Kind.DATAPLANE, "", dataplane_name)
         if ctx.dataplane is None:
             ctx.error = f"missing Dataplane resource for Gateway: no Dataplane {dataplane_name!r}"
@@ -551,7 +551,7 @@ class _Renderer:
         programmed = cond.gateway_programmed(self.controller, error, address_found)
         status["conditions"] = self.conditions(gateway, [accepted, programmed])
         if first_address is not None:
-            kind = "IPAddress" if _is_ip(first_address) else "Hostname"
+            kind = "IPAddress" if config.is_ip(first_address) else "Hostname"
             status["addresses"] = [{"type": kind, "value": first_address}]
         status["listeners"] = [self.listener_status(gateway, lst) for lst in plan.listeners]
         self.set_status(gateway, status)
@@ -624,14 +624,6 @@ class _Renderer:
             statuses=tuple(self.statuses),
             findings=tuple(self.findings),
         )
-
-
-def _is_ip(text: str) -> bool:
-    try:
-        ipaddress.ip_address(text)
-    except ValueError:
-        return False
-    return True
 
 
 def render(snapshot: Snapshot, settings: RenderSettings, now: datetime) -> Plan:
