@@ -489,7 +489,8 @@ class _Renderer:
         accepted = cond.gateway_accepted(self.controller, plan.error, plan.error_reason)
         status: dict[str, Any] = {}
         if plan.error is not None:
-            self.note(gateway, "", plan.error, plan.error_reason)
+            if plan.error_reason == Reason.PENDING:  # its class's error (its own are noted)
+                self.note(gateway, "", plan.error, plan.error_reason)
             programmed = cond.gateway_programmed(self.controller, plan.error, False)
             status["conditions"] = self.conditions(gateway, [accepted, programmed])
             self.set_status(gateway, status)

@@ -641,7 +641,7 @@ def test_a_gateway_failing_the_rules_is_skipped_and_the_rest_renders() -> None:
         "Accepted": ("False", "UnsupportedAddress"),
         "Programmed": ("False", "Invalid"),
     }
-    assert any(f.name == "bad" and f.path == "spec.addresses[0].value" for f in plan.findings)
+    assert [f.path for f in plan.findings if f.name == "bad"] == ["spec.addresses[0].value"]
 
 
 def test_no_public_address_is_address_not_assigned() -> None:
