@@ -102,6 +102,15 @@ def _decoded(secret: Object) -> dict[str, str]:
     return out
 
 
+def _base64_values(secret: Object) -> dict[str, str]:
+    """A Secret's values base64-encoded, as the dataplane config carries them: `data` as it is,
+    `stringData` (manifests written by hand) encoded; stringData wins, as the API server does."""
+    out = {str(k): str(v) for k, v in (secret.get("data") or {}).items()}
+    for key, value in (secret.get("stringData") or {}).items():
+        out[str(key)] = base64.b64encode(str(value).encode()).decode()
+    return out
+
+
 def auth(gateway_config: Object, snapshot: Snapshot) -> dict[str, Any]:
     """The `auth` section from the authRef Secret (which wins) or the inline fields."""
     spec = _spec(gateway_config)
@@ -171,11 +180,11 @@ def tls_pair(
         secret = snapshot.get(Kind.SECRET, namespace, name)
         if secret is None:
             continue
-        data = secret.get("data") or {}
+        data = _base64_values(secret)
         cert = next((data[k] for k in TLS_CERT_KEYS if data.get(k)), None)
         key = next((data[k] for k in TLS_KEY_KEYS if data.get(k)), None)
         if cert and key:
-            return (str(cert), str(key)), Reason.RESOLVED_REFS, ""
+            return (cert, key), Reason.RESOLVED_REFS, ""
     return (
         None,
         Reason.INVALID_CERTIFICATE_REF,

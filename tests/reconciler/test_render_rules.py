@@ -514,6 +514,19 @@ def test_a_tls_listener_carries_its_certificate_base64() -> None:
     assert listener_conditions(plan, "tls")["ResolvedRefs"] == ("True", "ResolvedRefs")
 
 
+def test_a_tls_secret_written_with_string_data() -> None:
+    cert, key = tls_pair()
+    written = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": "cert", "namespace": "stunner"},
+        "type": "kubernetes.io/tls",
+        "stringData": {"tls.crt": cert.decode(), "tls.key": key.decode()},
+    }
+    rendered = plan_of(gateway(tls_listener()), written).configs["stunner/gw"].listeners[0]
+    assert base64.b64decode(rendered.cert) == cert and base64.b64decode(rendered.key) == key
+
+
 @pytest.mark.parametrize(
     ("objects", "ref", "reason"),
     [
