@@ -1,0 +1,1 @@
+"""The reconciler: Gateways rendered to dataplane configs and served to stunnerd."""
