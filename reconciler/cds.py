@@ -167,6 +167,17 @@ def _json_error(status: HTTPStatus, message: str) -> web.Response:
     return web.json_response({"code": int(status), "message": message}, status=status)
 
 
+@web.middleware
+async def json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """aiohttp's own errors (no such path, wrong method) as `{code, message}` too."""
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        return _json_error(HTTPStatus(exc.status), f"{exc.reason}: {request.method} {request.path}")
+
+
 def _selector(request: web.Request) -> Selector:
     return Selector(request.match_info.get("namespace", ""), request.match_info.get("name", ""))
 
@@ -199,7 +210,9 @@ class CdsHandlers:
         return web.Response(text=body, content_type="application/json")
 
     async def watch(self, request: web.Request, selector: Selector) -> web.WebSocketResponse:
-        ws = web.WebSocketResponse(heartbeat=self.heartbeat, writer_limit=WRITER_LIMIT)
+        ws = web.WebSocketResponse(
+            heartbeat=self.heartbeat, writer_limit=WRITER_LIMIT, compress=False
+        )
         await ws.prepare(request)
         watcher = Watcher(selector, peer=request.remote or "?")
         # No await from here to the registration: no change can slip in between.
@@ -260,7 +273,7 @@ def cds_app(
 ) -> web.Application:
     """The CDS as an aiohttp application over `store`."""
     handlers = CdsHandlers(store, write_timeout=write_timeout, heartbeat=heartbeat)
-    app = web.Application()
+    app = web.Application(middlewares=[json_errors])
     app[STORE_KEY] = store
     app[HANDLERS_KEY] = handlers
     for path in (CONFIGS_PATH, NAMESPACE_PATH, CONFIG_PATH):
@@ -296,7 +309,7 @@ def auth_app(
 
         return handler
 
-    app = web.Application()
+    app = web.Application(middlewares=[json_errors])
     app[STORE_KEY] = store
     app.router.add_get("/", answer(turn_auth), allow_head=False)
     app.router.add_get("/ice", answer(ice_config), allow_head=False)

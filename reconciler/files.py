@@ -1,0 +1,242 @@
+"""The resources of local mode: Kubernetes objects read from YAML files in a directory.
+
+`ManifestDir(path)` reads every `*.yaml`, `*.yml` and `*.json` file under `path` (sorted,
+recursively), each holding any number of YAML documents (`---`). `scan()` re-reads the files that
+changed since the last scan (by mtime, size and inode: no inotify needed) and says whether the
+set of objects changed; `watch()` scans every `poll_interval` seconds and yields after each
+change.
+
+Bad input loses nothing: a file that is not valid YAML, or holds a document that is not a
+Kubernetes object (`apiVersion`, `kind`, `metadata.name`), is reported with file and line
+(`errors`, and the log) and changes nothing: the last good objects of that file stay until it is
+fixed. A deleted file takes its objects with it. An object defined twice (same kind, namespace
+and name) is reported and the first one (in file order) wins.
+
+As the API server would, objects of namespaced kinds get namespace `default` when they name none,
+and a Secret's `stringData` is folded into `data` (base64).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import copy
+import logging
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+log = logging.getLogger("stunner.manifests")
+
+SUFFIXES = (".yaml", ".yml", ".json")
+POLL_INTERVAL = 0.1
+DEFAULT_NAMESPACE = "default"
+# Kinds the reconciler reads that have no namespace.
+CLUSTER_SCOPED_KINDS = frozenset({"GatewayClass", "Namespace", "Node"})
+
+Object = dict[str, Any]
+Key = tuple[str, str, str, str]  # (apiVersion group, kind, namespace, name)
+
+
+class ManifestError(ValueError):
+    """A file or document that cannot be used: where (file:line) and why."""
+
+    def __init__(self, path: Path, line: int, message: str) -> None:
+        super().__init__(f"{path}:{line}: {message}")
+        self.path = path
+        self.line = line
+        self.message = message
+
+
+@dataclass(frozen=True)
+class _Stat:
+    mtime_ns: int
+    size: int
+    inode: int
+
+
+def _group(api_version: str) -> str:
+    return api_version.rpartition("/")[0]
+
+
+def key_of(obj: Mapping[str, Any]) -> Key:
+    """What makes an object unique: API group, kind, namespace, name (versions of one group
+    name the same object)."""
+    meta = obj["metadata"]
+    return (_group(obj["apiVersion"]), obj["kind"], meta.get("namespace", ""), meta["name"])
+
+
+def _normalize(obj: Object) -> Object:
+    """Defaults the API server would apply: the namespace and a Secret's stringData."""
+    obj = copy.deepcopy(obj)
+    meta = obj["metadata"]
+    if obj["kind"] not in CLUSTER_SCOPED_KINDS and not meta.get("namespace"):
+        meta["namespace"] = DEFAULT_NAMESPACE
+    if obj["kind"] == "Secret" and obj["apiVersion"] == "v1" and "stringData" in obj:
+        string_data = obj.pop("stringData") or {}
+        data = dict(obj.get("data") or {})
+        for name, value in string_data.items():
+            data[name] = base64.b64encode(str(value).encode()).decode("ascii")
+        obj["data"] = data
+    return obj
+
+
+def _check_object(data: Any) -> str | None:
+    """Why `data` is not a Kubernetes object, or None."""
+    if not isinstance(data, dict):
+        return f"a document must be a mapping (a Kubernetes object), got {type(data).__name__}"
+    for field in ("apiVersion", "kind"):
+        if not isinstance(data.get(field), str) or not data[field]:
+            return f"missing {field}"
+    meta = data.get("metadata")
+    if not isinstance(meta, dict) or not isinstance(meta.get("name"), str) or not meta["name"]:
+        return f"{data['kind']} without metadata.name"
+    namespace = meta.get("namespace")
+    if namespace is not None and not isinstance(namespace, str):
+        return f"{data['kind']} {meta['name']}: metadata.namespace must be a string"
+    return None
+
+
+def parse_manifest(path: Path, text: str) -> list[tuple[int, Object]]:
+    """Every object of a YAML (or JSON) file with the line it starts on (1-based); the first
+    problem raises `ManifestError` with file and line."""
+    loader = yaml.SafeLoader(text)
+    objects: list[tuple[int, Object]] = []
+    try:
+        while loader.check_node():
+            node = loader.get_node()
+            if node is None:
+                continue
+            line = node.start_mark.line + 1
+            data = loader.construct_document(node)
+            if data is None:
+                continue
+            problem = _check_object(data)
+            if problem is not None:
+                raise ManifestError(path, line, problem)
+            objects.append((line, _normalize(data)))
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = mark.line + 1 if mark is not None else 1
+        problem = " ".join(filter(None, (exc.context, exc.problem))) or str(exc)
+        raise ManifestError(path, line, f"invalid YAML: {problem}") from None
+    except yaml.YAMLError as exc:
+        raise ManifestError(path, 1, f"invalid YAML: {exc}") from None
+    finally:
+        loader.dispose()
+    return objects
+
+
+class ManifestDir:
+    """The objects defined by the YAML files under one directory, kept up to date by `scan`."""
+
+    def __init__(self, path: str | Path, *, poll_interval: float = POLL_INTERVAL) -> None:
+        self.path = Path(path)
+        self.poll_interval = poll_interval
+        self._stats: dict[Path, _Stat] = {}
+        self._files: dict[Path, list[tuple[int, Object]]] = {}  # last good content per file
+        self._errors: dict[Path, ManifestError] = {}
+        self._objects: list[Object] = []
+        self.duplicates: list[ManifestError] = []
+
+    @property
+    def errors(self) -> list[ManifestError]:
+        """The files whose last change could not be used (their last good objects stay)."""
+        return [self._errors[path] for path in sorted(self._errors)]
+
+    def objects(self) -> list[Object]:
+        """Every object, in file order, duplicates dropped (copies: change them freely)."""
+        return copy.deepcopy(self._objects)
+
+    def _paths(self) -> list[Path]:
+        if not self.path.is_dir():
+            raise ManifestError(self.path, 0, "not a directory")
+        return sorted(
+            path
+            for path in self.path.rglob("*")
+            if path.suffix in SUFFIXES and path.is_file() and not path.name.startswith(".")
+        )
+
+    def scan(self) -> bool:
+        """Re-read the files that changed; True if the objects changed."""
+        changed = False
+        paths = self._paths()
+        for gone in set(self._stats) - set(paths):
+            log.info("manifest %s removed", gone)
+            self._stats.pop(gone)
+            self._errors.pop(gone, None)
+            changed |= self._files.pop(gone, None) is not None
+        for path in paths:
+            try:
+                stat = path.stat()
+            except OSError:
+                continue  # removed between the listing and now: the next scan sees it
+            current = _Stat(stat.st_mtime_ns, stat.st_size, stat.st_ino)
+            if self._stats.get(path) == current:
+                continue
+            self._stats[path] = current
+            changed |= self._read(path)
+        if changed:
+            self._merge()
+        return changed
+
+    def _read(self, path: Path) -> bool:
+        try:
+            text = path.read_text(encoding="utf-8")
+            objects = parse_manifest(path, text)
+        except (OSError, UnicodeDecodeError) as exc:
+            error = ManifestError(path, 0, f"cannot read: {exc}")
+        except ManifestError as exc:
+            error = exc
+        else:
+            if path in self._errors:
+                log.info("manifest %s is valid again", path)
+            self._errors.pop(path, None)
+            if self._files.get(path) == objects:
+                return False
+            self._files[path] = objects
+            log.info("manifest %s: %d objects", path, len(objects))
+            return True
+        self._errors[path] = error
+        kept = len(self._files.get(path, []))
+        log.error("%s (ignoring this change; keeping the %d objects read before)", error, kept)
+        return False
+
+    def _merge(self) -> None:
+        seen: dict[Key, tuple[Path, int]] = {}
+        objects: list[Object] = []
+        self.duplicates = []
+        for path in sorted(self._files):
+            for line, obj in self._files[path]:
+                key = key_of(obj)
+                if key in seen:
+                    first, first_line = seen[key]
+                    duplicate = ManifestError(
+                        path,
+                        line,
+                        f"{obj['kind']} {key[2]}/{key[3]} is already defined at "
+                        f"{first}:{first_line}; ignoring this one",
+                    )
+                    self.duplicates.append(duplicate)
+                    log.error("%s", duplicate)
+                    continue
+                seen[key] = (path, line)
+                objects.append(obj)
+        self._objects = objects
+
+    async def watch(self) -> AsyncIterator[list[Object]]:
+        """The objects now, then again after every change (polling every `poll_interval` s)."""
+        self.scan()
+        yield self.objects()
+        while True:
+            await asyncio.sleep(self.poll_interval)
+            try:
+                changed = await asyncio.to_thread(self.scan)
+            except ManifestError as exc:
+                log.error("%s", exc)
+                continue
+            if changed:
+                yield self.objects()
