@@ -1,0 +1,617 @@
+"""render(snapshot, settings, now) -> Plan: the whole hierarchy, one pass, no I/O.
+
+For every GatewayClass whose controllerName is ours: its GatewayConfig and Dataplane are judged
+and its credentials resolved (any error invalidates the class and every Gateway of it). Then
+each Gateway of the class is judged by the rule table; a problem of one listener keeps only that
+listener out (its status says why), any other error keeps the Gateway out. UDPRoutes attach to
+the rendered listeners that allow them; each attached route becomes one cluster.
+"""
+
+from __future__ import annotations
+
+import copy
+import ipaddress
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from stunner_api import rules
+from stunner_api.dataplane import ConfigError, StunnerConfig, validate_config
+from stunner_api.resources import GATEWAY_API_GROUP, group_of
+
+from ..store import Kind, Object, Snapshot, labels_of, matches_selector, meta, name_of, namespace_of
+from . import conditions as cond
+from . import config, manifests
+from .judge import Problem, judge, under
+from .plan import Finding, Plan, RenderSettings, StatusUpdate
+from .words import RELATED_GATEWAY_NAME, Reason, Severity
+
+NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"  # every Namespace has it (Kubernetes 1.22+)
+
+
+def _spec(obj: Object | None) -> Mapping[str, Any]:
+    value = (obj or {}).get("spec")
+    return value if isinstance(value, Mapping) else {}
+
+
+def _id(obj: Object) -> str:
+    return f"{namespace_of(obj)}/{name_of(obj)}"
+
+
+@dataclass
+class ClassContext:
+    """A GatewayClass of ours with what its Gateways need, or the error that invalidates it."""
+
+    gateway_class: Object
+    gateway_config: Object | None = None
+    dataplane: Object | None = None
+    auth: dict[str, Any] | None = None
+    error: str | None = None
+
+
+@dataclass
+class ListenerPlan:
+    """One Gateway listener: its conditions, and what it renders to when it renders."""
+
+    index: int
+    spec: Mapping[str, Any]
+    name: str
+    protocol: str | None
+    port: int | None
+    accepted: cond.Condition = cond.LISTENER_ACCEPTED
+    conflicted: cond.Condition = cond.NO_CONFLICTS
+    resolved: cond.Condition = cond.RESOLVED_REFS
+    cert: str = ""
+    key: str = ""
+    routes: set[str] = field(default_factory=set)
+    public: tuple[str, int] | None = None
+
+    @property
+    def rendered(self) -> bool:
+        return (
+            self.accepted.status == "True"
+            and self.conflicted.status == "False"
+            and self.resolved.status == "True"
+        )
+
+    @property
+    def transport(self) -> str:
+        return rules.PROTOCOLS[self.protocol] if self.protocol else "UDP"
+
+
+@dataclass
+class GatewayPlan:
+    gateway: Object
+    context: ClassContext
+    listeners: list[ListenerPlan] = field(default_factory=list)
+    error: str | None = None  # the Gateway is not rendered
+    error_reason: str = Reason.INVALID
+
+
+@dataclass
+class RouteParent:
+    ref: dict[str, Any]
+    reason: str
+    message: str | None = None
+    gateway: GatewayPlan | None = None
+
+
+def _canonical_protocol(value: Any) -> str | None:
+    text = str(value)
+    if text in rules.PROTOCOL_ALIASES:
+        return rules.PROTOCOL_ALIASES[text]
+    return text.upper() if text.upper() in rules.PROTOCOLS else None
+
+
+class _Renderer:
+    def __init__(self, snapshot: Snapshot, settings: RenderSettings, now: datetime) -> None:
+        self.snapshot = snapshot
+        self.settings = settings
+        self.controller = settings.controller_name
+        self.now = now
+        self.findings: list[Finding] = []
+        self.statuses: list[StatusUpdate] = []
+        self.configs: dict[str, StunnerConfig] = {}
+        self.deployments: dict[str, dict[str, Any]] = {}
+        self.services: dict[str, dict[str, Any]] = {}
+        self.gateways: dict[tuple[str, str], GatewayPlan] = {}
+        self.clusters: dict[str, config.Cluster] = {}
+        self.route_parents: list[tuple[Object, list[RouteParent]]] = []
+
+    # --- findings and status ----------------------------------------------------------------
+
+    def note(self, obj: Object, path: str, message: str, reason: str) -> None:
+        kind = str(obj.get("kind"))
+        namespace = "" if kind in ("GatewayClass", "Dataplane") else namespace_of(obj)
+        self.findings.append(Finding(kind, namespace, name_of(obj), path, message, reason))
+
+    def note_problems(self, obj: Object, problems: list[Problem]) -> None:
+        for p in problems:
+            self.note(obj, p.path, p.message, p.reason)
+
+    def set_status(self, obj: Object, status: dict[str, Any]) -> None:
+        kind = str(obj.get("kind"))
+        namespace = "" if kind == "GatewayClass" else namespace_of(obj)
+        self.statuses.append(
+            StatusUpdate(
+                str(obj.get("apiVersion")),
+                kind,
+                namespace,
+                name_of(obj),
+                cond.generation_of(obj),
+                status,
+            )
+        )
+
+    def conditions(self, obj: Object, wanted: list[cond.Condition]) -> list[dict[str, Any]]:
+        return cond.conditions(
+            wanted, cond.generation_of(obj), self.now, cond.previous_conditions(obj)
+        )
+
+    # --- GatewayClass -----------------------------------------------------------------------
+
+    def judge_errors(self, obj: Object) -> list[Problem]:
+        problems = judge(obj, self.snapshot, self.settings.rules)
+        self.note_problems(obj, problems)
+        return [p for p in problems if p.severity == Severity.ERROR]
+
+    def resolve_class(self, gateway_class: Object) -> ClassContext:
+        ctx = ClassContext(gateway_class)
+        errors = self.judge_errors(gateway_class)
+        if errors:
+            ctx.error = str(errors[0])
+            return ctx
+        ref = _spec(gateway_class).get("parametersRef") or {}
+        namespace, name = str(ref.get("namespace")), str(ref.get("name"))
+        ctx.gateway_config = self.snapshot.get(Kind.GATEWAY_CONFIG, namespace, name)
+        if ctx.gateway_config is None:
+            ctx.error = f"No GatewayConfig found for name: {namespace}/{name}"
+            return ctx
+        errors = self.judge_errors(ctx.gateway_config)
+        if errors:
+            ctx.error = f"GatewayConfig {namespace}/{name}: {errors[0]}"
+            return ctx
+        dataplane_name = str(_spec(ctx.gateway_config).get("dataplane") or "default")
+        ctx.dataplane = self.snapshot.get(Kind.DATAPLANE, "", dataplane_name)
+        if ctx.dataplane is None:
+            ctx.error = f"missing Dataplane resource for Gateway: no Dataplane {dataplane_name!r}"
+            return ctx
+        errors = self.judge_errors(ctx.dataplane)
+        if errors:
+            ctx.error = f"Dataplane {dataplane_name}: {errors[0]}"
+            return ctx
+        try:
+            ctx.auth = config.auth(ctx.gateway_config, self.snapshot)
+        except config.AuthError as exc:
+            ctx.error = str(exc)
+        return ctx
+
+    # --- Gateway ----------------------------------------------------------------------------
+
+    def plan_gateway(self, gateway: Object, ctx: ClassContext) -> GatewayPlan:
+        plan = GatewayPlan(gateway, ctx)
+        if ctx.error is not None:
+            plan.error, plan.error_reason = ctx.error, Reason.PENDING
+            return plan
+        problems = judge(gateway, self.snapshot, self.settings.rules)
+        self.note_problems(gateway, problems)
+        spec_listeners = _spec(gateway).get("listeners")
+        listeners = spec_listeners if isinstance(spec_listeners, list) else []
+        paths = [f"spec.listeners[{i}]" for i in range(len(listeners))]
+        fatal = [
+            p
+            for p in problems
+            if p.severity == Severity.ERROR
+            and not any(under(p.path, path) for path in paths)
+            and not under(p.path, "metadata.annotations")  # logged and ignored, as Go does
+        ]
+        if fatal:
+            plan.error, plan.error_reason = str(fatal[0]), fatal[0].reason
+            return plan
+        for i, spec in enumerate(listeners):
+            if isinstance(spec, Mapping):
+                own = [p for p in problems if under(p.path, paths[i])]
+                plan.listeners.append(self.plan_listener(gateway, i, spec, own))
+        return plan
+
+    def plan_listener(
+        self, gateway: Object, index: int, spec: Mapping[str, Any], problems: list[Problem]
+    ) -> ListenerPlan:
+        port = spec.get("port")
+        plan = ListenerPlan(
+            index=index,
+            spec=spec,
+            name=str(spec.get("name") or ""),
+            protocol=_canonical_protocol(spec.get("protocol")),
+            port=port if isinstance(port, int) and not isinstance(port, bool) else None,
+        )
+        for p in problems:
+            if p.reason == Reason.PROTOCOL_CONFLICT:
+                plan.conflicted = cond.PROTOCOL_CONFLICT
+            elif p.reason in (Reason.INVALID_CERTIFICATE_REF, Reason.REF_NOT_PERMITTED):
+                plan.resolved = cond.listener_refs_unresolved(
+                    p.reason,
+                    "at least one certificate reference failed to be successfully resolved",
+                )
+            elif p.severity != Severity.ERROR:
+                continue
+            elif p.reason == Reason.UNSUPPORTED_PROTOCOL:
+                plan.accepted = cond.listener_not_accepted(p.reason, "unsupported protocol")
+            elif p.reason == Reason.PORT_UNAVAILABLE:
+                plan.accepted = cond.listener_not_accepted(p.reason, "port unavailable")
+            elif plan.accepted.status == "True":
+                plan.accepted = cond.listener_not_accepted(p.reason, str(p))
+        if plan.protocol is None and plan.accepted.status == "True":
+            plan.accepted = cond.listener_not_accepted(
+                Reason.UNSUPPORTED_PROTOCOL, "unsupported protocol"
+            )
+        if plan.port is None and plan.accepted.status == "True":
+            plan.accepted = cond.listener_not_accepted(Reason.PORT_UNAVAILABLE, "port unavailable")
+        if plan.rendered and plan.protocol in rules.TLS_PROTOCOLS:
+            pair, reason, message = config.tls_pair(spec, gateway, self.snapshot)
+            if pair is None:
+                plan.resolved = cond.listener_refs_unresolved(reason, message)
+                self.note(gateway, f"spec.listeners[{index}].tls", message, reason)
+            else:
+                plan.cert, plan.key = pair
+        return plan
+
+    # --- UDPRoute ---------------------------------------------------------------------------
+
+    def _namespace_allowed(self, listener: ListenerPlan, gateway: Object, route: Object) -> bool:
+        namespaces = (listener.spec.get("allowedRoutes") or {}).get("namespaces") or {}
+        origin = namespaces.get("from", "Same")
+        route_ns = namespace_of(route)
+        if origin == "All":
+            return True
+        if origin == "Same":
+            return route_ns == namespace_of(gateway)
+        if origin == "Selector":
+            namespace = self.snapshot.get(Kind.NAMESPACE, "", route_ns)
+            labels = dict(labels_of(namespace)) if namespace is not None else {}
+            labels.setdefault(NAMESPACE_NAME_LABEL, route_ns)
+            return matches_selector(labels, namespaces.get("selector") or {})
+        return False
+
+    @staticmethod
+    def _kind_allowed(listener: ListenerPlan, route: Object) -> bool:
+        kinds = (listener.spec.get("allowedRoutes") or {}).get("kinds") or []
+        if not kinds:
+            return True
+        group = group_of(str(route.get("apiVersion")))
+        return any(
+            k.get("kind") == "UDPRoute" and (k.get("group") or GATEWAY_API_GROUP) == group
+            for k in kinds
+            if isinstance(k, Mapping)
+        )
+
+    def attach_route(self, route: Object, masked: bool) -> None:
+        route_ns = namespace_of(route)
+        cluster_name = _id(route)
+        problems = judge(route, self.snapshot, self.settings.rules)
+        self.note_problems(route, problems)
+        fatal = [
+            p for p in problems if p.severity == Severity.ERROR and not under(p.path, "spec.rules")
+        ]
+        parents: list[RouteParent] = []
+        for ref in _spec(route).get("parentRefs") or []:
+            if not isinstance(ref, Mapping):
+                continue
+            if (ref.get("group") or GATEWAY_API_GROUP, ref.get("kind") or "Gateway") != (
+                GATEWAY_API_GROUP,
+                "Gateway",
+            ):
+                continue  # not a Gateway: not a parent this controller answers for
+            gw_ns, gw_name = str(ref.get("namespace") or route_ns), str(ref.get("name") or "")
+            parent_ref = {
+                "group": GATEWAY_API_GROUP,
+                "kind": "Gateway",
+                "namespace": gw_ns,
+                "name": gw_name,
+            }
+            for key in ("sectionName", "port"):
+                if ref.get(key) is not None:
+                    parent_ref[key] = ref[key]
+            where = f"{gw_ns}/{gw_name}"
+            gateway = self.snapshot.get(Kind.GATEWAY, gw_ns, gw_name)
+            plan = self.gateways.get((gw_ns, gw_name))
+            if gateway is not None and plan is None:
+                continue  # a Gateway of another controller answers for itself
+            if plan is None:
+                parents.append(RouteParent(parent_ref, Reason.NO_MATCHING_PARENT))
+                continue
+            if masked:
+                parents.append(RouteParent(parent_ref, Reason.PENDING, gateway=plan))
+                continue
+            if fatal:
+                parents.append(RouteParent(parent_ref, fatal[0].reason, str(fatal[0]), plan))
+                continue
+            if plan.error is not None:
+                parents.append(
+                    RouteParent(
+                        parent_ref,
+                        Reason.PENDING,
+                        f"parent {where} is not accepted: {plan.error}",
+                        plan,
+                    )
+                )
+                continue
+            section = ref.get("sectionName")
+            candidates = [lst for lst in plan.listeners if section is None or lst.name == section]
+            if not candidates:
+                parents.append(
+                    RouteParent(
+                        parent_ref,
+                        Reason.NO_MATCHING_PARENT,
+                        f"parent {where} has no listener named {section!r}",
+                        plan,
+                    )
+                )
+                continue
+            port = ref.get("port")
+            accepting = [
+                lst
+                for lst in candidates
+                if lst.rendered
+                and (port is None or port == lst.port)
+                and self._kind_allowed(lst, route)
+                and self._namespace_allowed(lst, plan.gateway, route)
+            ]
+            for lst in accepting:
+                lst.routes.add(cluster_name)
+            verdict = Reason.ACCEPTED if accepting else Reason.NOT_ALLOWED_BY_LISTENERS
+            parents.append(RouteParent(parent_ref, verdict, gateway=plan))
+        self.route_parents.append((route, parents))
+        if any(p.reason == Reason.ACCEPTED for p in parents):
+            self.clusters[cluster_name] = config.cluster(route, self.snapshot, self.settings)
+            for reason, message in self.clusters[cluster_name].problems:
+                self.note(route, "spec.rules[0].backendRefs", message, reason)
+
+    def route_status(self, route: Object, parents: list[RouteParent]) -> None:
+        cluster = self.clusters.get(_id(route))
+        resolved = cond.route_resolved(cluster.problems if cluster else [])
+        ours = []
+        for parent in parents:
+            where = f"{parent.ref['namespace']}/{parent.ref['name']}"
+            accepted = cond.route_accepted(where, parent.reason, parent.message)
+            previous = [
+                c
+                for entry in (route.get("status") or {}).get("parents") or []
+                if entry.get("parentRef") == parent.ref
+                and entry.get("controllerName") == self.controller
+                for c in entry.get("conditions") or []
+            ]
+            ours.append(
+                {
+                    "parentRef": parent.ref,
+                    "controllerName": self.controller,
+                    "conditions": cond.conditions(
+                        [accepted, resolved], cond.generation_of(route), self.now, previous
+                    ),
+                }
+            )
+        others = [
+            copy.deepcopy(dict(entry))
+            for entry in (route.get("status") or {}).get("parents") or []
+            if isinstance(entry, Mapping) and entry.get("controllerName") != self.controller
+        ]
+        if ours or others:
+            self.set_status(route, {"parents": [*others, *ours]})
+
+    # --- public addresses (ANCHORS §2.6) ----------------------------------------------------
+
+    def public_address(self, gateway: Object, listener: ListenerPlan) -> tuple[str, int] | None:
+        port = listener.port or 0
+        addresses = _spec(gateway).get("addresses") or []
+        if addresses and isinstance(addresses[0], Mapping) and addresses[0].get("value"):
+            return str(addresses[0]["value"]), port
+        service = self.snapshot.get(Kind.SERVICE, namespace_of(gateway), name_of(gateway))
+        if service is None:
+            return None
+        if (meta(service).get("annotations") or {}).get(RELATED_GATEWAY_NAME) != _id(gateway):
+            return None
+        service_port = next(
+            (
+                p
+                for p in _spec(service).get("ports") or []
+                if isinstance(p, Mapping)
+                and p.get("port") == port
+                and (p.get("protocol") or "TCP") == listener.transport
+            ),
+            None,
+        )
+        if service_port is None:
+            self.note(
+                gateway,
+                f"spec.listeners[{listener.index}]",
+                f"no {listener.transport} port {port} on Service {_id(service)}: enable "
+                "mixed-protocol-LB support to expose listeners of both transports",
+                Reason.ADDRESS_NOT_ASSIGNED,
+            )
+            return None
+        if _spec(service).get("type", "ClusterIP") == "LoadBalancer":
+            ingress = [
+                i
+                for i in ((service.get("status") or {}).get("loadBalancer") or {}).get("ingress")
+                or []
+                if isinstance(i, Mapping)
+            ]
+            chosen = next(
+                (
+                    i
+                    for i in ingress
+                    if any(
+                        s.get("port") == port and (s.get("protocol") or "TCP") == listener.transport
+                        for s in i.get("ports") or []
+                    )
+                ),
+                ingress[0] if ingress else None,
+            )
+            if chosen is not None and (chosen.get("ip") or chosen.get("hostname")):
+                return str(chosen.get("ip") or chosen.get("hostname")), port
+        node_port = service_port.get("nodePort")
+        if isinstance(node_port, int) and node_port:
+            for kind in ("ExternalIP", "ExternalDNS"):
+                for node in self.snapshot.all(Kind.NODE):
+                    for address in (node.get("status") or {}).get("addresses") or []:
+                        if address.get("type") == kind and address.get("address"):
+                            return str(address["address"]), node_port
+        return None
+
+    # --- one Gateway ------------------------------------------------------------------------
+
+    def render_gateway(self, plan: GatewayPlan) -> None:
+        gateway, ctx = plan.gateway, plan.context
+        gw_id = _id(gateway)
+        accepted = cond.gateway_accepted(self.controller, plan.error, plan.error_reason)
+        status: dict[str, Any] = {}
+        if plan.error is not None:
+            self.note(gateway, "", plan.error, plan.error_reason)
+            programmed = cond.gateway_programmed(self.controller, plan.error, False)
+            status["conditions"] = self.conditions(gateway, [accepted, programmed])
+            self.set_status(gateway, status)
+            return
+        assert ctx.gateway_config is not None and ctx.dataplane is not None and ctx.auth is not None
+        annotations = manifests.service_annotations(gateway, ctx.gateway_config)
+        targetports, _ = manifests.port_map(annotations, rules.TARGETPORT)
+        listeners: list[dict[str, Any]] = []
+        address_found = True
+        first_address: str | None = None
+        for lst in plan.listeners:
+            if not lst.rendered:
+                continue
+            lst.public = self.public_address(gateway, lst)
+            entry: dict[str, Any] = {
+                "name": f"{gw_id}/{lst.name}",
+                "protocol": lst.protocol,
+                "address": config.STUNNER_ADDR,
+                "port": targetports.get(lst.name, lst.port),
+                "routes": sorted(lst.routes),
+            }
+            if lst.public is None:
+                address_found = False
+            else:
+                entry["public_address"], entry["public_port"] = lst.public
+                first_address = first_address or lst.public[0]
+            if lst.cert:
+                entry["cert"], entry["key"] = lst.cert, lst.key
+            listeners.append(entry)
+        routes = sorted({r for lst in plan.listeners for r in lst.routes})
+        data = {
+            "version": "v1",
+            "admin": config.admin(gw_id, ctx.gateway_config, ctx.dataplane),
+            "auth": ctx.auth,
+            "listeners": listeners,
+            "clusters": [self.clusters[r].to_dict() for r in routes],
+        }
+        error: str | None = None
+        try:
+            self.configs[gw_id] = validate_config(data)
+        except ConfigError as exc:
+            error = f"rendered dataplane config is invalid: {exc}"
+            self.note(gateway, "", error, Reason.INVALID)
+        if error is None:
+            ports = [
+                manifests.ServicePort(lst.name, lst.port or 0, lst.transport)
+                for lst in plan.listeners
+                if lst.rendered
+            ]
+            service, notes = manifests.service(gateway, ctx.gateway_config, ports)
+            for note in notes:
+                self.note(gateway, "metadata.annotations", note, Reason.INVALID)
+            if service is not None:
+                self.services[gw_id] = service
+            if not manifests.is_true(annotations, rules.DISABLE_MANAGED_DATAPLANE):
+                self.deployments[gw_id] = manifests.deployment(
+                    gateway, ctx.dataplane, self.settings
+                )
+        programmed = cond.gateway_programmed(self.controller, error, address_found)
+        status["conditions"] = self.conditions(gateway, [accepted, programmed])
+        if first_address is not None:
+            kind = "IPAddress" if _is_ip(first_address) else "Hostname"
+            status["addresses"] = [{"type": kind, "value": first_address}]
+        status["listeners"] = [self.listener_status(gateway, lst) for lst in plan.listeners]
+        self.set_status(gateway, status)
+
+    def listener_status(self, gateway: Object, lst: ListenerPlan) -> dict[str, Any]:
+        previous = [
+            c
+            for entry in (gateway.get("status") or {}).get("listeners") or []
+            if isinstance(entry, Mapping) and entry.get("name") == lst.name
+            for c in entry.get("conditions") or []
+        ]
+        return {
+            "name": lst.name,
+            "supportedKinds": [dict(k) for k in cond.SUPPORTED_KINDS],
+            "attachedRoutes": len(lst.routes),
+            "conditions": cond.conditions(
+                [lst.accepted, lst.conflicted, lst.resolved],
+                cond.generation_of(gateway),
+                self.now,
+                previous,
+            ),
+        }
+
+    # --- the whole snapshot -----------------------------------------------------------------
+
+    def run(self) -> Plan:
+        for ignored in self.snapshot.ignored:
+            self.findings.append(
+                Finding(
+                    ignored.kind,
+                    ignored.namespace,
+                    ignored.name,
+                    "",
+                    ignored.reason,
+                    Reason.INVALID,
+                )
+            )
+        classes: dict[str, ClassContext] = {}
+        for gateway_class in self.snapshot.all(Kind.GATEWAY_CLASS):
+            if _spec(gateway_class).get("controllerName") != self.controller:
+                continue
+            ctx = self.resolve_class(gateway_class)
+            classes[name_of(gateway_class)] = ctx
+            accepted = cond.gateway_class_accepted(self.controller, ctx.error)
+            if ctx.error is not None:
+                self.note(gateway_class, "", ctx.error, Reason.INVALID_PARAMETERS)
+            self.set_status(
+                gateway_class, {"conditions": self.conditions(gateway_class, [accepted])}
+            )
+        for gateway in self.snapshot.all(Kind.GATEWAY):
+            ctx_ = classes.get(str(_spec(gateway).get("gatewayClassName")))
+            if ctx_ is not None:
+                self.gateways[namespace_of(gateway), name_of(gateway)] = self.plan_gateway(
+                    gateway, ctx_
+                )
+        stunner_routes = self.snapshot.all(Kind.STUNNER_UDP_ROUTE)
+        stunner_ids = {_id(r) for r in stunner_routes}
+        for route in stunner_routes:
+            self.attach_route(route, masked=False)
+        for route in self.snapshot.all(Kind.GATEWAY_API_UDP_ROUTE):
+            self.attach_route(route, masked=_id(route) in stunner_ids)
+        for plan in self.gateways.values():
+            self.render_gateway(plan)
+        for route, parents in self.route_parents:
+            self.route_status(route, parents)
+        return Plan(
+            configs=self.configs,
+            deployments=self.deployments,
+            services=self.services,
+            statuses=tuple(self.statuses),
+            findings=tuple(self.findings),
+        )
+
+
+def _is_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
+
+
+def render(snapshot: Snapshot, settings: RenderSettings, now: datetime) -> Plan:
+    """The plan of a snapshot: configs, manifests and status of every Gateway of ours."""
+    return _Renderer(snapshot, settings, now).run()

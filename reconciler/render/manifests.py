@@ -1,0 +1,322 @@
+"""The Deployment and the Service of a Gateway (ANCHORS §2.4, managed mode).
+
+Both are named after the Gateway, live in its namespace and are owned by it (when its uid is
+known: objects read from files have none). The Service rendered here is the operator's intent;
+keeping the fields others set on the live Service (nodePorts, loadBalancerClass, user labels) is
+the applier's job.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from stunner_api import rules
+from stunner_api.resources import GATEWAY_API_GROUP
+
+from ..store import Object, meta, name_of, namespace_of
+from .plan import DEFAULT_STUNNERD_IMAGE, RenderSettings
+from .words import (
+    APP_LABEL,
+    APP_VALUE,
+    OWNED_BY_LABEL,
+    OWNED_BY_VALUE,
+    RELATED_GATEWAY_NAME,
+    RELATED_GATEWAY_NAMESPACE,
+)
+
+# Gateway labels that are not copied to the Deployment: they belong to tools that would then
+# think they own it (operator#70).
+LABEL_FILTER = (
+    "applyset.kubernetes.io/part-of",
+    "applyset.k8s.io/part-of",
+    "app.kubernetes.io/managed-by",
+    "argocd.argoproj.io/instance",
+    "kustomize.toolkit.fluxcd.io/name",
+    "kustomize.toolkit.fluxcd.io/namespace",
+)
+CONTAINER_NAME = "stunner-daemon"
+DEFAULT_COMMAND = ("stunnerd",)
+DEFAULT_ARGS = ("-w", "--udp-thread-num=16")
+DEFAULT_PULL_POLICY = "Always"
+DEFAULT_GRACE_PERIOD = 3600
+DEFAULT_RESOURCES = {"limits": {"memory": "20M"}, "requests": {"cpu": "250m"}}
+METRICS_PORT = 8080
+HEALTH_PORT = 8086
+HEALTH_CHECK_PORT_NAME = "gateway-health-check"
+HEALTH_PORT_ANNOTATION = re.compile(r"^service\.beta\.kubernetes\.io/.*health.*port$")
+HEALTH_PROTOCOL_ANNOTATION = re.compile(r"^service\.beta\.kubernetes\.io/.*health.*protocol$")
+
+
+def _map(value: Any) -> dict[str, Any]:
+    """A deep copy of a mapping taken from an input object (a manifest never shares state with
+    the snapshot), {} for anything else."""
+    return copy.deepcopy(dict(value)) if isinstance(value, Mapping) else {}
+
+
+def _text(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def is_true(annotations: Mapping[str, Any], key: str) -> bool:
+    return _text(annotations.get(key, "false")).lower() == "true"
+
+
+def owner_references(gateway: Object) -> list[dict[str, Any]]:
+    uid = meta(gateway).get("uid")
+    if not uid:
+        return []
+    return [
+        {
+            "apiVersion": str(gateway.get("apiVersion") or f"{GATEWAY_API_GROUP}/v1"),
+            "kind": "Gateway",
+            "name": name_of(gateway),
+            "uid": str(uid),
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+    ]
+
+
+def _metadata(
+    gateway: Object, labels: dict[str, str], annotations: dict[str, str]
+) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "name": name_of(gateway),
+        "namespace": namespace_of(gateway),
+        "labels": labels,
+        "annotations": annotations,
+    }
+    owners = owner_references(gateway)
+    if owners:
+        out["ownerReferences"] = owners
+    return out
+
+
+def related_labels(gateway: Object) -> dict[str, str]:
+    return {
+        RELATED_GATEWAY_NAME: name_of(gateway),
+        RELATED_GATEWAY_NAMESPACE: namespace_of(gateway),
+    }
+
+
+def _gateway_id(gateway: Object) -> str:
+    return f"{namespace_of(gateway)}/{name_of(gateway)}"
+
+
+# --- Deployment -------------------------------------------------------------------------------
+
+
+def _probe(path: str) -> dict[str, Any]:
+    return {
+        "httpGet": {"path": path, "port": HEALTH_PORT, "scheme": "HTTP"},
+        "periodSeconds": 15,
+        "timeoutSeconds": 1,
+        "failureThreshold": 3,
+        "successThreshold": 1,
+    }
+
+
+def deployment(gateway: Object, dataplane: Object, settings: RenderSettings) -> dict[str, Any]:
+    """The stunnerd Deployment of a Gateway, from its Dataplane template."""
+    spec = _map(dataplane.get("spec"))
+    gw_labels = {k: str(v) for k, v in _map(meta(gateway).get("labels")).items()}
+    labels = {k: v for k, v in gw_labels.items() if k not in LABEL_FILTER}
+    labels |= {OWNED_BY_LABEL: OWNED_BY_VALUE} | related_labels(gateway)
+    annotations = {k: _text(v) for k, v in _map(meta(gateway).get("annotations")).items()}
+    annotations[RELATED_GATEWAY_NAME] = _gateway_id(gateway)
+    pod_labels = {k: str(v) for k, v in _map(spec.get("labels")).items()}
+    pod_labels |= {APP_LABEL: APP_VALUE} | related_labels(gateway)
+    pod_annotations = {k: str(v) for k, v in _map(spec.get("annotations")).items()}
+    pod_annotations[RELATED_GATEWAY_NAME] = _gateway_id(gateway)
+    env: list[dict[str, Any]] = [
+        {"name": "STUNNER_ADDR", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        {"name": "STUNNER_NAME", "value": name_of(gateway)},
+        {"name": "STUNNER_NAMESPACE", "value": namespace_of(gateway)},
+        {"name": "STUNNER_NODENAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+        {"name": "STUNNER_CONFIG_ORIGIN", "value": settings.config_discovery_url},
+        *[_map(e) for e in spec.get("env") or [] if isinstance(e, Mapping)],
+    ]
+    container: dict[str, Any] = {
+        "name": CONTAINER_NAME,
+        "image": spec.get("image") or DEFAULT_STUNNERD_IMAGE,
+        "imagePullPolicy": spec.get("imagePullPolicy") or DEFAULT_PULL_POLICY,
+        "command": list(spec.get("command") or DEFAULT_COMMAND),
+        "args": list(spec.get("args") or DEFAULT_ARGS),
+        "env": env,
+        "ports": [{"name": "metrics-port", "containerPort": METRICS_PORT, "protocol": "TCP"}],
+        "resources": _map(spec.get("resources")) or _map(DEFAULT_RESOURCES),
+    }
+    if not spec.get("disableHealthCheck"):
+        container["livenessProbe"] = _probe("/live")
+        container["readinessProbe"] = _probe("/ready")
+    if spec.get("containerSecurityContext"):
+        container["securityContext"] = _map(spec["containerSecurityContext"])
+    grace = spec.get("terminationGracePeriodSeconds")
+    pod_spec: dict[str, Any] = {
+        "containers": [container],
+        "terminationGracePeriodSeconds": grace if isinstance(grace, int) else DEFAULT_GRACE_PERIOD,
+        "hostNetwork": bool(spec.get("hostNetwork")),
+    }
+    for key in ("affinity", "securityContext"):
+        if spec.get(key):
+            pod_spec[key] = _map(spec[key])
+    for key in ("tolerations", "topologySpreadConstraints", "imagePullSecrets"):
+        if spec.get(key):
+            pod_spec[key] = [_map(item) for item in spec[key] if isinstance(item, Mapping)]
+    selector = {
+        "matchExpressions": [
+            {"key": APP_LABEL, "operator": "In", "values": [APP_VALUE]},
+            {"key": RELATED_GATEWAY_NAME, "operator": "In", "values": [name_of(gateway)]},
+            {"key": RELATED_GATEWAY_NAMESPACE, "operator": "In", "values": [namespace_of(gateway)]},
+        ]
+    }
+    deployment_spec: dict[str, Any] = {
+        "selector": selector,
+        "template": {
+            "metadata": {"labels": pod_labels, "annotations": pod_annotations},
+            "spec": pod_spec,
+        },
+    }
+    replicas = spec.get("replicas")
+    if isinstance(replicas, int) and replicas != 1:  # 1 is left to an HPA or a kubectl scale
+        deployment_spec["replicas"] = replicas
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _metadata(gateway, labels, annotations),
+        "spec": deployment_spec,
+    }
+
+
+# --- Service ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ServicePort:
+    """A rendered listener as the Service exposes it."""
+
+    name: str
+    port: int
+    transport: str  # "UDP" | "TCP"
+
+
+def port_map(annotations: Mapping[str, Any], key: str) -> tuple[dict[str, int], str | None]:
+    """A nodeport/targetport annotation as {listener: port}; missing braces are tolerated.
+    An invalid value gives ({}, why), which is logged and otherwise ignored (as Go does)."""
+    raw = annotations.get(key)
+    if raw is None:
+        return {}, None
+    text = _text(raw).strip()
+    if not text.startswith("{"):
+        text = "{" + text + "}"
+    try:
+        value = json.loads(text)
+    except ValueError:
+        value = None
+    if not isinstance(value, dict) or not all(
+        isinstance(v, int) and not isinstance(v, bool) for v in value.values()
+    ):
+        return {}, f"annotation {key}: not a JSON map of listener name to port: ignored"
+    return {str(k): int(v) for k, v in value.items()}, None
+
+
+def service_annotations(gateway: Object, gateway_config: Object) -> dict[str, str]:
+    """GatewayConfig loadBalancerServiceAnnotations, overridden by the Gateway's annotations."""
+    merged = {
+        k: _text(v)
+        for k, v in _map(
+            _map(gateway_config.get("spec")).get("loadBalancerServiceAnnotations")
+        ).items()
+    }
+    merged |= {k: _text(v) for k, v in _map(meta(gateway).get("annotations")).items()}
+    return merged
+
+
+def service(
+    gateway: Object, gateway_config: Object, ports: Sequence[ServicePort]
+) -> tuple[dict[str, Any] | None, list[str]]:
+    """The Service exposing a Gateway's rendered listeners, None when there is none; with the
+    annotation problems that were ignored."""
+    if not ports:
+        return None, []
+    notes: list[str] = []
+    annotations = service_annotations(gateway, gateway_config)
+    service_type = annotations.get(rules.SERVICE_TYPE, "LoadBalancer")
+    if service_type not in (*rules.SERVICE_TYPES, "ExternalName"):
+        notes.append(
+            f"annotation {rules.SERVICE_TYPE}: unknown type {service_type!r}: LoadBalancer used"
+        )
+        service_type = "LoadBalancer"
+    nodeports, why = port_map(annotations, rules.NODEPORT)
+    notes += [why] if why else []
+    targetports, why = port_map(annotations, rules.TARGETPORT)
+    notes += [why] if why else []
+    names = {p.name for p in ports}
+    for key, mapping in ((rules.NODEPORT, nodeports), (rules.TARGETPORT, targetports)):
+        notes += [
+            f"annotation {key}: no listener named {n!r}: ignored" for n in mapping if n not in names
+        ]
+    mixed = is_true(annotations, rules.MIXED_PROTOCOL_LB)
+    first = ports[0].transport
+    service_ports: list[dict[str, Any]] = []
+    for p in ports:
+        if p.transport != first and not mixed:
+            continue
+        entry: dict[str, Any] = {"name": p.name, "protocol": p.transport, "port": p.port}
+        if p.name in targetports:
+            entry["targetPort"] = targetports[p.name]
+        if p.name in nodeports and service_type in ("NodePort", "LoadBalancer"):
+            entry["nodePort"] = nodeports[p.name]
+        service_ports.append(entry)
+    if service_type == "LoadBalancer" and not is_true(
+        annotations, rules.DISABLE_HEALTH_CHECK_EXPOSE
+    ):
+        health = _health_check_port(annotations)
+        if health is not None:
+            service_ports.append(
+                {"name": HEALTH_CHECK_PORT_NAME, "protocol": "TCP", "port": health}
+            )
+    spec: dict[str, Any] = {
+        "type": service_type,
+        "selector": {APP_LABEL: APP_VALUE} | related_labels(gateway),
+        "ports": service_ports,
+        "sessionAffinity": "None"
+        if is_true(annotations, rules.DISABLE_SESSION_AFFINITY)
+        else "ClientIP",
+    }
+    policy = annotations.get(rules.EXTERNAL_TRAFFIC_POLICY, "").lower()
+    if policy == "local" and service_type in ("NodePort", "LoadBalancer"):
+        spec["externalTrafficPolicy"] = "Local"
+    addresses = _map(gateway.get("spec")).get("addresses") or []
+    if addresses and isinstance(addresses[0], Mapping):
+        if addresses[0].get("type", "IPAddress") == "IPAddress" and addresses[0].get("value"):
+            spec["loadBalancerIP"] = str(addresses[0]["value"])
+    labels = {OWNED_BY_LABEL: OWNED_BY_VALUE} | related_labels(gateway)
+    annotations[RELATED_GATEWAY_NAME] = _gateway_id(gateway)
+    manifest = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(gateway, labels, annotations),
+        "spec": spec,
+    }
+    return manifest, notes
+
+
+def _health_check_port(annotations: Mapping[str, str]) -> int | None:
+    """The health-check port the load balancer annotations name (port and TCP/HTTP protocol)."""
+    port = next((v for k, v in annotations.items() if HEALTH_PORT_ANNOTATION.match(k)), None)
+    protocol = next(
+        (v for k, v in annotations.items() if HEALTH_PROTOCOL_ANNOTATION.match(k)), None
+    )
+    if port is None or protocol is None or protocol.upper() not in ("TCP", "HTTP"):
+        return None
+    try:
+        value = int(port)
+    except ValueError:
+        return None
+    return value if 1 <= value <= 65535 else None

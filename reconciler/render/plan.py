@@ -1,0 +1,77 @@
+"""What render is given (`RenderSettings`) and what it gives back (`Plan`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from stunner_api import rules
+from stunner_api.dataplane import StunnerConfig
+
+DEFAULT_CONTROLLER_NAME = "stunner.l7mp.io/gateway-operator"
+# The stable address of the config discovery service (a Service name, never a pod IP, so a
+# reconciler restart rolls no dataplane: Go STUNner's #163).
+DEFAULT_CONFIG_DISCOVERY_URL = "http://stunner-config-discovery.stunner-system.svc:13478"
+DEFAULT_STUNNERD_IMAGE = "l7mp/stunnerd:latest"
+
+
+@dataclass(frozen=True)
+class RenderSettings:
+    controller_name: str = DEFAULT_CONTROLLER_NAME
+    # Off: backends are STRICT_DNS clusters of the Services' cluster DNS names.
+    endpoint_discovery: bool = True
+    # The Service ClusterIP joins the endpoints of a Service backend (Go: EnableRelayToClusterIP).
+    relay_to_cluster_ip: bool = True
+    # STUNNER_CONFIG_ORIGIN of every managed dataplane.
+    config_discovery_url: str = DEFAULT_CONFIG_DISCOVERY_URL
+    cluster_domain: str = "cluster.local"
+    # What the rule table needs to know of the cluster (pod/service CIDRs, NodePort range).
+    rules: rules.Settings = field(default_factory=rules.Settings)
+
+
+@dataclass(frozen=True)
+class StatusUpdate:
+    """The status render wants an object to have (the whole `status` value)."""
+
+    api_version: str
+    kind: str
+    namespace: str  # "" for cluster-scoped objects
+    name: str
+    generation: int
+    status: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Finding:
+    """An object (or part of one) skipped or degraded, for the log; status carries it too."""
+
+    kind: str
+    namespace: str
+    name: str
+    path: str
+    message: str
+    reason: str
+
+    def __str__(self) -> str:
+        where = f"{self.namespace}/{self.name}" if self.namespace else self.name
+        path = f" {self.path}:" if self.path else ""
+        return f"{self.kind} {where}:{path} {self.message} ({self.reason})"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything one render decided. Ids are "<gateway namespace>/<gateway name>"."""
+
+    configs: Mapping[str, StunnerConfig]
+    deployments: Mapping[str, dict[str, Any]]
+    services: Mapping[str, dict[str, Any]]
+    statuses: tuple[StatusUpdate, ...]
+    findings: tuple[Finding, ...]
+
+    def status_of(self, kind: str, namespace: str, name: str) -> Mapping[str, Any] | None:
+        """The status planned for one object, None if render writes none."""
+        for update in self.statuses:
+            if (update.kind, update.namespace, update.name) == (kind, namespace, name):
+                return update.status
+        return None
