@@ -12,14 +12,13 @@ Kubernetes object (`apiVersion`, `kind`, `metadata.name`), is reported with file
 fixed. A deleted file takes its objects with it. An object defined twice (same kind, namespace
 and name) is reported and the first one (in file order) wins.
 
-As the API server would, objects of namespaced kinds get namespace `default` when they name none,
-and a Secret's `stringData` is folded into `data` (base64).
+The objects are kept as written: the `Snapshot` defaults a missing namespace and reads a
+Secret's `stringData`, as it does for objects from the API server.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
 import copy
 import logging
 from collections.abc import AsyncIterator, Mapping
@@ -29,16 +28,15 @@ from typing import Any
 
 import yaml
 
+from .store import CLUSTER_SCOPED, kind_of, name_of, namespace_of
+
 log = logging.getLogger("stunner.manifests")
 
 SUFFIXES = (".yaml", ".yml", ".json")
 POLL_INTERVAL = 0.1
-DEFAULT_NAMESPACE = "default"
-# Kinds the reconciler reads that have no namespace.
-CLUSTER_SCOPED_KINDS = frozenset({"GatewayClass", "Namespace", "Node"})
 
 Object = dict[str, Any]
-Key = tuple[str, str, str, str]  # (apiVersion group, kind, namespace, name)
+Key = tuple[str, str, str]  # (kind, namespace, name)
 
 
 class ManifestError(ValueError):
@@ -58,30 +56,13 @@ class _Stat:
     inode: int
 
 
-def _group(api_version: str) -> str:
-    return api_version.rpartition("/")[0]
-
-
 def key_of(obj: Mapping[str, Any]) -> Key:
-    """What makes an object unique: API group, kind, namespace, name (versions of one group
-    name the same object)."""
-    meta = obj["metadata"]
-    return (_group(obj["apiVersion"]), obj["kind"], meta.get("namespace", ""), meta["name"])
-
-
-def _normalize(obj: Object) -> Object:
-    """Defaults the API server would apply: the namespace and a Secret's stringData."""
-    obj = copy.deepcopy(obj)
-    meta = obj["metadata"]
-    if obj["kind"] not in CLUSTER_SCOPED_KINDS and not meta.get("namespace"):
-        meta["namespace"] = DEFAULT_NAMESPACE
-    if obj["kind"] == "Secret" and obj["apiVersion"] == "v1" and "stringData" in obj:
-        string_data = obj.pop("stringData") or {}
-        data = dict(obj.get("data") or {})
-        for name, value in string_data.items():
-            data[name] = base64.b64encode(str(value).encode()).decode("ascii")
-        obj["data"] = data
-    return obj
+    """What makes an object unique, as the `Snapshot` indexes it (the versions of one kind name
+    the same object; a cluster-scoped object has no namespace)."""
+    kind = kind_of(obj)
+    what = str(kind) if kind is not None else f"{obj['apiVersion']} {obj['kind']}"
+    namespace = "" if kind in CLUSTER_SCOPED else namespace_of(obj)
+    return (what, namespace, name_of(obj))
 
 
 def _check_object(data: Any) -> str | None:
@@ -117,7 +98,7 @@ def parse_manifest(path: Path, text: str) -> list[tuple[int, Object]]:
             problem = _check_object(data)
             if problem is not None:
                 raise ManifestError(path, line, problem)
-            objects.append((line, _normalize(data)))
+            objects.append((line, data))
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark is not None else 1
@@ -217,7 +198,7 @@ class ManifestDir:
                     duplicate = ManifestError(
                         path,
                         line,
-                        f"{obj['kind']} {key[2]}/{key[3]} is already defined at "
+                        f"{obj['kind']} {'/'.join(filter(None, key[1:]))} is already defined at "
                         f"{first}:{first_line}; ignoring this one",
                     )
                     self.duplicates.append(duplicate)

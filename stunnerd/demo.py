@@ -84,13 +84,20 @@ def demo_config(address: str, port: int, echo_port: int) -> dict[str, Any]:
 
 
 async def relay(
-    transport: str, server: tuple[str, int], peer: tuple[str, int], count: int
+    transport: str,
+    server: tuple[str, int],
+    peer: tuple[str, int],
+    count: int,
+    credentials: tuple[str, str] = (USERNAME, PASSWORD),
+    wait: float = 2.0,
 ) -> dict[str, Any]:
-    """Send `count` packets to the echo peer through TURN; report what came back."""
+    """Send `count` packets to the echo peer through TURN; report what came back within `wait`
+    seconds."""
     from aioice.turn import create_turn_endpoint
 
+    username, password = credentials
     turn, receiver = await create_turn_endpoint(
-        Receiver, server_addr=server, username=USERNAME, password=PASSWORD, transport=transport
+        Receiver, server_addr=server, username=username, password=password, transport=transport
     )
     try:
         relayed = turn.get_extra_info("sockname")
@@ -100,7 +107,7 @@ async def relay(
             sent[payload] = time.monotonic()
             turn.sendto(payload, peer)
             await asyncio.sleep(0.01)  # a modest 100 packets/s
-        deadline = time.monotonic() + 2.0
+        deadline = time.monotonic() + wait
         while len(receiver.received) < count and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
         rtts = [receiver.received[p] - t for p, t in sent.items() if p in receiver.received]
@@ -115,16 +122,22 @@ async def relay(
         turn.close()
 
 
-async def refused(server: tuple[str, int], peer: tuple[str, int]) -> str:
+async def refused(
+    server: tuple[str, int],
+    peer: tuple[str, int],
+    credentials: tuple[str, str] = (USERNAME, PASSWORD),
+    timeout: float = 3.0,
+) -> str:
     """Try to reach a peer no route admits: the ChannelBind must fail with 403."""
     from aioice.turn import create_turn_endpoint
 
+    username, password = credentials
     turn, receiver = await create_turn_endpoint(
-        Receiver, server_addr=server, username=USERNAME, password=PASSWORD, transport="udp"
+        Receiver, server_addr=server, username=username, password=password, transport="udp"
     )
     try:
         turn.sendto(b"should not arrive", peer)
-        deadline = time.monotonic() + 3.0
+        deadline = time.monotonic() + timeout
         while not receiver.errors and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
         return str(receiver.errors[0]) if receiver.errors else "no error (unexpected)"
