@@ -102,7 +102,10 @@ def parse_manifest(path: Path, text: str) -> list[tuple[int, Object]]:
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark is not None else 1
-        problem = " ".join(filter(None, (exc.context, exc.problem))) or str(exc)
+        context = exc.context or ""
+        if context and exc.context_mark is not None and exc.context_mark.line + 1 != line:
+            context += f" (line {exc.context_mark.line + 1})"
+        problem = " ".join(filter(None, (context, exc.problem))) or str(exc)
         raise ManifestError(path, line, f"invalid YAML: {problem}") from None
     except yaml.YAMLError as exc:
         raise ManifestError(path, 1, f"invalid YAML: {exc}") from None
