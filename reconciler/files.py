@@ -4,7 +4,8 @@
 recursively), each holding any number of YAML documents (`---`). `scan()` re-reads the files that
 changed since the last scan (by mtime, size and inode: no inotify needed) and says whether the
 set of objects changed; `watch()` scans every `poll_interval` seconds and yields after each
-change.
+change. An empty file is a write in progress and is skipped, as Go's file watch does (write big
+files atomically: rename a finished one into place).
 
 Bad input loses nothing: a file that is not valid YAML, or holds a document that is not a
 Kubernetes object (`apiVersion`, `kind`, `metadata.name`), is reported with file and line
@@ -161,18 +162,35 @@ class ManifestDir:
             current = _Stat(stat.st_mtime_ns, stat.st_size, stat.st_ino)
             if self._stats.get(path) == current:
                 continue
+            if current.size == 0:
+                # Truncated by a writer that has not written yet (as Go's file watch assumes):
+                # the last good objects stay. Delete a file to remove its objects.
+                log.debug("manifest %s is empty, ignoring it until it is written", path)
+                continue
+            try:
+                text = path.read_bytes()
+                after = path.stat()
+            except OSError as exc:
+                self._stats[path] = current
+                changed |= self._use(path, ManifestError(path, 0, f"cannot read: {exc}"))
+                continue
+            if _Stat(after.st_mtime_ns, after.st_size, after.st_ino) != current:
+                continue  # written while we read it: the next scan reads it whole
             self._stats[path] = current
-            changed |= self._read(path)
+            changed |= self._use(path, text)
         if changed:
             self._merge()
         return changed
 
-    def _read(self, path: Path) -> bool:
+    def _use(self, path: Path, content: bytes | ManifestError) -> bool:
+        """Take a file's new content, or report why it cannot be used; True if its objects
+        changed."""
         try:
-            text = path.read_text(encoding="utf-8")
-            objects = parse_manifest(path, text)
-        except (OSError, UnicodeDecodeError) as exc:
-            error = ManifestError(path, 0, f"cannot read: {exc}")
+            if isinstance(content, ManifestError):
+                raise content
+            objects = parse_manifest(path, content.decode("utf-8"))
+        except UnicodeDecodeError as exc:
+            error = ManifestError(path, 0, f"not UTF-8: {exc}")
         except ManifestError as exc:
             error = exc
         else:

@@ -115,6 +115,19 @@ def test_a_malformed_edit_changes_nothing(tmp_path: Path, caplog: pytest.LogCapt
     assert [e.path for e in directory.errors] == [tmp_path / "new.yaml"]
 
 
+def test_an_empty_file_is_a_write_in_progress(tmp_path: Path) -> None:
+    path = tmp_path / "gateway.yaml"
+    path.write_text(GATEWAY.format(name="gw"))
+    directory = ManifestDir(tmp_path)
+    directory.scan()
+    path.write_text("")  # truncated, not yet written
+    assert directory.scan() is False
+    assert names(directory) == ["Gateway/gw"]
+    path.write_text(GATEWAY.format(name="gw") + "---\n" + ROUTE)
+    assert directory.scan() is True
+    assert names(directory) == ["Gateway/gw", "UDPRoute/route"]
+
+
 def test_a_removed_file_takes_its_objects(tmp_path: Path) -> None:
     (tmp_path / "a.yaml").write_text(GATEWAY.format(name="a"))
     (tmp_path / "b.yaml").write_text(GATEWAY.format(name="b"))
