@@ -257,9 +257,12 @@ class CdsHandlers:
 
     async def close_all(self) -> None:
         """Close every watcher's WebSocket (clients reconnect)."""
-        for ws in list(self.sockets):
+
+        async def close(ws: web.WebSocketResponse) -> None:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(ws.close(code=1001, message=b"server shutdown"), 0.5)
+                await asyncio.wait_for(ws.close(code=1001, message=b"going away"), 0.5)
+
+        await asyncio.gather(*(close(ws) for ws in list(self.sockets)))
 
 
 HANDLERS_KEY = web.AppKey("cds", CdsHandlers)

@@ -21,7 +21,6 @@ import asyncio
 import json
 import logging
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -31,7 +30,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from stunnerd.demo import EchoPeer, refused, relay, wait_until_serving
+from stunnerd.demo import EchoPeer, port_busy, refused, relay, wait_until_serving
 
 from .local import LocalSettings, run_local
 
@@ -179,12 +178,10 @@ def main() -> int:
     if not EXAMPLE.is_dir():
         print(f"the bundled example is missing ({EXAMPLE}): run from a checkout", file=sys.stderr)
         return 1
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        try:
-            probe.bind(("0.0.0.0", args.port))
-        except OSError as exc:
-            print(f"port {args.port}/udp is busy ({exc.strerror}); try --port", file=sys.stderr)
-            return 1
+    busy = port_busy(args.port)
+    if busy:
+        print(busy, file=sys.stderr)
+        return 1
     manifests = Path(tempfile.mkdtemp(prefix="stunner-demo-"))
     try:
         return asyncio.run(run(args.address, args.port, args.count, manifests, args.verbose))

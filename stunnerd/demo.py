@@ -222,18 +222,26 @@ async def run(address: str, port: int, count: int) -> int:
             other.close()
 
 
+def port_busy(port: int) -> str | None:
+    """Why the demo cannot have UDP `port`, or None if it is free."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.bind(("0.0.0.0", port))
+        except OSError as exc:
+            return f"port {port}/udp is busy ({exc.strerror}); try --port"
+    return None
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--address", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=int(os.environ.get("STUNNER_PORT", 3478)))
     parser.add_argument("--count", type=int, default=50, help="packets per transport")
     args = parser.parse_args()
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        try:
-            probe.bind(("0.0.0.0", args.port))
-        except OSError as exc:
-            print(f"port {args.port}/udp is busy ({exc.strerror}); try --port", file=sys.stderr)
-            return 1
+    busy = port_busy(args.port)
+    if busy:
+        print(busy, file=sys.stderr)
+        return 1
     try:
         return asyncio.run(run(args.address, args.port, args.count))
     except RuntimeError as exc:
