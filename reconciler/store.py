@@ -18,7 +18,13 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from stunner_api.resources import GATEWAY_API_GROUP, STUNNER_GROUP, group_of
+from stunner_api.vocabulary import (
+    CORE_GROUP,
+    GATEWAY_API_GROUP,
+    RELATED_GATEWAY_NAME,
+    STUNNER_GROUP,
+    group_of,
+)
 
 Object = Mapping[str, Any]
 
@@ -52,11 +58,11 @@ KINDS: Mapping[tuple[str, str], Kind] = {
     (STUNNER_GROUP, "UDPRoute"): Kind.STUNNER_UDP_ROUTE,
     (GATEWAY_API_GROUP, "UDPRoute"): Kind.GATEWAY_API_UDP_ROUTE,
     (STUNNER_GROUP, "StaticService"): Kind.STATIC_SERVICE,
-    ("", "Service"): Kind.SERVICE,
+    (CORE_GROUP, "Service"): Kind.SERVICE,
     ("discovery.k8s.io", "EndpointSlice"): Kind.ENDPOINT_SLICE,
-    ("", "Secret"): Kind.SECRET,
-    ("", "Namespace"): Kind.NAMESPACE,
-    ("", "Node"): Kind.NODE,
+    (CORE_GROUP, "Secret"): Kind.SECRET,
+    (CORE_GROUP, "Namespace"): Kind.NAMESPACE,
+    (CORE_GROUP, "Node"): Kind.NODE,
     (GATEWAY_API_GROUP, "ReferenceGrant"): Kind.REFERENCE_GRANT,
 }
 CLUSTER_SCOPED = frozenset({Kind.GATEWAY_CLASS, Kind.DATAPLANE, Kind.NAMESPACE, Kind.NODE})
@@ -125,6 +131,7 @@ class Snapshot:
 
     objects: Mapping[Kind, Mapping[tuple[str, str], Object]]
     slices_by_service: Mapping[tuple[str, str], tuple[Object, ...]] = field(default_factory=dict)
+    services_by_gateway: Mapping[tuple[str, str], tuple[Object, ...]] = field(default_factory=dict)
     ignored: tuple[Ignored, ...] = ()
 
     @classmethod
@@ -152,12 +159,18 @@ class Snapshot:
             table[kind][namespace, name_of(obj)] = obj
         slices: dict[tuple[str, str], list[Object]] = defaultdict(list)
         for (namespace, _), endpoint_slice in sorted(table[Kind.ENDPOINT_SLICE].items()):
-            service = labels_of(endpoint_slice).get(SERVICE_NAME_LABEL)
-            if service:
-                slices[namespace, service].append(endpoint_slice)
+            service_name = labels_of(endpoint_slice).get(SERVICE_NAME_LABEL)
+            if service_name:
+                slices[namespace, service_name].append(endpoint_slice)
+        gateway_services: dict[tuple[str, str], list[Object]] = defaultdict(list)
+        for (namespace, _), service in sorted(table[Kind.SERVICE].items()):
+            annotations = meta(service).get("annotations")
+            if isinstance(annotations, Mapping) and annotations.get(RELATED_GATEWAY_NAME):
+                gateway_services[namespace, str(annotations[RELATED_GATEWAY_NAME])].append(service)
         return cls(
             objects=table,
             slices_by_service={key: tuple(value) for key, value in slices.items()},
+            services_by_gateway={k: tuple(v) for k, v in gateway_services.items()},
             ignored=tuple(ignored),
         )
 
@@ -176,6 +189,10 @@ class Snapshot:
         """The EndpointSlices of a Service (by their kubernetes.io/service-name label)."""
         return self.slices_by_service.get((namespace, service), ())
 
+    def services_of_gateway(self, namespace: str, gateway_id: str) -> tuple[Object, ...]:
+        """The Services of a namespace annotated related-gateway-name=<gateway ns>/<name>."""
+        return self.services_by_gateway.get((namespace, gateway_id), ())
+
     # --- the rule table's Lookup ----------------------------------------------------------
 
     def secret(self, namespace: str, name: str) -> dict[str, Any] | None:
@@ -192,6 +209,11 @@ class Snapshot:
             for (ns, _), obj in sorted(self.objects.get(Kind.REFERENCE_GRANT, {}).items())
             if ns == namespace
         ]
+
+    def may_read_secret(self, namespace: str, name: str) -> bool:
+        """Whether a requester may read a Secret that no ReferenceGrant opens: the reconciler's
+        own rights are no reason to read across namespaces, so never."""
+        return False
 
     def permits(
         self,

@@ -12,12 +12,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from ..store import Object, meta
-from .words import ConditionType, Reason
+from stunner_api.vocabulary import GATEWAY_API_UDP_ROUTE, STUNNER_UDP_ROUTE, ConditionType
+from stunner_api.vocabulary import ConditionReason as Reason
 
-SUPPORTED_KINDS = (
-    {"group": "gateway.networking.k8s.io", "kind": "UDPRoute"},
-    {"group": "stunner.l7mp.io", "kind": "UDPRoute"},
+from ..store import Object, meta
+
+SUPPORTED_KINDS = tuple(
+    {"group": info.group, "kind": info.kind} for info in (GATEWAY_API_UDP_ROUTE, STUNNER_UDP_ROUTE)
 )
 
 

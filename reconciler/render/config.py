@@ -21,19 +21,29 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from stunner_api import rules
-from stunner_api.resources import (
+from stunner_api.vocabulary import (
+    AUTH_SECRET_PASSWORD_KEYS,
+    AUTH_SECRET_SHARED_SECRET_KEYS,
+    AUTH_SECRET_TYPE_KEY,
+    AUTH_SECRET_USERNAME_KEYS,
+    AUTH_TYPE_ALIASES,
+    BACKEND_KINDS,
+    CORE_GROUP,
     DEFAULT_AUTH_TYPE,
     DEFAULT_LOG_LEVEL,
     DEFAULT_REALM,
     GATEWAY_API_GROUP,
+    GATEWAY_CONFIG_AUTH_TYPES,
     STUNNER_GROUP,
+    TLS_CERT_KEYS,
+    TLS_KEY_KEYS,
+    AuthType,
     group_of,
 )
+from stunner_api.vocabulary import ConditionReason as Reason
 
 from ..store import Kind, Object, Snapshot, name_of, namespace_of
 from .plan import RenderSettings
-from .words import Reason
 
 STUNNER_ADDR = "$STUNNER_ADDR"
 HEALTHCHECK_ENDPOINT = "http://:8086"
@@ -92,6 +102,15 @@ def _decoded(secret: Object) -> dict[str, str]:
     return out
 
 
+def _base64_values(secret: Object) -> dict[str, str]:
+    """A Secret's values base64-encoded, as the dataplane config carries them: `data` as it is,
+    `stringData` (manifests written by hand) encoded; stringData wins, as the API server does."""
+    out = {str(k): str(v) for k, v in (secret.get("data") or {}).items()}
+    for key, value in (secret.get("stringData") or {}).items():
+        out[str(key)] = base64.b64encode(str(value).encode()).decode()
+    return out
+
+
 def auth(gateway_config: Object, snapshot: Snapshot) -> dict[str, Any]:
     """The `auth` section from the authRef Secret (which wins) or the inline fields."""
     spec = _spec(gateway_config)
@@ -102,7 +121,7 @@ def auth(gateway_config: Object, snapshot: Snapshot) -> dict[str, Any]:
         name = str(ref.get("name") or "")
         permitted = snapshot.permits(
             (STUNNER_GROUP, "GatewayConfig", namespace_of(gateway_config)),
-            ("", "Secret", namespace, name),
+            (CORE_GROUP, "Secret", namespace, name),
         )
         secret = snapshot.get(Kind.SECRET, namespace, name) if permitted else None
         if secret is None:
@@ -112,17 +131,19 @@ def auth(gateway_config: Object, snapshot: Snapshot) -> dict[str, Any]:
                 f"{namespace}/{name} {why}"
             )
         data = _decoded(secret)
-        raw_type = data.get("type") or DEFAULT_AUTH_TYPE
-        username, password = data.get("username"), data.get("password")
-        shared = _secret_value(data, ("secret", "sharedSecret"))
+        raw_type = data.get(AUTH_SECRET_TYPE_KEY) or DEFAULT_AUTH_TYPE
+        username = _secret_value(data, AUTH_SECRET_USERNAME_KEYS)
+        password = _secret_value(data, AUTH_SECRET_PASSWORD_KEYS)
+        shared = _secret_value(data, AUTH_SECRET_SHARED_SECRET_KEYS)
     else:
         raw_type = str(spec.get("authType") or DEFAULT_AUTH_TYPE)
         username, password = spec.get("userName"), spec.get("password")
         shared = spec.get("sharedSecret")
-    auth_type = rules.AUTH_TYPES.get(str(raw_type).lower())
+    spelling = str(raw_type).lower()
+    auth_type = AUTH_TYPE_ALIASES.get(spelling) if spelling in GATEWAY_CONFIG_AUTH_TYPES else None
     if auth_type is None:
         raise AuthError(f"invalid authentication type {str(raw_type)!r}")
-    if auth_type == "static":
+    if auth_type == AuthType.STATIC:
         if not username or not password:
             raise AuthError("missing username and/or password for plaintext authentication")
         credentials = {"username": str(username), "password": str(password)}
@@ -130,7 +151,7 @@ def auth(gateway_config: Object, snapshot: Snapshot) -> dict[str, Any]:
         if not shared:
             raise AuthError("missing shared-secret for longterm authentication")
         credentials = {"secret": str(shared)}
-    return {"type": auth_type, "realm": realm, "credentials": credentials}
+    return {"type": str(auth_type), "realm": realm, "credentials": credentials}
 
 
 # --- TLS --------------------------------------------------------------------------------------
@@ -148,7 +169,7 @@ def tls_pair(
         namespace = str(ref.get("namespace") or gw_namespace)
         name = str(ref.get("name") or "")
         if not snapshot.permits(
-            (GATEWAY_API_GROUP, "Gateway", gw_namespace), ("", "Secret", namespace, name)
+            (GATEWAY_API_GROUP, "Gateway", gw_namespace), (CORE_GROUP, "Secret", namespace, name)
         ):
             return (
                 None,
@@ -159,11 +180,11 @@ def tls_pair(
         secret = snapshot.get(Kind.SECRET, namespace, name)
         if secret is None:
             continue
-        data = secret.get("data") or {}
-        cert = next((data[k] for k in rules.CERT_KEYS if data.get(k)), None)
-        key = next((data[k] for k in rules.KEY_KEYS if data.get(k)), None)
+        data = _base64_values(secret)
+        cert = next((data[k] for k in TLS_CERT_KEYS if data.get(k)), None)
+        key = next((data[k] for k in TLS_KEY_KEYS if data.get(k)), None)
         if cert and key:
-            return (str(cert), str(key)), Reason.RESOLVED_REFS, ""
+            return (cert, key), Reason.RESOLVED_REFS, ""
     return (
         None,
         Reason.INVALID_CERTIFICATE_REF,
@@ -201,7 +222,7 @@ def _port_suffix(ref: Mapping[str, Any], ports_apply: bool) -> str:
     return f":<{port}-{end}>"
 
 
-def _is_ip(text: str) -> bool:
+def is_ip(text: str) -> bool:
     try:
         ipaddress.ip_address(text)
     except ValueError:
@@ -216,11 +237,11 @@ def _service_addresses(service: Object, snapshot: Snapshot, settings: RenderSett
         if endpoint_slice.get("addressType") not in ("IPv4", "IPv6", None):
             continue  # FQDN slices carry names, not addresses
         for endpoint in endpoint_slice.get("endpoints") or []:
-            out += [a for a in endpoint.get("addresses") or [] if _is_ip(str(a))]
+            out += [a for a in endpoint.get("addresses") or [] if is_ip(str(a))]
     if settings.relay_to_cluster_ip:
         spec = _spec(service)
         cluster_ips = spec.get("clusterIPs") or [spec.get("clusterIP")]
-        out += [str(ip) for ip in cluster_ips if ip and ip != "None" and _is_ip(str(ip))]
+        out += [str(ip) for ip in cluster_ips if ip and ip != "None" and is_ip(str(ip))]
     return out
 
 
@@ -256,7 +277,7 @@ def cluster(route: Object, snapshot: Snapshot, settings: RenderSettings) -> Clus
         group, kind = str(ref.get("group") or ""), str(ref.get("kind") or "Service")
         namespace, name = str(ref.get("namespace") or route_namespace), str(ref.get("name") or "")
         where = f"{kind} {namespace}/{name}"
-        if (group, kind) not in rules.BACKEND_KINDS:
+        if (group, kind) not in BACKEND_KINDS:
             result.problems.append(
                 (Reason.INVALID_KIND, f"backend group {group!r} kind {kind!r} is not supported")
             )

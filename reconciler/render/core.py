@@ -10,22 +10,31 @@ the rendered listeners that allow them; each attached route becomes one cluster.
 from __future__ import annotations
 
 import copy
-import ipaddress
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
-from stunner_api import rules
 from stunner_api.dataplane import ConfigError, StunnerConfig, validate_config
-from stunner_api.resources import GATEWAY_API_GROUP, group_of
+from stunner_api.rules import Problem, Severity
+from stunner_api.vocabulary import (
+    DEFAULT_DATAPLANE,
+    DISABLE_MANAGED_DATAPLANE,
+    GATEWAY_API_GROUP,
+    LISTENER_PROTOCOLS,
+    LISTENER_TRANSPORT,
+    TARGETPORT,
+    TLS_PROTOCOLS,
+    ListenerProtocol,
+    group_of,
+)
+from stunner_api.vocabulary import ConditionReason as Reason
 
 from ..store import Kind, Object, Snapshot, labels_of, matches_selector, meta, name_of, namespace_of
 from . import conditions as cond
 from . import config, manifests
-from .judge import Problem, judge, under
+from .judge import judge, under
 from .plan import Finding, Plan, RenderSettings, StatusUpdate
-from .words import RELATED_GATEWAY_NAME, Reason, Severity
 
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"  # every Namespace has it (Kubernetes 1.22+)
 
@@ -57,7 +66,7 @@ class ListenerPlan:
     index: int
     spec: Mapping[str, Any]
     name: str
-    protocol: str | None
+    protocol: ListenerProtocol | None
     port: int | None
     accepted: cond.Condition = cond.LISTENER_ACCEPTED
     conflicted: cond.Condition = cond.NO_CONFLICTS
@@ -77,7 +86,7 @@ class ListenerPlan:
 
     @property
     def transport(self) -> str:
-        return rules.PROTOCOLS[self.protocol] if self.protocol else "UDP"
+        return LISTENER_TRANSPORT[self.protocol] if self.protocol else "UDP"
 
 
 @dataclass
@@ -97,11 +106,8 @@ class RouteParent:
     gateway: GatewayPlan | None = None
 
 
-def _canonical_protocol(value: Any) -> str | None:
-    text = str(value)
-    if text in rules.PROTOCOL_ALIASES:
-        return rules.PROTOCOL_ALIASES[text]
-    return text.upper() if text.upper() in rules.PROTOCOLS else None
+def _canonical_protocol(value: Any) -> ListenerProtocol | None:
+    return LISTENER_PROTOCOLS.get(str(value).upper())
 
 
 class _Renderer:
@@ -109,6 +115,8 @@ class _Renderer:
         self.snapshot = snapshot
         self.settings = settings
         self.controller = settings.controller_name
+        # The rules decide what is ours by the same controller name.
+        self.rule_settings = replace(settings.rules, controller_name=settings.controller_name)
         self.now = now
         self.findings: list[Finding] = []
         self.statuses: list[StatusUpdate] = []
@@ -117,7 +125,7 @@ class _Renderer:
         self.services: dict[str, dict[str, Any]] = {}
         self.gateways: dict[tuple[str, str], GatewayPlan] = {}
         self.clusters: dict[str, config.Cluster] = {}
-        self.route_parents: list[tuple[Object, list[RouteParent]]] = []
+        self.route_parents: list[tuple[Object, list[RouteParent], bool]] = []
 
     # --- findings and status ----------------------------------------------------------------
 
@@ -152,7 +160,7 @@ class _Renderer:
     # --- GatewayClass -----------------------------------------------------------------------
 
     def judge_errors(self, obj: Object) -> list[Problem]:
-        problems = judge(obj, self.snapshot, self.settings.rules)
+        problems = judge(obj, self.snapshot, self.rule_settings)
         self.note_problems(obj, problems)
         return [p for p in problems if p.severity == Severity.ERROR]
 
@@ -172,7 +180,7 @@ class _Renderer:
         if errors:
             ctx.error = f"GatewayConfig {namespace}/{name}: {errors[0]}"
             return ctx
-        dataplane_name = str(_spec(ctx.gateway_config).get("dataplane") or "default")
+        dataplane_name = str(_spec(ctx.gateway_config).get("dataplane") or DEFAULT_DATAPLANE)
         ctx.dataplane = self.snapshot.get(Kind.DATAPLANE, "", dataplane_name)
         if ctx.dataplane is None:
             ctx.error = f"missing Dataplane resource for Gateway: no Dataplane {dataplane_name!r}"
@@ -194,7 +202,7 @@ class _Renderer:
         if ctx.error is not None:
             plan.error, plan.error_reason = ctx.error, Reason.PENDING
             return plan
-        problems = judge(gateway, self.snapshot, self.settings.rules)
+        problems = judge(gateway, self.snapshot, self.rule_settings)
         self.note_problems(gateway, problems)
         spec_listeners = _spec(gateway).get("listeners")
         listeners = spec_listeners if isinstance(spec_listeners, list) else []
@@ -248,7 +256,7 @@ class _Renderer:
             )
         if plan.port is None and plan.accepted.status == "True":
             plan.accepted = cond.listener_not_accepted(Reason.PORT_UNAVAILABLE, "port unavailable")
-        if plan.rendered and plan.protocol in rules.TLS_PROTOCOLS:
+        if plan.rendered and plan.protocol in TLS_PROTOCOLS:
             pair, reason, message = config.tls_pair(spec, gateway, self.snapshot)
             if pair is None:
                 plan.resolved = cond.listener_refs_unresolved(reason, message)
@@ -289,7 +297,7 @@ class _Renderer:
     def attach_route(self, route: Object, masked: bool) -> None:
         route_ns = namespace_of(route)
         cluster_name = _id(route)
-        problems = judge(route, self.snapshot, self.settings.rules)
+        problems = judge(route, self.snapshot, self.rule_settings)
         self.note_problems(route, problems)
         fatal = [
             p for p in problems if p.severity == Severity.ERROR and not under(p.path, "spec.rules")
@@ -362,14 +370,14 @@ class _Renderer:
                 lst.routes.add(cluster_name)
             verdict = Reason.ACCEPTED if accepting else Reason.NOT_ALLOWED_BY_LISTENERS
             parents.append(RouteParent(parent_ref, verdict, gateway=plan))
-        self.route_parents.append((route, parents))
-        if any(p.reason == Reason.ACCEPTED for p in parents):
+        self.route_parents.append((route, parents, masked))
+        if parents and not masked:  # backends resolved for status even where not attached
             self.clusters[cluster_name] = config.cluster(route, self.snapshot, self.settings)
             for reason, message in self.clusters[cluster_name].problems:
                 self.note(route, "spec.rules[0].backendRefs", message, reason)
 
-    def route_status(self, route: Object, parents: list[RouteParent]) -> None:
-        cluster = self.clusters.get(_id(route))
+    def route_status(self, route: Object, parents: list[RouteParent], masked: bool) -> None:
+        cluster = None if masked else self.clusters.get(_id(route))
         resolved = cond.route_resolved(cluster.problems if cluster else [])
         ours = []
         for parent in parents:
@@ -401,15 +409,29 @@ class _Renderer:
 
     # --- public addresses (ANCHORS §2.6) ----------------------------------------------------
 
+    def gateway_service(self, gateway: Object) -> Object | None:
+        """The live Service exposing a Gateway: of the Services of its namespace annotated with
+        it (and owned by it, when its uid is known), a LoadBalancer before an ExternalName
+        before a NodePort before a ClusterIP one."""
+        uid = meta(gateway).get("uid")
+        candidates = [
+            svc
+            for svc in self.snapshot.services_of_gateway(namespace_of(gateway), _id(gateway))
+            if not uid
+            or any(o.get("uid") == uid for o in meta(svc).get("ownerReferences") or [])
+            or (name_of(svc) == name_of(gateway) and not meta(svc).get("ownerReferences"))
+        ]
+        rank = {"LoadBalancer": 0, "ExternalName": 1, "NodePort": 2, "ClusterIP": 3}
+        candidates.sort(key=lambda svc: rank.get(str(_spec(svc).get("type", "ClusterIP")), 4))
+        return candidates[0] if candidates else None
+
     def public_address(self, gateway: Object, listener: ListenerPlan) -> tuple[str, int] | None:
         port = listener.port or 0
         addresses = _spec(gateway).get("addresses") or []
         if addresses and isinstance(addresses[0], Mapping) and addresses[0].get("value"):
             return str(addresses[0]["value"]), port
-        service = self.snapshot.get(Kind.SERVICE, namespace_of(gateway), name_of(gateway))
+        service = self.gateway_service(gateway)
         if service is None:
-            return None
-        if (meta(service).get("annotations") or {}).get(RELATED_GATEWAY_NAME) != _id(gateway):
             return None
         service_port = next(
             (
@@ -467,14 +489,15 @@ class _Renderer:
         accepted = cond.gateway_accepted(self.controller, plan.error, plan.error_reason)
         status: dict[str, Any] = {}
         if plan.error is not None:
-            self.note(gateway, "", plan.error, plan.error_reason)
+            if plan.error_reason == Reason.PENDING:  # its class's error (its own are noted)
+                self.note(gateway, "", plan.error, plan.error_reason)
             programmed = cond.gateway_programmed(self.controller, plan.error, False)
             status["conditions"] = self.conditions(gateway, [accepted, programmed])
             self.set_status(gateway, status)
             return
         assert ctx.gateway_config is not None and ctx.dataplane is not None and ctx.auth is not None
         annotations = manifests.service_annotations(gateway, ctx.gateway_config)
-        targetports, _ = manifests.port_map(annotations, rules.TARGETPORT)
+        targetports, _ = manifests.port_map(annotations, TARGETPORT)
         listeners: list[dict[str, Any]] = []
         address_found = True
         first_address: str | None = None
@@ -484,7 +507,7 @@ class _Renderer:
             lst.public = self.public_address(gateway, lst)
             entry: dict[str, Any] = {
                 "name": f"{gw_id}/{lst.name}",
-                "protocol": lst.protocol,
+                "protocol": str(lst.protocol),
                 "address": config.STUNNER_ADDR,
                 "port": targetports.get(lst.name, lst.port),
                 "routes": sorted(lst.routes),
@@ -522,14 +545,14 @@ class _Renderer:
                 self.note(gateway, "metadata.annotations", note, Reason.INVALID)
             if service is not None:
                 self.services[gw_id] = service
-            if not manifests.is_true(annotations, rules.DISABLE_MANAGED_DATAPLANE):
+            if not manifests.is_true(annotations, DISABLE_MANAGED_DATAPLANE):
                 self.deployments[gw_id] = manifests.deployment(
                     gateway, ctx.dataplane, self.settings
                 )
         programmed = cond.gateway_programmed(self.controller, error, address_found)
         status["conditions"] = self.conditions(gateway, [accepted, programmed])
         if first_address is not None:
-            kind = "IPAddress" if _is_ip(first_address) else "Hostname"
+            kind = "IPAddress" if config.is_ip(first_address) else "Hostname"
             status["addresses"] = [{"type": kind, "value": first_address}]
         status["listeners"] = [self.listener_status(gateway, lst) for lst in plan.listeners]
         self.set_status(gateway, status)
@@ -593,8 +616,8 @@ class _Renderer:
             self.attach_route(route, masked=_id(route) in stunner_ids)
         for plan in self.gateways.values():
             self.render_gateway(plan)
-        for route, parents in self.route_parents:
-            self.route_status(route, parents)
+        for route, parents, masked in self.route_parents:
+            self.route_status(route, parents, masked)
         return Plan(
             configs=self.configs,
             deployments=self.deployments,
@@ -602,14 +625,6 @@ class _Renderer:
             statuses=tuple(self.statuses),
             findings=tuple(self.findings),
         )
-
-
-def _is_ip(text: str) -> bool:
-    try:
-        ipaddress.ip_address(text)
-    except ValueError:
-        return False
-    return True
 
 
 def render(snapshot: Snapshot, settings: RenderSettings, now: datetime) -> Plan:

@@ -15,19 +15,27 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from stunner_api import rules
-from stunner_api.resources import GATEWAY_API_GROUP
-
-from ..store import Object, meta, name_of, namespace_of
-from .plan import DEFAULT_STUNNERD_IMAGE, RenderSettings
-from .words import (
+from stunner_api.vocabulary import (
     APP_LABEL,
     APP_VALUE,
+    DEFAULT_TERMINATION_GRACE_PERIOD,
+    DISABLE_HEALTH_CHECK_EXPOSE,
+    DISABLE_SESSION_AFFINITY,
+    EXTERNAL_TRAFFIC_POLICY,
+    GATEWAY,
+    MIXED_PROTOCOL_LB,
+    NODEPORT,
     OWNED_BY_LABEL,
     OWNED_BY_VALUE,
     RELATED_GATEWAY_NAME,
     RELATED_GATEWAY_NAMESPACE,
+    SERVICE_TYPE,
+    SERVICE_TYPES,
+    TARGETPORT,
 )
+
+from ..store import Object, meta, name_of, namespace_of
+from .plan import DEFAULT_STUNNERD_IMAGE, RenderSettings
 
 # Gateway labels that are not copied to the Deployment: they belong to tools that would then
 # think they own it (operator#70).
@@ -43,7 +51,6 @@ CONTAINER_NAME = "stunner-daemon"
 DEFAULT_COMMAND = ("stunnerd",)
 DEFAULT_ARGS = ("-w", "--udp-thread-num=16")
 DEFAULT_PULL_POLICY = "Always"
-DEFAULT_GRACE_PERIOD = 3600
 DEFAULT_RESOURCES = {"limits": {"memory": "20M"}, "requests": {"cpu": "250m"}}
 METRICS_PORT = 8080
 HEALTH_PORT = 8086
@@ -72,7 +79,7 @@ def owner_references(gateway: Object) -> list[dict[str, Any]]:
         return []
     return [
         {
-            "apiVersion": str(gateway.get("apiVersion") or f"{GATEWAY_API_GROUP}/v1"),
+            "apiVersion": str(gateway.get("apiVersion") or GATEWAY.api_versions[0]),
             "kind": "Gateway",
             "name": name_of(gateway),
             "uid": str(uid),
@@ -151,6 +158,8 @@ def deployment(gateway: Object, dataplane: Object, settings: RenderSettings) -> 
         "ports": [{"name": "metrics-port", "containerPort": METRICS_PORT, "protocol": "TCP"}],
         "resources": _map(spec.get("resources")) or _map(DEFAULT_RESOURCES),
     }
+    if spec.get("envFrom"):  # Go declares it and drops it; we pass it on
+        container["envFrom"] = [_map(e) for e in spec["envFrom"] if isinstance(e, Mapping)]
     if not spec.get("disableHealthCheck"):
         container["livenessProbe"] = _probe("/live")
         container["readinessProbe"] = _probe("/ready")
@@ -159,7 +168,9 @@ def deployment(gateway: Object, dataplane: Object, settings: RenderSettings) -> 
     grace = spec.get("terminationGracePeriodSeconds")
     pod_spec: dict[str, Any] = {
         "containers": [container],
-        "terminationGracePeriodSeconds": grace if isinstance(grace, int) else DEFAULT_GRACE_PERIOD,
+        "terminationGracePeriodSeconds": grace
+        if isinstance(grace, int)
+        else DEFAULT_TERMINATION_GRACE_PERIOD,
         "hostNetwork": bool(spec.get("hostNetwork")),
     }
     for key in ("affinity", "securityContext"):
@@ -246,22 +257,20 @@ def service(
         return None, []
     notes: list[str] = []
     annotations = service_annotations(gateway, gateway_config)
-    service_type = annotations.get(rules.SERVICE_TYPE, "LoadBalancer")
-    if service_type not in (*rules.SERVICE_TYPES, "ExternalName"):
-        notes.append(
-            f"annotation {rules.SERVICE_TYPE}: unknown type {service_type!r}: LoadBalancer used"
-        )
+    service_type = annotations.get(SERVICE_TYPE, "LoadBalancer")
+    if service_type not in (*SERVICE_TYPES, "ExternalName"):
+        notes.append(f"annotation {SERVICE_TYPE}: unknown type {service_type!r}: LoadBalancer used")
         service_type = "LoadBalancer"
-    nodeports, why = port_map(annotations, rules.NODEPORT)
+    nodeports, why = port_map(annotations, NODEPORT)
     notes += [why] if why else []
-    targetports, why = port_map(annotations, rules.TARGETPORT)
+    targetports, why = port_map(annotations, TARGETPORT)
     notes += [why] if why else []
     names = {p.name for p in ports}
-    for key, mapping in ((rules.NODEPORT, nodeports), (rules.TARGETPORT, targetports)):
+    for key, mapping in ((NODEPORT, nodeports), (TARGETPORT, targetports)):
         notes += [
             f"annotation {key}: no listener named {n!r}: ignored" for n in mapping if n not in names
         ]
-    mixed = is_true(annotations, rules.MIXED_PROTOCOL_LB)
+    mixed = is_true(annotations, MIXED_PROTOCOL_LB)
     first = ports[0].transport
     service_ports: list[dict[str, Any]] = []
     for p in ports:
@@ -273,9 +282,7 @@ def service(
         if p.name in nodeports and service_type in ("NodePort", "LoadBalancer"):
             entry["nodePort"] = nodeports[p.name]
         service_ports.append(entry)
-    if service_type == "LoadBalancer" and not is_true(
-        annotations, rules.DISABLE_HEALTH_CHECK_EXPOSE
-    ):
+    if service_type == "LoadBalancer" and not is_true(annotations, DISABLE_HEALTH_CHECK_EXPOSE):
         health = _health_check_port(annotations)
         if health is not None:
             service_ports.append(
@@ -285,11 +292,9 @@ def service(
         "type": service_type,
         "selector": {APP_LABEL: APP_VALUE} | related_labels(gateway),
         "ports": service_ports,
-        "sessionAffinity": "None"
-        if is_true(annotations, rules.DISABLE_SESSION_AFFINITY)
-        else "ClientIP",
+        "sessionAffinity": "None" if is_true(annotations, DISABLE_SESSION_AFFINITY) else "ClientIP",
     }
-    policy = annotations.get(rules.EXTERNAL_TRAFFIC_POLICY, "").lower()
+    policy = annotations.get(EXTERNAL_TRAFFIC_POLICY, "").lower()
     if policy == "local" and service_type in ("NodePort", "LoadBalancer"):
         spec["externalTrafficPolicy"] = "Local"
     addresses = _map(gateway.get("spec")).get("addresses") or []

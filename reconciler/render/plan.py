@@ -8,8 +8,8 @@ from typing import Any
 
 from stunner_api import rules
 from stunner_api.dataplane import StunnerConfig
+from stunner_api.vocabulary import DEFAULT_CONTROLLER_NAME
 
-DEFAULT_CONTROLLER_NAME = "stunner.l7mp.io/gateway-operator"
 # The stable address of the config discovery service (a Service name, never a pod IP, so a
 # reconciler restart rolls no dataplane: Go STUNner's #163).
 DEFAULT_CONFIG_DISCOVERY_URL = "http://stunner-config-discovery.stunner-system.svc:13478"
