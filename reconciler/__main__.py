@@ -77,7 +77,12 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"minimum time between two renders (default {THROTTLE})",
     )
     parser.add_argument(
-        "-l", "--log", default="INFO", metavar="LEVEL", help="log level (default INFO)"
+        "-l",
+        "--log",
+        default="INFO",
+        type=str.upper,
+        choices=("DEBUG", "INFO", "WARNING", "ERROR"),
+        help="log level (default INFO)",
     )
     return parser
 
@@ -101,9 +106,7 @@ async def serve_local(settings: LocalSettings) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=args.log.upper(), format="%(asctime)s %(name)s %(levelname)s: %(message)s"
-    )
+    logging.basicConfig(level=args.log, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
     if args.manifests is None:
         print(
             "stunner-reconciler: cluster mode (watching the Kubernetes API) is not supported yet; "
