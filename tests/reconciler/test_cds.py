@@ -204,6 +204,10 @@ def test_list_and_namespace_watches() -> None:
                 assert await names(every, 2) == ["ns1/gw-b", "ns2/gw-a"]
                 frame = json.loads(await asyncio.wait_for(ns2.recv(), STEP))
                 assert frame["auth"]["realm"] == "changed"  # ns1/gw-b never reached ns2's watch
+                store.publish({"ns1/gw-a": make_config("ns1/gw-a")})  # the others are deleted
+                deleted = {await asyncio.wait_for(every.recv(), STEP) for _ in range(2)}
+                assert deleted == {zero_config(id).to_json() for id in ("ns1/gw-b", "ns2/gw-a")}
+                assert await asyncio.wait_for(ns2.recv(), STEP) == zero_config("ns2/gw-a").to_json()
 
     run(main)
 
