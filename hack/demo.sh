@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
-# Install, then run stunnerd locally and relay through it with a real TURN client.
+# Install, then run the reconciler in local mode on examples/local: YAML -> render -> CDS ->
+# stunnerd, relaying through it with a real TURN client.
 . "$(dirname "$0")/venv.sh" demo
-exec .venv/bin/stunnerd-demo "$@"
+exec .venv/bin/stunner-demo "$@"

@@ -84,13 +84,20 @@ def demo_config(address: str, port: int, echo_port: int) -> dict[str, Any]:
 
 
 async def relay(
-    transport: str, server: tuple[str, int], peer: tuple[str, int], count: int
+    transport: str,
+    server: tuple[str, int],
+    peer: tuple[str, int],
+    count: int,
+    credentials: tuple[str, str] = (USERNAME, PASSWORD),
+    wait: float = 2.0,
 ) -> dict[str, Any]:
-    """Send `count` packets to the echo peer through TURN; report what came back."""
+    """Send `count` packets to the echo peer through TURN; report what came back within `wait`
+    seconds."""
     from aioice.turn import create_turn_endpoint
 
+    username, password = credentials
     turn, receiver = await create_turn_endpoint(
-        Receiver, server_addr=server, username=USERNAME, password=PASSWORD, transport=transport
+        Receiver, server_addr=server, username=username, password=password, transport=transport
     )
     try:
         relayed = turn.get_extra_info("sockname")
@@ -100,7 +107,7 @@ async def relay(
             sent[payload] = time.monotonic()
             turn.sendto(payload, peer)
             await asyncio.sleep(0.01)  # a modest 100 packets/s
-        deadline = time.monotonic() + 2.0
+        deadline = time.monotonic() + wait
         while len(receiver.received) < count and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
         rtts = [receiver.received[p] - t for p, t in sent.items() if p in receiver.received]
@@ -115,16 +122,22 @@ async def relay(
         turn.close()
 
 
-async def refused(server: tuple[str, int], peer: tuple[str, int]) -> str:
+async def refused(
+    server: tuple[str, int],
+    peer: tuple[str, int],
+    credentials: tuple[str, str] = (USERNAME, PASSWORD),
+    timeout: float = 3.0,
+) -> str:
     """Try to reach a peer no route admits: the ChannelBind must fail with 403."""
     from aioice.turn import create_turn_endpoint
 
+    username, password = credentials
     turn, receiver = await create_turn_endpoint(
-        Receiver, server_addr=server, username=USERNAME, password=PASSWORD, transport="udp"
+        Receiver, server_addr=server, username=username, password=password, transport="udp"
     )
     try:
         turn.sendto(b"should not arrive", peer)
-        deadline = time.monotonic() + 3.0
+        deadline = time.monotonic() + timeout
         while not receiver.errors and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
         return str(receiver.errors[0]) if receiver.errors else "no error (unexpected)"
@@ -209,18 +222,26 @@ async def run(address: str, port: int, count: int) -> int:
             other.close()
 
 
+def port_busy(port: int) -> str | None:
+    """Why the demo cannot have UDP `port`, or None if it is free."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.bind(("0.0.0.0", port))
+        except OSError as exc:
+            return f"port {port}/udp is busy ({exc.strerror}); try --port"
+    return None
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--address", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=int(os.environ.get("STUNNER_PORT", 3478)))
     parser.add_argument("--count", type=int, default=50, help="packets per transport")
     args = parser.parse_args()
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        try:
-            probe.bind(("0.0.0.0", args.port))
-        except OSError as exc:
-            print(f"port {args.port}/udp is busy ({exc.strerror}); try --port", file=sys.stderr)
-            return 1
+    busy = port_busy(args.port)
+    if busy:
+        print(busy, file=sys.stderr)
+        return 1
     try:
         return asyncio.run(run(args.address, args.port, args.count))
     except RuntimeError as exc:

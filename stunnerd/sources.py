@@ -33,18 +33,25 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import WebSocketException
 from websockets.typing import Origin
 
+from stunner_api.cds import (
+    DEFAULT_ADDRESS,
+    NODE_PARAM,
+    PING_PERIOD,
+    PONG_WAIT,
+    RETRY_PERIOD,
+    WATCH_PARAM,
+    InvalidId,
+    config_path,
+    split_id,
+)
 from stunner_api.dataplane import ConfigError, StunnerConfig, is_zero_config, load_config
 
 file_log = logging.getLogger("stunner.config-file-client")
 cds_log = logging.getLogger("stunner.cds-client")
 
-DEFAULT_CDS_ADDRESS = ":13478"
+DEFAULT_CDS_ADDRESS = DEFAULT_ADDRESS
 DEFAULT_NAMESPACE = "default"
-CONFIG_ENDPOINT = "/api/v1/configs/{namespace}/{name}"
-RETRY_PERIOD = 1.0
 FILE_POLL_INTERVAL = 0.25
-PING_PERIOD = 5.0
-PONG_WAIT = 8.0
 HTTP_TIMEOUT = 5.0
 
 # host:port, :port or [v6]:port, with no scheme: the address of a CDS server.
@@ -180,12 +187,10 @@ class CdsSource:
         self.pong_wait = pong_wait
         scheme, netloc = _split_address(address)
         secure = scheme in ("https", "wss")
-        path = CONFIG_ENDPOINT.format(
-            namespace=urllib.parse.quote(namespace, safe=""),
-            name=urllib.parse.quote(name, safe=""),
-        )
-        get_query = urllib.parse.urlencode({"node": node} if node else {})
-        watch_query = urllib.parse.urlencode({"watch": "true"} | ({"node": node} if node else {}))
+        path = config_path(namespace, name)
+        node_query = {NODE_PARAM: node} if node else {}
+        get_query = urllib.parse.urlencode(node_query)
+        watch_query = urllib.parse.urlencode({WATCH_PARAM: "true"} | node_query)
         self.origin = f"{'https' if secure else 'http'}://{netloc}"
         self.url = self.origin + path + (f"?{get_query}" if get_query else "")
         self.ws_url = f"{'wss' if secure else 'ws'}://{netloc}{path}?{watch_query}"
@@ -310,10 +315,10 @@ def resolve_id(id: str | None, env: Mapping[str, str]) -> tuple[str, str]:
         if namespace and name:
             return namespace, name
         return DEFAULT_NAMESPACE, f"stunnerd-{socket.gethostname()}"
-    namespace, sep, name = id.partition("/")
-    if not sep or not namespace or not name or "/" in name:
-        raise SourceError(f"invalid id {id!r}: want <namespace>/<name>")
-    return namespace, name
+    try:
+        return split_id(id)
+    except InvalidId as exc:
+        raise SourceError(str(exc)) from None
 
 
 def source_for(

@@ -1,0 +1,349 @@
+"""The config discovery service (CDS) server and the auth service's TURN REST endpoints.
+
+`ConfigStore` holds the rendered dataplane configs by id (`<namespace>/<gateway>`) and the
+watchers of each. `publish(configs)` makes the store hold exactly `configs` (level-based): a
+changed config is pushed to its watchers, a removed one is pushed as the zero config (so its
+stunnerd drains) and forgotten.
+
+`cds_app(store)` serves what stunnerd's CDS client speaks (`stunner_api.cds`, ANCHORS §1.12):
+GET `/api/v1/configs[/{namespace}[/{name}]]`, and the same with `?watch=true` over WebSocket
+(text frames, one full config each: the current ones on connect, then every change). An unknown
+id is a 404 `{code, message}` (a watch on it is accepted and waits: stunnerd may start before
+its Gateway renders). The server pings every watcher and drops one that does not answer. The
+`node` parameter (Go's premium relay-address discovery) is accepted and ignored.
+
+Every watcher has its own bounded queue: at most one pending config per id, a newer one replacing
+an older one that was not sent yet (latest config wins). Publishing never waits for a watcher; a
+watcher that cannot take a frame within `write_timeout` seconds (not reading, or gone) is dropped,
+and the others are not held up.
+
+`auth_app(store)` serves the TURN REST endpoints of the auth service (ANCHORS §5): `GET /`
+(credentials) and `GET /ice` (ICE-server JSON), computed by `stunner_api.ice`. Like Go's, it is
+unauthenticated: serve it where only the application server reaches it. Secrets are in these
+answers (and in the configs the CDS serves) and nowhere else: logs name ids, never content.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from http import HTTPStatus
+from typing import Any
+
+from aiohttp import WSMsgType, web
+
+from stunner_api.cds import (
+    CONFIG_PATH,
+    CONFIGS_PATH,
+    LIST_VERSION,
+    NAMESPACE_PATH,
+    PING_PERIOD,
+    WATCH_PARAM,
+    WRITE_TIMEOUT,
+    config_id,
+)
+from stunner_api.dataplane import StunnerConfig, zero_config
+from stunner_api.ice import IceError, IceQuery, ice_config, turn_auth
+
+log = logging.getLogger("stunner.cds-server")
+auth_log = logging.getLogger("stunner.auth-service")
+
+# One frame is one config (a few kB; TLS certificates make it larger): wait for the socket to
+# drain once this much is buffered, so a watcher that does not read blocks only its own sender.
+WRITER_LIMIT = 64 * 1024
+SHUTDOWN_TIMEOUT = 1.0
+
+
+@dataclass(frozen=True)
+class Selector:
+    """What a watcher or a GET asks for: every config, one namespace's, or one id."""
+
+    namespace: str = ""
+    name: str = ""
+
+    def matches(self, id: str) -> bool:
+        if self.name:
+            return id == config_id(self.namespace, self.name)
+        return not self.namespace or id.startswith(self.namespace + "/")
+
+    def __str__(self) -> str:
+        if self.name:
+            return config_id(self.namespace, self.name)
+        return f"{self.namespace}/*" if self.namespace else "*"
+
+
+@dataclass(eq=False)
+class Watcher:
+    """One WebSocket client: its selector and its pending frames (one per id, latest wins)."""
+
+    selector: Selector
+    peer: str
+    pending: dict[str, str] = field(default_factory=dict)
+    ready: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def offer(self, id: str, text: str) -> None:
+        self.pending.pop(id, None)  # re-insert: frames go out in the order of their last change
+        self.pending[id] = text
+        self.ready.set()
+
+    async def take(self) -> list[str]:
+        """Every pending frame, once there is at least one."""
+        await self.ready.wait()
+        self.ready.clear()
+        frames = list(self.pending.values())
+        self.pending.clear()
+        return frames
+
+
+class ConfigStore:
+    """The published configs (as Go's JSON) and the watchers to tell about changes."""
+
+    def __init__(self) -> None:
+        self._configs: dict[str, StunnerConfig] = {}
+        self._texts: dict[str, str] = {}
+        self.watchers: set[Watcher] = set()
+        self.dropped_watchers = 0
+
+    @property
+    def configs(self) -> Mapping[str, StunnerConfig]:
+        return self._configs
+
+    def text(self, id: str) -> str | None:
+        return self._texts.get(id)
+
+    def select(self, selector: Selector) -> dict[str, str]:
+        """The JSON of every config `selector` matches, by id in id order."""
+        return {id: self._texts[id] for id in sorted(self._texts) if selector.matches(id)}
+
+    def set(self, id: str, config: StunnerConfig) -> bool:
+        """Store the config of `id`; push it to its watchers if it changed. True if it did."""
+        changed = self.set_json(id, config.to_json())
+        self._configs[id] = config
+        return changed
+
+    def set_json(self, id: str, text: str) -> bool:
+        """Serve `text` as the config of `id`, as is (a config rendered elsewhere; the auth
+        endpoints see only configs stored with `set`); push it to its watchers if it changed."""
+        old = self._texts.get(id)
+        if old == text:
+            return False
+        self._configs.pop(id, None)
+        self._texts[id] = text
+        self._notify(id, text)
+        log.info("config %s %s", id, "added" if old is None else "updated")
+        return True
+
+    def delete(self, id: str) -> bool:
+        """Forget `id` and push the zero config to its watchers. True if it was there."""
+        if self._texts.pop(id, None) is None:
+            return False
+        self._configs.pop(id, None)
+        self._notify(id, zero_config(id).to_json())
+        log.info("config %s deleted: its watchers get the zero config", id)
+        return True
+
+    def publish(self, configs: Mapping[str, StunnerConfig]) -> list[str]:
+        """Make the store hold exactly `configs`; the ids that changed (deleted ones included)."""
+        changed = [id for id in sorted(self._texts.keys() - configs.keys()) if self.delete(id)]
+        changed += [id for id in sorted(configs) if self.set(id, configs[id])]
+        return changed
+
+    def _notify(self, id: str, text: str) -> None:
+        for watcher in self.watchers:
+            if watcher.selector.matches(id):
+                watcher.offer(id, text)
+
+
+STORE_KEY = web.AppKey("store", ConfigStore)
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+Builder = Callable[[Mapping[str, StunnerConfig], IceQuery, int, str], dict[str, Any]]
+
+
+def _json_error(status: HTTPStatus, message: str) -> web.Response:
+    return web.json_response({"code": int(status), "message": message}, status=status)
+
+
+@web.middleware
+async def json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """aiohttp's own errors (no such path, wrong method) as `{code, message}` too."""
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        return _json_error(HTTPStatus(exc.status), f"{exc.reason}: {request.method} {request.path}")
+
+
+def _selector(request: web.Request) -> Selector:
+    return Selector(request.match_info.get("namespace", ""), request.match_info.get("name", ""))
+
+
+class CdsHandlers:
+    """The CDS endpoints over one `ConfigStore`."""
+
+    def __init__(
+        self, store: ConfigStore, *, write_timeout: float, heartbeat: float | None
+    ) -> None:
+        self.store = store
+        self.write_timeout = write_timeout
+        self.heartbeat = heartbeat
+        self.sockets: set[web.WebSocketResponse] = set()
+
+    async def get(self, request: web.Request) -> web.StreamResponse:
+        selector = _selector(request)
+        if request.query.get(WATCH_PARAM) == "true":
+            if request.headers.get("Upgrade", "").lower() != "websocket":
+                return _json_error(HTTPStatus.BAD_REQUEST, "watch=true needs a WebSocket upgrade")
+            return await self.watch(request, selector)
+        if selector.name:
+            text = self.store.text(str(selector))
+            if text is None:
+                return _json_error(HTTPStatus.NOT_FOUND, f"config {selector} not found")
+            return web.Response(text=text, content_type="application/json")
+        items = ",".join(self.store.select(selector).values())
+        body = f'{{"version":"{LIST_VERSION}","items":[{items}]}}'
+        return web.Response(text=body, content_type="application/json")
+
+    async def watch(self, request: web.Request, selector: Selector) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse(
+            heartbeat=self.heartbeat, writer_limit=WRITER_LIMIT, compress=False
+        )
+        await ws.prepare(request)
+        watcher = Watcher(selector, peer=request.remote or "?")
+        # No await from here to the registration: no change can slip in between.
+        for id, text in self.store.select(selector).items():
+            watcher.offer(id, text)
+        self.store.watchers.add(watcher)
+        self.sockets.add(ws)
+        log.info("watcher %s connected for %s", watcher.peer, selector)
+        sender = asyncio.create_task(self._send(ws, watcher, request))
+        try:
+            async for message in ws:  # control frames are handled inside; clients send no data
+                if message.type == WSMsgType.ERROR:
+                    break
+        finally:
+            self.store.watchers.discard(watcher)
+            self.sockets.discard(ws)
+            sender.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sender
+            log.info("watcher %s for %s disconnected", watcher.peer, selector)
+        return ws
+
+    async def _send(
+        self, ws: web.WebSocketResponse, watcher: Watcher, request: web.Request
+    ) -> None:
+        while True:
+            for text in await watcher.take():
+                try:
+                    await asyncio.wait_for(ws.send_str(text), self.write_timeout)
+                except (TimeoutError, ConnectionError) as exc:
+                    self.store.watchers.discard(watcher)
+                    self.store.dropped_watchers += 1
+                    log.warning(
+                        "dropping watcher %s for %s: %s",
+                        watcher.peer,
+                        watcher.selector,
+                        "not reading" if isinstance(exc, TimeoutError) else "connection lost",
+                    )
+                    if request.transport is not None:
+                        request.transport.abort()  # ends the reader loop in watch()
+                    return
+
+    async def close_all(self) -> None:
+        """Close every watcher's WebSocket (clients reconnect)."""
+
+        async def close(ws: web.WebSocketResponse) -> None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(ws.close(code=1001, message=b"going away"), 0.5)
+
+        await asyncio.gather(*(close(ws) for ws in list(self.sockets)))
+
+
+HANDLERS_KEY = web.AppKey("cds", CdsHandlers)
+
+
+def cds_app(
+    store: ConfigStore,
+    *,
+    write_timeout: float = WRITE_TIMEOUT,
+    heartbeat: float | None = PING_PERIOD,
+) -> web.Application:
+    """The CDS as an aiohttp application over `store`."""
+    handlers = CdsHandlers(store, write_timeout=write_timeout, heartbeat=heartbeat)
+    app = web.Application(middlewares=[json_errors])
+    app[STORE_KEY] = store
+    app[HANDLERS_KEY] = handlers
+    for path in (CONFIGS_PATH, NAMESPACE_PATH, CONFIG_PATH):
+        app.router.add_get(path, handlers.get, allow_head=False)
+
+    async def on_shutdown(app: web.Application) -> None:
+        await handlers.close_all()
+
+    app.on_shutdown.append(on_shutdown)
+    return app
+
+
+def auth_app(
+    store: ConfigStore,
+    *,
+    public_address: str = "",
+    clock: Callable[[], float] = time.time,
+) -> web.Application:
+    """The auth service's `GET /` and `GET /ice` as an aiohttp application over `store`.
+    `public_address`: the address put in the URIs unless the request names one (Go's
+    STUNNER_PUBLIC_ADDR)."""
+
+    def answer(build: Builder) -> Handler:
+        async def handler(request: web.Request) -> web.StreamResponse:
+            try:
+                query = IceQuery.from_params(request.query)
+                body = build(store.configs, query, int(clock()), public_address)
+            except IceError as exc:
+                auth_log.warning("%s %s: %s", request.method, request.path, exc.message)
+                return _json_error(exc.status, exc.message)
+            auth_log.debug("%s %s: answered", request.method, request.path)
+            return web.Response(text=json.dumps(body), content_type="application/json")
+
+        return handler
+
+    app = web.Application(middlewares=[json_errors])
+    app[STORE_KEY] = store
+    app.router.add_get("/", answer(turn_auth), allow_head=False)
+    app.router.add_get("/ice", answer(ice_config), allow_head=False)
+    return app
+
+
+@dataclass
+class Served:
+    """A running aiohttp application: its base URL."""
+
+    host: str
+    port: int
+
+    @property
+    def address(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+
+@contextlib.asynccontextmanager
+async def serve(
+    app: web.Application, host: str = "127.0.0.1", port: int = 0
+) -> AsyncIterator[Served]:
+    """Serve `app` on host:port (0: any free port) until the block ends; open WebSockets are
+    closed on exit."""
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, host, port)
+        await site.start()
+        bound = runner.addresses[0]
+        yield Served(host, int(bound[1]))
+    finally:
+        await runner.cleanup()

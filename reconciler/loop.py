@@ -1,0 +1,118 @@
+"""One coalescing, level-based loop: trigger -> snapshot -> render -> publish.
+
+Any number of triggers (`update(objects)` with the whole current set of objects, or a bare
+`trigger()`) between two renders make one render of the newest state: the loop never works
+through a backlog of stale events. Renders are at least `throttle` seconds apart (Go's
+`--throttle-timeout`, 250 ms): the first change after a quiet period renders at once, a burst of
+changes renders once more when the window ends.
+
+Each render makes the published configs exactly the plan's (`ConfigStore.publish`): a changed
+Gateway's watchers get its new config, a vanished Gateway's get the zero config. What render
+skipped or degraded (a manifest that fails the rules) is logged with its reason once, when it
+first appears, and the rest is published. A render that raises is logged and publishes nothing:
+the running configs stay.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
+
+from stunner_api.dataplane import StunnerConfig
+
+from .cds import ConfigStore
+
+log = logging.getLogger("stunner.reconciler")
+
+THROTTLE = 0.25  # seconds between two renders (Go's --throttle-timeout default)
+
+Object = Mapping[str, Any]
+
+
+class Rendered(Protocol):
+    """What the loop needs of a render's plan: the configs by CDS id and the findings."""
+
+    @property
+    def configs(self) -> Mapping[str, StunnerConfig]: ...
+
+    @property
+    def findings(self) -> Sequence[object]: ...
+
+
+Render = Callable[[Sequence[Object]], Rendered]
+
+
+class Reconciler:
+    """Renders the newest objects and publishes the configs to a `ConfigStore`."""
+
+    def __init__(
+        self,
+        render: Render,
+        store: ConfigStore,
+        *,
+        throttle: float = THROTTLE,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.render = render
+        self.store = store
+        self.throttle = throttle
+        self.clock = clock
+        self.objects: Sequence[Object] = ()
+        self.renders = 0
+        self.last_plan: Rendered | None = None
+        self._wanted = asyncio.Event()
+        self._last_render = -float("inf")
+        self._findings: set[str] = set()
+        self.rendered = asyncio.Condition()
+
+    def update(self, objects: Sequence[Object]) -> None:
+        """The whole current set of objects (level-based): render it soon."""
+        self.objects = objects
+        self.trigger()
+
+    def trigger(self) -> None:
+        self._wanted.set()
+
+    def reconcile(self) -> Rendered | None:
+        """Render the current objects once and publish the configs (the loop's body)."""
+        self.renders += 1
+        try:
+            plan = self.render(self.objects)
+        except Exception:
+            log.exception("render failed; the published configs stay as they were")
+            return None
+        self._log_findings(plan.findings)
+        changed = self.store.publish(plan.configs)
+        log.info(
+            "rendered %d objects: %d configs, %d changed, %d findings",
+            len(self.objects),
+            len(plan.configs),
+            len(changed),
+            len(plan.findings),
+        )
+        self.last_plan = plan
+        return plan
+
+    def _log_findings(self, findings: Sequence[object]) -> None:
+        current = {str(finding) for finding in findings}
+        for finding in sorted(current - self._findings):
+            log.warning("%s", finding)
+        for finding in sorted(self._findings - current):
+            log.info("resolved: %s", finding)
+        self._findings = current
+
+    async def run(self) -> None:
+        """Render on every trigger, coalesced and throttled, until cancelled."""
+        while True:
+            await self._wanted.wait()
+            wait = self._last_render + self.throttle - self.clock()
+            if wait > 0:
+                await asyncio.sleep(wait)  # triggers meanwhile coalesce into this render
+            self._wanted.clear()
+            self._last_render = self.clock()
+            self.reconcile()
+            async with self.rendered:
+                self.rendered.notify_all()

@@ -1,0 +1,73 @@
+"""The config discovery service (CDS) protocol: its paths, parameters, timings and config ids.
+
+The reconciler serves it and stunnerd (and the auth service) speak it (ANCHORS §1.12):
+
+- `GET /api/v1/configs`: a `ConfigList` `{"version": "v1", "items": [config, ...]}`;
+- `GET /api/v1/configs/{namespace}`: the same for one namespace;
+- `GET /api/v1/configs/{namespace}/{name}`: one `StunnerConfig`, or 404 `{"code", "message"}`;
+- any of these with `?watch=true` upgrades to a WebSocket: text frames, each one full config (the
+  current ones on connect, then every change; a deleted Gateway is sent as the zero config named
+  by its id).
+
+A config id is `<namespace>/<name>` of the Gateway, which is also the config's `admin.name`.
+"""
+
+from __future__ import annotations
+
+import urllib.parse
+
+DEFAULT_PORT = 13478
+DEFAULT_ADDRESS = f":{DEFAULT_PORT}"
+CONFIGS_PATH = "/api/v1/configs"
+NAMESPACE_PATH = CONFIGS_PATH + "/{namespace}"
+CONFIG_PATH = CONFIGS_PATH + "/{namespace}/{name}"
+LICENSE_PATH = "/api/v1/license"
+WATCH_PARAM = "watch"
+NODE_PARAM = "node"
+LIST_VERSION = "v1"
+
+# WebSocket keepalive (Go's pkg/config/client): the client pings every PING_PERIOD seconds and
+# gives up after PONG_WAIT seconds without an answer; a write may take WRITE_TIMEOUT seconds; a
+# lost connection is retried every RETRY_PERIOD seconds. The server answers pings with
+# PONG_PAYLOAD.
+PING_PERIOD = 5.0
+PONG_WAIT = 8.0
+WRITE_TIMEOUT = 2.0
+RETRY_PERIOD = 1.0
+PONG_PAYLOAD = b"keepalive"
+
+ID_SEPARATOR = "/"
+
+
+class InvalidId(ValueError):
+    """A config id that is not `<namespace>/<name>`."""
+
+
+def config_id(namespace: str, name: str) -> str:
+    """The CDS id of the Gateway `namespace/name`."""
+    return f"{namespace}{ID_SEPARATOR}{name}"
+
+
+def split_id(id: str) -> tuple[str, str]:
+    """(namespace, name) of a config id; `InvalidId` unless exactly two non-empty parts."""
+    namespace, sep, name = id.partition(ID_SEPARATOR)
+    if not sep or not namespace or not name or ID_SEPARATOR in name:
+        raise InvalidId(f"invalid id {id!r}: want <namespace>/<name>")
+    return namespace, name
+
+
+def config_path(namespace: str, name: str) -> str:
+    """The URL path of one config, its parts percent-encoded."""
+    return CONFIG_PATH.format(
+        namespace=urllib.parse.quote(namespace, safe=""),
+        name=urllib.parse.quote(name, safe=""),
+    )
+
+
+def listener_parts(listener_name: str) -> tuple[str, str, str] | None:
+    """(namespace, gateway, listener) of a rendered listener name `<ns>/<gw>/<listener>`, else
+    None (a hand-written config's listener)."""
+    parts = listener_name.split(ID_SEPARATOR)
+    if len(parts) != 3 or not all(parts):
+        return None
+    return parts[0], parts[1], parts[2]

@@ -1,0 +1,178 @@
+"""The TURN credentials and the ICE-server JSON of the STUNner auth service (ANCHORS §5).
+
+Pure: the configs (as served by the CDS), the query parameters and the clock go in, the answer
+comes out. The reconciler's HTTP server (`GET /` and `GET /ice`) and the demo use it.
+
+- `GET /?service=turn&...` answers `{"username", "password", "ttl", "uris"}` for the first
+  Gateway (in id order) with a matching listener;
+- `GET /ice?service=turn&...` answers `{"iceServers": [{"username", "credential", "urls"}, ...],
+  "iceTransportPolicy": ...}`, one iceServer per matching Gateway, which a browser passes to
+  `new RTCPeerConnection(...)` as is.
+
+Static auth hands out the configured username and password. Ephemeral auth mints TURN REST
+credentials: username `<now + ttl>:<username parameter>`, password
+`base64(HMAC-SHA1(shared secret, username))`, which stunnerd checks without any state.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from http import HTTPStatus
+from typing import Any
+
+from .cds import listener_parts
+from .dataplane import AuthConfig, StunnerConfig
+
+DEFAULT_TTL = 86400  # seconds: one day, as the Go auth service
+SERVICE_TURN = "turn"
+ICE_TRANSPORT_POLICIES = ("all", "public", "relay")
+DEFAULT_ICE_TRANSPORT_POLICY = "all"
+WILDCARD_ADDRESS = "0.0.0.0"
+USERNAME_SEPARATOR = ":"
+
+
+class IceError(Exception):
+    """A request the auth service answers with an error: `status` and a message (no secrets)."""
+
+    def __init__(self, status: HTTPStatus, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+@dataclass(frozen=True)
+class IceQuery:
+    """The query parameters of `GET /` and `GET /ice` (the Go auth service's, same names)."""
+
+    username: str = ""
+    ttl: int = DEFAULT_TTL
+    namespace: str = ""
+    gateway: str = ""
+    listener: str = ""
+    public_address: str = ""
+    ice_transport_policy: str = DEFAULT_ICE_TRANSPORT_POLICY
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, str]) -> IceQuery:
+        """Parse and check the parameters; `IceError` (400) says which one is wrong."""
+        service = params.get("service", "")
+        if service != SERVICE_TURN:
+            raise IceError(HTTPStatus.BAD_REQUEST, '"service" must be "turn"')
+        ttl_text = params.get("ttl", "")
+        try:
+            ttl = int(ttl_text) if ttl_text else DEFAULT_TTL
+        except ValueError:
+            raise IceError(
+                HTTPStatus.BAD_REQUEST, f'"ttl" must be an integer: {ttl_text!r}'
+            ) from None
+        if ttl <= 0:
+            raise IceError(HTTPStatus.BAD_REQUEST, f'"ttl" must be positive: {ttl}')
+        policy = params.get("iceTransportPolicy", "") or DEFAULT_ICE_TRANSPORT_POLICY
+        if policy not in ICE_TRANSPORT_POLICIES:
+            raise IceError(
+                HTTPStatus.BAD_REQUEST,
+                f'"iceTransportPolicy" must be one of {", ".join(ICE_TRANSPORT_POLICIES)}',
+            )
+        query = cls(
+            username=params.get("username", ""),
+            ttl=ttl,
+            namespace=params.get("namespace", ""),
+            gateway=params.get("gateway", ""),
+            listener=params.get("listener", ""),
+            public_address=params.get("public-addr", ""),
+            ice_transport_policy=policy,
+        )
+        if query.gateway and not query.namespace:
+            raise IceError(HTTPStatus.BAD_REQUEST, '"gateway" needs "namespace"')
+        if query.listener and not query.gateway:
+            raise IceError(HTTPStatus.BAD_REQUEST, '"listener" needs "namespace" and "gateway"')
+        return query
+
+    def matches(self, listener_name: str) -> bool:
+        """Whether a rendered listener `<ns>/<gw>/<listener>` passes the filters."""
+        parts = listener_parts(listener_name)
+        if parts is None:
+            return False
+        wanted = (self.namespace, self.gateway, self.listener)
+        return all(not want or want == have for want, have in zip(wanted, parts, strict=True))
+
+
+def ephemeral_password(secret: str, username: str) -> str:
+    """The TURN REST password of `username`: base64(HMAC-SHA1(secret, username))."""
+    mac = hmac.new(secret.encode(), username.encode(), hashlib.sha1).digest()
+    return base64.b64encode(mac).decode("ascii")
+
+
+def credentials(auth: AuthConfig, user_id: str, ttl: int, now: int) -> tuple[str, str]:
+    """(username, password) a client uses with `auth`: the static pair, or an ephemeral pair
+    valid for `ttl` seconds from `now` (Unix seconds) for `user_id`."""
+    if auth.type == "ephemeral":
+        username = f"{now + ttl}{USERNAME_SEPARATOR}{user_id}"
+        return username, ephemeral_password(auth.credentials.get("secret", ""), username)
+    return auth.credentials.get("username", ""), auth.credentials.get("password", "")
+
+
+def _advertised(address: str) -> str:
+    """A listener address a client can use; an unexpanded `$STUNNER_ADDR` is not one."""
+    return "" if not address or "$" in address else address
+
+
+def listener_uris(config: StunnerConfig, query: IceQuery, public_address: str = "") -> list[str]:
+    """The TURN URIs of `config`'s listeners that pass `query`'s filters. The address is the
+    first of: the `public-addr` parameter, `public_address` (the server's STUNNER_PUBLIC_ADDR),
+    the listener's public address, its address, 0.0.0.0."""
+    uris = []
+    for listener in config.listeners:
+        if not query.matches(listener.name):
+            continue
+        address = (
+            query.public_address
+            or public_address
+            or _advertised(listener.public_address)
+            or _advertised(listener.address)
+            or WILDCARD_ADDRESS
+        )
+        uris.append(listener.model_copy(update={"public_address": address}).uri())
+    return uris
+
+
+def _matching(
+    configs: Mapping[str, StunnerConfig], query: IceQuery, public_address: str
+) -> Iterable[tuple[StunnerConfig, list[str]]]:
+    if not configs:
+        raise IceError(HTTPStatus.INTERNAL_SERVER_ERROR, "no STUNner configuration available")
+    for id in sorted(configs):
+        uris = listener_uris(configs[id], query, public_address)
+        if uris:
+            yield configs[id], uris
+
+
+def turn_auth(
+    configs: Mapping[str, StunnerConfig], query: IceQuery, now: int, public_address: str = ""
+) -> dict[str, Any]:
+    """`GET /`: credentials and URIs of the first Gateway (by id) with a matching listener."""
+    for config, uris in _matching(configs, query, public_address):
+        username, password = credentials(config.auth, query.username, query.ttl, now)
+        return {"username": username, "password": password, "ttl": query.ttl, "uris": uris}
+    raise IceError(
+        HTTPStatus.NOT_FOUND, "could not generate TURN auth token: no valid listener found"
+    )
+
+
+def ice_config(
+    configs: Mapping[str, StunnerConfig], query: IceQuery, now: int, public_address: str = ""
+) -> dict[str, Any]:
+    """`GET /ice`: one iceServer per Gateway (by id) with a matching listener."""
+    servers = []
+    for config, uris in _matching(configs, query, public_address):
+        username, password = credentials(config.auth, query.username, query.ttl, now)
+        servers.append({"username": username, "credential": password, "urls": uris})
+    if not servers:
+        raise IceError(
+            HTTPStatus.NOT_FOUND, "could not generate ICE config: no valid listener found"
+        )
+    return {"iceServers": servers, "iceTransportPolicy": query.ice_transport_policy}
