@@ -21,9 +21,9 @@ from stunner_api.dataplane import (
 from . import logs
 from .auth import NonceManager
 from .daemon import ApplyError, Stunner
+from .ledger import UserAllocations
 from .sources import DEFAULT_CDS_ADDRESS, ConfigSource, SourceError, source_for
 from .tls import self_signed_certificate
-from .turn import UserAllocations
 from .workers import WorkerPool, udp_process_count, usable_cpus
 
 log = logging.getLogger("stunner.stunnerd")

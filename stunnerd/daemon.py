@@ -20,9 +20,10 @@ from stunner_api.dataplane import (
 from . import logs
 from .admin import HttpServer, health_routes, metrics_routes
 from .auth import Authenticator, AuthError, NonceManager
+from .ledger import Reservations, UserAllocations
 from .listener import Listener
 from .router import DnsResolver, Router
-from .turn import ServerContext, Stats, UserAllocations
+from .turn import ServerContext, Stats
 from .workers import WorkerCounters, WorkerPool, add_cluster_counters
 
 log = logging.getLogger("stunner.stunnerd")
@@ -57,6 +58,7 @@ class Stunner:
         self.router = Router()
         self.nonces = nonces or NonceManager()
         self.users = workers.users if workers is not None else UserAllocations()
+        self.reservations = workers.reservations if workers is not None else Reservations()
         self.context: ServerContext | None = None
         self.workers = workers  # --udp-thread-num: they serve the other sockets of UDP listeners
         self._udp_sockets = 1 + (workers.size if workers is not None else 0)
@@ -154,7 +156,11 @@ class Stunner:
         ]
 
         context = self.context or ServerContext(
-            authenticator, self.router, self.nonces, users=self.users
+            authenticator,
+            self.router,
+            self.nonces,
+            users=self.users,
+            reservations=self.reservations,
         )
         previous = (context.authenticator, context.user_quota)
         context.authenticator = authenticator
@@ -235,5 +241,6 @@ class Stunner:
             await self.workers.close()
         await self._stop(self.listeners.values())
         self.listeners.clear()
+        self.reservations.close()
         await self.health.stop()
         await self.metrics.stop()

@@ -14,6 +14,7 @@ import asyncio
 import dataclasses
 import ipaddress
 import logging
+import secrets
 import socket
 import struct
 import time
@@ -24,6 +25,7 @@ from typing import Any, cast
 
 from . import stun
 from .auth import Authenticator, NonceManager
+from .ledger import Reservations, UserAllocations
 from .router import Router
 from .stun import Address, Class, Message, Method
 
@@ -80,35 +82,6 @@ class Downstream:
         self.stream = stream
 
 
-class UserAllocations:
-    """Allocations per user id, for `admin.user_quota`: one ledger per stunnerd.
-
-    In a UDP worker process, a stand-in with the same interface asks the primary's ledger
-    (`stunnerd.worker`), so the quota holds across processes.
-    """
-
-    def __init__(self) -> None:
-        self.counts: dict[str, int] = {}
-
-    def try_acquire(self, user_id: str, quota: int) -> bool:
-        """Count one more allocation of `user_id`, unless that would exceed `quota` (0: none)."""
-        count = self.counts.get(user_id, 0)
-        if quota > 0 and count >= quota:
-            return False
-        self.counts[user_id] = count + 1
-        return True
-
-    async def acquire(self, user_id: str, quota: int) -> bool:
-        return self.try_acquire(user_id, quota)
-
-    def release(self, user_id: str) -> None:
-        left = self.counts.get(user_id, 1) - 1
-        if left > 0:
-            self.counts[user_id] = left
-        else:
-            self.counts.pop(user_id, None)
-
-
 @dataclass
 class ServerContext:
     """What all listeners share and a reconcile swaps in place: auth, nonces, routing, quota."""
@@ -118,6 +91,7 @@ class ServerContext:
     nonces: NonceManager = field(default_factory=NonceManager)
     user_quota: int = 0  # allocations per user id; 0 means no quota
     users: UserAllocations = field(default_factory=UserAllocations)
+    reservations: Reservations = field(default_factory=Reservations)
     # cluster name -> [tx packets, tx bytes, rx packets, rx bytes]: to and from its peers
     cluster_counters: defaultdict[str, list[int]] = field(
         default_factory=lambda: defaultdict(lambda: [0, 0, 0, 0])
@@ -377,7 +351,8 @@ class TurnServer:
     def _answer(self, exchange: Exchange, outcome: Message | RequestError) -> None:
         request, downstream, key = exchange.request, exchange.downstream, exchange.key
         if isinstance(outcome, RequestError):
-            log.debug(
+            log.log(
+                logging.INFO if outcome.code >= 500 else logging.DEBUG,  # ours, not the client's
                 "listener %s: %s from %s: %d %s",
                 self.name,
                 request.method.name,
@@ -491,13 +466,32 @@ class TurnServer:
         if transport != TRANSPORT_UDP:
             raise RequestError(442)
         # 4. DONT-FRAGMENT is accepted: relayed datagrams are sent as they are.
-        # 5. RESERVATION-TOKEN: this server never hands out tokens, so none can be valid.
-        if "RESERVATION-TOKEN" in attrs:
-            if "EVEN-PORT" in attrs or "REQUESTED-ADDRESS-FAMILY" in attrs:
+        # 5. RESERVATION-TOKEN: the port an earlier EVEN-PORT with the R bit reserved.
+        reserved: socket.socket | None = None
+        token = attrs.get("RESERVATION-TOKEN")
+        if token is not None:
+            if any(a in attrs for a in ("EVEN-PORT", *_FAMILY_ATTRIBUTES)):
                 raise RequestError(400, "Bad Request: RESERVATION-TOKEN with EVEN-PORT or family")
-            raise RequestError(508)
+            reserved = await self.context.reservations.claim(token)
+            if reserved is None:
+                raise RequestError(508, "Insufficient Capacity: unknown or expired token")
+        try:
+            return await self._allocate_relay(exchange, username, reserved)
+        finally:
+            if reserved is not None:
+                reserved.close()  # the relay transport took a duplicate, if it got that far
+
+    async def _allocate_relay(
+        self, exchange: Exchange, username: str, reserved: socket.socket | None
+    ) -> Message:
+        """RFC 8656 §7.2 from step 6 on: families, quota, lifetime, the relay socket."""
+        request, downstream = exchange.request, exchange.downstream
+        attrs = request.attributes
         # 6./7. Address families: the relay family is the listener address's.
-        family = attrs.get("REQUESTED-ADDRESS-FAMILY", FAMILY_IPV4)
+        if reserved is not None:
+            family = FAMILY_IPV6 if reserved.family == socket.AF_INET6 else FAMILY_IPV4
+        else:
+            family = attrs.get("REQUESTED-ADDRESS-FAMILY", FAMILY_IPV4)
         additional = attrs.get("ADDITIONAL-ADDRESS-FAMILY")
         extra: dict[str, Any] = {}
         if additional is not None:
@@ -517,10 +511,13 @@ class TurnServer:
         lifetime = max(DEFAULT_ALLOCATION_LIFETIME, min(requested, MAX_ALLOCATION_LIFETIME))
         # 10. The relay socket.
         allocation = Allocation(self, downstream, username, user_id, family, lifetime)
-        even = "EVEN-PORT" in attrs
-        if not await self._bind_relay(allocation, even):
+        # EVEN-PORT (RFC 8656 §14.6): an even port; with the R bit, the next one is reserved.
+        even_port = attrs.get("EVEN-PORT")
+        try:
+            token = await self._bind_relay(allocation, reserved, even_port)
+        except RequestError:
             users.release(user_id)
-            raise RequestError(508)
+            raise
         if downstream.remote in self.allocations:  # a concurrent Allocate won the race
             users.release(user_id)
             allocation.close()
@@ -538,28 +535,49 @@ class TurnServer:
         response = _response_to(request)
         response.attributes["XOR-RELAYED-ADDRESS"] = allocation.relayed_address
         response.attributes.update(extra)
+        if token is not None:
+            response.attributes["RESERVATION-TOKEN"] = token
         response.attributes["LIFETIME"] = lifetime
         response.attributes["XOR-MAPPED-ADDRESS"] = downstream.address
         return response
 
-    async def _bind_relay(self, allocation: Allocation, even: bool) -> bool:
+    async def _bind_relay(
+        self, allocation: Allocation, reserved: socket.socket | None, even_port: bool | None
+    ) -> bytes | None:
+        """Open the allocation's relay socket: the reserved one, an even port (and, with the R
+        bit, the next port reserved under the token returned), or any port. 508 if none."""
         loop = asyncio.get_running_loop()
         wildcard = "::" if allocation.family == FAMILY_IPV6 else "0.0.0.0"
-        for _ in range(EVEN_PORT_ATTEMPTS if even else 1):
+        if reserved is not None:
+            sock = reserved.dup()
+            sock.setblocking(False)
+            transport, _ = await loop.create_datagram_endpoint(lambda: allocation, sock=sock)
+            self._relay_bound(allocation, transport)
+            return None
+        for _ in range(EVEN_PORT_ATTEMPTS if even_port is not None else 1):
             try:
                 transport, _ = await loop.create_datagram_endpoint(
                     lambda: allocation, local_addr=(wildcard, 0)
                 )
             except OSError as exc:
-                log.warning("listener %s: cannot open a relay socket: %s", self.name, exc)
-                return False
+                raise RequestError(508, f"Insufficient Capacity: no relay socket: {exc}") from None
             port = transport.get_extra_info("sockname")[1]
-            if not even or port % 2 == 0:
-                allocation.relayed_address = (self.relay_ip, port)
-                _grow_buffers(transport)
-                return True
+            if even_port is None or (port % 2 == 0 and not even_port):
+                self._relay_bound(allocation, transport)
+                return None
+            if port % 2 == 0 and port < 65535:
+                next_port = _bound_udp(wildcard, port + 1)
+                if next_port is not None:
+                    token = secrets.token_bytes(8)
+                    await self.context.reservations.reserve(token, next_port)
+                    self._relay_bound(allocation, transport)
+                    return token
             transport.close()
-        return False
+        raise RequestError(508, "Insufficient Capacity: no even relay port free")
+
+    def _relay_bound(self, allocation: Allocation, transport: asyncio.BaseTransport) -> None:
+        allocation.relayed_address = (self.relay_ip, transport.get_extra_info("sockname")[1])
+        _grow_buffers(transport)
 
     def _refresh(self, exchange: Exchange) -> Message:
         """RFC 8656 §7.3."""
@@ -665,11 +683,27 @@ class TurnServer:
                 self._delete(allocation)
         for key in [k for k, (expiry, _) in self._responses.items() if expiry <= now]:
             del self._responses[key]
+        self.context.reservations.sweep()
 
     def close(self) -> None:
         for allocation in list(self.allocations.values()):
             self._delete(allocation)
         self._responses.clear()
+
+
+_FAMILY_ATTRIBUTES = ("REQUESTED-ADDRESS-FAMILY", "ADDITIONAL-ADDRESS-FAMILY")
+
+
+def _bound_udp(host: str, port: int) -> socket.socket | None:
+    """A UDP socket bound to (host, port), or None if the port is taken."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_DGRAM)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        return None
+    return sock
 
 
 def _ignore(exchange: Exchange) -> None:

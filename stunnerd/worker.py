@@ -25,59 +25,100 @@ from stunner_api.dataplane import ConfigError, StunnerConfig, validate_config
 from . import logs
 from .admin import rss_bytes
 from .auth import Authenticator, AuthError, NonceManager
-from .channel import Channel
+from .channel import Channel, Received
+from .ledger import Reservations, UserAllocations
 from .listener import Listener
 from .router import DnsResolver, Router
-from .turn import ServerContext, UserAllocations
+from .turn import ServerContext
 
 log = logging.getLogger("stunner.stunnerd")
 
 STATS_INTERVAL = 1.0
-ACQUIRE_TIMEOUT = 5.0
+ANSWER_TIMEOUT = 5.0
+
+
+class PrimaryAnswers:
+    """Questions a worker asks the primary over its control channel, matched by id."""
+
+    def __init__(self, channel: Channel) -> None:
+        self.channel = channel
+        self._ids = itertools.count(1)
+        self._waiting: dict[int, asyncio.Future[Received]] = {}
+
+    async def ask(self, body: dict[str, Any], sock: socket.socket | None = None) -> Received | None:
+        """Post `body` (handing `sock` over) with a fresh id; the answer, or None after
+        ANSWER_TIMEOUT (logged)."""
+        request_id = next(self._ids)
+        answer = asyncio.get_running_loop().create_future()
+        self._waiting[request_id] = answer
+        self.channel.post({**body, "id": request_id}, sock, hand_over=True)
+        try:
+            return await asyncio.wait_for(answer, ANSWER_TIMEOUT)
+        except TimeoutError:
+            log.error("no answer from the primary to %r", body["op"])
+            return None
+        finally:
+            self._waiting.pop(request_id, None)
+
+    def answered(self, message: Received) -> None:
+        answer = self._waiting.get(int(message.body["id"]))
+        if answer is not None and not answer.done():
+            answer.set_result(message)
+        elif message.sock is not None:
+            message.sock.close()  # a reserved socket nobody waits for any more
 
 
 class LedgerClient(UserAllocations):
     """`admin.user_quota` held in the primary's ledger: with a quota, an Allocate waits for the
     primary's answer; without one, the count is only reported."""
 
-    def __init__(self, channel: Channel) -> None:
+    def __init__(self, answers: PrimaryAnswers) -> None:
         super().__init__()
-        self.channel = channel
-        self._ids = itertools.count(1)
-        self._waiting: dict[int, asyncio.Future[bool]] = {}
+        self.answers = answers
 
     async def acquire(self, user_id: str, quota: int) -> bool:
         if quota <= 0:
-            self.channel.post({"op": "acquire", "id": 0, "user": user_id, "quota": 0})
+            self.answers.channel.post({"op": "acquire", "id": 0, "user": user_id, "quota": 0})
             return True
-        request_id = next(self._ids)
-        answer = asyncio.get_running_loop().create_future()
-        self._waiting[request_id] = answer
-        self.channel.post({"op": "acquire", "id": request_id, "user": user_id, "quota": quota})
-        try:
-            return await asyncio.wait_for(answer, ACQUIRE_TIMEOUT)
-        except TimeoutError:
-            log.error("no quota answer from the primary for user %r", user_id)
-            return False
-        finally:
-            self._waiting.pop(request_id, None)
-
-    def answered(self, request_id: int, granted: bool) -> None:
-        answer = self._waiting.get(request_id)
-        if answer is not None and not answer.done():
-            answer.set_result(granted)
+        answer = await self.answers.ask({"op": "acquire", "user": user_id, "quota": quota})
+        return answer is not None and bool(answer.body["granted"])
 
     def release(self, user_id: str) -> None:
-        self.channel.post({"op": "release", "user": user_id})
+        self.answers.channel.post({"op": "release", "user": user_id})
+
+
+class ReservationClient(Reservations):
+    """Reserved relay ports held in the primary: a token is claimed in whichever process the
+    client's next Allocate reaches."""
+
+    def __init__(self, answers: PrimaryAnswers) -> None:
+        super().__init__()
+        self.answers = answers
+
+    async def reserve(self, token: bytes, sock: socket.socket) -> None:
+        """Hand the socket to the primary and wait until it holds it: the client may send the
+        token on as soon as it is answered."""
+        await self.answers.ask({"op": "reserve", "token": token.hex()}, sock)
+
+    async def claim(self, token: bytes) -> socket.socket | None:
+        answer = await self.answers.ask({"op": "claim", "token": token.hex()})
+        return answer.sock if answer is not None else None
 
 
 class WorkerDataplane:
     """The listeners, auth and routes of one worker, reconciled to each sync."""
 
-    def __init__(self, nonces: NonceManager, users: UserAllocations, log_override: bool) -> None:
+    def __init__(
+        self,
+        nonces: NonceManager,
+        users: UserAllocations,
+        log_override: bool,
+        reservations: Reservations | None = None,
+    ) -> None:
         self.router = Router()
         self.nonces = nonces
         self.users = users
+        self.reservations = reservations if reservations is not None else Reservations()
         self.context: ServerContext | None = None  # from the first sync on
         self.listeners: dict[str, Listener] = {}
         self.handed: dict[tuple[str, int], socket.socket] = {}  # sockets not yet served
@@ -102,7 +143,11 @@ class WorkerDataplane:
         else:
             if self.context is None:
                 self.context = ServerContext(
-                    authenticator, self.router, self.nonces, users=self.users
+                    authenticator,
+                    self.router,
+                    self.nonces,
+                    users=self.users,
+                    reservations=self.reservations,
                 )
             self.context.authenticator = authenticator
         context = self.context
@@ -171,9 +216,12 @@ async def serve(channel: Channel, log_override: bool) -> None:
     if hello is None or hello.body.get("op") != "hello":
         log.error("UDP worker: no hello from the primary")
         return
-    ledger = LedgerClient(channel)
+    answers = PrimaryAnswers(channel)
     dataplane = WorkerDataplane(
-        NonceManager(bytes.fromhex(hello.body["secret"])), ledger, log_override
+        NonceManager(bytes.fromhex(hello.body["secret"])),
+        LedgerClient(answers),
+        log_override,
+        ReservationClient(answers),
     )
     reporter = asyncio.get_running_loop().create_task(_report(channel, dataplane))
     try:
@@ -193,8 +241,8 @@ async def serve(channel: Channel, log_override: bool) -> None:
                 channel.post({"op": "synced", "seq": body["seq"]})
             elif op == "report":
                 channel.post(dataplane.report())
-            elif op == "acquired":
-                ledger.answered(int(body["id"]), bool(body["granted"]))
+            elif op in ("acquired", "reserved", "claimed"):
+                answers.answered(message)
             elif op == "exit":
                 break
     finally:

@@ -33,8 +33,9 @@ from typing import Any
 from stunner_api.dataplane import StunnerConfig
 
 from .channel import Channel, Received
+from .ledger import Reservations, UserAllocations
 from .listener import Listener
-from .turn import STATS_FIELDS, Stats, UserAllocations
+from .turn import STATS_FIELDS, Stats
 
 log = logging.getLogger("stunner.stunnerd")
 
@@ -140,6 +141,7 @@ class WorkerPool:
     ) -> None:
         self.size = size
         self.users = users
+        self.reservations = Reservations()  # EVEN-PORT reservations of every process
         self.secret = secret  # the nonce key: the primary's NonceManager uses it too
         self._log_args = ["--log", log_spec, "--log-format", log_format]
         if log_override:
@@ -253,8 +255,15 @@ class WorkerPool:
             if worker.users[user] > 0:
                 worker.users[user] -= 1
                 self.users.release(user)
+        elif op == "reserve" and message.sock is not None:
+            self.reservations.hold(bytes.fromhex(str(body["token"])), message.sock)
+            worker.channel.post({"op": "reserved", "id": int(body["id"])})
+            return
+        elif op == "claim":
+            sock = self.reservations.take(bytes.fromhex(str(body["token"])))
+            worker.channel.post({"op": "claimed", "id": int(body["id"])}, sock, hand_over=True)
         if message.sock is not None:
-            message.sock.close()  # workers never send sockets
+            message.sock.close()  # a socket only comes with a reservation
 
     async def _lost(self, worker: Worker) -> None:
         """The worker's channel closed: it exited or crashed. Forget its allocations, keep its
@@ -319,6 +328,7 @@ class WorkerPool:
                 await worker.process.wait()
         for task in list(self._tasks):
             task.cancel()
+        self.reservations.close()
         for worker in self.workers.values():
             worker.channel.close()
 

@@ -27,8 +27,8 @@ from stunnerd.admin import render_metrics, status_of
 from stunnerd.auth import NonceManager
 from stunnerd.channel import HEADER, Channel
 from stunnerd.daemon import Stunner
+from stunnerd.ledger import UserAllocations
 from stunnerd.stun import Class
-from stunnerd.turn import UserAllocations
 from stunnerd.workers import WorkerPool, cgroup_cpu_limit, udp_process_count, usable_cpus
 
 from .turnclient import HOST, USERNAME, RawClient, error_code, free_port, make_config, start_peer
@@ -241,6 +241,35 @@ def test_user_quota_holds_across_processes() -> None:
             late = await RawClient.connect((HOST, port))
             assert error_code(await late.allocate()) is None
             for client in [*clients, late]:
+                client.close()
+
+    asyncio.run(main())
+
+
+def test_a_reservation_token_is_honoured_in_either_process() -> None:
+    """An RTP/RTCP pair is two 5-tuples: the kernel may hash them to different processes."""
+
+    async def main() -> None:
+        port = free_port()
+        config = make_config(port, [f"{HOST}/32"], protocols=("TURN-UDP",))
+        async with pooled_stunner(config) as stunner:
+            clients = []
+            for _ in range(CLIENTS // 2):
+                rtp, rtcp = (
+                    await RawClient.connect((HOST, port)),
+                    await RawClient.connect((HOST, port)),
+                )
+                first = await rtp.allocate(**{"EVEN-PORT": True})
+                assert first.message_class == Class.SUCCESS, error_code(first)
+                token = first.attributes["RESERVATION-TOKEN"]
+                second = await rtcp.allocate(**{"RESERVATION-TOKEN": token})
+                assert second.message_class == Class.SUCCESS, error_code(second)
+                relayed_port = second.attributes["XOR-RELAYED-ADDRESS"][1]
+                assert relayed_port == first.attributes["XOR-RELAYED-ADDRESS"][1] + 1
+                clients += [rtp, rtcp]
+            assert 0 < own_allocations(stunner) < CLIENTS  # both processes took part
+            assert len(stunner.reservations) == 0  # every reserved socket was handed over
+            for client in clients:
                 client.close()
 
     asyncio.run(main())
