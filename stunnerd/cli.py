@@ -8,7 +8,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from stunner_api.dataplane import (
     ConfigError,
@@ -22,6 +22,7 @@ from . import logs
 from .auth import NonceManager
 from .daemon import ApplyError, Stunner
 from .ledger import UserAllocations
+from .runtime import event_loop_factory
 from .sources import DEFAULT_CDS_ADDRESS, ConfigSource, SourceError, source_for
 from .tls import self_signed_certificate
 from .workers import WorkerPool, udp_process_count, usable_cpus
@@ -253,19 +254,6 @@ async def _main(args: argparse.Namespace, override: str | None) -> int:
         workers=workers,
     )
     return await run_with_workers(args, stunner)
-
-
-def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
-    """uvloop where it is installed (the packet path runs in its C event loop), else asyncio's
-    own; STUNNER_EVENT_LOOP=asyncio forces the latter."""
-    if os.environ.get("STUNNER_EVENT_LOOP", "").lower() == "asyncio":
-        return None
-    try:
-        import uvloop
-    except ImportError:
-        return None
-    factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
-    return factory
 
 
 if __name__ == "__main__":

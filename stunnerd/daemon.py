@@ -20,11 +20,12 @@ from stunner_api.dataplane import (
 from . import logs
 from .admin import HttpServer, health_routes, metrics_routes
 from .auth import Authenticator, AuthError, NonceManager
+from .counters import ClusterCounters, ListenerCounters, merge
 from .ledger import Reservations, UserAllocations
 from .listener import Listener
 from .router import DnsResolver, Router
-from .turn import ServerContext, Stats
-from .workers import WorkerCounters, WorkerPool, add_cluster_counters
+from .turn import ServerContext
+from .workers import WorkerCounters, WorkerPool
 
 log = logging.getLogger("stunner.stunnerd")
 
@@ -91,11 +92,11 @@ class Stunner:
     def _worker_reports(self) -> list[WorkerCounters]:
         return self.workers.reports() if self.workers is not None else []
 
-    def listener_stats(self) -> dict[str, Stats]:
-        totals: dict[str, Stats] = {}
+    def listener_stats(self) -> dict[str, ListenerCounters]:
+        totals: dict[str, ListenerCounters] = {}
         reports = self._worker_reports()
         for name, listener in self.listeners.items():
-            totals[name] = stats = Stats()
+            totals[name] = stats = ListenerCounters()
             stats.add(listener.server.stats)
             for report in reports:
                 entry = report.listeners.get(name)
@@ -113,12 +114,13 @@ class Stunner:
                     counts[name] += active
         return counts
 
-    def cluster_counters(self) -> dict[str, list[int]]:
-        """cluster -> [tx packets, tx bytes, rx packets, rx bytes], to and from its peers."""
-        own = self.context.cluster_counters if self.context is not None else {}
-        totals = {name: list(values) for name, values in own.items()}
+    def cluster_counters(self) -> dict[str, ClusterCounters]:
+        """cluster -> its traffic to and from its peers, in every process."""
+        totals: dict[str, ClusterCounters] = {}
+        if self.context is not None:
+            merge(totals, self.context.cluster_counters, ClusterCounters)
         for report in self._worker_reports():
-            add_cluster_counters(totals, report.clusters)
+            merge(totals, report.clusters, ClusterCounters)
         return totals
 
     def worker_usage(self) -> tuple[float, int]:

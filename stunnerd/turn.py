@@ -11,7 +11,6 @@ permission or channel is installed and again for every relayed packet in both di
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import ipaddress
 import logging
 import secrets
@@ -25,6 +24,7 @@ from typing import Any, cast
 
 from . import stun
 from .auth import Authenticator, NonceManager
+from .counters import ClusterCounters, ListenerCounters
 from .ledger import Reservations, UserAllocations
 from .router import Router
 from .stun import Address, Class, Message, Method
@@ -92,9 +92,9 @@ class ServerContext:
     user_quota: int = 0  # allocations per user id; 0 means no quota
     users: UserAllocations = field(default_factory=UserAllocations)
     reservations: Reservations = field(default_factory=Reservations)
-    # cluster name -> [tx packets, tx bytes, rx packets, rx bytes]: to and from its peers
-    cluster_counters: defaultdict[str, list[int]] = field(
-        default_factory=lambda: defaultdict(lambda: [0, 0, 0, 0])
+    # cluster name -> traffic to and from its peers
+    cluster_counters: defaultdict[str, ClusterCounters] = field(
+        default_factory=lambda: defaultdict(ClusterCounters)
     )
 
     @property
@@ -140,8 +140,8 @@ class Allocation(asyncio.DatagramProtocol):
             server.stats.dropped += 1
             return
         counters = server.context.cluster_counters[cluster]
-        counters[2] += 1
-        counters[3] += len(data)
+        counters.rx_packets += 1
+        counters.rx_bytes += len(data)
         channel = self.channel_by_peer.get(peer)
         if channel is not None:
             packet = stun.pack_channel_data(channel, data, self.downstream.stream)
@@ -166,8 +166,8 @@ class Allocation(asyncio.DatagramProtocol):
             return
         self.relay.sendto(payload, peer)
         counters = server.context.cluster_counters[cluster]
-        counters[0] += 1
-        counters[1] += len(payload)
+        counters.tx_packets += 1
+        counters.tx_bytes += len(payload)
 
     def relay_channel_data(self, data: bytes) -> None:
         """RFC 8656 §12.6: ChannelData from the client goes to the channel's peer."""
@@ -202,25 +202,6 @@ class Allocation(asyncio.DatagramProtocol):
             self.relay = None
 
 
-@dataclass
-class Stats:
-    """Per-listener counters: rx/tx are client-side packets (metrics and /status)."""
-
-    rx_packets: int = 0
-    rx_bytes: int = 0
-    tx_packets: int = 0
-    tx_bytes: int = 0
-    dropped: int = 0
-    allocations_total: int = 0
-
-    def add(self, other: Stats) -> None:
-        for name in STATS_FIELDS:
-            setattr(self, name, getattr(self, name) + getattr(other, name))
-
-
-STATS_FIELDS = tuple(f.name for f in dataclasses.fields(Stats))
-
-
 class Exchange:
     """One request being served: the message, its client, and the key it was authenticated with."""
 
@@ -250,7 +231,7 @@ class TurnServer:
         self.relay_family = address_family(relay_ip)
         self.context = context
         self.allocations: dict[Any, Allocation] = {}  # Downstream.remote -> allocation
-        self.stats = Stats()
+        self.stats = ListenerCounters()
         self._responses: dict[tuple[Any, bytes], tuple[float, bytes]] = {}
         self._pending: set[tuple[Any, bytes]] = set()  # Allocate requests being served
         self._handlers: dict[tuple[Class, Method], Handler] = {

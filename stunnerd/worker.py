@@ -13,22 +13,22 @@ import argparse
 import asyncio
 import itertools
 import logging
-import resource
 import signal
 import socket
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from stunner_api.dataplane import ConfigError, StunnerConfig, validate_config
 
 from . import logs
-from .admin import rss_bytes
 from .auth import Authenticator, AuthError, NonceManager
 from .channel import Channel, Received
+from .counters import ClusterCounters
 from .ledger import Reservations, UserAllocations
 from .listener import Listener
 from .router import DnsResolver, Router
+from .runtime import cpu_seconds, event_loop_factory, rss_bytes
 from .turn import ServerContext
 
 log = logging.getLogger("stunner.stunnerd")
@@ -185,21 +185,25 @@ class WorkerDataplane:
         self._resolver.follow()
 
     def report(self) -> dict[str, Any]:
-        usage = resource.getrusage(resource.RUSAGE_SELF)
         return {
             "op": "stats",
             "listeners": {
                 name: {
                     "generation": listener.generation,
-                    "stats": vars(listener.server.stats),
+                    "stats": listener.server.stats.to_dict(),
                     "active": len(listener.server.allocations),
                 }
                 for name, listener in self.listeners.items()
             },
-            "clusters": dict(self.context.cluster_counters) if self.context else {},
-            "cpu": usage.ru_utime + usage.ru_stime,
+            "clusters": {
+                name: counters.to_dict() for name, counters in self._cluster_counters().items()
+            },
+            "cpu": cpu_seconds(),
             "rss": rss_bytes(),
         }
+
+    def _cluster_counters(self) -> Mapping[str, ClusterCounters]:
+        return self.context.cluster_counters if self.context is not None else {}
 
     async def close(self) -> None:
         self._resolver.close()
@@ -270,7 +274,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)
     logs.setup(args.log, args.log_format)
-    from .cli import event_loop_factory
 
     async def run() -> None:
         await serve(Channel(socket.socket(fileno=args.control_fd)), args.log_override)

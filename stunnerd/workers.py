@@ -33,9 +33,9 @@ from typing import Any
 from stunner_api.dataplane import StunnerConfig
 
 from .channel import Channel, Received
+from .counters import ClusterCounters, ListenerCounters, merge
 from .ledger import Reservations, UserAllocations
 from .listener import Listener
-from .turn import STATS_FIELDS, Stats
 
 log = logging.getLogger("stunner.stunnerd")
 
@@ -93,8 +93,8 @@ class WorkerCounters:
     """A worker's last report: per-listener (generation, stats, active allocations), per-cluster
     counters, its CPU seconds and RSS."""
 
-    listeners: dict[str, tuple[int, Stats, int]] = field(default_factory=dict)
-    clusters: dict[str, list[int]] = field(default_factory=dict)
+    listeners: dict[str, tuple[int, ListenerCounters, int]] = field(default_factory=dict)
+    clusters: dict[str, ClusterCounters] = field(default_factory=dict)
     cpu_seconds: float = 0.0
     rss_bytes: int = 0
 
@@ -103,12 +103,14 @@ class WorkerCounters:
         listeners = {
             name: (
                 int(entry["generation"]),
-                Stats(**{k: int(entry["stats"][k]) for k in STATS_FIELDS}),
+                ListenerCounters.from_dict(entry["stats"]),
                 int(entry["active"]),
             )
             for name, entry in body.get("listeners", {}).items()
         }
-        clusters = {name: [int(v) for v in values] for name, values in body["clusters"].items()}
+        clusters = {
+            name: ClusterCounters.from_dict(values) for name, values in body["clusters"].items()
+        }
         return cls(listeners, clusters, float(body["cpu"]), int(body["rss"]))
 
 
@@ -339,16 +341,8 @@ def _fold(into: WorkerCounters, counters: WorkerCounters) -> None:
         if kept is not None and kept[0] == generation:
             kept[1].add(stats)
         else:
-            merged = Stats()
+            merged = ListenerCounters()
             merged.add(stats)
             into.listeners[name] = (generation, merged, 0)
-    add_cluster_counters(into.clusters, counters.clusters)
+    merge(into.clusters, counters.clusters, ClusterCounters)
     into.cpu_seconds += counters.cpu_seconds
-
-
-def add_cluster_counters(into: dict[str, list[int]], more: dict[str, list[int]]) -> None:
-    """Add per-cluster [tx packets, tx bytes, rx packets, rx bytes] counters into `into`."""
-    for name, values in more.items():
-        totals = into.setdefault(name, [0, 0, 0, 0])
-        for i, value in enumerate(values):
-            totals[i] += value

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -20,8 +21,16 @@ import time
 import urllib.error
 import urllib.request
 
+import pytest
+from prometheus_client import ProcessCollector
+from prometheus_client.parser import text_string_to_metric_families
+
 from stunner_api.dataplane import zero_config
+from stunnerd import admin
+from stunnerd.admin import HttpServer
+from stunnerd.counters import ClusterCounters, ListenerCounters
 from stunnerd.daemon import Stunner
+from stunnerd.metrics import format_value, render_metrics
 from stunnerd.stun import Class
 
 from .turnclient import (
@@ -213,3 +222,158 @@ def test_second_signal_exits_at_once() -> None:
             proc.kill()
         proc.communicate()
         os.unlink(path)
+
+
+# --- exact metrics, read back with prometheus_client's own parser ---------------------------
+
+
+class FakeCounts:
+    """A MetricsView with chosen values: large counters, a worker's share."""
+
+    allocation_count = 3
+
+    def listener_stats(self) -> dict[str, ListenerCounters]:
+        return {"ns/gw/udp": ListenerCounters(rx_bytes=2_011_376, tx_bytes=2**60 + 1)}
+
+    def listener_allocations(self) -> dict[str, int]:
+        return {"ns/gw/udp": 3}
+
+    def cluster_counters(self) -> dict[str, ClusterCounters]:
+        return {'ns/"odd"\\name': ClusterCounters(tx_packets=123_456_789, rx_bytes=9_876_543)}
+
+    def worker_usage(self) -> tuple[float, int]:
+        return 1.25, 1 << 30
+
+
+def parsed_samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def test_metrics_are_exact() -> None:
+    text = render_metrics(FakeCounts())
+    assert 'stunner_listener_bytes_total{direction="rx",name="ns/gw/udp"} 2011376\n' in text
+    assert f'stunner_listener_bytes_total{{direction="tx",name="ns/gw/udp"}} {2**60 + 1}\n' in text
+    samples = parsed_samples(text)
+    rx = ("stunner_listener_bytes_total", (("direction", "rx"), ("name", "ns/gw/udp")))
+    assert samples[rx] == 2_011_376
+    cluster = ("stunner_cluster_packets_total", (("direction", "tx"), ("name", 'ns/"odd"\\name')))
+    assert samples[cluster] == 123_456_789
+    assert samples[("stunner_allocations_active", ())] == 3
+    # The start time has every digit: it equals prometheus_client's own reading.
+    own = {s.name: s.value for f in ProcessCollector(registry=None).collect() for s in f.samples}
+    assert samples[("process_start_time_seconds", ())] == own["process_start_time_seconds"]
+    assert abs(samples[("process_start_time_seconds", ())] - time.time()) < 24 * 3600
+    # CPU and memory count the workers too.
+    assert samples[("process_resident_memory_bytes", ())] >= (1 << 30)
+    assert samples[("process_cpu_seconds_total", ())] >= 1.25
+
+
+def test_metrics_have_the_python_exporter_families() -> None:
+    families = {f.name for f in text_string_to_metric_families(render_metrics(FakeCounts()))}
+    for name in (
+        "process_cpu_seconds",
+        "process_resident_memory_bytes",
+        "process_virtual_memory_bytes",
+        "process_start_time_seconds",
+        "process_open_fds",
+        "process_max_fds",
+        "python_info",
+        "python_gc_collections",
+        "python_gc_objects_collected",
+    ):
+        assert name in families
+
+
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [
+        (2_011_376, "2011376"),
+        (2_011_376.0, "2011376"),
+        (1795439324.92, "1795439324.92"),
+        (0.1, "0.1"),
+        (2**60 + 1, str(2**60 + 1)),
+        (float("inf"), "+Inf"),
+    ],
+)
+def test_format_value(value: float, text: str) -> None:
+    assert format_value(value) == text
+
+
+# --- the HTTP server: bounds ------------------------------------------------------------------
+
+
+async def started_server(monkeypatch: pytest.MonkeyPatch, deadline: float) -> HttpServer:
+    monkeypatch.setattr(admin, "HEADER_DEADLINE", deadline)
+    server = HttpServer("test", lambda _path: {"/live": lambda: (200, "text/plain", b"ok")})
+    await server.start("http://127.0.0.1:0", 0)
+    return server
+
+
+def test_an_oversized_request_line_is_refused_without_a_traceback(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def main() -> None:
+        server = await started_server(monkeypatch, 5.0)
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+            writer.write(b"GET /" + b"a" * 200_000 + b" HTTP/1.1\r\nHost: x\r\n\r\n")
+            answer = await asyncio.wait_for(reader.read(), 5)
+            assert answer.split(b"\r\n")[0].endswith(b" 400 Bad Request"), answer[:80]
+            writer.close()
+            assert (await get(f"http://127.0.0.1:{server.port}/live")) == (200, "ok")
+        finally:
+            await server.stop()
+
+    with caplog.at_level(logging.DEBUG):
+        asyncio.run(main())
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
+
+
+def test_a_trickled_header_is_cut_at_the_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
+    async def main() -> None:
+        server = await started_server(monkeypatch, 0.6)
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+            started = time.monotonic()
+            writer.write(b"GET /live HTTP/1.1\r\n")
+
+            async def trickle() -> None:
+                for i in range(40):  # one header line every 0.1 s: 4 s if never cut
+                    await asyncio.sleep(0.1)
+                    if writer.is_closing():
+                        return
+                    writer.write(b"X-Slow-%d: y\r\n" % i)
+
+            trickler = asyncio.get_running_loop().create_task(trickle())
+            assert await asyncio.wait_for(reader.read(), 5) == b""  # closed, nothing answered
+            assert time.monotonic() - started < 2.0
+            trickler.cancel()
+            writer.close()
+        finally:
+            await server.stop()
+
+    asyncio.run(main())
+
+
+def test_a_second_request_on_a_kept_alive_connection_has_the_same_deadline(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async def main() -> None:
+        server = await started_server(monkeypatch, 0.6)
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+            writer.write(b"GET /live HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert (await reader.readuntil(b"ok")).startswith(b"HTTP/1.1 200")
+            started = time.monotonic()
+            writer.write(b"GET /live HTTP/1.1\r\n")  # and never the rest
+            assert await asyncio.wait_for(reader.read(), 3) == b""
+            assert time.monotonic() - started < 2.0
+            writer.close()
+        finally:
+            await server.stop()
+
+    asyncio.run(main())

@@ -197,7 +197,7 @@ def test_clients_land_in_both_processes_and_are_counted_once() -> None:
             metrics = render_metrics(stunner)
             assert "stunner_allocations_active 20\n" in metrics
             assert f'stunner_listener_connections_total{{name="{LISTENER}"}} 20\n' in metrics
-            cluster_tx = stunner.cluster_counters()["testns/backend"][0]
+            cluster_tx = stunner.cluster_counters()["testns/backend"].tx_packets
             assert cluster_tx == CLIENTS  # one relayed packet per client, wherever it landed
             for client in clients:
                 client.close()
