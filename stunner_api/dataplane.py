@@ -685,6 +685,19 @@ def _with_default_port(env: Mapping[str, str]) -> dict[str, str]:
     return resolved
 
 
+def _yaml_reason(error: yaml.YAMLError) -> str:
+    """Where and what, without quoting the text (it may hold a password)."""
+    if not isinstance(error, yaml.MarkedYAMLError):
+        return " ".join(str(error).split())
+    parts = []
+    for text, mark in ((error.problem, error.problem_mark), (error.context, error.context_mark)):
+        if text and mark is not None:
+            parts.append(f"line {mark.line + 1}, column {mark.column + 1}: {text}")
+        elif text:
+            parts.append(text)
+    return "; ".join(parts) or type(error).__name__
+
+
 def _parse_document(text: str) -> dict[str, Any]:
     """YAML, or JSON if YAML fails (sigs.k8s.io/yaml then encoding/json, as Go does)."""
     try:
@@ -692,11 +705,10 @@ def _parse_document(text: str) -> dict[str, Any]:
     except yaml.YAMLError as yaml_error:
         try:
             data = json.loads(text)
-        except json.JSONDecodeError as json_error:
-            yaml_reason = " ".join(str(yaml_error).split())
+        except json.JSONDecodeError:
+            # Only YAML's error: JSON is (nearly) a subset of YAML, so its error adds noise.
             raise ConfigError(
-                f"could not parse config: YAML parse error: {yaml_reason}, "
-                f"JSON parse error: {json_error}"
+                f"could not parse config: YAML parse error: {_yaml_reason(yaml_error)}"
             ) from None
     if data is None:
         return {}

@@ -16,6 +16,7 @@ from typing import Any, cast
 from stunner_api.dataplane import ListenerConfig
 
 from . import stun, tls
+from .runtime import port_holders
 from .turn import Downstream, ServerContext, TurnServer
 
 log = logging.getLogger("stunner.listener")
@@ -150,6 +151,29 @@ class Listener:
         return self.config.name
 
     async def start(self) -> None:
+        try:
+            await self._start()
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                raise
+            stream = self.config.protocol in ("TURN-TCP", "TURN-TLS")
+            kind = "TCP" if stream else "UDP"
+            holders = port_holders(self.config.port, stream)
+            held = f" (held by process {', '.join(holders)})" if holders else ""
+            raise OSError(
+                exc.errno, f"{kind} port {self.config.port} is already in use{held}"
+            ) from None
+        level = logging.DEBUG if self._given_socket is not None else logging.INFO
+        log.log(  # a UDP worker's copy of a listener is the primary's, already logged
+            level,
+            "listener %s (%s) serving on port %d, relay address %s",
+            self.name,
+            self.config.protocol,
+            self.config.port,
+            self.config.address,
+        )
+
+    async def _start(self) -> None:
         loop = asyncio.get_running_loop()
         port = self.config.port
         protocol = self.config.protocol
@@ -185,13 +209,6 @@ class Listener:
         else:
             raise ValueError(f"listener {self.name}: protocol {protocol} is not supported yet")
         self._sweeper = loop.call_later(SWEEP_INTERVAL, self._sweep)
-        log.info(
-            "listener %s (%s) serving on port %d, relay address %s",
-            self.name,
-            protocol,
-            port,
-            self.config.address,
-        )
 
     def _sweep(self) -> None:
         self.server.sweep()
@@ -215,7 +232,11 @@ class Listener:
                 connection.close()
             await self._tcp.wait_closed()
         self.server.close()
-        log.info("listener %s stopped", self.name)
+        log.log(
+            logging.DEBUG if self._given_socket is not None else logging.INFO,
+            "listener %s stopped",
+            self.name,
+        )
 
 
 def _bound_udp_group(port: int, count: int) -> list[socket.socket]:

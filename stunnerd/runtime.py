@@ -38,3 +38,34 @@ def rss_bytes() -> int:
             return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def port_holders(port: int, stream: bool) -> list[str]:
+    """ "PID (name)" of the processes holding a TCP (`stream`) or UDP socket bound to `port`,
+    as far as /proc lets us see (processes of other users stay hidden); [] elsewhere."""
+    inodes: set[str] = set()
+    for table in ("tcp", "tcp6") if stream else ("udp", "udp6"):
+        try:
+            with open(f"/proc/net/{table}") as lines:
+                next(lines, None)
+                for line in lines:
+                    fields = line.split()
+                    if len(fields) > 9 and int(fields[1].rpartition(":")[2], 16) == port:
+                        inodes.add(fields[9])
+        except (OSError, ValueError):
+            continue
+    inodes.discard("0")
+    holders = []
+    targets = {f"socket:[{inode}]" for inode in inodes}
+    for pid in os.listdir("/proc") if targets else []:
+        if not pid.isdigit():
+            continue
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+            if not any(os.readlink(f"/proc/{pid}/fd/{fd}") in targets for fd in fds):
+                continue
+            with open(f"/proc/{pid}/comm") as comm:
+                holders.append(f"{pid} ({comm.read().strip()})")
+        except OSError:
+            continue
+    return holders

@@ -94,7 +94,10 @@ class FileSource:
 
     async def load(self) -> StunnerConfig:
         text = await asyncio.to_thread(self._read)
-        return load_config(text, self.env)
+        try:
+            return load_config(text, self.env)
+        except ConfigError as exc:
+            raise ConfigError(f"{self.path}: {exc}") from None
 
     async def watch(self) -> AsyncGenerator[StunnerConfig, None]:
         last_json: str | None = None

@@ -7,8 +7,10 @@ and TURN; the bad-flag paths exit non-zero with a reason; the README's demo pass
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -18,7 +20,7 @@ from pathlib import Path
 from stunnerd import stun
 from stunnerd.stun import Class, Message, Method
 
-from .turnclient import free_port
+from .turnclient import RawClient, free_port, make_config
 
 STUNNERD = [sys.executable, "-m", "stunnerd"]
 
@@ -172,3 +174,127 @@ def test_turns_shorthand_serves_tls_with_a_self_signed_certificate() -> None:
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+# --- a new user's first hour ------------------------------------------------------------------
+
+
+def binding_answered(port: int, timeout: float = 15) -> bool:
+    """True once a Binding request to 127.0.0.1:port is answered (within `timeout`)."""
+    request = Message(Method.BINDING, Class.REQUEST)
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.settimeout(0.2)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            sock.sendto(request.encode(), ("127.0.0.1", port))
+            try:
+                sock.recv(2048)
+                return True
+            except (TimeoutError, ConnectionRefusedError):
+                continue
+    return False
+
+
+def test_version() -> None:
+    result = run("--version")
+    assert result.returncode == 0
+    assert result.stdout.startswith("stunnerd ")
+
+
+def test_no_arguments_says_what_it_tried_and_how_to_give_a_config() -> None:
+    result = run("-u", "1", env={"STUNNER_CONFIG_ORIGIN": ""})
+    assert result.returncode == 1
+    assert "no configuration given" in result.stderr
+    assert "http://localhost:13478" in result.stderr  # what it tried
+    assert "-c FILE" in result.stderr and "turn://" in result.stderr  # what to do instead
+
+
+def test_a_yaml_syntax_error_names_the_file_line_and_column(tmp_path: Path) -> None:
+    config = tmp_path / "broken.yaml"
+    config.write_text("version: v1\nauth: {type: static\nlisteners: []\n")
+    result = run("-c", str(config), "--dry-run")
+    assert result.returncode == 1
+    assert f"{config}: could not parse config: YAML parse error: line 3, column 1" in result.stderr
+    assert "<unicode string>" not in result.stderr
+    assert "JSON" not in result.stderr
+
+
+def test_a_busy_port_is_named_with_its_holder() -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as squatter:
+        squatter.bind(("0.0.0.0", 0))
+        port = squatter.getsockname()[1]
+        result = run("-u", "1", f"turn://user:pass@127.0.0.1:{port}?transport=udp")
+    assert result.returncode == 1
+    assert f"UDP port {port} is already in use (held by process {os.getpid()} (" in result.stderr
+
+
+def test_sighup_rereads_the_config_file(tmp_path: Path) -> None:
+    first, second = free_port(), free_port()
+    config = tmp_path / "stunnerd.json"
+    config.write_text(make_config(first, ["127.0.0.1/32"], protocols=("TURN-UDP",)).to_json())
+    proc = subprocess.Popen(
+        [*STUNNERD, "-u", "1", "-c", str(config)], stderr=subprocess.PIPE, text=True
+    )
+    try:
+        assert binding_answered(first)
+        config.write_text("version: v1\nauth: {type: static\n")  # broken: ignored, logged
+        proc.send_signal(signal.SIGHUP)
+        time.sleep(0.5)
+        assert proc.poll() is None and binding_answered(first, timeout=2)
+        config.write_text(make_config(second, ["127.0.0.1/32"], protocols=("TURN-UDP",)).to_json())
+        proc.send_signal(signal.SIGHUP)
+        assert binding_answered(second)
+        assert proc.poll() is None
+    finally:
+        proc.terminate()
+        _, stderr = proc.communicate(timeout=10)
+    assert proc.returncode == 0
+    assert "SIGHUP: configuration not reloaded (running configuration unchanged)" in stderr
+    assert stderr.count("SIGHUP: re-reading the config") == 2
+
+
+def test_the_listener_start_is_logged_once_with_workers() -> None:
+    port = free_port()
+    proc = subprocess.Popen(
+        [*STUNNERD, "-u", "2", f"turn://user:pass@127.0.0.1:{port}?transport=udp"],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert binding_answered(port)
+        time.sleep(0.5)  # the worker has applied the config by now
+    finally:
+        proc.terminate()
+        _, stderr = proc.communicate(timeout=10)
+    assert stderr.count("listener default-listener (TURN-UDP) serving on port") == 1, stderr
+
+
+def test_the_first_ctrl_c_says_that_a_second_one_exits_now() -> None:
+    port = free_port()
+    proc = subprocess.Popen(
+        [*STUNNERD, "-u", "1", f"turn://user:pass@127.0.0.1:{port}?transport=udp"],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+
+        async def hold() -> None:
+            assert await asyncio.to_thread(binding_answered, port)
+            client = await RawClient.connect(("127.0.0.1", port), username="user", password="pass")
+            assert (await client.allocate()).message_class == Class.SUCCESS
+            proc.send_signal(signal.SIGINT)
+            await asyncio.sleep(0.5)
+            assert proc.poll() is None  # draining
+            proc.send_signal(signal.SIGINT)
+            client.close()
+
+        asyncio.run(hold())
+        assert proc.wait(timeout=5) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        _, stderr = proc.communicate(timeout=10)
+    assert "SIGINT: draining 1 allocation(s)" in stderr
+    assert "press Ctrl-C again to exit now" in stderr
+    assert "SIGINT again: exiting now" in stderr
