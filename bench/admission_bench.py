@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from stunnerd.tls import self_signed_certificate  # noqa: E402
-from tests.fakeapi import FakeApiServer  # noqa: E402
+from tests.support.fakeapi import FakeApiServer  # noqa: E402
 
 
 def gateway_config(**spec: Any) -> dict[str, Any]:

@@ -94,7 +94,8 @@ def mutate_route() -> Response | tuple[Response, int]:
         review = parse_review(request.get_data())
     except BadReview as e:
         return _bad_request(e)
-    return jsonify(review_mutate(review, _state().lookup))
+    state = _state()
+    return jsonify(review_mutate(review, state.lookup, state.settings))
 
 
 @bp.get("/healthz")

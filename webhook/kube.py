@@ -1,5 +1,8 @@
 """The Kubernetes side of the webhook: a :class:`stunner_api.rules.Lookup` over the official
-``kubernetes`` client.
+``kubernetes`` client, bound to the user of each AdmissionReview (:meth:`KubeLookup.for_user`),
+so that a Secret in another namespace is read only when a ReferenceGrant permits the reference
+or that user may read it (a SubjectAccessReview): the webhook never reads with its own rights
+for a user who has none.
 
 The client configuration is found the usual way, on first use: in-cluster (the service account),
 else ``KUBECONFIG`` / ``~/.kube/config``; tests pass an explicit ``ApiClient`` instead. Reads use
@@ -11,15 +14,14 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Mapping
 from typing import Any
 
 import kubernetes.client
 import kubernetes.config
 
 from stunner_api.rules import LookupFailed
-
-GATEWAY_GROUP = "gateway.networking.k8s.io"
-GATEWAY_VERSION = "v1"
+from stunner_api.vocabulary import GATEWAY_CLASS, REFERENCE_GRANT, SECRET
 
 DEFAULT_TIMEOUT = 2.0
 
@@ -39,35 +41,53 @@ def load_api_client() -> kubernetes.client.ApiClient:
     return kubernetes.client.ApiClient(configuration)
 
 
-class KubeLookup:
-    """Reads Secrets and GatewayClasses; 404 -> None, any other failure -> LookupFailed."""
+class _Connection:
+    """The ApiClient, made on first use and shared by every per-user view."""
 
-    def __init__(
-        self,
-        api_client: kubernetes.client.ApiClient | None = None,
-        timeout: float = DEFAULT_TIMEOUT,
-    ) -> None:
-        self._api_client = api_client
-        self._timeout = timeout
-        self._lock = threading.Lock()
+    def __init__(self, api_client: kubernetes.client.ApiClient | None, timeout: float) -> None:
+        self.api_client = api_client
+        self.timeout = timeout
+        self.lock = threading.Lock()
 
-    def _client(self, what: str) -> kubernetes.client.ApiClient:
-        with self._lock:
-            if self._api_client is None:
+    def client(self, what: str) -> kubernetes.client.ApiClient:
+        with self.lock:
+            if self.api_client is None:
                 try:
-                    self._api_client = load_api_client()
+                    self.api_client = load_api_client()
                 except Exception as e:  # ConfigException, OSError, YAML errors
                     raise LookupFailed(
                         f"cannot read {what} from the Kubernetes API: "
                         f"no usable client configuration: {e}"
                     ) from e
-            return self._api_client
+            return self.api_client
 
-    def _get(self, what: str, call: Any, *args: str) -> dict[str, Any] | None:
-        api_client = self._client(what)
+
+class KubeLookup:
+    """Reads Secrets, GatewayClasses and ReferenceGrants and asks SubjectAccessReviews;
+    404 -> None (or []), any other failure -> LookupFailed. `user` is the userInfo of the
+    AdmissionReview the answers are for (None: nobody, who may read no Secret)."""
+
+    def __init__(
+        self,
+        api_client: kubernetes.client.ApiClient | None = None,
+        timeout: float = DEFAULT_TIMEOUT,
+        user: Mapping[str, Any] | None = None,
+        *,
+        connection: _Connection | None = None,
+    ) -> None:
+        self._connection = connection or _Connection(api_client, timeout)
+        self.user = user
+
+    def for_user(self, user: Mapping[str, Any] | None) -> KubeLookup:
+        """The same connection, answering for `user` (an AdmissionReview's userInfo)."""
+        return KubeLookup(user=user, connection=self._connection)
+
+    def _call(self, what: str, call: Any, *args: Any) -> dict[str, Any] | None:
+        """The JSON object a call answers; 404 -> None, other failures -> LookupFailed."""
+        api_client = self._connection.client(what)
         try:
             response = call(api_client)(
-                *args, _request_timeout=self._timeout, _preload_content=False
+                *args, _request_timeout=self._connection.timeout, _preload_content=False
             )
             try:
                 body = json.loads(response.data)
@@ -86,7 +106,7 @@ class KubeLookup:
         return body
 
     def secret(self, namespace: str, name: str) -> dict[str, Any] | None:
-        return self._get(
+        return self._call(
             f"Secret {namespace}/{name}",
             lambda c: kubernetes.client.CoreV1Api(c).read_namespaced_secret,
             name,
@@ -94,18 +114,61 @@ class KubeLookup:
         )
 
     def gateway_class(self, name: str) -> dict[str, Any] | None:
-        return self._get(
+        return self._call(
             f"GatewayClass {name}",
             lambda c: kubernetes.client.CustomObjectsApi(c).get_cluster_custom_object,
-            GATEWAY_GROUP,
-            GATEWAY_VERSION,
-            "gatewayclasses",
+            GATEWAY_CLASS.group,
+            GATEWAY_CLASS.preferred_version,
+            GATEWAY_CLASS.plural,
             name,
         )
 
+    def reference_grants(self, namespace: str) -> list[dict[str, Any]]:
+        """The ReferenceGrants of a namespace; [] when the kind is not installed (404)."""
+        body = self._call(
+            f"the ReferenceGrants of namespace {namespace}",
+            lambda c: kubernetes.client.CustomObjectsApi(c).list_namespaced_custom_object,
+            REFERENCE_GRANT.group,
+            REFERENCE_GRANT.preferred_version,
+            namespace,
+            REFERENCE_GRANT.plural,
+        )
+        items = (body or {}).get("items")
+        return [i for i in items if isinstance(i, dict)] if isinstance(items, list) else []
+
+    def may_read_secret(self, namespace: str, name: str) -> bool:
+        """Whether `user` may get the Secret, asked with a SubjectAccessReview."""
+        user = self.user or {}
+        if not user.get("username") and not user.get("groups"):
+            return False
+        spec: dict[str, Any] = {
+            "resourceAttributes": {
+                "namespace": namespace,
+                "verb": "get",
+                "group": SECRET.group,
+                "version": SECRET.preferred_version,
+                "resource": SECRET.plural,
+                "name": name,
+            }
+        }
+        for ours, theirs in (("user", "username"), ("uid", "uid"), ("groups", "groups")):
+            if user.get(theirs):
+                spec[ours] = user[theirs]
+        if user.get("extra"):
+            spec["extra"] = user["extra"]
+        review = {"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview"}
+        body = self._call(
+            f"a SubjectAccessReview of Secret {namespace}/{name}",
+            lambda c: kubernetes.client.AuthorizationV1Api(c).create_subject_access_review,
+            {**review, "spec": spec},
+        )
+        status = (body or {}).get("status")
+        return isinstance(status, dict) and status.get("allowed") is True
+
     def close(self) -> None:
-        with self._lock:
-            if self._api_client is not None:
-                api_client: Any = self._api_client
+        connection = self._connection
+        with connection.lock:
+            if connection.api_client is not None:
+                api_client: Any = connection.api_client
                 api_client.close()
-                self._api_client = None
+                connection.api_client = None
