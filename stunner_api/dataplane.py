@@ -21,11 +21,12 @@ got 70000`.
 
 from __future__ import annotations
 
+import difflib
 import json
 import logging
 import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Literal
 from urllib.parse import parse_qs, unquote, urlsplit
 
@@ -133,7 +134,8 @@ def _normalize(
     try:
         return table[fold(value)]
     except KeyError:
-        raise _reject(f"unknown {what}: {_go_quote(value)}") from None
+        valid = ", ".join(dict.fromkeys(table.values()))
+        raise _reject(f"unknown {what}: {_go_quote(value)} (valid: {valid})") from None
 
 
 def _empty_is_default(value: object, default: object) -> object:
@@ -720,6 +722,52 @@ def _credentials_of(data: Mapping[str, Any]) -> Mapping[str, Any] | None:
     return credentials if isinstance(credentials, Mapping) else None
 
 
+def _unknown_keys(data: object, model: type[BaseModel], path: str) -> Iterator[str]:
+    if not isinstance(data, Mapping):
+        return
+    known = list(model.model_fields)
+    for key in data:
+        if key not in known:
+            close = difflib.get_close_matches(str(key), known, n=1)
+            hint = f" (did you mean {_go_quote(close[0])}?)" if close else ""
+            yield f"{path}{key}: unknown key, ignored{hint}"
+
+
+def config_warnings(data: Mapping[str, Any], config: StunnerConfig) -> list[str]:
+    """What a valid config most likely got wrong, as `path: message` lines: keys that no field
+    has (Go STUNner ignores them, and so do we, for wire compatibility with its operator), each
+    with the closest known key, and routes naming a cluster the config does not define."""
+    warnings = list(_unknown_keys(data, StunnerConfig, ""))
+    sections: tuple[tuple[str, type[BaseModel]], ...] = (
+        ("admin", AdminConfig),
+        ("auth", AuthConfig),
+    )
+    for key, model in sections:
+        warnings += _unknown_keys(data.get(key), model, f"{key}.")
+    admin = data.get("admin")
+    if isinstance(admin, Mapping):
+        warnings += _unknown_keys(
+            admin.get("license_config"), LicenseConfig, "admin.license_config."
+        )
+    lists: tuple[tuple[str, type[BaseModel]], ...] = (
+        ("listeners", ListenerConfig),
+        ("clusters", ClusterConfig),
+    )
+    for key, model in lists:
+        items = data.get(key)
+        for index, item in enumerate(items if isinstance(items, list) else []):
+            warnings += _unknown_keys(item, model, f"{key}[{index}].")
+    clusters = {cluster.name for cluster in config.clusters}
+    for index, listener in enumerate(config.listeners):
+        for route in listener.routes:
+            if route not in clusters:
+                warnings.append(
+                    f"listeners[{index}].routes: cluster {_go_quote(route)} is not defined "
+                    "(its peers are unreachable)"
+                )
+    return warnings
+
+
 def load_config(text: str | bytes, env: Mapping[str, str] | None = None) -> StunnerConfig:
     """Parse, env-substitute, validate and normalise a YAML or JSON config.
 
@@ -739,6 +787,48 @@ def load_config(text: str | bytes, env: Mapping[str, str] | None = None) -> Stun
     if raw_credentials is not None and credentials is not None:
         data["auth"]["credentials"] = {**credentials, **raw_credentials}
     return validate_config(data)
+
+
+def _variable_names(text: str) -> list[str]:
+    """The names `expand_env` would look up in `text`."""
+    names = []
+    index = text.find("$")
+    while 0 <= index < len(text) - 1:
+        name, width = _shell_name(text[index + 1 :])
+        if name:
+            names.append(name)
+        index = text.find("$", index + 1 + width)
+    return names
+
+
+def _unset_address_variables(
+    raw: Mapping[str, Any], variables: Mapping[str, str], config: StunnerConfig
+) -> Iterator[str]:
+    """An unset variable in a listener address (the usual $STUNNER_ADDR) silently gives
+    clients the relay address 0.0.0.0: name it."""
+    listeners = raw.get("listeners")
+    for index, item in enumerate(listeners if isinstance(listeners, list) else []):
+        for key in ("address", "public_address"):
+            value = item.get(key) if isinstance(item, Mapping) else None
+            if not isinstance(value, str) or index >= len(config.listeners):
+                continue
+            for name in dict.fromkeys(_variable_names(value)):
+                if name not in variables:
+                    now = getattr(config.listeners[index], key) or '""'
+                    yield (f"listeners[{index}].{key}: ${name} is not set, so the {key} is {now}")
+
+
+def load_config_checked(
+    text: str | bytes, env: Mapping[str, str] | None = None
+) -> tuple[StunnerConfig, list[str]]:
+    """`load_config`, and its `config_warnings` (and any unset variable in an address)."""
+    config = load_config(text, env)
+    if isinstance(text, bytes):
+        text = text.decode("utf-8")  # load_config succeeded, so it decodes
+    variables = _with_default_port(os.environ if env is None else env)
+    data = _parse_document(expand_env(text, variables))
+    unset = list(_unset_address_variables(_parse_document(text), variables, config))
+    return config, unset + config_warnings(data, config)
 
 
 def _redact_uri(uri: str) -> str:

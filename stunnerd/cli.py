@@ -229,7 +229,11 @@ async def run(args: argparse.Namespace, stunner: Stunner) -> int:
         if args.watch and not args.dry_run and source is not None:
             # Watch mode starts empty (not ready) and takes its config from the source.
             return await serve(stunner, zero_config(), source, args.grace_period, source)
-        config = origin if isinstance(origin, StunnerConfig) else await origin.load()
+        if source is None or not args.dry_run:
+            config = origin if isinstance(origin, StunnerConfig) else await origin.load()
+            warnings: list[str] = []
+        else:
+            config, warnings = await source.load_checked()
     except (ConfigError, SourceError) as exc:
         if not args.uri and not args.config:
             log.error(
@@ -243,7 +247,9 @@ async def run(args: argparse.Namespace, stunner: Stunner) -> int:
         return 1
     if args.dry_run:
         print(redacted(config).to_json())  # noqa: T201
-        return 0
+        for warning in warnings:  # what would be a warning at start is an error here
+            log.error("config: %s", warning)
+        return 1 if warnings else 0
     return await serve(stunner, config, None, args.grace_period, source)
 
 

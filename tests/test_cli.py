@@ -299,3 +299,36 @@ def test_the_first_ctrl_c_says_that_a_second_one_exits_now() -> None:
     assert "SIGINT: draining 1 allocation(s)" in stderr
     assert "press Ctrl-C again to exit now" in stderr
     assert "SIGINT again: exiting now" in stderr
+
+
+def test_dry_run_fails_on_an_unknown_key_or_a_missing_cluster(tmp_path: Path) -> None:
+    config = tmp_path / "stunnerd.yaml"
+    config.write_text(
+        "version: v1\n"
+        "auth: {type: static, credentials: {username: u, password: p}}\n"
+        "listeners: [{name: l, protocol: udp, port: 3478, rout: [c]},"
+        " {name: m, protocol: udp, port: 3479, routes: [gone]}]\n"
+        "clusters: [{name: c, endpoints: [10.0.0.0/8]}]\n"
+    )
+    result = run("-c", str(config), "--dry-run")
+    assert result.returncode == 1
+    assert json.loads(result.stdout)["listeners"][0]["name"] == "l"  # still printed
+    assert 'listeners[0].rout: unknown key, ignored (did you mean "routes"?)' in result.stderr
+    assert 'cluster "gone" is not defined' in result.stderr
+
+
+def test_an_unknown_key_is_a_warning_at_start(tmp_path: Path) -> None:
+    port = free_port()
+    config = tmp_path / "stunnerd.json"
+    data = json.loads(make_config(port, ["127.0.0.1/32"], protocols=("TURN-UDP",)).to_json())
+    data["listeners"][0]["rout"] = data["listeners"][0].pop("routes")
+    config.write_text(json.dumps(data))
+    proc = subprocess.Popen(
+        [*STUNNERD, "-u", "1", "-c", str(config)], stderr=subprocess.PIPE, text=True
+    )
+    try:
+        assert binding_answered(port)
+    finally:
+        proc.terminate()
+        _, stderr = proc.communicate(timeout=10)
+    assert "WARNING" in stderr and 'did you mean "routes"?' in stderr
