@@ -21,11 +21,11 @@ from stunner_api.dataplane import (
 
 from . import logs
 from .auth import NonceManager
+from .certificates import self_signed_certificate
 from .daemon import ApplyError, Stunner
 from .ledger import UserAllocations
 from .runtime import event_loop_factory
 from .sources import DEFAULT_CDS_ADDRESS, ConfigSource, SourceError, source_for
-from .tls import self_signed_certificate
 from .workers import WorkerPool, udp_process_count, usable_cpus
 
 log = logging.getLogger("stunner.stunnerd")

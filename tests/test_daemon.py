@@ -111,7 +111,7 @@ def test_config_that_cannot_be_applied_is_refused_whole() -> None:
 
 
 def test_certificate_change_restarts_that_listener_only() -> None:
-    from stunnerd.tls import self_signed_certificate
+    from stunnerd.certificates import self_signed_certificate
 
     async def main() -> None:
         udp_port, tls_port = free_port(), free_port()
