@@ -19,8 +19,9 @@ from typing import Any, cast
 
 from OpenSSL import SSL
 
+from .allocation import Downstream
 from .certificates import load_certificate
-from .turn import Downstream, TurnServer
+from .turn import TurnServer
 
 log = logging.getLogger("stunner.listener")
 

@@ -19,9 +19,10 @@ from typing import Any, cast
 from stunner_api.dataplane import ListenerConfig
 
 from . import stun
+from .allocation import Downstream
 from .certificates import server_ssl_context
 from .dtls import HANDSHAKE_TIMEOUT, DtlsListenerProtocol
-from .turn import Downstream, TurnServer
+from .turn import TurnServer
 
 log = logging.getLogger("stunner.listener")
 

@@ -1,8 +1,8 @@
 """The TURN server of one listener (RFC 8489 STUN, RFC 8656 TURN), independent of its transport.
 
-A listener (UDP or TCP, see `listener.py`) hands every packet from a client to `TurnServer`:
-ChannelData goes straight to the client's allocation, everything else through the
-(class, method) dispatch table. Each allocation owns one UDP relay socket towards the peers.
+A transport (`transports.py`) hands every packet from a client to `TurnServer`: ChannelData
+goes straight to the client's allocation, everything else through the (class, method) dispatch
+table. Each allocation (`allocation.py`) owns one UDP relay socket towards the peers.
 
 Security: a peer is reachable only if the listener's routes admit it (`Router`), checked when a
 permission or channel is installed and again for every relayed packet in both directions.
@@ -20,9 +20,17 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 from . import stun
+from .allocation import (
+    FAMILY_IPV4,
+    FAMILY_IPV6,
+    Allocation,
+    Downstream,
+    ListenerScope,
+    address_family,
+)
 from .auth import Authenticator, NonceManager
 from .counters import ClusterCounters, ListenerCounters
 from .ledger import Reservations, UserAllocations
@@ -40,10 +48,6 @@ RESPONSE_CACHE_MAX = 65536
 EVEN_PORT_ATTEMPTS = 16
 
 TRANSPORT_UDP = 17
-FAMILY_IPV4 = 0x01
-FAMILY_IPV6 = 0x02
-
-_CHANNEL_HEADER = struct.Struct("!HH")
 
 
 class RequestError(Exception):
@@ -56,30 +60,6 @@ class RequestError(Exception):
         self.code = code
         self.reason = reason or stun.ERROR_REASONS.get(code, "Error")
         self.attributes = attributes or {}
-
-
-def canonical_address(addr: tuple[Any, ...]) -> Address:
-    """(ip, port) of a socket address; an IPv4-mapped IPv6 address becomes plain IPv4."""
-    ip: str = addr[0]
-    if ip.startswith("::ffff:") and "." in ip:
-        ip = ip[7:]
-    return ip, addr[1]
-
-
-def address_family(ip: str) -> int:
-    return FAMILY_IPV6 if ":" in ip else FAMILY_IPV4
-
-
-class Downstream:
-    """The client side of one 5-tuple: where replies and relayed data to that client go."""
-
-    __slots__ = ("remote", "address", "send", "stream")
-
-    def __init__(self, remote: Any, send: Callable[[bytes], None], stream: bool) -> None:
-        self.remote = remote  # the address as the socket reports it: the allocation key
-        self.address = canonical_address(remote)  # what XOR-MAPPED-ADDRESS reports
-        self.send = send
-        self.stream = stream
 
 
 @dataclass
@@ -100,106 +80,6 @@ class ServerContext:
     @property
     def realm(self) -> str:
         return self.authenticator.realm
-
-
-class Allocation(asyncio.DatagramProtocol):
-    """One TURN allocation: its relay socket, permissions and channel bindings (RFC 8656 §2.2)."""
-
-    def __init__(
-        self,
-        server: TurnServer,
-        downstream: Downstream,
-        username: str,
-        user_id: str,
-        family: int,
-        lifetime: int,
-    ) -> None:
-        self.server = server
-        self.downstream = downstream
-        self.username = username
-        self.user_id = user_id
-        self.family = family
-        self.expires_at = time.monotonic() + lifetime
-        self.permissions: dict[str, float] = {}  # peer IP -> expiry
-        self.channels: dict[int, tuple[Address, float]] = {}  # channel -> (peer, expiry)
-        self.channel_by_peer: dict[Address, int] = {}
-        self.relay: asyncio.DatagramTransport | None = None
-        self.relayed_address: Address = ("", 0)
-
-    # --- relay socket events: data from peers -------------------------------------------
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.relay = cast(asyncio.DatagramTransport, transport)
-
-    def datagram_received(self, data: bytes, addr: tuple[Any, ...]) -> None:
-        """RFC 8656 §11.3 and §12.7: relay a peer's datagram to the client, if admitted."""
-        peer = (addr[0], addr[1])
-        server = self.server
-        cluster = server.context.router.cluster_of(server.name, peer[0], peer[1])
-        if cluster is None or peer[0] not in self.permissions:
-            server.stats.dropped += 1
-            return
-        counters = server.context.cluster_counters[cluster]
-        counters.rx_packets += 1
-        counters.rx_bytes += len(data)
-        channel = self.channel_by_peer.get(peer)
-        if channel is not None:
-            packet = stun.pack_channel_data(channel, data, self.downstream.stream)
-        else:
-            packet = stun.data_indication(peer, data)
-        self.downstream.send(packet)
-        stats = server.stats
-        stats.tx_packets += 1
-        stats.tx_bytes += len(packet)
-
-    def error_received(self, exc: Exception) -> None:
-        # ICMP errors from peers (port unreachable): nothing to do for a UDP relay.
-        log.debug("relay %s: %s", self.relayed_address, exc)
-
-    # --- data from the client -----------------------------------------------------------
-
-    def relay_to_peer(self, peer: Address, payload: bytes) -> None:
-        server = self.server
-        cluster = server.context.router.cluster_of(server.name, peer[0], peer[1])
-        if cluster is None or self.relay is None or peer[0] not in self.permissions:
-            server.stats.dropped += 1
-            return
-        self.relay.sendto(payload, peer)
-        counters = server.context.cluster_counters[cluster]
-        counters.tx_packets += 1
-        counters.tx_bytes += len(payload)
-
-    def relay_channel_data(self, data: bytes) -> None:
-        """RFC 8656 §12.6: ChannelData from the client goes to the channel's peer."""
-        stats = self.server.stats
-        stats.rx_packets += 1
-        stats.rx_bytes += len(data)
-        if len(data) < 4:
-            return
-        channel, length = _CHANNEL_HEADER.unpack_from(data)
-        binding = self.channels.get(channel)
-        if binding is None or len(data) < 4 + length:
-            self.server.stats.dropped += 1
-            return
-        self.relay_to_peer(binding[0], data[4 : 4 + length])
-
-    # --- state -----------------------------------------------------------------------------
-
-    def expire(self, now: float) -> bool:
-        """Drop expired permissions and channels; True if the allocation itself expired."""
-        if now >= self.expires_at:
-            return True
-        for ip in [ip for ip, expiry in self.permissions.items() if expiry <= now]:
-            del self.permissions[ip]
-        for channel in [c for c, (_, expiry) in self.channels.items() if expiry <= now]:
-            peer, _ = self.channels.pop(channel)
-            self.channel_by_peer.pop(peer, None)
-        return False
-
-    def close(self) -> None:
-        if self.relay is not None:
-            self.relay.close()
-            self.relay = None
 
 
 class Exchange:
@@ -232,6 +112,7 @@ class TurnServer:
         self.context = context
         self.allocations: dict[Any, Allocation] = {}  # Downstream.remote -> allocation
         self.stats = ListenerCounters()
+        self.scope = ListenerScope(name, context.router, self.stats, context.cluster_counters)
         self._responses: dict[tuple[Any, bytes], tuple[float, bytes]] = {}
         self._pending: set[tuple[Any, bytes]] = set()  # Allocate requests being served
         self._handlers: dict[tuple[Class, Method], Handler] = {
@@ -491,7 +372,7 @@ class TurnServer:
         requested = attrs.get("LIFETIME", DEFAULT_ALLOCATION_LIFETIME)
         lifetime = max(DEFAULT_ALLOCATION_LIFETIME, min(requested, MAX_ALLOCATION_LIFETIME))
         # 10. The relay socket.
-        allocation = Allocation(self, downstream, username, user_id, family, lifetime)
+        allocation = Allocation(self.scope, downstream, username, user_id, family, lifetime)
         # EVEN-PORT (RFC 8656 §14.6): an even port; with the R bit, the next one is reserved.
         even_port = attrs.get("EVEN-PORT")
         try:
