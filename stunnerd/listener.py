@@ -60,19 +60,23 @@ class Listener:
         return Listener(self.config, self.server.context, self._udp_sockets)
 
     async def start(self) -> None:
-        transport = transport_for(self.config, self.server, self._udp_sockets, self._given_socket)
         try:
+            transport = transport_for(
+                self.config, self.server, self._udp_sockets, self._given_socket
+            )
             await transport.start(self.config.port)
-        except OSError as exc:
-            if exc.errno != errno.EADDRINUSE:
+        except (OSError, ValueError) as exc:
+            if self._given_socket is not None:
+                self._given_socket.close()  # a worker's listener owns the socket it was given
+            if not isinstance(exc, OSError) or exc.errno != errno.EADDRINUSE:
                 raise
             stream = self.config.protocol in ("TURN-TCP", "TURN-TLS")
             kind = "TCP" if stream else "UDP"
             holders = port_holders(self.config.port, stream)
             held = f" (held by process {', '.join(holders)})" if holders else ""
-            raise OSError(
-                exc.errno, f"{kind} port {self.config.port} is already in use{held}"
-            ) from None
+            busy = OSError(f"{kind} port {self.config.port} is already in use{held}")
+            busy.errno = exc.errno  # str() without the "[Errno 98]" prefix
+            raise busy from None
         self.transport = transport
         self._sweeper = asyncio.get_running_loop().call_later(SWEEP_INTERVAL, self._sweep)
         log.log(  # a UDP worker's copy of a listener is the primary's, already logged

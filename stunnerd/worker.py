@@ -17,17 +17,18 @@ import signal
 import socket
 import sys
 from collections.abc import Mapping, Sequence
+from functools import partial
 from typing import Any
 
-from stunner_api.dataplane import ConfigError, StunnerConfig, validate_config
+from stunner_api.dataplane import ConfigError, ListenerConfig, StunnerConfig, validate_config
 
 from . import logs
-from .auth import Authenticator, AuthError, NonceManager
+from .auth import NonceManager
 from .channel import Channel, Received
+from .core import ApplyError, Build, DataplaneCore, Plan
 from .counters import ClusterCounters
 from .ledger import Reservations, UserAllocations
 from .listener import Listener
-from .router import DnsResolver, Router
 from .runtime import cpu_seconds, event_loop_factory, rss_bytes
 from .turn import ServerContext
 
@@ -106,7 +107,7 @@ class ReservationClient(Reservations):
 
 
 class WorkerDataplane:
-    """The listeners, auth and routes of one worker, reconciled to each sync."""
+    """The listeners, auth and routes of one worker, reconciled to each sync (`DataplaneCore`)."""
 
     def __init__(
         self,
@@ -115,15 +116,17 @@ class WorkerDataplane:
         log_override: bool,
         reservations: Reservations | None = None,
     ) -> None:
-        self.router = Router()
-        self.nonces = nonces
-        self.users = users
-        self.reservations = reservations if reservations is not None else Reservations()
-        self.context: ServerContext | None = None  # from the first sync on
-        self.listeners: dict[str, Listener] = {}
+        reservations = reservations if reservations is not None else Reservations()
+        self.core = DataplaneCore(nonces, users, reservations, log_override)
         self.handed: dict[tuple[str, int], socket.socket] = {}  # sockets not yet served
-        self.log_override = log_override
-        self._resolver = DnsResolver(self.router)
+
+    @property
+    def listeners(self) -> dict[str, Listener]:
+        return self.core.listeners
+
+    @property
+    def context(self) -> ServerContext | None:
+        return self.core.context
 
     def hand(self, name: str, generation: int, sock: socket.socket) -> None:
         old = self.handed.pop((name, generation), None)
@@ -132,57 +135,29 @@ class WorkerDataplane:
         self.handed[(name, generation)] = sock
 
     async def sync(self, config: StunnerConfig, wanted: dict[str, int]) -> None:
-        try:
-            authenticator = Authenticator(
-                config.auth.type, config.auth.realm, config.auth.credentials
-            )
-        except AuthError as exc:  # the primary applied it, so this is not expected
-            log.error("auth: %s (keeping the previous one)", exc)
-            if self.context is None:
-                return
-        else:
-            if self.context is None:
-                self.context = ServerContext(
-                    authenticator,
-                    self.router,
-                    self.nonces,
-                    users=self.users,
-                    reservations=self.reservations,
-                )
-            self.context.authenticator = authenticator
-        context = self.context
-        context.user_quota = config.admin.user_quota
-        if not self.log_override:
-            try:
-                logs.apply_level_spec(config.admin.loglevel)
-            except ValueError as exc:
-                log.error("admin.loglevel: %s", exc)
+        """Run exactly the listener generations in `wanted`, on the sockets handed for them."""
         configs = {lc.name: lc for lc in config.listeners}
-        for name, listener in list(self.listeners.items()):
-            if wanted.get(name) != listener.generation or name not in configs:
-                await listener.stop()
-                del self.listeners[name]
+        to_stop = [
+            listener
+            for name, listener in self.listeners.items()
+            if wanted.get(name) != listener.generation or name not in configs
+        ]
+        stopping = {listener.name for listener in to_stop}
+        builds: dict[str, Build] = {}
         for name, generation in wanted.items():
-            if name in self.listeners or name not in configs:
+            if (name in self.listeners and name not in stopping) or name not in configs:
                 continue
             sock = self.handed.pop((name, generation), None)
             if sock is None:
                 log.error("listener %s: no socket for generation %d", name, generation)
                 continue
-            listener = Listener(configs[name], context, sock=sock, generation=generation)
-            try:
-                await listener.start()
-            except (OSError, ValueError) as exc:
-                log.error("listener %s: %s", name, exc)
-                sock.close()
-                continue
-            self.listeners[name] = listener
-        for name, listener in self.listeners.items():
-            listener.config = configs[name]
+            builds[name] = partial(_handed_listener, configs[name], sock, generation)
+        try:
+            await self.core.apply(config, Plan(to_stop, builds, rollback=False))
+        except ApplyError as exc:  # the primary applied it, so this is not expected
+            log.error("UDP worker: %s (keeping the previous config)", exc)
         for key in [key for key in self.handed if wanted.get(key[0]) != key[1]]:
             self.handed.pop(key).close()
-        self.router.update({lc.name: lc.routes for lc in config.listeners}, config.clusters)
-        self._resolver.follow()
 
     def report(self) -> dict[str, Any]:
         return {
@@ -206,13 +181,16 @@ class WorkerDataplane:
         return self.context.cluster_counters if self.context is not None else {}
 
     async def close(self) -> None:
-        self._resolver.close()
-        for listener in self.listeners.values():
-            await listener.stop()
-        self.listeners.clear()
+        await self.core.close()
         for sock in self.handed.values():
             sock.close()
         self.handed.clear()
+
+
+def _handed_listener(
+    config: ListenerConfig, sock: socket.socket, generation: int, context: ServerContext
+) -> Listener:
+    return Listener(config, context, sock=sock, generation=generation)
 
 
 async def serve(channel: Channel, log_override: bool) -> None:
