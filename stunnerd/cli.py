@@ -26,7 +26,7 @@ from .daemon import ApplyError, Stunner
 from .ledger import UserAllocations
 from .runtime import event_loop_factory
 from .sources import DEFAULT_CDS_ADDRESS, ConfigSource, SourceError, source_for
-from .workers import WorkerPool, udp_process_count, usable_cpus
+from .worker_pool import WorkerPool, udp_process_count, usable_cpus
 
 log = logging.getLogger("stunner.stunnerd")
 

@@ -27,7 +27,7 @@ from .ledger import Reservations, UserAllocations
 from .listener import Listener
 from .router import Router
 from .turn import ServerContext
-from .workers import WorkerCounters, WorkerPool
+from .worker_pool import WorkerCounters, WorkerPool
 
 log = logging.getLogger("stunner.stunnerd")
 

@@ -2,7 +2,7 @@
 relay ports reserved by EVEN-PORT.
 
 Both live in the primary process. A UDP worker process holds a stand-in with the same interface
-that asks the primary over its control channel (`stunnerd.worker`): the quota holds for the
+that asks the primary over its control channel (`stunnerd.worker_process`): the quota holds for the
 whole stunnerd, and a RESERVATION-TOKEN is honoured whichever process the client's second
 Allocate reaches (the kernel hashes each 5-tuple to one process, and an RTP/RTCP pair has two).
 """

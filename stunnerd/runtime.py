@@ -1,6 +1,6 @@
 """What any stunnerd process needs of its runtime: the event loop, its CPU and memory use.
 
-The primary (`cli`) and every UDP worker process (`worker`) use these; this module imports
+The primary (`cli`) and every UDP worker process (`worker_process`) use these; this module imports
 nothing of ours, so neither has to import the other.
 """
 

@@ -24,8 +24,7 @@ from stunnerd import stun
 from stunnerd.auth import NonceManager
 from stunnerd.ledger import Reservations
 from stunnerd.stun import Class, Message, Method
-
-from .turnclient import (
+from tests.support.turnclient import (
     HOST,
     REALM,
     RawClient,

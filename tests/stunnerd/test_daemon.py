@@ -21,8 +21,14 @@ from stunnerd.daemon import ApplyError
 from stunnerd.ledger import Reservations, UserAllocations
 from stunnerd.listener import Listener
 from stunnerd.stun import Class
-
-from .turnclient import HOST, RawClient, free_port, make_config, running_stunner, start_peer
+from tests.support.turnclient import (
+    HOST,
+    RawClient,
+    free_port,
+    make_config,
+    running_stunner,
+    start_peer,
+)
 
 
 def test_identical_config_changes_nothing() -> None:

@@ -19,8 +19,9 @@ from pathlib import Path
 
 from stunnerd import stun
 from stunnerd.stun import Class, Message, Method
+from tests.support.turnclient import RawClient, binding_answered, free_port, make_config
 
-from .turnclient import RawClient, free_port, make_config
+from .conftest import StartStunnerd
 
 STUNNERD = [sys.executable, "-m", "stunnerd"]
 
@@ -82,33 +83,26 @@ def test_log_spec_part_go_skips_is_warned_about() -> None:
     assert "skipping unknown level 'LOUD' in 'all:LOUD'" in result.stderr
 
 
-def test_uri_shorthand_serves_binding_and_stops_on_sigterm() -> None:
+def test_uri_shorthand_serves_binding_and_stops_on_sigterm(stunnerd: StartStunnerd) -> None:
     port = free_port()
-    proc = subprocess.Popen(
-        [*STUNNERD, "--log-format", "json", f"turn://user:pass@127.0.0.1:{port}?transport=udp"],
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        request = Message(Method.BINDING, Class.REQUEST)
-        response = None
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-            sock.bind(("127.0.0.1", 0))
-            sock.settimeout(0.2)
-            deadline = time.monotonic() + 15
-            while response is None and time.monotonic() < deadline:
-                sock.sendto(request.encode(), ("127.0.0.1", port))
-                try:
-                    response = stun.parse_message(sock.recv(2048))
-                except TimeoutError:
-                    continue
-            assert response is not None, "stunnerd did not answer"
-            assert response.message_class == Class.SUCCESS
-            assert response.attributes["XOR-MAPPED-ADDRESS"] == sock.getsockname()
-    finally:
-        proc.terminate()
-        _, stderr = proc.communicate(timeout=10)
-    assert proc.returncode == 0
+    process = stunnerd("--log-format", "json", f"turn://user:pass@127.0.0.1:{port}?transport=udp")
+    request = Message(Method.BINDING, Class.REQUEST)
+    response = None
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.settimeout(0.2)
+        deadline = time.monotonic() + 15
+        while response is None and time.monotonic() < deadline:
+            sock.sendto(request.encode(), ("127.0.0.1", port))
+            try:
+                response = stun.parse_message(sock.recv(2048))
+            except TimeoutError:
+                continue
+        assert response is not None, "stunnerd did not answer"
+        assert response.message_class == Class.SUCCESS
+        assert response.attributes["XOR-MAPPED-ADDRESS"] == sock.getsockname()
+    stderr = process.stop()
+    assert process.returncode == 0
     lines = [json.loads(line) for line in stderr.splitlines() if line.startswith("{")]
     assert any("listener default-listener" in line["msg"] for line in lines)
     assert "pass" not in [word.strip("'\",") for line in lines for word in line["msg"].split()]
@@ -133,7 +127,9 @@ def test_demo_passes() -> None:
     ]
 
 
-def test_turns_shorthand_serves_tls_with_a_self_signed_certificate() -> None:
+def test_turns_shorthand_serves_tls_with_a_self_signed_certificate(
+    stunnerd: StartStunnerd,
+) -> None:
     import ssl
 
     port = free_port()
@@ -143,58 +139,38 @@ def test_turns_shorthand_serves_tls_with_a_self_signed_certificate() -> None:
     listener = json.loads(dry.stdout)["listeners"][0]
     assert listener["protocol"] == "TURN-TLS" and listener["port"] == port
     assert "BEGIN" not in dry.stdout  # cert and key are redacted
-    proc = subprocess.Popen([*STUNNERD, uri], stderr=subprocess.DEVNULL)
+    process = stunnerd(uri)
     context = ssl.create_default_context()
     context.check_hostname = False
     context.verify_mode = ssl.CERT_NONE  # self-signed: we check the certificate's SAN below
-    try:
-        deadline = time.monotonic() + 15
-        while True:
-            try:
-                raw = socket.create_connection(("127.0.0.1", port), timeout=1)
-                break
-            except OSError:
-                assert time.monotonic() < deadline, "stunnerd did not start"
-                time.sleep(0.1)
-        with context.wrap_socket(raw) as tls:
-            der = tls.getpeercert(binary_form=True)
-            assert der is not None
-            from cryptography import x509
+    deadline = time.monotonic() + 15
+    while True:
+        try:
+            raw = socket.create_connection(("127.0.0.1", port), timeout=1)
+            break
+        except OSError:
+            assert time.monotonic() < deadline, "stunnerd did not start"
+            time.sleep(0.1)
+    with context.wrap_socket(raw) as tls:
+        der = tls.getpeercert(binary_form=True)
+        assert der is not None
+        from cryptography import x509
 
-            san = x509.load_der_x509_certificate(der).extensions.get_extension_for_class(
-                x509.SubjectAlternativeName
-            )
-            assert "127.0.0.1" in [str(ip) for ip in san.value.get_values_for_type(x509.IPAddress)]
-            request = Message(Method.BINDING, Class.REQUEST)
-            tls.sendall(request.encode())
-            header = tls.recv(20)
-            body = tls.recv(int.from_bytes(header[2:4], "big"))
-            response = stun.parse_message(header + body)
-            assert response.transaction_id == request.transaction_id
-            assert response.message_class == Class.SUCCESS
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+        san = x509.load_der_x509_certificate(der).extensions.get_extension_for_class(
+            x509.SubjectAlternativeName
+        )
+        assert "127.0.0.1" in [str(ip) for ip in san.value.get_values_for_type(x509.IPAddress)]
+        request = Message(Method.BINDING, Class.REQUEST)
+        tls.sendall(request.encode())
+        header = tls.recv(20)
+        body = tls.recv(int.from_bytes(header[2:4], "big"))
+        response = stun.parse_message(header + body)
+        assert response.transaction_id == request.transaction_id
+        assert response.message_class == Class.SUCCESS
+    assert process.stop() is not None
 
 
 # --- a new user's first hour ------------------------------------------------------------------
-
-
-def binding_answered(port: int, timeout: float = 15) -> bool:
-    """True once a Binding request to 127.0.0.1:port is answered (within `timeout`)."""
-    request = Message(Method.BINDING, Class.REQUEST)
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        sock.settimeout(0.2)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            sock.sendto(request.encode(), ("127.0.0.1", port))
-            try:
-                sock.recv(2048)
-                return True
-            except (TimeoutError, ConnectionRefusedError):
-                continue
-    return False
 
 
 def test_version() -> None:
@@ -230,75 +206,54 @@ def test_a_busy_port_is_named_with_its_holder() -> None:
     assert f"UDP port {port} is already in use (held by process {os.getpid()} (" in result.stderr
 
 
-def test_sighup_rereads_the_config_file(tmp_path: Path) -> None:
+def test_sighup_rereads_the_config_file(tmp_path: Path, stunnerd: StartStunnerd) -> None:
     first, second = free_port(), free_port()
     config = tmp_path / "stunnerd.json"
     config.write_text(make_config(first, ["127.0.0.1/32"], protocols=("TURN-UDP",)).to_json())
-    proc = subprocess.Popen(
-        [*STUNNERD, "-u", "1", "-c", str(config)], stderr=subprocess.PIPE, text=True
-    )
-    try:
-        assert binding_answered(first)
-        config.write_text("version: v1\nauth: {type: static\n")  # broken: ignored, logged
-        proc.send_signal(signal.SIGHUP)
-        time.sleep(0.5)
-        assert proc.poll() is None and binding_answered(first, timeout=2)
-        config.write_text(make_config(second, ["127.0.0.1/32"], protocols=("TURN-UDP",)).to_json())
-        proc.send_signal(signal.SIGHUP)
-        assert binding_answered(second)
-        assert proc.poll() is None
-    finally:
-        proc.terminate()
-        _, stderr = proc.communicate(timeout=10)
-    assert proc.returncode == 0
+    process = stunnerd("-u", "1", "-c", str(config))
+    assert binding_answered(first)
+    config.write_text("version: v1\nauth: {type: static\n")  # broken: ignored, logged
+    process.send(signal.SIGHUP)
+    time.sleep(0.5)
+    assert process.running() and binding_answered(first, timeout=2)
+    config.write_text(make_config(second, ["127.0.0.1/32"], protocols=("TURN-UDP",)).to_json())
+    process.send(signal.SIGHUP)
+    assert binding_answered(second)
+    assert process.running()
+    stderr = process.stop()
+    assert process.returncode == 0
     assert "SIGHUP: configuration not reloaded (running configuration unchanged)" in stderr
     assert stderr.count("SIGHUP: re-reading the config") == 2
 
 
-def test_the_listener_start_is_logged_once_with_workers() -> None:
+def test_the_listener_start_is_logged_once_with_workers(stunnerd: StartStunnerd) -> None:
     port = free_port()
-    proc = subprocess.Popen(
-        [*STUNNERD, "-u", "2", f"turn://user:pass@127.0.0.1:{port}?transport=udp"],
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert binding_answered(port)
-        time.sleep(0.5)  # the worker has applied the config by now
-    finally:
-        proc.terminate()
-        _, stderr = proc.communicate(timeout=10)
+    process = stunnerd("-u", "2", f"turn://user:pass@127.0.0.1:{port}?transport=udp")
+    assert binding_answered(port)
+    time.sleep(0.5)  # the worker has applied the config by now
+    stderr = process.stop()
     assert stderr.count("listener default-listener (TURN-UDP) serving on port") == 1, stderr
 
 
-def test_the_first_ctrl_c_says_that_a_second_one_exits_now() -> None:
+def test_the_first_ctrl_c_says_that_a_second_one_exits_now(stunnerd: StartStunnerd) -> None:
     port = free_port()
-    proc = subprocess.Popen(
-        [*STUNNERD, "-u", "1", f"turn://user:pass@127.0.0.1:{port}?transport=udp"],
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
+    process = stunnerd("-u", "1", f"turn://user:pass@127.0.0.1:{port}?transport=udp")
 
-        async def hold() -> None:
-            assert await asyncio.to_thread(binding_answered, port)
-            client = await RawClient.connect(("127.0.0.1", port), username="user", password="pass")
-            assert (await client.allocate()).message_class == Class.SUCCESS
-            proc.send_signal(signal.SIGINT)
-            await asyncio.sleep(0.5)
-            assert proc.poll() is None  # draining
-            proc.send_signal(signal.SIGINT)
-            client.close()
+    async def hold() -> None:
+        assert await asyncio.to_thread(binding_answered, port)
+        client = await RawClient.connect(("127.0.0.1", port), username="user", password="pass")
+        assert (await client.allocate()).message_class == Class.SUCCESS
+        process.send(signal.SIGINT)
+        await asyncio.sleep(0.5)
+        assert process.running()  # draining
+        process.send(signal.SIGINT)
+        client.close()
 
-        asyncio.run(hold())
-        assert proc.wait(timeout=5) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        _, stderr = proc.communicate(timeout=10)
-    assert "SIGINT: draining 1 allocation(s)" in stderr
-    assert "press Ctrl-C again to exit now" in stderr
-    assert "SIGINT again: exiting now" in stderr
+    asyncio.run(hold())
+    assert process.wait(timeout=5) == 0
+    assert "SIGINT: draining 1 allocation(s)" in process.stderr
+    assert "press Ctrl-C again to exit now" in process.stderr
+    assert "SIGINT again: exiting now" in process.stderr
 
 
 def test_dry_run_fails_on_an_unknown_key_or_a_missing_cluster(tmp_path: Path) -> None:
@@ -317,18 +272,13 @@ def test_dry_run_fails_on_an_unknown_key_or_a_missing_cluster(tmp_path: Path) ->
     assert 'cluster "gone" is not defined' in result.stderr
 
 
-def test_an_unknown_key_is_a_warning_at_start(tmp_path: Path) -> None:
+def test_an_unknown_key_is_a_warning_at_start(tmp_path: Path, stunnerd: StartStunnerd) -> None:
     port = free_port()
     config = tmp_path / "stunnerd.json"
     data = json.loads(make_config(port, ["127.0.0.1/32"], protocols=("TURN-UDP",)).to_json())
     data["listeners"][0]["rout"] = data["listeners"][0].pop("routes")
     config.write_text(json.dumps(data))
-    proc = subprocess.Popen(
-        [*STUNNERD, "-u", "1", "-c", str(config)], stderr=subprocess.PIPE, text=True
-    )
-    try:
-        assert binding_answered(port)
-    finally:
-        proc.terminate()
-        _, stderr = proc.communicate(timeout=10)
+    process = stunnerd("-u", "1", "-c", str(config))
+    assert binding_answered(port)
+    stderr = process.stop()
     assert "WARNING" in stderr and 'did you mean "routes"?' in stderr

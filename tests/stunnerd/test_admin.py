@@ -12,28 +12,24 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 import signal
-import subprocess
-import sys
-import tempfile
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
 from prometheus_client import ProcessCollector
 from prometheus_client.parser import text_string_to_metric_families
 
-from stunner_api.dataplane import zero_config
+from stunner_api.dataplane import StunnerConfig, zero_config
 from stunnerd import admin
 from stunnerd.admin import HttpServer
 from stunnerd.counters import ClusterCounters, ListenerCounters
 from stunnerd.daemon import Stunner
 from stunnerd.metrics import format_value, render_metrics
 from stunnerd.stun import Class
-
-from .turnclient import (
+from tests.support.turnclient import (
     HOST,
     PASSWORD,
     RawClient,
@@ -42,6 +38,8 @@ from .turnclient import (
     running_stunner,
     start_peer,
 )
+
+from .conftest import StartStunnerd, StunnerdProcess
 
 
 def http_get(url: str) -> tuple[int, str]:
@@ -141,20 +139,16 @@ def test_metrics_use_go_stunner_names() -> None:
     asyncio.run(main())
 
 
-def start_stunnerd(config_json: str, *args: str) -> tuple[subprocess.Popen[str], str]:
-    handle, path = tempfile.mkstemp(suffix=".json")
-    with os.fdopen(handle, "w") as file:
-        file.write(config_json)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "stunnerd", "-c", path, *args], stderr=subprocess.PIPE, text=True
-    )
-    return proc, path
+def config_file(tmp_path: Path, config: StunnerConfig) -> str:
+    path = tmp_path / "stunnerd.json"
+    path.write_text(config.to_json())
+    return str(path)
 
 
-def wait_ready(base: str, proc: subprocess.Popen[str]) -> None:
+def wait_ready(base: str, process: StunnerdProcess) -> None:
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline:
-        assert proc.poll() is None, proc.communicate()[1]
+        assert process.running(), process.stop()
         try:
             if http_get(f"{base}/ready")[0] == 200:
                 return
@@ -164,64 +158,54 @@ def wait_ready(base: str, proc: subprocess.Popen[str]) -> None:
     raise AssertionError("stunnerd never became ready")
 
 
-def test_sigterm_drains_until_the_last_allocation_is_gone() -> None:
+def test_sigterm_drains_until_the_last_allocation_is_gone(
+    tmp_path: Path, stunnerd: StartStunnerd
+) -> None:
     port, health_port = free_port(), free_port()
     admin = {"healthcheck_endpoint": f"http://127.0.0.1:{health_port}"}
     config = make_config(port, [f"{HOST}/32"], admin=admin, protocols=("TURN-UDP",))
-    proc, path = start_stunnerd(config.to_json())
+    process = stunnerd("-c", config_file(tmp_path, config))
     base = f"http://127.0.0.1:{health_port}"
-    try:
-        wait_ready(base, proc)
+    wait_ready(base, process)
 
-        async def drain() -> None:
-            client = await RawClient.connect((HOST, port))
-            assert (await client.allocate()).message_class == Class.SUCCESS
-            proc.send_signal(signal.SIGTERM)
-            await asyncio.sleep(0.5)
-            assert proc.poll() is None, "exited with an allocation still active"
-            assert (await get(f"{base}/ready"))[0] == 503
-            assert (await client.refresh(600)).message_class == Class.SUCCESS  # still serving
-            assert (await client.refresh(0)).message_class == Class.SUCCESS
-            client.close()
+    async def drain() -> None:
+        client = await RawClient.connect((HOST, port))
+        assert (await client.allocate()).message_class == Class.SUCCESS
+        process.send(signal.SIGTERM)
+        await asyncio.sleep(0.5)
+        assert process.running(), "exited with an allocation still active"
+        assert (await get(f"{base}/ready"))[0] == 503
+        assert (await client.refresh(600)).message_class == Class.SUCCESS  # still serving
+        assert (await client.refresh(0)).message_class == Class.SUCCESS
+        client.close()
 
-        asyncio.run(drain())
-        assert proc.wait(timeout=5) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.communicate()
-        os.unlink(path)
+    asyncio.run(drain())
+    assert process.wait(timeout=5) == 0
 
 
-def test_second_signal_exits_at_once() -> None:
+def test_second_signal_exits_at_once(tmp_path: Path, stunnerd: StartStunnerd) -> None:
     port = free_port()
     config = make_config(port, [f"{HOST}/32"], protocols=("TURN-UDP",))
-    proc, path = start_stunnerd(config.to_json(), "--grace-period", "600")
-    try:
+    process = stunnerd("-c", config_file(tmp_path, config), "--grace-period", "600")
 
-        async def hold() -> None:
-            deadline = time.monotonic() + 15
-            while True:
-                client = await RawClient.connect((HOST, port))
-                try:
-                    await client.allocate()
-                    break
-                except TimeoutError:
-                    client.close()  # stunnerd is not up yet
-                    assert time.monotonic() < deadline
-            proc.send_signal(signal.SIGTERM)
-            await asyncio.sleep(0.3)
-            assert proc.poll() is None
-            proc.send_signal(signal.SIGINT)
-            client.close()
+    async def hold() -> None:
+        deadline = time.monotonic() + 15
+        while True:
+            client = await RawClient.connect((HOST, port))
+            try:
+                await client.allocate()
+                break
+            except TimeoutError:
+                client.close()  # stunnerd is not up yet
+                assert time.monotonic() < deadline
+        process.send(signal.SIGTERM)
+        await asyncio.sleep(0.3)
+        assert process.running()
+        process.send(signal.SIGINT)
+        client.close()
 
-        asyncio.run(hold())
-        assert proc.wait(timeout=5) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.communicate()
-        os.unlink(path)
+    asyncio.run(hold())
+    assert process.wait(timeout=5) == 0
 
 
 # --- exact metrics, read back with prometheus_client's own parser ---------------------------

@@ -1,4 +1,4 @@
-"""A UDP worker process: `python -m stunnerd.worker CONTROL_FD INDEX` (started by WorkerPool).
+"""A UDP worker process, `python -m stunnerd.worker_process CONTROL_FD INDEX` (from WorkerPool).
 
 It serves the sockets the primary hands it, one per TURN-UDP listener, with the config the
 primary last synced; it has no config source, admin server or other listeners of its own.
@@ -242,7 +242,7 @@ async def _report(channel: Channel, dataplane: WorkerDataplane) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="stunnerd.worker")
+    parser = argparse.ArgumentParser(prog="stunnerd.worker_process")
     parser.add_argument("control_fd", type=int)
     parser.add_argument("index", type=int)
     parser.add_argument("--log", default=logs.DEFAULT_LEVEL_SPEC)

@@ -29,9 +29,19 @@ from stunnerd.channel import HEADER, Channel
 from stunnerd.daemon import Stunner
 from stunnerd.ledger import UserAllocations
 from stunnerd.stun import Class
-from stunnerd.workers import WorkerPool, cgroup_cpu_limit, udp_process_count, usable_cpus
+from stunnerd.worker_pool import WorkerPool, cgroup_cpu_limit, udp_process_count, usable_cpus
+from tests.support.turnclient import (
+    HOST,
+    USERNAME,
+    RawClient,
+    binding_answered,
+    error_code,
+    free_port,
+    make_config,
+    start_peer,
+)
 
-from .turnclient import HOST, USERNAME, RawClient, error_code, free_port, make_config, start_peer
+from .conftest import StartStunnerd
 
 CLIENTS = 20  # 2 processes: all on one side by chance with probability 2**-19
 LISTENER = "testns/gw/turn-udp"
@@ -398,46 +408,19 @@ def children_of(pid: int) -> list[int]:
         return [int(p) for p in children.read().split()]
 
 
-def test_cli_starts_workers_and_takes_them_down_on_sigterm() -> None:
+def test_cli_starts_workers_and_takes_them_down_on_sigterm(stunnerd: StartStunnerd) -> None:
     port = free_port()
     expected_workers = min(2, usable_cpus()) - 1
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "stunnerd",
-            "-u",
-            "16",
-            "-l",
-            "all:INFO",
-            f"turn://user1:secret@127.0.0.1:{port}?transport=udp",
-        ],
-        stderr=subprocess.PIPE,
-        text=True,
+    process = stunnerd(
+        "-u", "16", "-l", "all:INFO", f"turn://user1:secret@127.0.0.1:{port}?transport=udp"
     )
-    try:
-        deadline = time.monotonic() + 20
-        while len(children_of(process.pid)) < expected_workers:
-            assert time.monotonic() < deadline, "no worker process"
-            time.sleep(0.1)
-        workers = children_of(process.pid)
-        probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        with probe:  # the port answers (whichever process gets the probe)
-            probe.settimeout(0.5)
-            answered = False
-            while not answered and time.monotonic() < deadline:
-                probe.sendto(bytes.fromhex("000100002112a442") + os.urandom(12), (HOST, port))
-                try:
-                    answered = len(probe.recv(2048)) > 20
-                except TimeoutError:
-                    continue
-            assert answered
-        process.send_signal(signal.SIGTERM)
-        _, stderr = process.communicate(timeout=20)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
+    deadline = time.monotonic() + 20
+    while len(children_of(process.proc.pid)) < expected_workers:
+        assert time.monotonic() < deadline, "no worker process"
+        time.sleep(0.1)
+    workers = children_of(process.proc.pid)
+    assert binding_answered(port)  # whichever process gets the probe
+    stderr = process.stop(signal.SIGTERM, timeout=20)
     assert process.returncode == 0, stderr
     cpus = usable_cpus()
     if cpus < 16:

@@ -15,7 +15,7 @@ import shutil
 
 import pytest
 
-from .turnclient import (
+from tests.support.turnclient import (
     HOST,
     PASSWORD,
     USERNAME,

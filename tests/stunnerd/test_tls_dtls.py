@@ -30,9 +30,7 @@ from stunnerd import certificates, dtls, stun
 from stunnerd.daemon import ApplyError, Stunner
 from stunnerd.stun import Class, Message, Method
 from stunnerd.transports import DtlsTransport
-
-from .test_turn_aioice import Receiver
-from .turnclient import (
+from tests.support.turnclient import (
     HOST,
     PASSWORD,
     REALM,
@@ -43,6 +41,8 @@ from .turnclient import (
     running_stunner,
     start_peer,
 )
+
+from .test_turn_aioice import Receiver
 
 CERT, KEY = certificates.self_signed_certificate(HOST)
 OTHER_CERT, OTHER_KEY = certificates.self_signed_certificate("other.example")

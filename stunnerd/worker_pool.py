@@ -3,7 +3,7 @@
 Go stunnerd reads each UDP listener with N goroutines on N SO_REUSEPORT sockets. A Python
 process has one GIL, so here the N sockets are served by N processes: the primary (this
 process: config, admin servers, TCP/TLS/DTLS listeners, and the first socket of each UDP
-listener) and N-1 workers (`stunnerd.worker`).
+listener) and N-1 workers (`stunnerd.worker_process`).
 
 - The primary binds all N sockets of a listener before any is read (`Listener`), keeps a copy
   of each, and hands socket i to worker i over the worker's control channel. The kernel hashes
@@ -166,7 +166,7 @@ class WorkerPool:
             process = await asyncio.create_subprocess_exec(
                 sys.executable,
                 "-m",
-                "stunnerd.worker",
+                "stunnerd.worker_process",
                 str(theirs.fileno()),
                 str(index + 1),
                 *self._log_args,

@@ -18,10 +18,10 @@ import time
 from pathlib import Path
 
 from stunnerd.stun import Class
+from tests.cds_server import run_cds_server
+from tests.support.turnclient import HOST, RawClient, free_port, make_config
 
-from .cds_server import run_cds_server
 from .test_admin import get
-from .turnclient import HOST, RawClient, free_port, make_config
 
 STUNNERD = [sys.executable, "-m", "stunnerd", "-w", "--grace-period", "5"]
 

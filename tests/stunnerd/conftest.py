@@ -1,0 +1,78 @@
+"""The repeated bring-up of stunnerd's tests: a real `stunnerd` process, always taken down.
+
+`stunnerd(*args)` starts `python -m stunnerd ARGS` with its stderr captured; `stop()` sends a
+signal and returns the log; whatever a test leaves running is killed at teardown, so a failing
+assertion never leaks a process holding a port.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+
+import pytest
+
+STUNNERD = [sys.executable, "-m", "stunnerd"]
+
+
+class StunnerdProcess:
+    def __init__(self, args: tuple[str, ...], env: dict[str, str] | None) -> None:
+        self.proc = subprocess.Popen(
+            [*STUNNERD, *args],
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, **(env or {})},
+        )
+        self.stderr = ""
+
+    def send(self, sig: int) -> None:
+        self.proc.send_signal(sig)
+
+    def running(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 10) -> str:
+        """Send `sig` (if still running), wait for the exit and return the whole log."""
+        if self.running():
+            self.proc.send_signal(sig)
+        self.collect(timeout)
+        return self.stderr
+
+    def wait(self, timeout: float) -> int:
+        self.collect(timeout)
+        return self.proc.returncode
+
+    def collect(self, timeout: float) -> None:
+        if self.proc.stderr is not None and not self.proc.stderr.closed:
+            self.stderr += self.proc.communicate(timeout=timeout)[1]
+        else:
+            self.proc.wait(timeout)
+
+    @property
+    def returncode(self) -> int | None:
+        return self.proc.returncode
+
+    def kill(self) -> None:
+        if self.running():
+            self.proc.kill()
+        self.collect(10)
+
+
+StartStunnerd = Callable[..., StunnerdProcess]
+
+
+@pytest.fixture
+def stunnerd() -> Iterator[StartStunnerd]:
+    started: list[StunnerdProcess] = []
+
+    def start(*args: str, env: dict[str, str] | None = None) -> StunnerdProcess:
+        process = StunnerdProcess(args, env)
+        started.append(process)
+        return process
+
+    yield start
+    for process in started:
+        process.kill()
