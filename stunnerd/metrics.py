@@ -15,13 +15,13 @@ other process_* and python_* families describe the primary process.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Protocol
 
 from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from .counters import ClusterCounters, ListenerCounters
+from .counters import ClusterCounters, Counters, ListenerCounters
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -64,26 +64,22 @@ def stunner_families(view: MetricsView) -> Iterator[Metric]:
         total.add_metric([name], counters.allocations_total)
     yield connections
     yield total
-    for unit, help_text in (("packets", "on the listener"), ("bytes", "on the listener")):
-        family = CounterMetricFamily(
-            f"stunner_listener_{unit}",
-            f"Number of {unit} {help_text}.",
-            labels=["direction", "name"],
-        )
-        for name, counters in stats:
-            for direction in ("rx", "tx"):
-                family.add_metric([direction, name], getattr(counters, f"{direction}_{unit}"))
-        yield family
+    yield from _by_direction("listener", "on the listener", stats, ("rx", "tx"))
     clusters = sorted(view.cluster_counters().items())
+    yield from _by_direction("cluster", "to and from the cluster", clusters, ("tx", "rx"))
+
+
+def _by_direction(
+    kind: str, where: str, rows: Sequence[tuple[str, Counters]], directions: tuple[str, str]
+) -> Iterator[Metric]:
+    """stunner_<kind>_packets_total and _bytes_total, labelled by direction and name."""
     for unit in ("packets", "bytes"):
         family = CounterMetricFamily(
-            f"stunner_cluster_{unit}",
-            f"Number of {unit} to and from the cluster.",
-            labels=["direction", "name"],
+            f"stunner_{kind}_{unit}", f"Number of {unit} {where}.", labels=["direction", "name"]
         )
-        for name, cluster in clusters:
-            for direction in ("tx", "rx"):
-                family.add_metric([direction, name], getattr(cluster, f"{direction}_{unit}"))
+        for name, counters in rows:
+            for direction in directions:
+                family.add_metric([direction, name], getattr(counters, f"{direction}_{unit}"))
         yield family
 
 
