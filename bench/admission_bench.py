@@ -31,7 +31,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from stunnerd.tls import self_signed_certificate  # noqa: E402
+from stunnerd.certificates import self_signed_certificate  # noqa: E402
 from tests.support.fakeapi import FakeApiServer  # noqa: E402
 
 
