@@ -138,6 +138,21 @@ def test_yaml_and_json_inputs_give_the_same_config() -> None:
     assert load_config(FULL_JSON.encode(), env={}) == load_config(FULL_YAML, env={})
 
 
+CREDS = '"auth": {"credentials": {"username": "u", "password": "p"}}'
+
+
+def test_json_objects_are_read_as_json_and_yaml_flow_style_still_loads() -> None:
+    # What the config discovery service sends is a JSON object: read as JSON (Go's result for
+    # JSON, and ~10x cheaper than PyYAML); a YAML flow mapping that is not JSON falls back.
+    flow = "{version: v1, admin: {name: flow}, auth: {credentials: {username: u, password: p}}}"
+    assert load_config(flow, env={}).admin.name == "flow"
+    # YAML 1.1 would read the unquoted 1e3 as a string; JSON reads a number, as Go does.
+    with pytest.raises(ConfigError):
+        load_config('{"version": "v1", "admin": {"name": 1e3}, ' + CREDS + "}", env={})
+    with pytest.raises(ConfigError, match="YAML parse error: line 1"):
+        load_config('{"version": "v1", ', env={})
+
+
 @pytest.mark.parametrize("text", [MINIMAL_YAML, FULL_YAML], ids=["minimal", "full"])
 def test_round_trip_through_to_json(text: str) -> None:
     config = load_config(text, env={})
