@@ -5,7 +5,7 @@ Shared test infrastructure: the official ``kubernetes`` client works against it 
 What it does:
 - Resource types are registered generically (:class:`ResourceType`: group, version, plural,
   kind, namespaced, status subresource). Core ``v1`` secrets, configmaps, services, endpoints,
-  namespaces and the Gateway API / STUNner kinds are registered by default.
+  namespaces, nodes, servicecidrs and the Gateway API / STUNner kinds are registered by default.
 - Verbs: create (POST, 409 AlreadyExists, ``generateName``), get (404 NotFound), list (label
   and field selectors, ``resourceVersion`` in the list metadata), watch (``?watch=true``:
   newline-delimited JSON events over a chunked response; resumes from ``resourceVersion``;
@@ -76,6 +76,15 @@ CORE_TYPES = (
     ResourceType("apps", "v1", "deployments", "Deployment", status_subresource=True),
     ResourceType("apps", "v1", "daemonsets", "DaemonSet", status_subresource=True),
     ResourceType("discovery.k8s.io", "v1", "endpointslices", "EndpointSlice"),
+    ResourceType("", "v1", "nodes", "Node", namespaced=False, status_subresource=True),
+    ResourceType(
+        "networking.k8s.io",
+        "v1",
+        "servicecidrs",
+        "ServiceCIDR",
+        namespaced=False,
+        status_subresource=True,
+    ),
 )
 GATEWAY_TYPES = (
     ResourceType(
