@@ -11,6 +11,7 @@ and ``bench/webhook_hostile_bench.py``.
 
 from __future__ import annotations
 
+import base64
 import datetime
 import http.client
 import ipaddress
@@ -30,7 +31,7 @@ from typing import Any
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import NameOID
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -74,6 +75,39 @@ def make_certs(directory: Path) -> tuple[Path, Path, Path]:
     )
     paths[2].write_bytes(key_pem)
     return paths
+
+
+def tls_secret(name: str, namespace: str) -> dict[str, Any]:
+    """A kubernetes.io/tls Secret with a self-signed RSA-2048 certificate (cert-manager's
+    default key) for a TURN-TLS listener."""
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "turn.example.com")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .sign(key, hashes.SHA256())
+    )
+    pem = {
+        "tls.crt": cert.public_bytes(serialization.Encoding.PEM),
+        "tls.key": key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.TraditionalOpenSSL,
+            serialization.NoEncryption(),
+        ),
+    }
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "kubernetes.io/tls",
+        "metadata": {"name": name, "namespace": namespace},
+        "data": {k: base64.b64encode(v).decode() for k, v in pem.items()},
+    }
 
 
 def free_port() -> int:
@@ -239,10 +273,15 @@ class Hostile:
     """``idle`` connections that send nothing and ``trickling`` ones sending a byte every
     ``interval`` seconds: half a TLS ClientHello, half (after the handshake) an HTTP request
     head. A thread keeps them going until :meth:`close`; :attr:`closed_after` records, per
-    connection, how long after opening the server closed it."""
+    connection, how long after opening the server closed it; with ``reopen`` each closed one
+    is replaced, so that the server always faces the same number."""
 
-    def __init__(self, port: int, context: ssl.SSLContext, interval: float = 0.2) -> None:
+    def __init__(
+        self, port: int, context: ssl.SSLContext, interval: float = 0.2, reopen: bool = False
+    ) -> None:
         self.port = port
+        self.reopen = reopen  # open a new connection of the same kind for each one closed
+        self._reopen: list[bytes] = []
         self.context = context
         self.interval = interval
         self.closed_after: list[float] = []
@@ -252,23 +291,20 @@ class Hostile:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def _connect(self) -> socket.socket:
-        return socket.create_connection(("127.0.0.1", self.port), timeout=5)
-
     def open(self, idle: int, trickling: int) -> Hostile:
         hello = client_hello()
-        started = time.monotonic()
-        for _ in range(idle):
-            self._add(self._connect(), started, b"")
-        for i in range(trickling):
-            if i % 2 == 0:
-                self._add(self._connect(), started, hello)
-            else:
-                tls = self.context.wrap_socket(self._connect(), server_hostname="127.0.0.1")
-                self._add(tls, time.monotonic(), REQUEST_HEAD)
+        for i in range(idle + trickling):
+            self._open(b"" if i < idle else (hello if (i - idle) % 2 == 0 else REQUEST_HEAD))
         if not self._thread.is_alive():
             self._thread.start()
         return self
+
+    def _open(self, data: bytes) -> None:
+        started = time.monotonic()
+        sock = socket.create_connection(("127.0.0.1", self.port), timeout=5)
+        if data is REQUEST_HEAD:
+            sock = self.context.wrap_socket(sock, server_hostname="127.0.0.1")
+        self._add(sock, started, data)
 
     def _add(self, sock: socket.socket, started: float, data: bytes) -> None:
         sock.setblocking(False)
@@ -282,15 +318,23 @@ class Hostile:
             return len(self._conns)
 
     def _closed(self, sock: socket.socket) -> None:
-        started = self._conns.pop(sock)[0]
+        started, data, _ = self._conns.pop(sock)
         self.closed_after.append(time.monotonic() - started)
         sock.close()
+        if self.reopen:
+            self._reopen.append(data)
 
     def _run(self) -> None:
         while not self._stop.is_set():
             with self._lock:
                 for sock in list(self._conns):
                     self._tick(sock)
+                again, self._reopen = self._reopen, []
+            for data in again:
+                try:
+                    self._open(data)
+                except OSError:
+                    self._reopen.append(data)  # next round
             self._stop.wait(self.interval)
 
     def _tick(self, sock: socket.socket) -> None:
