@@ -18,6 +18,8 @@ the gevent workers monkey-patch ``ssl`` (see :mod:`webhook.serving`).
 """
 
 import os
+import sys
+from typing import Any
 
 bind = os.environ.get("STUNNER_WEBHOOK_BIND", "0.0.0.0:9443")
 certfile = os.environ.get("STUNNER_WEBHOOK_CERTFILE", "/etc/webhook/certs/tls.crt")
@@ -44,3 +46,15 @@ loglevel = os.environ.get("STUNNER_WEBHOOK_LOG_LEVEL", "info")
 control_socket_disable = True
 # - the worker heartbeat file goes to a tmpfs where there is one, not to $TMPDIR.
 worker_tmp_dir = "/dev/shm" if os.path.isdir("/dev/shm") else None
+
+
+def on_starting(server: Any) -> None:
+    """A malformed STUNNER_* setting stops gunicorn before it binds, in one log line (the
+    application factory checks again, for other servers)."""
+    from webhook import settings_from_env  # flask and our rules only, no kubernetes
+
+    try:
+        settings_from_env()
+    except ValueError as e:
+        server.log.error("cannot start the STUNner admission webhook: %s", e)
+        sys.exit(1)

@@ -250,7 +250,9 @@ def test_gunicorn_exits_on_a_malformed_cidr(tmp_path: Path, kubeconfig: Path) ->
         assert proc.wait(30) != 0
     finally:
         server.stop()
-    assert "STUNNER_WEBHOOK_POD_CIDRS: '10.244.0.0/33' is not a CIDR" in server.log()
+    log = server.log()
+    assert "STUNNER_WEBHOOK_POD_CIDRS: '10.244.0.0/33' is not a CIDR" in log
+    assert "Traceback" not in log and "Listening at" not in log, log
 
 
 def test_cidrs_are_discovered_from_the_api(fake: FakeApiServer) -> None:
