@@ -32,7 +32,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.fakeapi import FakeApiServer  # noqa: E402
+from tests.support.fakeapi import FakeApiServer  # noqa: E402
 from tests.webhook.serving import Webhook, review, tls_secret  # noqa: E402
 
 CONTROLLER = "stunner.l7mp.io/gateway-operator"

@@ -30,7 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.fakeapi import FakeApiServer  # noqa: E402
+from tests.support.fakeapi import FakeApiServer  # noqa: E402
 from tests.webhook.serving import Hostile, Webhook, review  # noqa: E402
 
 VALID = {

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from stunner_api.crds import CRDS_DIR, render_all  # noqa: E402
-from stunner_api.resources import STUNNER_GROUP  # noqa: E402
+from stunner_api.vocabulary import STUNNER_GROUP  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -22,6 +22,7 @@ got 70000`.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -41,13 +42,18 @@ from pydantic import (
 from pydantic_core import ErrorDetails, PydanticCustomError
 
 from .endpoints import EndpointError, parse_static_endpoint
+from .vocabulary import AUTH_TYPE_ALIASES, field_path, parse_log_spec, skipped_part_reason
+from .vocabulary import DEFAULT_LOG_LEVEL as DEFAULT_LOG_LEVEL
+from .vocabulary import DEFAULT_REALM as DEFAULT_REALM
+from .vocabulary import LISTENER_PROTOCOLS as VOCABULARY_PROTOCOLS
+from .vocabulary import TLS_PROTOCOLS as VOCABULARY_TLS_PROTOCOLS
+
+log = logging.getLogger("stunner.config")
 
 # Defaults (Go: pkg/apis/v1/default.go).
 API_VERSION = "v1"
 API_VERSION_V1ALPHA1 = "v1alpha1"
 DEFAULT_STUNNER_NAME = "default-stunnerd"
-DEFAULT_LOG_LEVEL = "all:INFO"
-DEFAULT_REALM = "stunner.l7mp.io"
 DEFAULT_PORT = 3478
 DEFAULT_TLS_PORT = 443  # the turns:// shorthand's default (Go STUNner)
 DEFAULT_ADDRESS = "0.0.0.0"
@@ -73,24 +79,12 @@ ClusterType = Literal["STATIC", "STRICT_DNS"]
 ClusterProtocol = Literal["UDP", "TCP"]
 OffloadEngine = Literal["None", "XDP", "TC", "Auto"]
 
-# Accepted spellings, keyed by their case-folded form.
+# Accepted spellings, keyed by their case-folded form (the tables live in stunner_api.vocabulary).
 AUTH_TYPES: Mapping[str, AuthType] = {
-    "static": "static",
-    "plaintext": "static",
-    "ephemeral": "ephemeral",
-    "longterm": "ephemeral",
-    "timewindowed": "ephemeral",
-    "none": "none",
+    spelling: canonical.value for spelling, canonical in AUTH_TYPE_ALIASES.items()
 }
 LISTENER_PROTOCOLS: Mapping[str, ListenerProtocol] = {
-    "TURN-UDP": "TURN-UDP",
-    "UDP": "TURN-UDP",
-    "TURN-TCP": "TURN-TCP",
-    "TCP": "TURN-TCP",
-    "TURN-TLS": "TURN-TLS",
-    "TLS": "TURN-TLS",
-    "TURN-DTLS": "TURN-DTLS",
-    "DTLS": "TURN-DTLS",
+    spelling: canonical.value for spelling, canonical in VOCABULARY_PROTOCOLS.items()
 }
 CLUSTER_TYPES: Mapping[str, ClusterType] = {"STATIC": "STATIC", "STRICT_DNS": "STRICT_DNS"}
 CLUSTER_PROTOCOLS: Mapping[str, ClusterProtocol] = {"UDP": "UDP", "TCP": "TCP"}
@@ -107,7 +101,7 @@ LISTENER_URI_PARTS: Mapping[ListenerProtocol, tuple[str, str]] = {
     "TURN-DTLS": ("turns", "udp"),
     "TURN-TLS": ("turns", "tcp"),
 }
-TLS_PROTOCOLS: frozenset[ListenerProtocol] = frozenset({"TURN-TLS", "TURN-DTLS"})
+TLS_PROTOCOLS: frozenset[ListenerProtocol] = frozenset(p.value for p in VOCABULARY_TLS_PROTOCOLS)
 
 _DNS_LABEL = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?")
 _SHELL_SPECIAL = frozenset("*#$@!?-0123456789")
@@ -212,6 +206,14 @@ class AdminConfig(_GoStruct):
     @classmethod
     def _default_loglevel(cls, value: object) -> object:
         return _empty_is_default(value, DEFAULT_LOG_LEVEL)
+
+    @field_validator("loglevel")
+    @classmethod
+    def _warn_skipped_log_parts(cls, value: str) -> str:
+        """Go STUNner skips a part of the spec it cannot read; say so at load, naming it."""
+        for part in parse_log_spec(value).skipped:
+            log.warning("admin.loglevel: skipping %s", skipped_part_reason(part))
+        return value
 
     @field_validator("metrics_endpoint")
     @classmethod
@@ -603,12 +605,7 @@ class StunnerConfig(_GoStruct):
 
 def _error_path(error: ErrorDetails) -> str:
     """pydantic's loc (+ our `field` suffix) as "listeners[0].port"."""
-    path = ""
-    for part in error["loc"]:
-        if isinstance(part, int):
-            path += f"[{part}]"
-        else:
-            path += f".{part}" if path else part
+    path = field_path(error["loc"])
     suffix = str(error.get("ctx", {}).get("field", ""))
     if suffix:
         path += suffix if suffix.startswith("[") or not path else f".{suffix}"

@@ -21,17 +21,27 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
-STUNNER_GROUP = "stunner.l7mp.io"
-GATEWAY_API_GROUP = "gateway.networking.k8s.io"
-CORE_GROUP = ""
-
-DEFAULT_REALM = "stunner.l7mp.io"
-DEFAULT_AUTH_TYPE = "static"
-DEFAULT_DATAPLANE = "default"
-DEFAULT_LOG_LEVEL = "all:INFO"
-DEFAULT_TLS_MODE = "Terminate"
-DEFAULT_ROUTE_NAMESPACES_FROM = "Same"
-DEFAULT_ADDRESS_TYPE = "IPAddress"
+from stunner_api.vocabulary import (
+    CORE_GROUP,
+    DATAPLANE,
+    DEFAULT_ADDRESS_TYPE,
+    DEFAULT_AUTH_TYPE,
+    DEFAULT_DATAPLANE,
+    DEFAULT_LOG_LEVEL,
+    DEFAULT_REALM,
+    DEFAULT_ROUTE_NAMESPACES_FROM,
+    DEFAULT_TLS_MODE,
+    GATEWAY,
+    GATEWAY_API_GROUP,
+    GATEWAY_API_UDP_ROUTE,
+    GATEWAY_CLASS,
+    GATEWAY_CONFIG,
+    STATIC_SERVICE,
+    STUNNER_GROUP,
+    STUNNER_UDP_ROUTE,
+    KindInfo,
+    judged_kind,
+)
 
 
 class Model(BaseModel):
@@ -127,7 +137,7 @@ class GatewayConfigSpec(Model):
     log_level: str = DEFAULT_LOG_LEVEL
     realm: str = DEFAULT_REALM
     auth_ref: SecretObjectReference | None = None
-    auth_type: str = DEFAULT_AUTH_TYPE
+    auth_type: str = DEFAULT_AUTH_TYPE.value
     user_name: str | None = None
     password: str | None = None
     shared_secret: str | None = None
@@ -249,32 +259,34 @@ class Dataplane(Resource):
 
 # --- dispatch ---------------------------------------------------------------------------------
 
-# (apiVersion, kind) -> model. Gateway API kinds are served at several versions with one schema.
+# The model of each judged kind; every served version of a kind has the same schema.
+MODELS: dict[KindInfo, type[Resource]] = {
+    GATEWAY_CLASS: GatewayClass,
+    GATEWAY: Gateway,
+    GATEWAY_API_UDP_ROUTE: UDPRoute,
+    STUNNER_UDP_ROUTE: UDPRoute,
+    GATEWAY_CONFIG: GatewayConfig,
+    STATIC_SERVICE: StaticService,
+    DATAPLANE: Dataplane,
+}
+
+# (apiVersion, kind) -> model, for every served version.
 KINDS: dict[tuple[str, str], type[Resource]] = {
-    (f"{GATEWAY_API_GROUP}/v1", "GatewayClass"): GatewayClass,
-    (f"{GATEWAY_API_GROUP}/v1beta1", "GatewayClass"): GatewayClass,
-    (f"{GATEWAY_API_GROUP}/v1", "Gateway"): Gateway,
-    (f"{GATEWAY_API_GROUP}/v1beta1", "Gateway"): Gateway,
-    (f"{GATEWAY_API_GROUP}/v1alpha2", "UDPRoute"): UDPRoute,
-    (f"{STUNNER_GROUP}/v1", "UDPRoute"): UDPRoute,
-    (f"{STUNNER_GROUP}/v1", "GatewayConfig"): GatewayConfig,
-    (f"{STUNNER_GROUP}/v1alpha1", "GatewayConfig"): GatewayConfig,
-    (f"{STUNNER_GROUP}/v1", "StaticService"): StaticService,
-    (f"{STUNNER_GROUP}/v1alpha1", "StaticService"): StaticService,
-    (f"{STUNNER_GROUP}/v1", "Dataplane"): Dataplane,
-    (f"{STUNNER_GROUP}/v1alpha1", "Dataplane"): Dataplane,
+    (version, info.kind): model for info, model in MODELS.items() for version in info.api_versions
 }
 
 
-def group_of(api_version: str) -> str:
-    """The API group of an apiVersion ("v1" -> "", "stunner.l7mp.io/v1" -> "stunner.l7mp.io")."""
-    return api_version.rpartition("/")[0]
+def model_of(api_version: str, kind: str) -> type[Resource] | None:
+    """The model of a judged kind by group and kind, whatever the version (a version the API
+    server serves that this table does not list yet is still judged)."""
+    info = judged_kind(api_version, kind)
+    return None if info is None else MODELS[info]
 
 
 def parse_resource(obj: dict[str, Any]) -> Resource:
     """The model of a resource; ValueError naming apiVersion and kind if it is not one of ours."""
     api_version, kind = obj.get("apiVersion"), obj.get("kind")
-    model = KINDS.get((str(api_version), str(kind)))
+    model = model_of(str(api_version), str(kind))
     if model is None:
         known = ", ".join(sorted({f"{k} ({v})" for v, k in KINDS}))
         raise ValueError(

@@ -12,42 +12,40 @@ import sys
 import time
 from typing import TextIO
 
+from stunner_api.vocabulary import (
+    DEFAULT_LOG_LEVEL,
+    LogLevel,
+    parse_log_spec,
+    skipped_part_reason,
+)
+
 ROOT = "stunner"
 TRACE = 5
 logging.addLevelName(TRACE, "TRACE")
 
-LEVELS: dict[str, int] = {
-    "DISABLE": logging.CRITICAL + 10,
-    "ERROR": logging.ERROR,
-    "WARN": logging.WARNING,
-    "WARNING": logging.WARNING,
-    "INFO": logging.INFO,
-    "DEBUG": logging.DEBUG,
-    "TRACE": TRACE,
+# Go's level names (the one grammar of stunner_api.vocabulary) -> Python logging levels.
+LEVELS: dict[LogLevel, int] = {
+    LogLevel.DISABLE: logging.CRITICAL + 10,
+    LogLevel.ERROR: logging.ERROR,
+    LogLevel.WARN: logging.WARNING,
+    LogLevel.INFO: logging.INFO,
+    LogLevel.DEBUG: logging.DEBUG,
+    LogLevel.TRACE: TRACE,
 }
-DEFAULT_LEVEL_SPEC = "all:INFO"
+DEFAULT_LEVEL_SPEC = DEFAULT_LOG_LEVEL
 
 
 def parse_level_spec(spec: str) -> dict[str, int]:
-    """Parse `all:INFO,turn:DEBUG` into {scope: level}; raise ValueError naming the bad part.
+    """Parse `all:INFO,turn:DEBUG` into {scope: level} with Go STUNner's grammar
+    (`stunner_api.vocabulary.parse_log_spec`): the parts Go skips are left out. A config's
+    `admin.loglevel` is warned about at load (stunner_api.dataplane), a CLI spec by `setup`."""
+    return {scope: LEVELS[level] for scope, level in parse_log_spec(spec).as_dict().items()}
 
-    A bare level (`DEBUG`) means `all:DEBUG`, as in Go STUNner.
-    """
-    levels: dict[str, int] = {}
-    for raw_part in spec.split(","):
-        part = raw_part.strip()
-        if not part:
-            continue
-        scope, sep, level_name = part.rpartition(":")
-        if not sep:
-            scope, level_name = "all", part
-        scope = scope.strip() or "all"
-        level = LEVELS.get(level_name.strip().upper())
-        if level is None:
-            known = ", ".join(name for name in LEVELS if name != "WARNING")
-            raise ValueError(f"invalid log level {level_name.strip()!r} in {part!r}: use {known}")
-        levels[scope] = level
-    return levels
+
+def warn_skipped_parts(spec: str, what: str) -> None:
+    """Log a warning naming each part of `spec` that Go STUNner skips."""
+    for part in parse_log_spec(spec).skipped:
+        logging.getLogger(ROOT).warning("%s: skipping %s", what, skipped_part_reason(part))
 
 
 def logger_name(scope: str) -> str:
@@ -110,3 +108,4 @@ def setup(spec: str = DEFAULT_LEVEL_SPEC, fmt: str = "text", stream: TextIO | No
     root.addHandler(handler)
     root.propagate = False
     apply_level_spec(spec)
+    warn_skipped_parts(spec, "log level")

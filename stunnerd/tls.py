@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import binascii
 import datetime
 import hashlib
 import hmac
@@ -32,6 +31,9 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from OpenSSL import SSL
 
+from stunner_api.certs import CertificateError, load_pair
+from stunner_api.certs import decode_base64_pem as decode_pem
+
 from .turn import Downstream, TurnServer
 
 log = logging.getLogger("stunner.listener")
@@ -47,37 +49,16 @@ RECORD_HEADER = 13  # DTLS record: type, version, epoch, sequence number (6), le
 # ---- certificates
 
 
-def decode_pem(value: str, what: str) -> bytes:
-    """The PEM bytes of a base64-encoded PEM config value; ValueError naming the problem."""
-    try:
-        pem = base64.b64decode("".join(value.split()), validate=True)
-    except (binascii.Error, ValueError):
-        raise ValueError(f"{what} is not valid base64 PEM: bad base64") from None
-    if b"-----BEGIN " not in pem:
-        raise ValueError(f"{what} is not valid base64 PEM: no PEM block after base64 decoding")
-    return pem
-
-
 def load_certificate(cert_b64: str, key_b64: str) -> tuple[list[x509.Certificate], Any]:
     """The certificate chain and private key, checked to belong together."""
-    cert_pem = decode_pem(cert_b64, "cert")
-    key_pem = decode_pem(key_b64, "key")
     try:
-        chain = x509.load_pem_x509_certificates(cert_pem)
-    except ValueError:
-        raise ValueError("cert is not valid base64 PEM: no parsable certificate") from None
-    try:
-        key = serialization.load_pem_private_key(key_pem, password=None)
-    except (ValueError, TypeError):
+        pair = load_pair(decode_pem(cert_b64, "cert"), decode_pem(key_b64, "key"))
+    except CertificateError as exc:
         # The key's bytes never appear in a message: only that it could not be read.
-        raise ValueError("key is not valid base64 PEM: no parsable unencrypted key") from None
-    public = serialization.PublicFormat.SubjectPublicKeyInfo
-    encoding = serialization.Encoding.DER
-    if chain[0].public_key().public_bytes(encoding, public) != key.public_key().public_bytes(
-        encoding, public
-    ):
-        raise ValueError("key does not match the certificate")
-    return chain, key
+        if exc.part == "pair":
+            raise ValueError(str(exc)) from None
+        raise ValueError(f"{exc.part} is not valid base64 PEM: {exc}") from None
+    return pair.chain, pair.key
 
 
 def server_ssl_context(cert_b64: str, key_b64: str) -> ssl.SSLContext:

@@ -5,10 +5,38 @@ from __future__ import annotations
 import io
 import json
 import logging
+from typing import Any
 
 import pytest
 
+from stunner_api.dataplane import validate_config
+from stunner_api.rules import Request, Settings
+from stunner_api.rules.gatewayconfig import gatewayconfig_log_level
+from stunner_api.vocabulary import LogLevel, parse_log_spec, skipped_part_reason
 from stunnerd import logs
+
+
+def gwconfig(log_level: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "stunner.l7mp.io/v1",
+        "kind": "GatewayConfig",
+        "metadata": {"name": "c", "namespace": "stunner"},
+        "spec": {"logLevel": log_level},
+    }
+
+
+class NoLookup:
+    def secret(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return None
+
+    def gateway_class(self, name: str) -> dict[str, Any] | None:
+        return None
+
+    def reference_grants(self, namespace: str) -> list[dict[str, Any]]:
+        return []
+
+    def may_read_secret(self, namespace: str, name: str) -> bool:
+        return False
 
 
 @pytest.mark.parametrize(
@@ -17,8 +45,9 @@ from stunnerd import logs
         ("all:INFO", {"all": logging.INFO}),
         ("all:DEBUG,turn:INFO", {"all": logging.DEBUG, "turn": logging.INFO}),
         ("all:warn, auth:trace", {"all": logging.WARNING, "auth": logs.TRACE}),
-        ("DEBUG", {"all": logging.DEBUG}),
-        ("turn:DISABLE", {"turn": logs.LEVELS["DISABLE"]}),
+        ("DEBUG", {}),  # Go skips a bare level: not all:DEBUG
+        ("all:WARNING,turn:DEBUG", {"turn": logging.DEBUG}),  # WARNING is not a Go level
+        ("turn:DISABLE", {"turn": logs.LEVELS[LogLevel.DISABLE]}),
         ("", {}),
     ],
 )
@@ -26,9 +55,42 @@ def test_parse_level_spec(spec: str, expected: dict[str, int]) -> None:
     assert logs.parse_level_spec(spec) == expected
 
 
-def test_parse_level_spec_names_the_bad_part() -> None:
-    with pytest.raises(ValueError, match=r"invalid log level 'LOUD' in 'turn:LOUD'"):
-        logs.parse_level_spec("all:INFO,turn:LOUD")
+def test_setup_warns_about_the_parts_go_skips() -> None:
+    stream = io.StringIO()
+    logs.setup("all:INFO,turn:LOUD,DEBUG", "text", stream)
+    assert "skipping unknown level 'LOUD' in 'turn:LOUD'" in stream.getvalue()
+    assert "skipping 'DEBUG' is not scope:LEVEL" in stream.getvalue()
+    logs.setup("all:INFO", "text", io.StringIO())
+
+
+@pytest.mark.parametrize(
+    "spec", ["all:INFO", "all:debug, turn:TRACE", "DEBUG", "all:WARNING", "a:b:c", ":INFO", ""]
+)
+def test_stunnerd_and_the_webhook_read_log_specs_with_one_parser(spec: str) -> None:
+    """What stunnerd acts on is exactly what the webhook admits; what it skips, it refuses."""
+    parsed = parse_log_spec(spec)
+    expected = {scope: logs.LEVELS[level] for scope, level in parsed.as_dict().items()}
+    assert logs.parse_level_spec(spec) == expected
+    problems = gatewayconfig_log_level(
+        Request(gwconfig(spec), None, "CREATE", NoLookup(), Settings())
+    )
+    assert [p.message for p in problems] == [skipped_part_reason(part) for part in parsed.skipped]
+
+
+def test_admin_loglevel_is_read_with_the_parser_at_load(caplog: pytest.LogCaptureFixture) -> None:
+    """A config's loglevel is checked when the config is loaded, not first at apply."""
+    config = {
+        "version": "v1",
+        "admin": {"loglevel": "all:INFO,turn:LOUD"},
+        "auth": {"credentials": {"username": "u", "password": "p"}},
+    }
+    with caplog.at_level(logging.WARNING, logger="stunner.config"):
+        loaded = validate_config(config)
+    assert loaded.admin.loglevel == "all:INFO,turn:LOUD"  # Go loads it and skips the part
+    assert [r.getMessage() for r in caplog.records] == [
+        "admin.loglevel: skipping unknown level 'LOUD' in 'turn:LOUD': use one of DISABLE, "
+        "ERROR, WARN, INFO, DEBUG, TRACE"
+    ]
 
 
 def test_scopes_inherit_all_and_reset_between_specs() -> None:

@@ -136,7 +136,7 @@ def test_channel_closes_on_a_broken_frame() -> None:
 
 @contextlib.asynccontextmanager
 async def pooled_stunner(config: StunnerConfig, size: int = 1) -> AsyncIterator[Stunner]:
-    pool = WorkerPool(size, os.urandom(32), UserAllocations(), "all:WARNING")
+    pool = WorkerPool(size, os.urandom(32), UserAllocations(), "all:WARN")
     await pool.start()
     stunner = Stunner(nonces=NonceManager(pool.secret), workers=pool)
     try:
@@ -310,7 +310,7 @@ def test_a_busy_port_is_refused_even_with_reuse_port() -> None:
         squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         squatter.bind(("0.0.0.0", port))
         with squatter:
-            pool = WorkerPool(1, os.urandom(32), UserAllocations(), "all:WARNING")
+            pool = WorkerPool(1, os.urandom(32), UserAllocations(), "all:WARN")
             await pool.start()
             stunner = Stunner(nonces=NonceManager(pool.secret), workers=pool)
             try:

@@ -198,7 +198,8 @@ def validate_route() -> Response:
 
 @bp.post("/mutate")
 def mutate_route() -> Response:
-    return jsonify(review_mutate(_review(), _state().lookup))
+    state = _state()
+    return jsonify(review_mutate(_review(), state.lookup, state.settings))
 
 
 @bp.get("/healthz")

@@ -8,7 +8,8 @@ from __future__ import annotations
 import base64
 import json
 import logging
-from typing import Any, Literal, NotRequired, Required, TypedDict
+from collections.abc import Mapping
+from typing import Any, Literal, NotRequired, Protocol, Required, TypedDict, runtime_checkable
 
 from stunner_api.rules import Lookup, LookupFailed, Settings, defaults_patch, validate
 
@@ -170,8 +171,23 @@ def _refusal(request: RequestPayload, error: Exception) -> ReviewResponse:
     )
 
 
+@runtime_checkable
+class UserBoundLookup(Protocol):
+    """A Lookup that answers for a given user (webhook.kube.KubeLookup)."""
+
+    def for_user(self, user: Mapping[str, Any] | None) -> Lookup: ...
+
+
+def lookup_for(lookup: Lookup, request: RequestPayload) -> Lookup:
+    """The lookup answering for the review's user (request.userInfo), when it can."""
+    if isinstance(lookup, UserBoundLookup):
+        return lookup.for_user(request.get("userInfo"))
+    return lookup
+
+
 def review_validate(request: RequestPayload, lookup: Lookup, settings: Settings) -> ReviewResponse:
-    """Run the validation rules. On DELETE the object being deleted is request.oldObject."""
+    """Run the validation rules for the review's user. On DELETE the object being deleted is
+    request.oldObject."""
     operation = request["operation"]
     if operation == "CONNECT":
         return build_response(request=request, allowed=True)
@@ -180,7 +196,7 @@ def review_validate(request: RequestPayload, lookup: Lookup, settings: Settings)
     else:
         obj, old = request.get("object") or {}, request.get("oldObject")
     try:
-        verdict = validate(obj, old, operation, lookup, settings)
+        verdict = validate(obj, old, operation, lookup_for(lookup, request), settings)
     except Exception as e:  # LookupFailed, or a bug: answer, never crash
         return _refusal(request, e)
     return build_response(
@@ -189,16 +205,17 @@ def review_validate(request: RequestPayload, lookup: Lookup, settings: Settings)
         code=422,
         reason="Invalid",
         message=verdict.message,
-        warnings=verdict.warnings,
+        warnings=verdict.warning_messages,
     )
 
 
-def review_mutate(request: RequestPayload, lookup: Lookup) -> ReviewResponse:
-    """Compute the defaulting JSON patch (CREATE and UPDATE only)."""
+def review_mutate(request: RequestPayload, lookup: Lookup, settings: Settings) -> ReviewResponse:
+    """Compute the defaulting JSON patch (CREATE and UPDATE only), with the same settings as
+    validation (whose GatewayClasses are ours)."""
     if request["operation"] not in ("CREATE", "UPDATE"):
         return build_response(request=request, allowed=True)
     try:
-        patch = defaults_patch(request.get("object") or {}, lookup)
+        patch = defaults_patch(request.get("object") or {}, lookup, settings)
     except Exception as e:
         return _refusal(request, e)
     return build_response(request=request, allowed=True, jsonpatch=patch)

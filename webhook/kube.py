@@ -1,10 +1,15 @@
 """The Kubernetes side of the webhook: a :class:`stunner_api.rules.Lookup` over the official
-``kubernetes`` client.
+``kubernetes`` client, bound to the user of each AdmissionReview (:meth:`KubeLookup.for_user`),
+so that a Secret in another namespace is read only when a ReferenceGrant permits the reference
+or that user may read it (a SubjectAccessReview): the webhook never reads with its own rights
+for a user who has none.
 
 The client configuration is found the usual way, on first use: in-cluster (the service account),
 else ``KUBECONFIG`` / ``~/.kube/config``; tests pass an explicit ``ApiClient`` instead. Reads use
 a short timeout and no retries, so that an unreachable API server turns into a prompt
 :class:`LookupFailed` well within the kube-apiserver's webhook timeout (10 s by default).
+
+:func:`discover_cluster_networks` reads the pod and service CIDRs the API offers, once at start.
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import threading
-from collections.abc import Callable
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,9 +25,7 @@ import kubernetes.client
 import kubernetes.config
 
 from stunner_api.rules import LookupFailed
-
-GATEWAY_GROUP = "gateway.networking.k8s.io"
-GATEWAY_VERSION = "v1"
+from stunner_api.vocabulary import CORE_GROUP, GATEWAY_CLASS, REFERENCE_GRANT, SECRET, KindInfo
 
 DEFAULT_TIMEOUT = 2.0
 
@@ -42,35 +45,53 @@ def load_api_client() -> kubernetes.client.ApiClient:
     return kubernetes.client.ApiClient(configuration)
 
 
-class KubeLookup:
-    """Reads Secrets and GatewayClasses; 404 -> None, any other failure -> LookupFailed."""
+class _Connection:
+    """The ApiClient, made on first use and shared by every per-user view."""
 
-    def __init__(
-        self,
-        api_client: kubernetes.client.ApiClient | None = None,
-        timeout: float = DEFAULT_TIMEOUT,
-    ) -> None:
-        self._api_client = api_client
-        self._timeout = timeout
-        self._lock = threading.Lock()
+    def __init__(self, api_client: kubernetes.client.ApiClient | None, timeout: float) -> None:
+        self.api_client = api_client
+        self.timeout = timeout
+        self.lock = threading.Lock()
 
-    def _client(self, what: str) -> kubernetes.client.ApiClient:
-        with self._lock:
-            if self._api_client is None:
+    def client(self, what: str) -> kubernetes.client.ApiClient:
+        with self.lock:
+            if self.api_client is None:
                 try:
-                    self._api_client = load_api_client()
+                    self.api_client = load_api_client()
                 except Exception as e:  # ConfigException, OSError, YAML errors
                     raise LookupFailed(
                         f"cannot read {what} from the Kubernetes API: "
                         f"no usable client configuration: {e}"
                     ) from e
-            return self._api_client
+            return self.api_client
 
-    def _get(self, what: str, call: Any, *args: str) -> dict[str, Any] | None:
-        api_client = self._client(what)
+
+class KubeLookup:
+    """Reads Secrets, GatewayClasses and ReferenceGrants and asks SubjectAccessReviews;
+    404 -> None (or []), any other failure -> LookupFailed. `user` is the userInfo of the
+    AdmissionReview the answers are for (None: nobody, who may read no Secret)."""
+
+    def __init__(
+        self,
+        api_client: kubernetes.client.ApiClient | None = None,
+        timeout: float = DEFAULT_TIMEOUT,
+        user: Mapping[str, Any] | None = None,
+        *,
+        connection: _Connection | None = None,
+    ) -> None:
+        self._connection = connection or _Connection(api_client, timeout)
+        self.user = user
+
+    def for_user(self, user: Mapping[str, Any] | None) -> KubeLookup:
+        """The same connection, answering for `user` (an AdmissionReview's userInfo)."""
+        return KubeLookup(user=user, connection=self._connection)
+
+    def _call(self, what: str, call: Any, *args: Any) -> dict[str, Any] | None:
+        """The JSON object a call answers; 404 -> None, other failures -> LookupFailed."""
+        api_client = self._connection.client(what)
         try:
             response = call(api_client)(
-                *args, _request_timeout=self._timeout, _preload_content=False
+                *args, _request_timeout=self._connection.timeout, _preload_content=False
             )
             try:
                 body = json.loads(response.data)
@@ -89,7 +110,7 @@ class KubeLookup:
         return body
 
     def secret(self, namespace: str, name: str) -> dict[str, Any] | None:
-        return self._get(
+        return self._call(
             f"Secret {namespace}/{name}",
             lambda c: kubernetes.client.CoreV1Api(c).read_namespaced_secret,
             name,
@@ -97,24 +118,70 @@ class KubeLookup:
         )
 
     def gateway_class(self, name: str) -> dict[str, Any] | None:
-        return self._get(
+        return self._call(
             f"GatewayClass {name}",
             lambda c: kubernetes.client.CustomObjectsApi(c).get_cluster_custom_object,
-            GATEWAY_GROUP,
-            GATEWAY_VERSION,
-            "gatewayclasses",
+            GATEWAY_CLASS.group,
+            GATEWAY_CLASS.preferred_version,
+            GATEWAY_CLASS.plural,
             name,
         )
 
+    def reference_grants(self, namespace: str) -> list[dict[str, Any]]:
+        """The ReferenceGrants of a namespace; [] when the kind is not installed (404)."""
+        body = self._call(
+            f"the ReferenceGrants of namespace {namespace}",
+            lambda c: kubernetes.client.CustomObjectsApi(c).list_namespaced_custom_object,
+            REFERENCE_GRANT.group,
+            REFERENCE_GRANT.preferred_version,
+            namespace,
+            REFERENCE_GRANT.plural,
+        )
+        items = (body or {}).get("items")
+        return [i for i in items if isinstance(i, dict)] if isinstance(items, list) else []
+
+    def may_read_secret(self, namespace: str, name: str) -> bool:
+        """Whether `user` may get the Secret, asked with a SubjectAccessReview."""
+        user = self.user or {}
+        if not user.get("username") and not user.get("groups"):
+            return False
+        spec: dict[str, Any] = {
+            "resourceAttributes": {
+                "namespace": namespace,
+                "verb": "get",
+                "group": SECRET.group,
+                "version": SECRET.preferred_version,
+                "resource": SECRET.plural,
+                "name": name,
+            }
+        }
+        for ours, theirs in (("user", "username"), ("uid", "uid"), ("groups", "groups")):
+            if user.get(theirs):
+                spec[ours] = user[theirs]
+        if user.get("extra"):
+            spec["extra"] = user["extra"]
+        review = {"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview"}
+        body = self._call(
+            f"a SubjectAccessReview of Secret {namespace}/{name}",
+            lambda c: kubernetes.client.AuthorizationV1Api(c).create_subject_access_review,
+            {**review, "spec": spec},
+        )
+        status = (body or {}).get("status")
+        return isinstance(status, dict) and status.get("allowed") is True
+
     def close(self) -> None:
-        with self._lock:
-            if self._api_client is not None:
-                api_client: Any = self._api_client
+        connection = self._connection
+        with connection.lock:
+            if connection.api_client is not None:
+                api_client: Any = connection.api_client
                 api_client.close()
-                self._api_client = None
+                connection.api_client = None
 
 
 # --- the cluster's pod and service networks (read once, at start) -----------------------------
+
+SERVICE_CIDR = KindInfo("networking.k8s.io", "ServiceCIDR", "servicecidrs", ("v1",))
+NODE = KindInfo(CORE_GROUP, "Node", "nodes", ("v1",))
 
 
 @dataclass(frozen=True)
@@ -126,72 +193,66 @@ class ClusterNetworks:
     problems: tuple[str, ...]  # one line per list that could not be read
 
 
-def _list_items(call: Any, *args: str, timeout: float) -> list[dict[str, Any]]:
-    response = call(*args, _request_timeout=timeout, _preload_content=False)
-    try:
-        body = json.loads(response.data)
-    finally:
-        response.release_conn()
-    items = body.get("items") if isinstance(body, dict) else None
-    return [item for item in items or () if isinstance(item, dict)]
-
-
 def discover_cluster_networks(
     api_client: kubernetes.client.ApiClient | None = None, timeout: float = DEFAULT_TIMEOUT
 ) -> ClusterNetworks:
-    """The service CIDRs (networking.k8s.io/v1 ServiceCIDR ``spec.cidrs``, Kubernetes >= 1.33)
-    and the pod CIDRs (every Node's ``spec.podCIDRs``, set where the cluster allocates node
-    CIDRs). Never raises: what cannot be read is empty, with the reason in ``problems``."""
+    """The service CIDRs (every ServiceCIDR's ``spec.cidrs``, networking.k8s.io/v1, served
+    since Kubernetes 1.33) and the pod CIDRs (every Node's ``spec.podCIDRs``, set where the
+    cluster allocates node CIDRs). Never raises: what cannot be read is left empty, with the
+    reason in ``problems``."""
+    kube = KubeLookup(api_client, timeout)
+    problems: list[str] = []
     try:
-        client: Any = api_client or load_api_client()
-    except Exception as e:  # ConfigException, OSError, YAML errors
-        reason = f"no usable Kubernetes client configuration: {e}"
-        return ClusterNetworks((), (), (f"ServiceCIDRs: {reason}", f"Nodes: {reason}"))
-    try:
-        problems: list[str] = []
-        service = _discover(
-            "ServiceCIDRs",
-            lambda: _list_items(
-                kubernetes.client.CustomObjectsApi(client).list_cluster_custom_object,
-                "networking.k8s.io",
-                "v1",
-                "servicecidrs",
-                timeout=timeout,
-            ),
+        service = _cidrs(
+            kube,
+            SERVICE_CIDR,
+            lambda c: kubernetes.client.CustomObjectsApi(c).list_cluster_custom_object,
+            (SERVICE_CIDR.group, SERVICE_CIDR.preferred_version, SERVICE_CIDR.plural),
             "cidrs",
             problems,
         )
-        pod = _discover(
-            "Nodes' spec.podCIDRs",
-            lambda: _list_items(kubernetes.client.CoreV1Api(client).list_node, timeout=timeout),
+        pod = _cidrs(
+            kube,
+            NODE,
+            lambda c: kubernetes.client.CoreV1Api(c).list_node,
+            (),
             "podCIDRs",
             problems,
         )
-        return ClusterNetworks(pod, service, tuple(problems))
     finally:
         if api_client is None:
-            client.close()
+            kube.close()
+    return ClusterNetworks(pod, service, tuple(problems))
 
 
-def _discover(
-    what: str, items: Callable[[], list[dict[str, Any]]], key: str, problems: list[str]
+def _cidrs(
+    kube: KubeLookup,
+    kind: KindInfo,
+    call: Any,
+    args: tuple[str, ...],
+    key: str,
+    problems: list[str],
 ) -> tuple[str, ...]:
-    """The CIDRs under ``spec.<key>`` of every listed object, each once, in order."""
+    """The CIDRs under ``spec.<key>`` of every object of ``kind``, each once, in order."""
+    what = f"the {kind.kind}s"
     try:
-        listed = items()
-    except Exception as e:  # ApiException (403; 404 before Kubernetes 1.33), timeouts, bad JSON
-        why = f"HTTP {e.status} {e.reason}" if isinstance(e, _ApiException) else str(e) or repr(e)
-        problems.append(f"{what}: cannot list: {why}")
+        body = kube._call(what, call, *args)
+    except LookupFailed as e:  # 403, timeouts, no client configuration
+        problems.append(str(e))
+        return ()
+    if body is None:
+        problems.append(f"{what}: not served by this API server")
         return ()
     out: list[str] = []
-    for item in listed:
-        spec = item.get("spec")
+    items = body.get("items")
+    for item in items if isinstance(items, list) else ():
+        spec = item.get("spec") if isinstance(item, dict) else None
         values = spec.get(key) if isinstance(spec, dict) else None
         for value in values if isinstance(values, list) else ():
             try:
                 network = str(ipaddress.ip_network(str(value), strict=False))
             except ValueError:
-                problems.append(f"{what}: ignored {value!r}, not a CIDR")
+                problems.append(f"{what}: ignored {value!r} in spec.{key}, not a CIDR")
                 continue
             if network not in out:
                 out.append(network)

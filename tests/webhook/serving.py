@@ -34,6 +34,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import NameOID
 
+from tests.support.pki import key_pem, self_signed
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -81,26 +83,7 @@ def tls_secret(name: str, namespace: str) -> dict[str, Any]:
     """A kubernetes.io/tls Secret with a self-signed RSA-2048 certificate (cert-manager's
     default key) for a TURN-TLS listener."""
     key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "turn.example.com")])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(subject)
-        .issuer_name(subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .sign(key, hashes.SHA256())
-    )
-    pem = {
-        "tls.crt": cert.public_bytes(serialization.Encoding.PEM),
-        "tls.key": key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.TraditionalOpenSSL,
-            serialization.NoEncryption(),
-        ),
-    }
+    pem = {"tls.crt": self_signed(key), "tls.key": key_pem(key)}
     return {
         "apiVersion": "v1",
         "kind": "Secret",

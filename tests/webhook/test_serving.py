@@ -31,7 +31,7 @@ import pytest
 from flask.testing import FlaskClient
 
 from stunner_api.rules import LookupFailed, Settings
-from tests.fakeapi import FakeApiServer
+from tests.support.fakeapi import FakeApiServer
 from tests.webhook.serving import ROOT, Hostile, Webhook, review
 from webhook import MAX_BODY_BYTES, create_app, settings_from_env, with_cluster_networks
 from webhook.kube import ClusterNetworks, discover_cluster_networks
@@ -79,12 +79,6 @@ class NoSecrets:
 
     def gateway_class(self, name: str) -> dict[str, Any] | None:
         raise LookupFailed("not in this test")
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeApiServer]:
-    with FakeApiServer() as server:
-        yield server
 
 
 @pytest.fixture
@@ -278,8 +272,8 @@ def test_cidrs_are_discovered_from_the_api(fake: FakeApiServer) -> None:
         api_client.close()
     assert denied.pod_cidrs == denied.service_cidrs == ()
     assert denied.problems == (
-        "ServiceCIDRs: cannot list: HTTP 403 Forbidden",
-        "Nodes' spec.podCIDRs: cannot list: HTTP 403 Forbidden",
+        "cannot read the ServiceCIDRs from the Kubernetes API: HTTP 403 Forbidden",
+        "cannot read the Nodes from the Kubernetes API: HTTP 403 Forbidden",
     )
 
 
@@ -311,12 +305,12 @@ def test_the_environment_wins_and_the_log_says_where_cidrs_came_from(
     assert len(calls) == 1  # nothing unset: the API is not asked
 
     caplog.clear()
-    nothing = ClusterNetworks((), (), ("Nodes' spec.podCIDRs: cannot list: HTTP 403 Forbidden",))
+    nothing = ClusterNetworks((), (), ("cannot read the Nodes from the Kubernetes API: HTTP 403",))
     with caplog.at_level(logging.INFO, logger="webhook"):
         off = with_cluster_networks(Settings(), lambda: nothing)
     assert off.pod_cidrs == off.service_cidrs == ()
     assert "the StaticService backdoor check is off" in caplog.text
-    assert "HTTP 403 Forbidden" in caplog.text
+    assert "cannot read the Nodes from the Kubernetes API: HTTP 403" in caplog.text
 
 
 def test_gunicorn_guards_the_discovered_cidrs(

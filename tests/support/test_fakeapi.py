@@ -23,7 +23,7 @@ import pytest
 from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
-from tests.fakeapi import FakeApiServer, label_selector_matches
+from tests.support.fakeapi import FakeApiServer, label_selector_matches
 
 GW = ("gateway.networking.k8s.io", "v1")
 

@@ -26,11 +26,11 @@ from stunner_api.resources import (
     GatewayConfig,
     StaticService,
     UDPRoute,
-    group_of,
     parse_resource,
 )
+from stunner_api.vocabulary import group_of
 
-EXAMPLES = sorted((Path(__file__).parent / "data" / "resources").glob("*.yaml"))
+EXAMPLES = sorted((Path(__file__).parents[1] / "data" / "resources").glob("*.yaml"))
 
 
 def load(path: Path) -> dict[str, Any]:

@@ -42,11 +42,11 @@ from cryptography.x509.oid import NameOID
 from flask.testing import FlaskClient
 
 from stunner_api.rules import LookupFailed, Settings
-from tests.fakeapi import FakeApiServer
+from tests.support.fakeapi import FakeApiServer
 from webhook import create_app, settings_from_env
 from webhook.kube import KubeLookup
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 GVK = {"group": "stunner.l7mp.io", "version": "v1", "kind": "GatewayConfig"}
 GVR = {"group": "stunner.l7mp.io", "version": "v1", "resource": "gatewayconfigs"}
 
@@ -113,6 +113,12 @@ class DictLookup:
         if self.fail:
             raise LookupFailed(f"cannot read GatewayClass {name} from the Kubernetes API: down")
         return None
+
+    def reference_grants(self, namespace: str) -> list[dict[str, Any]]:
+        return []
+
+    def may_read_secret(self, namespace: str, name: str) -> bool:
+        return False
 
 
 def auth_secret(name: str, **data: str) -> dict[str, Any]:
@@ -383,12 +389,6 @@ class Https:
         assert out["response"]["uid"] == body["request"]["uid"]
         response: dict[str, Any] = out["response"]
         return response
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeApiServer]:
-    with FakeApiServer() as server:
-        yield server
 
 
 @pytest.fixture

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import base64
 import copy
-import datetime
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,25 +25,29 @@ from typing import Any
 import jsonpatch
 import pytest
 import yaml
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
 from stunner_api.rules import (
     ON_DELETE,
     RULES,
-    FieldError,
     LookupFailed,
+    Problem,
     Request,
     Rule,
     Settings,
+    Severity,
     Verdict,
-    conforms_to_schema,
+    defaults_patch,
+    json_pointer,
+    validate,
+)
+from stunner_api.rules.dataplane import (
     dataplane_counts,
     dataplane_default_kept,
     dataplane_image,
-    defaults_patch,
+    dataplane_schema,
+)
+from stunner_api.rules.gateway import (
     gateway_addresses,
     gateway_allowed_routes,
     gateway_annotations,
@@ -53,22 +56,29 @@ from stunner_api.rules import (
     gateway_listener_protocols,
     gateway_listener_tls,
     gateway_mixed_protocols,
-    gatewayclass_parameters_ref,
+    gateway_schema,
+)
+from stunner_api.rules.gatewayclass import gatewayclass_parameters_ref, gatewayclass_schema
+from stunner_api.rules.gatewayconfig import (
     gatewayconfig_annotations,
     gatewayconfig_auth_ref,
     gatewayconfig_auth_type,
     gatewayconfig_inline_auth,
     gatewayconfig_log_level,
     gatewayconfig_realm,
-    json_pointer,
-    staticservice_prefixes,
+    gatewayconfig_schema,
+)
+from stunner_api.rules.staticservice import staticservice_prefixes, staticservice_schema
+from stunner_api.rules.udproute import (
     udproute_backend_kinds,
     udproute_backend_ports,
     udproute_parent_refs,
-    validate,
+    udproute_schema,
 )
+from stunner_api.vocabulary import GATEWAY_CONFIG_AUTH_TYPES, TLS_SECRET_TYPES, ConditionReason
+from tests.support.pki import key_pem, self_signed
 
-EXAMPLES = sorted((Path(__file__).parent / "data" / "resources").glob("*.yaml"))
+EXAMPLES = sorted((Path(__file__).parents[1] / "data" / "resources").glob("*.yaml"))
 OURS = "stunner.l7mp.io/gateway-operator"
 GW_GROUP, SGROUP = "gateway.networking.k8s.io", "stunner.l7mp.io"
 V1ALPHA2 = "gateway.networking.k8s.io/v1alpha2"
@@ -77,32 +87,17 @@ SETTINGS = Settings(pod_cidrs=("10.244.0.0/16", "fd00:10::/64"), service_cidrs=(
 # --- a real certificate and fake cluster -------------------------------------------------------
 
 
-def self_signed(key: ec.EllipticCurvePrivateKey) -> bytes:
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "turn.example.com")])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now)
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .sign(key, hashes.SHA256())
-    )
-    return cert.public_bytes(serialization.Encoding.PEM)
-
-
-def key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
-    return key.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption(),
-    )
-
-
 KEY, OTHER_KEY = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
 CERT = self_signed(KEY)
+RSA_KEY = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+
+
+def inconsistent_rsa_key() -> bytes:
+    """RSA_KEY's public numbers with a private number off: the RSA consistency check (~27 ms a
+    review) would refuse it; the public-key match does not look (issue 10, fault 6)."""
+    n = RSA_KEY.private_numbers()
+    broken = rsa.RSAPrivateNumbers(n.p, n.q, n.d, n.dmp1 + 2, n.dmq1, n.iqmp, n.public_numbers)
+    return key_pem(broken.private_key(unsafe_skip_rsa_key_validation=True))
 
 
 def secret(name: str, kind: str = "Opaque", **data: bytes | str) -> dict[str, Any]:
@@ -131,6 +126,11 @@ SECRETS = [
     secret("badkey", "kubernetes.io/tls", **{"tls.crt": CERT, "tls.key": b"nope"}),
     secret("certonly", "kubernetes.io/tls", **{"tls.crt": CERT}),
     secret("basic", "kubernetes.io/basic-auth", username="u", password="p"),
+    secret(
+        "rsa-unchecked",
+        "kubernetes.io/tls",
+        **{"tls.crt": self_signed(RSA_KEY), "tls.key": inconsistent_rsa_key()},
+    ),
 ]
 
 
@@ -154,6 +154,12 @@ class FakeLookup:
         if self.fail:
             raise LookupFailed(f"cannot read GatewayClass {name}: connection refused")
         return self.classes.get(name)
+
+    def reference_grants(self, namespace: str) -> list[dict[str, Any]]:
+        return []
+
+    def may_read_secret(self, namespace: str, name: str) -> bool:
+        return False
 
 
 # --- object builders --------------------------------------------------------------------------
@@ -280,17 +286,30 @@ def dataplane(name: str = "default", **spec: Any) -> dict[str, Any]:
 
 
 def run(rule: Rule, obj: dict[str, Any], operation: str = "CREATE") -> tuple[list[str], list[str]]:
-    errors, warnings = rule(Request(obj, None, operation, FakeLookup(), SETTINGS))
-    return [str(e) for e in errors], warnings
+    problems = rule(Request(obj, None, operation, FakeLookup(), SETTINGS))
+    for problem in problems:
+        assert problem.reason in set(ConditionReason), problem
+    errors = [str(p) for p in problems if p.severity == Severity.ERROR]
+    return errors, [str(p) for p in problems if p.severity == Severity.WARNING]
 
 
 # --- every rule: passing and failing objects --------------------------------------------------
 
 # (rule, object, substrings each of which some error must contain; [] = no error at all)
 CASES: list[tuple[Rule, dict[str, Any], list[str]]] = [
-    (conforms_to_schema, gateway(), []),
-    (conforms_to_schema, gateway(listener("udp", "x")), ["spec.listeners[0].port: input should"]),
-    (conforms_to_schema, {**gateway(), "spec": {"listeners": []}}, ["spec.gatewayClassName"]),
+    (gateway_schema, gateway(), []),
+    (gateway_schema, gateway(listener("udp", "x")), ["spec.listeners[0].port: input should"]),
+    (gateway_schema, {**gateway(), "spec": {"listeners": []}}, ["spec.gatewayClassName"]),
+    (gatewayclass_schema, gatewayclass(), []),
+    (gatewayclass_schema, gatewayclass(controllerName=None), ["spec.controllerName: input should"]),
+    (gatewayconfig_schema, static(), []),
+    (gatewayconfig_schema, gwconfig(userQuota="many"), ["spec.userQuota: input should"]),
+    (udproute_schema, route(), []),
+    (udproute_schema, route({"port": 1}), ["spec.rules[0].backendRefs[0].name: required"]),
+    (staticservice_schema, ssvc("192.0.2.0/24"), []),
+    (staticservice_schema, {**ssvc(), "spec": {"prefixes": "192.0.2.0/24"}}, ["spec.prefixes:"]),
+    (dataplane_schema, dataplane(), []),
+    (dataplane_schema, dataplane(replicas="two"), ["spec.replicas: input should"]),
     (gatewayclass_parameters_ref, gatewayclass(), []),
     (gatewayclass_parameters_ref, parameters_ref(name="c", namespace="n"), []),
     (gatewayclass_parameters_ref, gatewayclass(parametersRef=None), ["spec.parametersRef: req"]),
@@ -323,7 +342,7 @@ CASES: list[tuple[Rule, dict[str, Any], list[str]]] = [
     (gatewayconfig_auth_ref, static(), []),
     (gatewayconfig_auth_ref, auth_ref("partial"), ["spec.authRef: Secret stunner/partial has no"]),
     (gatewayconfig_auth_ref, auth_ref("ephemeral-empty"), ["has no 'secret' (or 'sharedSecret')"]),
-    (gatewayconfig_auth_ref, auth_ref("badtype"), ["has type 'oauth'"]),
+    (gatewayconfig_auth_ref, auth_ref("badtype"), ["the 'type' key must be static or"]),
     (gatewayconfig_auth_ref, auth_ref("s", kind="ConfigMap"), ["must reference a core Secret"]),
     (gatewayconfig_auth_ref, gwconfig(authRef={"namespace": "stunner"}), ["authRef.name: req"]),
     (gatewayconfig_log_level, gwconfig(logLevel="all:DEBUG,turn:INFO"), []),
@@ -367,15 +386,20 @@ CASES: list[tuple[Rule, dict[str, Any], list[str]]] = [
     (gateway_mixed_protocols, gateway(listener("a", 1), listener("b", 2, "DTLS")), []),
     (gateway_listener_tls, tls_gateway("tls-secret"), []),
     (gateway_listener_tls, tls_gateway("opaque-tls", mode="Terminate"), []),
+    (gateway_listener_tls, tls_gateway("rsa-unchecked"), []),  # no RSA consistency check
     (gateway_listener_tls, tls_gateway("missing"), []),  # a warning, not an error
     (gateway_listener_tls, gateway(listener("a", 1, "TURN-TLS")), ["[0].tls: required for"]),
     (gateway_listener_tls, tls_gateway("tls-secret", mode="Passthrough"), ["tls.mode: must be"]),
     (gateway_listener_tls, tls_gateway(), ["tls.certificateRefs: required"]),
-    (gateway_listener_tls, tls_gateway("mismatch"), ["certificate and key do not match"]),
-    (gateway_listener_tls, tls_gateway("garbage"), ["not a PEM X.509 certificate"]),
-    (gateway_listener_tls, tls_gateway("badkey"), ["not an unencrypted PEM private key"]),
+    (gateway_listener_tls, tls_gateway("mismatch"), ["key does not match the certificate"]),
+    (gateway_listener_tls, tls_gateway("garbage"), ["no PEM X.509 certificate could be parsed"]),
+    (
+        gateway_listener_tls,
+        tls_gateway("badkey"),
+        ["no unencrypted PEM private key could be parsed"],
+    ),
     (gateway_listener_tls, tls_gateway("certonly"), ["must hold a PEM certificate in tls.crt"]),
-    (gateway_listener_tls, tls_gateway("basic"), ["of type 'kubernetes.io/basic-auth'"]),
+    (gateway_listener_tls, tls_gateway("basic"), ["is not of type kubernetes.io/tls or Opaque"]),
     (gateway_addresses, addresses({"type": "IPAddress", "value": "203.0.113.5"}), []),
     (gateway_addresses, addresses({"value": "2001:db8::1"}), []),
     (gateway_addresses, addresses({"type": "Hostname", "value": "turn.example.com"}), []),
@@ -437,12 +461,12 @@ WARNINGS: list[tuple[Rule, dict[str, Any], str]] = [
     (
         gatewayconfig_auth_ref,
         auth_ref("basic"),
-        "is of type 'kubernetes.io/basic-auth', not Opaque",
+        "Secret stunner/basic is not of type Opaque",
     ),
     (
         gatewayconfig_inline_auth,
         gwconfig(authRef={"name": "x"}, userName="u"),
-        "spec.authRef overrides the inline userName: they are ignored",
+        "spec.authRef: overrides the inline userName: they are ignored",
     ),
     (
         gateway_listener_protocols,
@@ -527,8 +551,8 @@ def test_every_rule_has_passing_and_failing_cases() -> None:
         ),
         (
             tls_gateway("mismatch"),
-            "spec.listeners[0].tls.certificateRefs[0]: Secret stunner/mismatch is unusable: its "
-            "certificate and key do not match (different public keys)",
+            "spec.listeners[0].tls.certificateRefs[0]: Secret stunner/mismatch is unusable: "
+            "key does not match the certificate (different public keys)",
         ),
         (
             annotated(service_typo="x"),
@@ -599,14 +623,15 @@ def test_verdict_collects_every_problem_of_an_object() -> None:
     verdict = validate(obj, None, "CREATE", FakeLookup(), SETTINGS)
     assert [e.path for e in verdict.errors] == ["spec.realm", "spec.authType"]
     assert verdict.message == "; ".join(str(e) for e in verdict.errors)
-    assert str(FieldError("spec.x", "must be y")) == "spec.x: must be y"
+    problem = Problem("spec.x", "must be y", Severity.ERROR, ConditionReason.INVALID)
+    assert str(problem) == "spec.x: must be y"
     assert Verdict().allowed and Verdict().message == ""
 
 
 def test_missing_secret_is_admitted_with_a_warning() -> None:
     verdict = validate(auth_ref("missing"), None, "CREATE", FakeLookup(), SETTINGS)
     assert verdict.allowed
-    assert verdict.warnings == [
+    assert verdict.warning_messages == [
         "spec.authRef: Secret stunner/missing does not exist (yet): the GatewayConfig is "
         "admitted, but STUNner will refuse clients until the Secret is created"
     ]
@@ -651,7 +676,7 @@ def test_update_warns_when_the_realm_changes() -> None:
     old, new = static(realm="a.example.com"), static(realm="b.example.com")
     verdict = validate(new, old, "UPDATE", FakeLookup(), SETTINGS)
     assert verdict.allowed
-    assert verdict.warnings == [
+    assert verdict.warning_messages == [
         "spec.realm: changing the realm from 'a.example.com' to 'b.example.com' restarts every "
         "TURN listener of the Gateways using this GatewayConfig"
     ]
@@ -663,8 +688,10 @@ def test_lookup_failure_propagates() -> None:
     lookup.fail = True
     with pytest.raises(LookupFailed, match="cannot read Secret stunner/s"):
         validate(auth_ref("s"), None, "CREATE", lookup, SETTINGS)
-    with pytest.raises(LookupFailed, match="GatewayClass stunner-gatewayclass"):
-        validate(gateway(), None, "CREATE", lookup, SETTINGS)
+    # A Gateway whose class cannot be read may be another controller's: admitted, unjudged.
+    verdict = validate(gateway(listener("a", 0)), None, "CREATE", lookup, SETTINGS)
+    assert verdict.allowed and [w.path for w in verdict.warnings] == ["spec.gatewayClassName"]
+    assert "could not read GatewayClass 'stunner-gatewayclass'" in verdict.warnings[0].message
 
 
 def test_settings_defaults() -> None:
@@ -732,6 +759,7 @@ def test_defaults_of_a_gatewayconfig() -> None:
         "realm": "stunner.l7mp.io",
         "authType": "static",
         "dataplane": "default",
+        "logLevel": "all:INFO",
     }
     bare = {k: v for k, v in gwconfig().items() if k != "spec"}
     ops = defaults_patch(bare)
@@ -739,6 +767,7 @@ def test_defaults_of_a_gatewayconfig() -> None:
         {"op": "add", "path": "/spec", "value": {"realm": "stunner.l7mp.io"}},
         {"op": "add", "path": "/spec/authType", "value": "static"},
         {"op": "add", "path": "/spec/dataplane", "value": "default"},
+        {"op": "add", "path": "/spec/logLevel", "value": "all:INFO"},
     ]
     # The auth type of an authRef comes from its Secret: not defaulted.
     patched = jsonpatch.apply_patch(auth_ref("s"), defaults_patch(auth_ref("s")))
@@ -763,7 +792,7 @@ def test_defaults_of_a_gateway() -> None:
 
 
 def test_defaults_of_a_udproute() -> None:
-    obj = load(Path(__file__).parent / "data" / "resources" / "udproute-media-plane-route.yaml")
+    obj = load(Path(__file__).parents[1] / "data" / "resources" / "udproute-media-plane-route.yaml")
     patched = jsonpatch.apply_patch(obj, defaults_patch(obj))
     assert patched["spec"]["parentRefs"] == [
         {"name": "udp-gateway", "group": GW_GROUP, "kind": "Gateway", "namespace": "stunner"}
@@ -777,10 +806,40 @@ def test_defaults_of_a_udproute() -> None:
     assert "namespace" not in patched["spec"]["parentRefs"][0]
 
 
+def test_defaults_of_a_dataplane() -> None:
+    """Go's defaults where the spec's table is wrong (ANCHORS §2.2): 3600 s, health checks on."""
+    patched = jsonpatch.apply_patch(dataplane(), defaults_patch(dataplane()))
+    assert patched["spec"] == {
+        "image": "l7mp/stunnerd:latest",
+        "imagePullPolicy": "Always",
+        "dataplaneResource": "Deployment",
+        "replicas": 1,
+        "terminationGracePeriodSeconds": 3600,
+        "hostNetwork": False,
+        "disableHealthCheck": False,
+        "enableMetricsEndpoint": False,
+        "env": [],
+        "envFrom": [],
+    }
+    for image, policy in [
+        ("l7mp/stunnerd", "Always"),
+        ("registry.example.com:5000/stunnerd", "Always"),
+        ("l7mp/stunnerd:1.1", "IfNotPresent"),
+        ("registry.example.com:5000/stunnerd:1.1", "IfNotPresent"),
+        ("l7mp/stunnerd@sha256:" + "0" * 64, "IfNotPresent"),
+    ]:
+        ops = defaults_patch(dataplane(image=image))
+        assert {"op": "add", "path": "/spec/imagePullPolicy", "value": policy} in ops, image
+    kept = dataplane(replicas=3, hostNetwork=True, imagePullPolicy="Never")
+    patched = jsonpatch.apply_patch(kept, defaults_patch(kept))
+    assert (patched["spec"]["replicas"], patched["spec"]["hostNetwork"]) == (3, True)
+    assert patched["spec"]["imagePullPolicy"] == "Never"
+
+
 @pytest.mark.parametrize(
     "obj",
-    [gatewayclass(), ssvc("0.0.0.0/0"), dataplane(), {"apiVersion": "v1", "kind": "Secret"}],
-    ids=["gatewayclass", "staticservice", "dataplane", "secret"],
+    [gatewayclass(), ssvc("0.0.0.0/0"), {"apiVersion": "v1", "kind": "Secret"}],
+    ids=["gatewayclass", "staticservice", "secret"],
 )
 def test_no_defaults_for_other_kinds(obj: dict[str, Any]) -> None:
     assert defaults_patch(obj) == []
@@ -801,3 +860,24 @@ def test_no_defaults_for_other_kinds(obj: dict[str, Any]) -> None:
 def test_json_pointer_escaping(tokens: list[str | int], pointer: str) -> None:
     assert json_pointer(tokens) == pointer
     assert jsonpatch.JsonPointer(pointer).parts == [str(t) for t in tokens]
+
+
+# --- no Secret content in any message (issue 10, fault 1) -------------------------------------
+
+
+def secret_words(s: dict[str, Any]) -> list[str]:
+    """What a Secret holds that no message may show: its data values and its type, except the
+    words of our own vocabulary that messages name anyway (static, Opaque, ...)."""
+    ours = {*GATEWAY_CONFIG_AUTH_TYPES, *TLS_SECRET_TYPES}
+    words = [base64.b64decode(v).decode(errors="replace") for v in s["data"].values()]
+    return [w for w in [*words, s["type"]] if w not in ours and len(w) >= 3]
+
+
+@pytest.mark.parametrize("s", SECRETS, ids=lambda s: s["metadata"]["name"])
+def test_no_message_shows_what_a_secret_holds(s: dict[str, Any]) -> None:
+    name = s["metadata"]["name"]
+    for obj in (auth_ref(name), tls_gateway(name)):
+        verdict = validate(obj, None, "CREATE", FakeLookup(), SETTINGS)
+        text = " ".join([verdict.message, *verdict.warning_messages])
+        for word in secret_words(s):
+            assert word not in text, (word, text)

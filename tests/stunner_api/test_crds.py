@@ -21,6 +21,8 @@ from __future__ import annotations
 import copy
 import importlib.util
 import re
+import subprocess
+import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -30,9 +32,10 @@ import yaml
 
 from stunner_api import rules
 from stunner_api.crds import CRDS, CRDS_DIR, FIELD_RULES, CRDInfo, check_tables, render_all
-from stunner_api.resources import STUNNER_GROUP, GatewayConfigSpec
+from stunner_api.resources import GatewayConfigSpec
+from stunner_api.vocabulary import STUNNER_GROUP
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CRD_DIR = ROOT / CRDS_DIR
 RESOURCES = ROOT / "tests" / "data" / "resources"
 REGENERATE = "run python hack/gen_crds.py"
@@ -545,3 +548,16 @@ def test_crd_defaults_are_the_webhooks() -> None:
     assert (
         "default" not in schema_of("GatewayConfig")["properties"]["spec"]["properties"]["authType"]
     )
+
+
+def test_the_crd_generator_does_not_import_the_admission_rules() -> None:
+    """The CRD builder takes its patterns from the vocabulary, not from the rule table."""
+    code = (
+        "import sys, stunner_api.crds; "
+        "print(sorted(m for m in sys.modules if m.startswith(('stunner_api.rules', 'webhook'))))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"

@@ -1,0 +1,62 @@
+"""Rules of a Dataplane (the stunnerd pod template); the default one is never deleted."""
+
+from __future__ import annotations
+
+from stunner_api.rules.base import Problem, Request, error, is_int, quote_list, schema_problems
+from stunner_api.vocabulary import DEFAULT_DATAPLANE, PULL_POLICIES, ConditionReason
+
+REASON = ConditionReason.INVALID_PARAMETERS
+
+
+def dataplane_schema(req: Request) -> list[Problem]:
+    """Field types and required fields."""
+    return schema_problems(req, REASON)
+
+
+def dataplane_image(req: Request) -> list[Problem]:
+    """image is set and imagePullPolicy is Always, IfNotPresent or Never."""
+    problems = []
+    image = req.spec.get("image")
+    if not isinstance(image, str) or not image.strip():
+        problems.append(
+            error("spec.image", "required: the stunnerd image, like l7mp/stunnerd:latest", REASON)
+        )
+    policy = req.spec.get("imagePullPolicy")
+    if policy is not None and policy not in PULL_POLICIES:
+        problems.append(
+            error(
+                "spec.imagePullPolicy",
+                f"must be one of {quote_list(PULL_POLICIES)}, got {policy!r}",
+                REASON,
+            )
+        )
+    return problems
+
+
+def dataplane_counts(req: Request) -> list[Problem]:
+    """replicas and terminationGracePeriodSeconds are not negative."""
+    problems = []
+    for key in ("replicas", "terminationGracePeriodSeconds"):
+        value = req.spec.get(key)
+        if is_int(value) and value < 0:
+            problems.append(error(f"spec.{key}", f"must be 0 or more, got {value}", REASON))
+    return problems
+
+
+def dataplane_default_kept(req: Request) -> list[Problem]:
+    """The Dataplane named default is never deleted (a DELETE rule)."""
+    if req.name == DEFAULT_DATAPLANE:
+        return [
+            error(
+                "metadata.name",
+                "the default Dataplane cannot be deleted: removing it breaks the installation "
+                "(the operator provisions stunnerd pods from it)",
+                REASON,
+            )
+        ]
+    return []
+
+
+RULES = [dataplane_schema, dataplane_image, dataplane_counts, dataplane_default_kept]
+# The rules that judge a DELETE (and only a DELETE).
+ON_DELETE = frozenset({dataplane_default_kept})

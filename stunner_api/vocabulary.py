@@ -1,0 +1,332 @@
+"""The words of STUNner, each declared once: groups, versions, kinds, defaults, keys, aliases,
+patterns, the log-level grammar and the status condition vocabulary (ANCHORS §2.7).
+
+The webhook, the reconciler, stunnerd and the CRD generator read these; none keeps a copy.
+Pure: the standard library only.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+
+# --- API groups, versions and kinds -----------------------------------------------------------
+
+CORE_GROUP = ""
+STUNNER_GROUP = "stunner.l7mp.io"
+GATEWAY_API_GROUP = "gateway.networking.k8s.io"
+
+
+@dataclass(frozen=True)
+class KindInfo:
+    """One kind as the API server serves it: served versions, the preferred one first."""
+
+    group: str
+    kind: str
+    plural: str
+    versions: tuple[str, ...]
+    namespaced: bool = True
+
+    @property
+    def api_versions(self) -> tuple[str, ...]:
+        return tuple(api_version(self.group, v) for v in self.versions)
+
+    @property
+    def preferred_version(self) -> str:
+        return self.versions[0]
+
+
+def api_version(group: str, version: str) -> str:
+    """ "v1" for the core group, "<group>/<version>" otherwise."""
+    return f"{group}/{version}" if group else version
+
+
+def group_of(api_version_text: str) -> str:
+    """The API group of an apiVersion ("v1" -> "", "stunner.l7mp.io/v1" -> "stunner.l7mp.io")."""
+    return api_version_text.rpartition("/")[0]
+
+
+def version_of(api_version_text: str) -> str:
+    """The version of an apiVersion ("stunner.l7mp.io/v1" -> "v1")."""
+    return api_version_text.rpartition("/")[2]
+
+
+# The kinds STUNner judges (webhook) and consumes (reconciler). Gateway API v1.6 serves UDPRoute
+# at v1 (standard channel) and still at v1alpha2.
+GATEWAY_CLASS = KindInfo(
+    GATEWAY_API_GROUP, "GatewayClass", "gatewayclasses", ("v1", "v1beta1"), False
+)
+GATEWAY = KindInfo(GATEWAY_API_GROUP, "Gateway", "gateways", ("v1", "v1beta1"))
+GATEWAY_API_UDP_ROUTE = KindInfo(GATEWAY_API_GROUP, "UDPRoute", "udproutes", ("v1", "v1alpha2"))
+REFERENCE_GRANT = KindInfo(
+    GATEWAY_API_GROUP, "ReferenceGrant", "referencegrants", ("v1beta1", "v1alpha2")
+)
+GATEWAY_CONFIG = KindInfo(STUNNER_GROUP, "GatewayConfig", "gatewayconfigs", ("v1", "v1alpha1"))
+DATAPLANE = KindInfo(STUNNER_GROUP, "Dataplane", "dataplanes", ("v1", "v1alpha1"), False)
+STATIC_SERVICE = KindInfo(STUNNER_GROUP, "StaticService", "staticservices", ("v1", "v1alpha1"))
+STUNNER_UDP_ROUTE = KindInfo(STUNNER_GROUP, "UDPRoute", "udproutes", ("v1",))
+SECRET = KindInfo(CORE_GROUP, "Secret", "secrets", ("v1",))
+SERVICE = KindInfo(CORE_GROUP, "Service", "services", ("v1",))
+
+# The kinds the admission rules judge, every served version of each.
+JUDGED_KINDS: tuple[KindInfo, ...] = (
+    GATEWAY_CLASS,
+    GATEWAY,
+    GATEWAY_API_UDP_ROUTE,
+    STUNNER_UDP_ROUTE,
+    GATEWAY_CONFIG,
+    DATAPLANE,
+    STATIC_SERVICE,
+)
+
+
+def judged_kind(api_version_text: str, kind: str) -> KindInfo | None:
+    """The judged kind of (apiVersion, kind) by group and kind, whatever the version."""
+    group = group_of(api_version_text)
+    for info in JUDGED_KINDS:
+        if info.group == group and info.kind == kind:
+            return info
+    return None
+
+
+# --- defaults (docs/GATEWAY.md, Go's pkg/apis/v1/default.go) ----------------------------------
+
+DEFAULT_CONTROLLER_NAME = "stunner.l7mp.io/gateway-operator"
+DEFAULT_REALM = "stunner.l7mp.io"
+DEFAULT_LOG_LEVEL = "all:INFO"
+DEFAULT_DATAPLANE = "default"  # GatewayConfig.spec.dataplane, and the Dataplane never deleted
+DEFAULT_TLS_MODE = "Terminate"
+DEFAULT_ROUTE_NAMESPACES_FROM = "Same"
+DEFAULT_ADDRESS_TYPE = "IPAddress"
+# Dataplane: Go's renderer defaults (ANCHORS §2.2). The spec's "30 seconds" grace period and
+# "disableHealthCheck: true" are documentation errors (ANCHORS §8); Go's values are the truth.
+DEFAULT_DATAPLANE_REPLICAS = 1
+DEFAULT_TERMINATION_GRACE_PERIOD = 3600
+DEFAULT_DATAPLANE_RESOURCE = "Deployment"
+
+# --- label and annotation keys ----------------------------------------------------------------
+
+ANNOTATION_PREFIX = "stunner.l7mp.io/"
+SERVICE_TYPE = "stunner.l7mp.io/service-type"
+MIXED_PROTOCOL_LB = "stunner.l7mp.io/enable-mixed-protocol-lb"
+EXTERNAL_TRAFFIC_POLICY = "stunner.l7mp.io/external-traffic-policy"
+DISABLE_MANAGED_DATAPLANE = "stunner.l7mp.io/disable-managed-dataplane"
+NODEPORT = "stunner.l7mp.io/nodeport"
+TARGETPORT = "stunner.l7mp.io/targetport"
+DISABLE_HEALTH_CHECK_EXPOSE = "stunner.l7mp.io/disable-health-check-expose"
+DISABLE_SESSION_AFFINITY = "stunner.l7mp.io/disable-session-affinity"
+ANNOTATIONS = (
+    SERVICE_TYPE,
+    MIXED_PROTOCOL_LB,
+    EXTERNAL_TRAFFIC_POLICY,
+    DISABLE_MANAGED_DATAPLANE,
+    NODEPORT,
+    TARGETPORT,
+    DISABLE_HEALTH_CHECK_EXPOSE,
+    DISABLE_SESSION_AFFINITY,
+)
+BOOLEAN_ANNOTATIONS = (
+    MIXED_PROTOCOL_LB,
+    DISABLE_MANAGED_DATAPLANE,
+    DISABLE_HEALTH_CHECK_EXPOSE,
+    DISABLE_SESSION_AFFINITY,
+)
+SERVICE_TYPES = ("ClusterIP", "NodePort", "LoadBalancer")
+TRAFFIC_POLICIES = ("local", "cluster")
+
+OWNED_BY_LABEL = "stunner.l7mp.io/owned-by"
+OWNED_BY_VALUE = "stunner"
+RELATED_GATEWAY_NAME = "stunner.l7mp.io/related-gateway-name"
+RELATED_GATEWAY_NAMESPACE = "stunner.l7mp.io/related-gateway-namespace"
+APP_LABEL = "app"
+APP_VALUE = "stunner"
+
+# --- authentication ---------------------------------------------------------------------------
+
+
+class AuthType(StrEnum):
+    STATIC = "static"
+    EPHEMERAL = "ephemeral"
+    NONE = "none"
+
+
+# Every spelling -> the canonical type, the one table. `none` (a pure STUN server) is a
+# dataplane type only: Go's GatewayConfig CRD pattern does not accept it, so the webhook refuses
+# it in a GatewayConfig (and in an authRef Secret) like the API server would, while stunnerd
+# loads it like Go's stunnerd. `timewindowed` is the operator's extra alias.
+AUTH_TYPE_ALIASES: Mapping[str, AuthType] = {
+    "static": AuthType.STATIC,
+    "plaintext": AuthType.STATIC,
+    "ephemeral": AuthType.EPHEMERAL,
+    "longterm": AuthType.EPHEMERAL,
+    "timewindowed": AuthType.EPHEMERAL,
+    "none": AuthType.NONE,
+}
+# The spellings a GatewayConfig (authType, or an authRef Secret's `type`) may use.
+GATEWAY_CONFIG_AUTH_TYPES: tuple[str, ...] = tuple(
+    spelling for spelling, canonical in AUTH_TYPE_ALIASES.items() if canonical != AuthType.NONE
+)
+DEFAULT_AUTH_TYPE = AuthType.STATIC
+
+# Keys of an authRef Secret and of a TLS Secret.
+AUTH_SECRET_TYPE_KEY = "type"
+AUTH_SECRET_USERNAME_KEYS = ("username",)
+AUTH_SECRET_PASSWORD_KEYS = ("password",)
+AUTH_SECRET_SHARED_SECRET_KEYS = ("secret", "sharedSecret")
+TLS_SECRET_TYPES = ("kubernetes.io/tls", "Opaque")
+TLS_CERT_KEYS = ("tls.crt", "crt", "cert")
+TLS_KEY_KEYS = ("tls.key", "key")
+
+# --- protocols --------------------------------------------------------------------------------
+
+
+class ListenerProtocol(StrEnum):
+    TURN_UDP = "TURN-UDP"
+    TURN_TCP = "TURN-TCP"
+    TURN_TLS = "TURN-TLS"
+    TURN_DTLS = "TURN-DTLS"
+
+
+# The deprecated short spellings Go still accepts.
+LISTENER_PROTOCOL_ALIASES: Mapping[str, ListenerProtocol] = {
+    "UDP": ListenerProtocol.TURN_UDP,
+    "TCP": ListenerProtocol.TURN_TCP,
+    "TLS": ListenerProtocol.TURN_TLS,
+    "DTLS": ListenerProtocol.TURN_DTLS,
+}
+# Every spelling (canonical and alias, upper case) -> the canonical protocol.
+LISTENER_PROTOCOLS: Mapping[str, ListenerProtocol] = {
+    **{p.value: p for p in ListenerProtocol},
+    **LISTENER_PROTOCOL_ALIASES,
+}
+# Protocol -> the transport it runs on (what a Service port and a port clash are about).
+LISTENER_TRANSPORT: Mapping[ListenerProtocol, str] = {
+    ListenerProtocol.TURN_UDP: "UDP",
+    ListenerProtocol.TURN_TCP: "TCP",
+    ListenerProtocol.TURN_TLS: "TCP",
+    ListenerProtocol.TURN_DTLS: "UDP",
+}
+TLS_PROTOCOLS: frozenset[ListenerProtocol] = frozenset(
+    {ListenerProtocol.TURN_TLS, ListenerProtocol.TURN_DTLS}
+)
+
+ROUTE_NAMESPACES_FROM = ("All", "Selector", "Same")
+ADDRESS_TYPES = ("IPAddress", "Hostname")
+PULL_POLICIES = ("Always", "IfNotPresent", "Never")
+BACKEND_KINDS = frozenset({(CORE_GROUP, "Service"), (STUNNER_GROUP, "StaticService")})
+
+# --- patterns ---------------------------------------------------------------------------------
+
+DNS_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+CREDENTIAL = re.compile(r"^[A-Za-z0-9!#$%&'*+\-.^_`|~]+$")
+
+# --- the log-level grammar (Go: pkg/logger) ---------------------------------------------------
+
+
+class LogLevel(StrEnum):
+    DISABLE = "DISABLE"
+    ERROR = "ERROR"
+    WARN = "WARN"
+    INFO = "INFO"
+    DEBUG = "DEBUG"
+    TRACE = "TRACE"
+
+
+ALL_SCOPES = "all"
+
+
+@dataclass(frozen=True)
+class LogSpec:
+    """A parsed level spec: the (scope, level) parts Go acts on, in order, and the parts Go
+    skips (kept verbatim so that a caller can name them)."""
+
+    levels: tuple[tuple[str, LogLevel], ...]
+    skipped: tuple[str, ...]
+
+    def as_dict(self) -> dict[str, LogLevel]:
+        """scope -> level; a later part for the same scope wins, as in Go."""
+        return dict(self.levels)
+
+
+def parse_log_spec(spec: str) -> LogSpec:
+    """Go STUNner's grammar: comma-separated `scope:LEVEL` parts, LEVEL one of DISABLE, ERROR,
+    WARN, INFO, DEBUG, TRACE in any case. Every other part (a bare `DEBUG`, `WARNING`, `a:b:c`,
+    an empty scope) is one Go skips: it is returned in `skipped`. Blank parts (a trailing comma)
+    are no part at all. Whitespace around a part, its scope and its level is ignored."""
+    levels: list[tuple[str, LogLevel]] = []
+    skipped: list[str] = []
+    for raw in spec.split(","):
+        part = raw.strip()
+        if not part:
+            continue
+        pieces = part.split(":")
+        if len(pieces) != 2 or not pieces[0].strip():
+            skipped.append(part)
+            continue
+        scope, level = pieces[0].strip(), pieces[1].strip().upper()
+        if level not in LogLevel.__members__:
+            skipped.append(part)
+            continue
+        levels.append((scope, LogLevel(level)))
+    return LogSpec(tuple(levels), tuple(skipped))
+
+
+def skipped_part_reason(part: str) -> str:
+    """Why Go skips a part of a level spec, for a message naming it."""
+    pieces = part.split(":")
+    if len(pieces) != 2 or not pieces[0].strip():
+        return f"{part!r} is not scope:LEVEL (write it like all:INFO,turn:DEBUG)"
+    return f"unknown level {pieces[1].strip()!r} in {part!r}: use one of {', '.join(LogLevel)}"
+
+
+# --- status conditions (ANCHORS §2.7) ---------------------------------------------------------
+
+
+class ConditionType(StrEnum):
+    ACCEPTED = "Accepted"
+    PROGRAMMED = "Programmed"
+    CONFLICTED = "Conflicted"
+    RESOLVED_REFS = "ResolvedRefs"
+
+
+class ConditionReason(StrEnum):
+    """Every reason STUNner writes (ANCHORS §2.7) plus the ones its rules report."""
+
+    ACCEPTED = "Accepted"
+    PENDING = "Pending"
+    PROGRAMMED = "Programmed"
+    INVALID = "Invalid"
+    INVALID_PARAMETERS = "InvalidParameters"
+    ADDRESS_NOT_ASSIGNED = "AddressNotAssigned"
+    UNSUPPORTED_ADDRESS = "UnsupportedAddress"
+    PORT_UNAVAILABLE = "PortUnavailable"
+    UNSUPPORTED_PROTOCOL = "UnsupportedProtocol"
+    NO_CONFLICTS = "NoConflicts"
+    PROTOCOL_CONFLICT = "ProtocolConflict"
+    HOSTNAME_CONFLICT = "HostnameConflict"
+    RESOLVED_REFS = "ResolvedRefs"
+    INVALID_CERTIFICATE_REF = "InvalidCertificateRef"
+    REF_NOT_PERMITTED = "RefNotPermitted"
+    INVALID_ROUTE_KINDS = "InvalidRouteKinds"
+    NOT_ALLOWED_BY_LISTENERS = "NotAllowedByListeners"
+    NO_MATCHING_PARENT = "NoMatchingParent"
+    INVALID_KIND = "InvalidKind"
+    BACKEND_NOT_FOUND = "BackendNotFound"
+    UNSUPPORTED_VALUE = "UnsupportedValue"
+
+
+# --- field paths ------------------------------------------------------------------------------
+
+
+def field_path(loc: Iterable[int | str]) -> str:
+    """A pydantic error location as a field path: ("spec", "listeners", 1, "port") ->
+    "spec.listeners[1].port"."""
+    path = ""
+    for part in loc:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        else:
+            path += f".{part}" if path else str(part)
+    return path
