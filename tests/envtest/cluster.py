@@ -9,42 +9,20 @@ import base64
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import yaml
 
 from stunner_api.vocabulary import GATEWAY, JUDGED_KINDS, STUNNER_GROUP, KindInfo
+from tests.support.shared import ROOT, shared
 
-ROOT = Path(__file__).resolve().parents[2]
 OUR_CRDS = ROOT / "charts" / "stunner" / "crds"
-GATEWAY_API = "gateway-api-v1.6.1"
 
 WEBHOOK_USER = "stunner-webhook"
 VALIDATE = "validate.stunner.l7mp.io"
 VALIDATE_GATEWAYS = "gateways.validate.stunner.l7mp.io"
 MUTATE = "mutate.stunner.l7mp.io"
 MUTATE_GATEWAYS = "gateways.mutate.stunner.l7mp.io"
-
-
-def shared(name: str) -> Path | None:
-    """``shared/<name>`` beside the repository (CI) or above a worktree (developers)."""
-    for parent in ROOT.parents:
-        candidate = parent / "shared" / name
-        if candidate.exists():
-            return candidate
-    return None
-
-
-def gateway_api_crds(channel: str = "standard") -> list[Path]:
-    """The Gateway API v1.6.1 CRD files of a channel; [] when shared/ is not there."""
-    base = shared(GATEWAY_API)
-    if base is None:
-        return []
-    files = {p.name: p for p in sorted((base / "standard").glob("*.yaml"))}
-    if channel == "experimental":  # the experimental UDPRoute also serves v1alpha2
-        files.update({p.name: p for p in sorted((base / "experimental").glob("*.yaml"))})
-    return sorted(files.values())
 
 
 # --- the spec's examples ----------------------------------------------------------------------

@@ -24,14 +24,9 @@ from typing import Any
 import pytest
 
 from stunner_api.vocabulary import DEFAULT_CONTROLLER_NAME
-from tests.envtest.cluster import (
-    OUR_CRDS,
-    WEBHOOK_USER,
-    gateway_api_crds,
-    registrations,
-    webhook_rbac,
-)
+from tests.envtest.cluster import OUR_CRDS, WEBHOOK_USER, registrations, webhook_rbac
 from tests.envtest.controlplane import ASSETS_VARIABLE, ControlPlane, binary_versions
+from tests.support.shared import gateway_api_crds
 from tests.webhook.serving import Webhook
 
 NO_ASSETS = f"{ASSETS_VARIABLE} unset: no real control plane (tests/envtest/README.md)"

@@ -10,8 +10,9 @@ We test these aspects:
   requires), applied in hierarchy order, is admitted; one whose version the installed CRDs do
   not serve (the v1alpha2 UDPRoute on the standard channel) is skipped, saying so. An example
   with an annotation value that is not a string (the spec's complex-gateway writes
-  ``enable-mixed-protocol-lb: true``) is refused by the API server before any webhook sees it:
-  the test says so, and applies it with the value quoted.
+  ``enable-mixed-protocol-lb: true``) does not land as written (the API server's decoder refuses
+  a non-string metadata value before any webhook sees it, or kubectl drops it): the test
+  checks that, then applies it with the value quoted and finds every annotation stored.
 - A battery of invalid objects the CRD schemas let through is refused by the webhook with the
   field and the reason; the default Dataplane cannot be deleted (a DELETE review).
 """
@@ -219,14 +220,33 @@ def test_spec_example_is_admitted(example_namespaces: Cluster, example: Example)
         )
     obj = example.obj
     quoted = with_string_metadata(obj)
-    if quoted != obj:  # Kubernetes refuses it as written; our webhook never sees it
-        result = cluster.plane.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(obj))
-        assert result.returncode != 0, result.stdout
-        assert "annotations" in result.stderr or "labels" in result.stderr, result.stderr
+    if quoted != obj:  # a YAML true where Kubernetes wants the string "true"
+        assert_not_kept_as_written(cluster, obj)
         obj = quoted
     result = cluster.plane.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(obj))
     assert result.returncode == 0, result.stderr
     assert DENIED not in result.stderr
+    stored = stored_object(cluster, obj)
+    wanted = obj.get("metadata", {}).get("annotations", {})
+    assert wanted.items() <= stored["metadata"].get("annotations", {}).items()
+
+
+def stored_object(cluster: Cluster, obj: dict[str, Any]) -> Any:
+    result = cluster.plane.kubectl("get", "-f", "-", "-o", "json", stdin=yaml.safe_dump(obj))
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def assert_not_kept_as_written(cluster: Cluster, obj: dict[str, Any]) -> None:
+    """Kubernetes refuses metadata values that are not strings (the API server's decoder), or
+    kubectl drops them: either way the example does not land as the spec writes it."""
+    result = cluster.plane.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(obj))
+    if result.returncode != 0:
+        assert "annotations" in result.stderr or "labels" in result.stderr, result.stderr
+        return
+    kept = stored_object(cluster, obj)["metadata"].get("annotations", {})
+    wanted = with_string_metadata(obj)["metadata"].get("annotations", {})
+    assert not wanted.items() <= kept.items(), f"stored as written: {kept}"
 
 
 def with_string_metadata(obj: dict[str, Any]) -> dict[str, Any]:
