@@ -158,25 +158,20 @@ def registrations(base_url: str, ca: bytes) -> list[dict[str, Any]]:
     ]
     mutating = [_rule(k, ["CREATE", "UPDATE"]) for k in others]
     gateways = [_rule(GATEWAY, ["CREATE", "UPDATE"])]
+    url = {"Validating": f"{base_url}/validate", "Mutating": f"{base_url}/mutate"}
+    names = {"Validating": (VALIDATE, VALIDATE_GATEWAYS), "Mutating": (MUTATE, MUTATE_GATEWAYS)}
+    rules = {"Validating": validating, "Mutating": mutating}
     return [
         {
             "apiVersion": "admissionregistration.k8s.io/v1",
-            "kind": "ValidatingWebhookConfiguration",
+            "kind": f"{which}WebhookConfiguration",
             "metadata": {"name": "stunner-webhook"},
             "webhooks": [
-                _entry(VALIDATE, f"{base_url}/validate", ca, validating, "Fail"),
-                _entry(VALIDATE_GATEWAYS, f"{base_url}/validate", ca, gateways, "Ignore"),
+                _entry(names[which][0], url[which], ca, rules[which], "Fail"),
+                _entry(names[which][1], url[which], ca, gateways, "Ignore"),
             ],
-        },
-        {
-            "apiVersion": "admissionregistration.k8s.io/v1",
-            "kind": "MutatingWebhookConfiguration",
-            "metadata": {"name": "stunner-webhook"},
-            "webhooks": [
-                {**_entry(MUTATE, f"{base_url}/mutate", ca, mutating, "Fail")},
-                {**_entry(MUTATE_GATEWAYS, f"{base_url}/mutate", ca, gateways, "Ignore")},
-            ],
-        },
+        }
+        for which in ("Validating", "Mutating")
     ]
 
 
