@@ -33,7 +33,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from tests.support.fakeapi import FakeApiServer  # noqa: E402
-from tests.webhook.serving import Webhook, review, tls_secret  # noqa: E402
+from tests.webhook.conftest import admission_review  # noqa: E402
+from tests.webhook.serving import Webhook, tls_secret  # noqa: E402
 
 CONTROLLER = "stunner.l7mp.io/gateway-operator"
 
@@ -64,7 +65,7 @@ def tls_gateway() -> dict[str, Any]:
 
 
 def body(obj: dict[str, Any]) -> bytes:
-    return json.dumps(review(obj)).encode()
+    return json.dumps(admission_review(obj)).encode()
 
 
 CASES: dict[str, tuple[str, bytes]] = {

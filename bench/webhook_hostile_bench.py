@@ -31,7 +31,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from tests.support.fakeapi import FakeApiServer  # noqa: E402
-from tests.webhook.serving import Hostile, Webhook, review  # noqa: E402
+from tests.webhook.conftest import admission_review  # noqa: E402
+from tests.webhook.serving import Hostile, Webhook  # noqa: E402
 
 VALID = {
     "apiVersion": "stunner.l7mp.io/v1",
@@ -43,7 +44,7 @@ VALID = {
 
 def measure(server: Webhook, requests: int, concurrency: int) -> list[float]:
     """Milliseconds per review, each on a new connection; a failed one counts as 10 s."""
-    body = json.dumps(review(VALID)).encode()
+    body = json.dumps(admission_review(VALID)).encode()
     headers = {"Content-Type": "application/json"}
 
     def one(_: int) -> float:

@@ -1,7 +1,8 @@
 """The webhook as an operator runs it, and clients that misbehave: shared by the serving tests
 and ``bench/webhook_hostile_bench.py``.
 
-- :func:`make_certs`: a CA and a serving certificate for 127.0.0.1, made here.
+- :func:`make_certs`: a CA and a serving certificate for 127.0.0.1, made here;
+  :func:`tls_secret`: a kubernetes.io/tls Secret with an RSA-2048 key, for a TURN-TLS listener.
 - :class:`Webhook`: ``gunicorn -c webhook/gunicorn.conf.py 'webhook:create_app()'`` over TLS on
   an ephemeral loopback port, KUBECONFIG pointing at a fake API server; its log is kept.
 - :class:`Hostile`: idle connections (connect, send nothing) and trickling ones (a TLS
@@ -24,7 +25,6 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -98,32 +98,6 @@ def free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
-
-
-def review(obj: dict[str, Any], operation: str = "CREATE") -> dict[str, Any]:
-    """An AdmissionReview v1 request as a kube-apiserver sends it."""
-    group, _, version = obj["apiVersion"].rpartition("/")
-    gvk = {"group": group, "version": version, "kind": obj["kind"]}
-    gvr = {"group": group, "version": version, "resource": obj["kind"].lower() + "s"}
-    meta = obj.get("metadata", {})
-    return {
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {
-            "uid": str(uuid.uuid4()),
-            "kind": gvk,
-            "resource": gvr,
-            "requestKind": gvk,
-            "requestResource": gvr,
-            "name": meta.get("name", ""),
-            "namespace": meta.get("namespace", ""),
-            "operation": operation,
-            "userInfo": {"username": "kubernetes-admin", "groups": ["system:masters"]},
-            "object": obj,
-            "oldObject": None,
-            "dryRun": False,
-        },
-    }
 
 
 class Webhook:

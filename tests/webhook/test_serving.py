@@ -32,7 +32,8 @@ from flask.testing import FlaskClient
 
 from stunner_api.rules import LookupFailed, Settings
 from tests.support.fakeapi import FakeApiServer
-from tests.webhook.serving import ROOT, Hostile, Webhook, review
+from tests.webhook.conftest import admission_review
+from tests.webhook.serving import ROOT, Hostile, Webhook
 from webhook import MAX_BODY_BYTES, create_app, settings_from_env, with_cluster_networks
 from webhook.kube import ClusterNetworks, discover_cluster_networks
 
@@ -103,7 +104,9 @@ def test_idle_and_trickling_connections_do_not_stop_admission(webhook: Webhook) 
         assert hostile.open_count == 40
         for _ in range(8):
             started = time.monotonic()
-            assert webhook.review("/validate", review(VALID), timeout=5)["allowed"] is True
+            assert (
+                webhook.review("/validate", admission_review(VALID), timeout=5)["allowed"] is True
+            )
             assert time.monotonic() - started < 1.0, webhook.log()
         # Deadlines: the handshake and each request head within keepalive (2 s here).
         deadline = time.monotonic() + 6
@@ -120,7 +123,7 @@ def test_a_kept_alive_connection_serves_several_reviews(webhook: Webhook) -> Non
     conn = webhook.connection()
     try:
         for _ in range(3):
-            body = review(VALID)
+            body = admission_review(VALID)
             conn.request(
                 "POST", "/validate", json.dumps(body), {"Content-Type": "application/json"}
             )
@@ -159,7 +162,7 @@ def test_read_only_root_file_system(tmp_path: Path, kubeconfig: Path) -> None:
         *command(),
     ]
     with server:
-        assert server.review("/validate", review(VALID))["allowed"] is True
+        assert server.review("/validate", admission_review(VALID))["allowed"] is True
     log = server.log()
     assert "control socket" not in log.lower(), log
     assert "Traceback" not in log, log
@@ -206,7 +209,7 @@ def test_bodies_over_the_limit_and_malformed(webhook: Webhook) -> None:
     _assert_review_error(*webhook.request("POST", "/mutate", deep_object), 400, "too deeply")
     _assert_review_error(*webhook.request("POST", "/validate", b"\xff\xfe"), 400, "not valid JSON")
     _assert_review_error(*webhook.request("POST", "/elsewhere", b"{}"), 404, "")
-    assert webhook.review("/validate", review(VALID))["allowed"] is True
+    assert webhook.review("/validate", admission_review(VALID))["allowed"] is True
 
 
 def test_a_bug_is_a_json_500_without_a_traceback(caplog: pytest.LogCaptureFixture) -> None:
@@ -319,12 +322,14 @@ def test_gunicorn_guards_the_discovered_cidrs(
     fake.seed(service_cidr("kubernetes", "10.96.0.0/12"))
     fake.seed(node("a", "10.244.0.0/24"))
     with Webhook(tmp_path, kubeconfig, workers=1) as server:
-        refused = server.review("/validate", review(static_service("10.96.0.10/32")))
+        refused = server.review("/validate", admission_review(static_service("10.96.0.10/32")))
         assert refused["allowed"] is False
         assert "overlaps the service network 10.96.0.0/12" in refused["status"]["message"]
-        refused = server.review("/validate", review(static_service("10.244.0.0/16")))
+        refused = server.review("/validate", admission_review(static_service("10.244.0.0/16")))
         assert "overlaps the pod network 10.244.0.0/24" in refused["status"]["message"]
-        assert server.review("/validate", review(static_service("192.0.2.0/24")))["allowed"]
+        assert server.review("/validate", admission_review(static_service("192.0.2.0/24")))[
+            "allowed"
+        ]
     log = server.log()
     assert "guarding pod CIDRs 10.244.0.0/24 (from Nodes' spec.podCIDRs)" in log
     assert "guarding service CIDRs 10.96.0.0/12 (from ServiceCIDR objects)" in log
@@ -338,7 +343,7 @@ def test_the_flask_client_gets_json_errors_too() -> None:
     _assert_review_error(resp.status_code, resp.get_json(), 413, "request body over")
     resp = client.get("/validate")
     _assert_review_error(resp.status_code, resp.get_json(), 405, "")
-    assert client.post("/validate", json=review(VALID)).status_code == 200
+    assert client.post("/validate", json=admission_review(VALID)).status_code == 200
 
 
 def test_the_gunicorn_master_imports_no_kubernetes_client() -> None:
