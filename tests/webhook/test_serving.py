@@ -4,6 +4,8 @@ We test these aspects:
 - Idle and trickling connections (TLS ClientHello or HTTP header lines a byte at a time) do not
   stop admission: reviews are answered promptly while 20 + 20 of them are open, and the server
   closes each within its deadlines.
+- A review waiting on a slow API server does not hold the others (one worker): the kubernetes
+  client's sockets are cooperative under gevent.
 - A read-only root file system (a mount namespace where ``/`` is read-only): gunicorn starts,
   serves, and writes nothing under ``$HOME``.
 - Bodies: over the size limit (with Content-Length or chunked) -> 413; nested 10^5 deep, not
@@ -16,6 +18,7 @@ We test these aspects:
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import shutil
@@ -24,6 +27,7 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -356,3 +360,30 @@ def test_the_gunicorn_master_imports_no_kubernetes_client() -> None:
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_a_slow_api_server_does_not_hold_the_other_reviews(
+    tmp_path: Path, kubeconfig: Path, fake: FakeApiServer
+) -> None:
+    """One worker: while a review waits on the API server, another review is answered, because
+    the kubernetes client's socket yields to the other connections (gevent)."""
+    secret = {"type": "static", "username": "u", "password": "p"}
+    fake.seed(
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "auth", "namespace": "stunner"},
+            "data": {k: base64.b64encode(v.encode()).decode() for k, v in secret.items()},
+        }
+    )
+    reads_the_api = gateway_config(realm="stunner.l7mp.io", authRef={"name": "auth"})
+    with Webhook(tmp_path, kubeconfig, workers=1) as server:
+        fake.delay = 1.5  # under the webhook's 2 s lookup timeout
+        with ThreadPoolExecutor(1) as pool:
+            slow = pool.submit(server.review, "/validate", admission_review(reads_the_api))
+            time.sleep(0.3)  # the slow review is waiting on the API server now
+            started = time.monotonic()
+            assert server.review("/validate", admission_review(VALID))["allowed"] is True
+            assert time.monotonic() - started < 0.8
+            assert not slow.done()
+            assert slow.result(timeout=10)["allowed"] is True
