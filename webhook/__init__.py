@@ -12,8 +12,10 @@ Every answer is JSON. A body that is not an AdmissionReview v1 request (bad JSON
 deeper than Python parses, wrong apiVersion/kind, no ``request.uid``) gets HTTP 400 with an
 AdmissionReview whose ``response.status`` gives the reason; a body over :data:`MAX_BODY_BYTES`
 gets HTTP 413 the same way, an unknown route 404, a bug 500 (logged, never a traceback in the
-answer). Everything else gets HTTP 200 and an AdmissionReview, including refusals because the
-Kubernetes API could not be read (``status.code`` 503).
+answer). A review nested deeper than :data:`MAX_DEPTH` levels is refused (``status.code`` 400,
+its uid echoed, so the user sees why) before any rule walks it. Everything else gets HTTP 200
+and an AdmissionReview, including refusals because the Kubernetes API could not be read
+(``status.code`` 503).
 
 Settings come from the environment unless passed to :func:`create_app`; a malformed value stops
 the application factory (and so gunicorn) with a message naming the variable:
@@ -38,7 +40,7 @@ import logging
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from flask import Blueprint, Flask, Response, current_app, jsonify, request
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
@@ -49,6 +51,8 @@ from webhook.admission import (
     KIND,
     BadReview,
     RequestPayload,
+    ReviewResponse,
+    build_response,
     parse_review,
     review_mutate,
     review_validate,
@@ -67,6 +71,9 @@ EXTENSION = "stunner_webhook"
 # the object and the old object: 2 x 3 MiB plus the envelope stays under 8 MiB. Anything larger
 # is not from the apiserver; refusing it before parsing caps a worker's memory per request.
 MAX_BODY_BYTES = 8 * 1024 * 1024
+# Kubernetes objects nest a few tens of levels (an AdmissionReview adds three); deeper JSON is
+# refused before any rule walks it (a rule or the defaulter would hit Python's recursion limit).
+MAX_DEPTH = 100
 
 POD_CIDRS = "STUNNER_WEBHOOK_POD_CIDRS"
 SERVICE_CIDRS = "STUNNER_WEBHOOK_SERVICE_CIDRS"
@@ -174,20 +181,55 @@ def _error(code: int, reason: str, message: str) -> tuple[Response, int]:
     return jsonify(body), code
 
 
+class _Refused(Exception):
+    """A review refused before any rule ran (answered as it is)."""
+
+    def __init__(self, response: ReviewResponse) -> None:
+        super().__init__(response["response"].get("status", {}).get("message", ""))
+        self.response = response
+
+
+def _depth_over(doc: object, limit: int) -> bool:
+    """Whether JSON ``doc`` nests deeper than ``limit`` containers (iterative: no recursion)."""
+    stack: list[tuple[Any, int]] = [(doc, 1)] if isinstance(doc, dict | list) else []
+    while stack:
+        node, depth = stack.pop()
+        for child in node.values() if isinstance(node, dict) else node:
+            if isinstance(child, dict | list):
+                if depth + 1 > limit:
+                    return True
+                stack.append((child, depth + 1))
+    return False
+
+
 def _review() -> RequestPayload:
-    """The AdmissionReview request of this HTTP request; BadReview when it is not one."""
+    """The AdmissionReview request of this HTTP request; BadReview when it is not one, _Refused
+    when it nests deeper than MAX_DEPTH."""
     body = request.get_data()  # over MAX_CONTENT_LENGTH with a Content-Length: 413 already
     if request.content_length is None and len(body) >= MAX_BODY_BYTES:
         raise RequestEntityTooLarge()  # a chunked body werkzeug cut off at the limit
     try:
-        return parse_review(body)
+        payload = parse_review(body)
     except RecursionError:
         raise BadReview("request body nests JSON too deeply to be an AdmissionReview") from None
+    if _depth_over(payload, MAX_DEPTH - 1):  # the AdmissionReview envelope is one level
+        message = f"request nests JSON deeper than {MAX_DEPTH} levels: not a Kubernetes object"
+        raise _Refused(
+            build_response(
+                request=payload, allowed=False, code=400, reason="BadRequest", message=message
+            )
+        )
+    return payload
 
 
 @bp.errorhandler(BadReview)
 def _bad_review(error: BadReview) -> tuple[Response, int]:
     return _error(400, "BadRequest", f"bad AdmissionReview: {error}")
+
+
+@bp.errorhandler(_Refused)
+def _refused(refused: _Refused) -> Response:
+    return jsonify(refused.response)
 
 
 @bp.post("/validate")

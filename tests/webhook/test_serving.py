@@ -387,3 +387,23 @@ def test_a_slow_api_server_does_not_hold_the_other_reviews(
             assert time.monotonic() - started < 0.8
             assert not slow.done()
             assert slow.result(timeout=10)["allowed"] is True
+
+
+@pytest.mark.parametrize("path", ["/validate", "/mutate"])
+def test_an_object_nested_too_deeply_is_refused_with_its_uid(path: str) -> None:
+    """Parseable JSON nested deeper than any Kubernetes object: a 400 refusal the apiserver
+    shows the user (uid echoed), before a rule or the defaulter recurses into it."""
+    client = create_app(Settings(), NoSecrets()).test_client()
+    for depth in (150, 900):
+        obj = gateway_config(realm="stunner.l7mp.io")
+        obj["spec"]["realm"] = json.loads("[" * depth + "]" * depth)
+        body = admission_review(obj)
+        resp = client.post(path, json=body)
+        assert resp.status_code == 200
+        answer = resp.get_json()["response"]
+        assert answer["uid"] == body["request"]["uid"] and answer["allowed"] is False
+        assert answer["status"]["code"] == 400
+        assert "deeper than 100 levels" in answer["status"]["message"]
+    obj = gateway_config(realm="stunner.l7mp.io", userName="u", password="p")
+    obj["metadata"]["labels"] = {"a": "b"}
+    assert client.post(path, json=admission_review(obj)).get_json()["response"]["allowed"]
