@@ -91,11 +91,15 @@ def kubeconfig(tmp_path: Path, fake: FakeApiServer) -> Path:
     return fake.write_kubeconfig(tmp_path / "kubeconfig")
 
 
-@pytest.fixture
-def webhook(tmp_path: Path, kubeconfig: Path) -> Iterator[Webhook]:
-    # Short deadlines so that the test sees the server close hostile connections.
-    with Webhook(tmp_path, kubeconfig, args=["--keep-alive", "2"]) as server:
-        yield server
+@pytest.fixture(scope="module")
+def webhook(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Webhook]:
+    """One server for the tests that only talk to it. Short deadlines (keep-alive 2 s) so that
+    the test sees the server close hostile connections."""
+    directory = tmp_path_factory.mktemp("webhook")
+    with FakeApiServer() as api:
+        kubeconfig = api.write_kubeconfig(directory / "kubeconfig")
+        with Webhook(directory, kubeconfig, args=["--keep-alive", "2"]) as server:
+            yield server
 
 
 # --- idle and slow connections ----------------------------------------------------------------
