@@ -76,6 +76,7 @@ from stunner_api.rules.udproute import (
     udproute_schema,
 )
 from stunner_api.vocabulary import GATEWAY_CONFIG_AUTH_TYPES, TLS_SECRET_TYPES, ConditionReason
+from tests.support.objects import secret
 from tests.support.pki import key_pem, self_signed
 
 EXAMPLES = sorted((Path(__file__).parents[1] / "data" / "resources").glob("*.yaml"))
@@ -98,17 +99,6 @@ def inconsistent_rsa_key() -> bytes:
     n = RSA_KEY.private_numbers()
     broken = rsa.RSAPrivateNumbers(n.p, n.q, n.d, n.dmp1 + 2, n.dmq1, n.iqmp, n.public_numbers)
     return key_pem(broken.private_key(unsafe_skip_rsa_key_validation=True))
-
-
-def secret(name: str, kind: str = "Opaque", **data: bytes | str) -> dict[str, Any]:
-    raw = {k: v.encode() if isinstance(v, str) else v for k, v in data.items()}
-    return {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "metadata": {"name": name, "namespace": "stunner"},
-        "type": kind,
-        "data": {k: base64.b64encode(v).decode() for k, v in raw.items()},
-    }
 
 
 SECRETS = [

@@ -16,6 +16,7 @@ from flask.testing import FlaskClient
 
 from stunner_api.rules import Settings
 from tests.support.fakeapi import FakeApiServer
+from tests.support.objects import gateway_class
 from tests.webhook.conftest import admission_review, answer
 from webhook import create_app
 from webhook.kube import KubeLookup
@@ -79,14 +80,7 @@ def test_an_api_server_that_fails(kube_client: FlaskClient, fake: FakeApiServer)
 def test_a_readable_class_of_another_controller_is_left_alone(
     kube_client: FlaskClient, fake: FakeApiServer
 ) -> None:
-    fake.seed(
-        {
-            "apiVersion": "gateway.networking.k8s.io/v1",
-            "kind": "GatewayClass",
-            "metadata": {"name": "istio"},
-            "spec": {"controllerName": "istio.io/gateway-controller"},
-        }
-    )
+    fake.seed(gateway_class("istio", "istio.io/gateway-controller"))
     response = answer(kube_client, "/validate", admission_review(GATEWAY))
     assert response == {"uid": response["uid"], "allowed": True}
 
@@ -94,14 +88,7 @@ def test_a_readable_class_of_another_controller_is_left_alone(
 def test_stunners_own_gateways_are_still_judged(
     kube_client: FlaskClient, fake: FakeApiServer
 ) -> None:
-    fake.seed(
-        {
-            "apiVersion": "gateway.networking.k8s.io/v1",
-            "kind": "GatewayClass",
-            "metadata": {"name": "istio"},
-            "spec": {"controllerName": "stunner.l7mp.io/gateway-operator"},
-        }
-    )
+    fake.seed(gateway_class("istio"))
     response = answer(kube_client, "/validate", admission_review(GATEWAY))
     assert response["allowed"] is False
     assert (

@@ -14,6 +14,7 @@ import pytest
 from flask.testing import FlaskClient
 
 from tests.support.fakeapi import FakeApiServer
+from tests.support.objects import gateway_class
 from tests.webhook.conftest import admission_review, answer
 from webhook import create_app, settings_from_env
 from webhook.kube import KubeLookup
@@ -22,18 +23,8 @@ from webhook.kube import KubeLookup
 @pytest.fixture
 def client(fake: FakeApiServer) -> Iterator[FlaskClient]:
     """The webhook as deployed with STUNNER_CONTROLLER_NAME=example.com/stunner."""
-    for name, controller in (
-        ("ours", "example.com/stunner"),
-        ("default-name", "stunner.l7mp.io/gateway-operator"),
-    ):
-        fake.seed(
-            {
-                "apiVersion": "gateway.networking.k8s.io/v1",
-                "kind": "GatewayClass",
-                "metadata": {"name": name},
-                "spec": {"controllerName": controller},
-            }
-        )
+    fake.seed(gateway_class("ours", "example.com/stunner"))
+    fake.seed(gateway_class("default-name"))
     lookup = KubeLookup(fake.api_client(), timeout=2.0)
     settings = settings_from_env({"STUNNER_CONTROLLER_NAME": "example.com/stunner"})
     try:

@@ -13,7 +13,6 @@ fake API server, which plays the RBAC (SubjectAccessReviews) and stores the Refe
 
 from __future__ import annotations
 
-import base64
 import json
 from typing import Any
 
@@ -22,6 +21,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from flask.testing import FlaskClient
 
 from tests.support.fakeapi import FakeApiServer
+from tests.support.objects import gateway_class, secret
 from tests.support.pki import key_pem, self_signed
 from tests.webhook.conftest import admission_review, answer
 
@@ -29,17 +29,6 @@ ALICE = {"username": "alice", "uid": "a-1", "groups": ["system:authenticated"]}
 BOB = {"username": "bob", "groups": ["system:authenticated", "secret-readers"]}
 SECRET_WORDS = ("oauth-s3cr3t", "admin-user", "hunter2-pw")  # what the victim Secret holds
 KEY, OTHER_KEY = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
-
-
-def secret(name: str, kind: str = "Opaque", **data: bytes | str) -> dict[str, Any]:
-    raw = {k: v.encode() if isinstance(v, str) else v for k, v in data.items()}
-    return {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "metadata": {"name": name, "namespace": "stunner"},
-        "type": kind,
-        "data": {k: base64.b64encode(v).decode() for k, v in raw.items()},
-    }
 
 
 def gateway_config(namespace: str, secret_name: str) -> dict[str, Any]:
@@ -87,14 +76,7 @@ def cluster(fake: FakeApiServer) -> FakeApiServer:
             **{"tls.crt": self_signed(KEY), "tls.key": key_pem(OTHER_KEY)},
         )
     )
-    fake.seed(
-        {
-            "apiVersion": "gateway.networking.k8s.io/v1",
-            "kind": "GatewayClass",
-            "metadata": {"name": "stunner-gatewayclass"},
-            "spec": {"controllerName": "stunner.l7mp.io/gateway-operator"},
-        }
-    )
+    fake.seed(gateway_class("stunner-gatewayclass"))
     fake.allow("secret-readers", "get", "secrets", namespace="stunner")
     return fake
 

@@ -15,6 +15,7 @@ from flask.testing import FlaskClient
 
 from stunner_api.vocabulary import JUDGED_KINDS, KindInfo, api_version
 from tests.support.fakeapi import FakeApiServer
+from tests.support.objects import gateway_class
 from tests.webhook.conftest import admission_review, answer
 
 # kind -> (an invalid spec, the field the refusal names)
@@ -73,14 +74,7 @@ def test_the_gateway_api_udproute_is_served_at_v1() -> None:
 def test_an_invalid_object_is_refused_in_every_version(
     kube_client: FlaskClient, fake: FakeApiServer, info: KindInfo, version: str
 ) -> None:
-    fake.seed(
-        {
-            "apiVersion": "gateway.networking.k8s.io/v1",
-            "kind": "GatewayClass",
-            "metadata": {"name": "stunner-gatewayclass"},
-            "spec": {"controllerName": "stunner.l7mp.io/gateway-operator"},
-        }
-    )
+    fake.seed(gateway_class("stunner-gatewayclass"))
     response = answer(kube_client, "/validate", admission_review(obj_of(info, version)))
     assert response["allowed"] is False, response
     assert response["status"]["message"].startswith(INVALID[info.kind][1] + ": ")
