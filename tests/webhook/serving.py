@@ -12,7 +12,6 @@ and ``bench/webhook_hostile_bench.py``.
 
 from __future__ import annotations
 
-import base64
 import datetime
 import http.client
 import ipaddress
@@ -34,6 +33,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import NameOID
 
+from tests.support.objects import secret
 from tests.support.pki import key_pem, self_signed
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -84,13 +84,7 @@ def tls_secret(name: str, namespace: str) -> dict[str, Any]:
     default key) for a TURN-TLS listener."""
     key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     pem = {"tls.crt": self_signed(key), "tls.key": key_pem(key)}
-    return {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "type": "kubernetes.io/tls",
-        "metadata": {"name": name, "namespace": namespace},
-        "data": {k: base64.b64encode(v).decode() for k, v in pem.items()},
-    }
+    return secret(name, "kubernetes.io/tls", namespace, **pem)
 
 
 def free_port() -> int:

@@ -18,7 +18,6 @@ We test these aspects:
 
 from __future__ import annotations
 
-import base64
 import json
 import logging
 import shutil
@@ -36,6 +35,7 @@ from flask.testing import FlaskClient
 
 from stunner_api.rules import LookupFailed, Settings
 from tests.support.fakeapi import FakeApiServer
+from tests.support.objects import secret
 from tests.webhook.conftest import admission_review
 from tests.webhook.serving import ROOT, Hostile, Webhook
 from webhook import MAX_BODY_BYTES, create_app, settings_from_env, with_cluster_networks
@@ -371,15 +371,7 @@ def test_a_slow_api_server_does_not_hold_the_other_reviews(
 ) -> None:
     """One worker: while a review waits on the API server, another review is answered, because
     the kubernetes client's socket yields to the other connections (gevent)."""
-    secret = {"type": "static", "username": "u", "password": "p"}
-    fake.seed(
-        {
-            "apiVersion": "v1",
-            "kind": "Secret",
-            "metadata": {"name": "auth", "namespace": "stunner"},
-            "data": {k: base64.b64encode(v.encode()).decode() for k, v in secret.items()},
-        }
-    )
+    fake.seed(secret("auth", type="static", username="u", password="p"))
     reads_the_api = gateway_config(realm="stunner.l7mp.io", authRef={"name": "auth"})
     with Webhook(tmp_path, kubeconfig, workers=1) as server:
         fake.delay = 1.5  # under the webhook's 2 s lookup timeout
