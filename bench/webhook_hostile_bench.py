@@ -95,7 +95,8 @@ def main() -> int:
             alone = measure(server, args.requests, args.concurrency)
             hostile = Hostile(server.port, server.context, interval=0.2, reopen=True)
             try:
-                hostile.open(args.idle, args.trickling)
+                hello = args.trickling // 2
+                hostile.open(idle=args.idle, hello=hello, head=args.trickling - hello)
                 time.sleep(1.0)  # all accepted, each holding what it can
                 under_attack: list[float] = []
                 ends = time.monotonic() + args.seconds
@@ -105,7 +106,7 @@ def main() -> int:
                 still_open = hostile.open_count
             finally:
                 hostile.close()
-        closed = sorted(hostile.closed_after)
+        closed = hostile.closed_after()
         lines = [
             f"admission under hostile connections: {args.idle} idle + {args.trickling} "
             f"trickling for {args.seconds:.0f} s, {len(alone)} + {len(under_attack)} reviews on "

@@ -93,12 +93,12 @@ def kubeconfig(tmp_path: Path, fake: FakeApiServer) -> Path:
 
 @pytest.fixture(scope="module")
 def webhook(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Webhook]:
-    """One server for the tests that only talk to it. Short deadlines (keep-alive 2 s) so that
-    the test sees the server close hostile connections."""
+    """One server for the tests that only talk to it. Short deadlines (2 s for the handshake
+    and each request head, 3 s per request) so that the test sees hostile connections closed."""
     directory = tmp_path_factory.mktemp("webhook")
     with FakeApiServer() as api:
         kubeconfig = api.write_kubeconfig(directory / "kubeconfig")
-        with Webhook(directory, kubeconfig, args=["--keep-alive", "2"]) as server:
+        with Webhook(directory, kubeconfig, args=["--keep-alive", "2", "--timeout", "3"]) as server:
             yield server
 
 
@@ -106,23 +106,28 @@ def webhook(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Webhook]:
 
 
 def test_idle_and_trickling_connections_do_not_stop_admission(webhook: Webhook) -> None:
-    hostile = Hostile(webhook.port, webhook.context, interval=0.1).open(idle=20, trickling=20)
+    hostile = Hostile(webhook.port, webhook.context, interval=0.1)
+    hostile.open(idle=20, hello=10, head=10, body=10)
     try:
         time.sleep(0.3)  # every hostile connection accepted and holding whatever it can
-        assert hostile.open_count == 40
+        assert hostile.open_count == 50
         for _ in range(8):
             started = time.monotonic()
             assert (
                 webhook.review("/validate", admission_review(VALID), timeout=5)["allowed"] is True
             )
             assert time.monotonic() - started < 1.0, webhook.log()
-        # Deadlines: the handshake and each request head within keepalive (2 s here).
-        deadline = time.monotonic() + 6
+        # Deadlines: the handshake and each request head within keepalive (2 s here), a
+        # request within timeout (3 s here).
+        deadline = time.monotonic() + 7
         while hostile.open_count and time.monotonic() < deadline:
             time.sleep(0.1)
         assert hostile.open_count == 0, f"{hostile.open_count} hostile connections still open"
-        assert len(hostile.closed_after) == 40
-        assert 1.5 < min(hostile.closed_after) and max(hostile.closed_after) < 5.0
+        assert len(hostile.closed) == 50
+        heads = hostile.closed_after("idle", "hello", "head")
+        assert 1.5 < heads[0] and heads[-1] < 5.0, heads
+        bodies = hostile.closed_after("body")
+        assert 2.5 < bodies[0] and bodies[-1] < 6.0, bodies
     finally:
         hostile.close()
 
