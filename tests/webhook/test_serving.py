@@ -38,7 +38,15 @@ from tests.support.fakeapi import FakeApiServer
 from tests.support.objects import secret
 from tests.webhook.conftest import admission_review
 from tests.webhook.serving import ROOT, Hostile, Webhook
-from webhook import MAX_BODY_BYTES, create_app, settings_from_env, with_cluster_networks
+from webhook import (
+    LARGE_BODY_SLOTS,
+    LARGE_BODY_WAIT,
+    MAX_BODY_BYTES,
+    SMALL_BODY_BYTES,
+    create_app,
+    settings_from_env,
+    with_cluster_networks,
+)
 from webhook.kube import ClusterNetworks, discover_cluster_networks
 
 
@@ -408,3 +416,32 @@ def test_an_object_nested_too_deeply_is_refused_with_its_uid(path: str) -> None:
     obj = gateway_config(realm="stunner.l7mp.io", userName="u", password="p")
     obj["metadata"]["labels"] = {"a": "b"}
     assert client.post(path, json=admission_review(obj)).get_json()["response"]["allowed"]
+
+
+def test_large_bodies_are_read_a_few_at_a_time(tmp_path: Path, kubeconfig: Path) -> None:
+    """One worker, LARGE_BODY_SLOTS connections trickling large bodies: another large review
+    waits LARGE_BODY_WAIT and gets 503, small reviews are answered meanwhile, and once the
+    trickling ones are cut (the request deadline, 3 s here) a large review goes through."""
+    large = gateway_config(realm="stunner.l7mp.io", userName="u", password="p")
+    large["metadata"]["annotations"] = {"example.com/pad": "x" * (SMALL_BODY_BYTES * 2)}
+    with Webhook(tmp_path, kubeconfig, workers=1, args=["--timeout", "3"]) as server:
+        hostile = Hostile(server.port, server.context, interval=0.1)
+        hostile.open(body=LARGE_BODY_SLOTS)
+        try:
+            time.sleep(0.5)  # each holds a slot, reading its body
+            started = time.monotonic()
+            status, body = server.request(
+                "POST", "/validate", json.dumps(admission_review(large)).encode()
+            )
+            assert time.monotonic() - started < LARGE_BODY_WAIT + 1.5
+            _assert_review_error(status, body, 503, "are being read: retry")
+            started = time.monotonic()
+            assert server.review("/validate", admission_review(VALID))["allowed"] is True
+            assert time.monotonic() - started < 1.0
+            deadline = time.monotonic() + 6
+            while hostile.open_count and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert hostile.open_count == 0
+        finally:
+            hostile.close()
+        assert server.review("/validate", admission_review(large))["allowed"] is True
