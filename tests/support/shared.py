@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import yaml
+
 ROOT = Path(__file__).resolve().parents[2]
 GATEWAY_API = "gateway-api-v1.6.1"
 
@@ -28,3 +30,26 @@ def gateway_api_crds(channel: str = "standard") -> list[Path]:
     if channel == "experimental":
         files.update({p.name: p for p in sorted((base / "experimental").glob("*.yaml"))})
     return sorted(files.values())
+
+
+def crd_served_versions(paths: list[Path]) -> set[tuple[str, str, str, str, bool, bool]]:
+    """(group, version, plural, kind, namespaced, status subresource) of every served version."""
+    out = set()
+    for path in paths:
+        for crd in yaml.safe_load_all(path.read_text()):
+            if not crd:
+                continue
+            spec = crd["spec"]
+            for version in spec["versions"]:
+                if version.get("served"):
+                    out.add(
+                        (
+                            spec["group"],
+                            version["name"],
+                            spec["names"]["plural"],
+                            spec["names"]["kind"],
+                            spec["scope"] == "Namespaced",
+                            "status" in (version.get("subresources") or {}),
+                        )
+                    )
+    return out

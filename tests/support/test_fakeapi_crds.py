@@ -17,42 +17,17 @@ We test these aspects:
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
 from tests.support.fakeapi import GATEWAY_TYPES, FakeApiServer
-from tests.support.shared import ROOT, gateway_api_crds
+from tests.support.shared import ROOT, crd_served_versions, gateway_api_crds
 
 OUR_CRDS = sorted((ROOT / "charts" / "stunner" / "crds").glob("*.yaml"))
 STUNNER = "stunner.l7mp.io"
-
-
-def crd_versions(paths: list[Path]) -> set[tuple[str, str, str, str, bool, bool]]:
-    """(group, version, plural, kind, namespaced, status subresource) of every served version."""
-    out = set()
-    for path in paths:
-        for crd in yaml.safe_load_all(path.read_text()):
-            if not crd:
-                continue
-            spec = crd["spec"]
-            for version in spec["versions"]:
-                if version.get("served"):
-                    out.add(
-                        (
-                            spec["group"],
-                            version["name"],
-                            spec["names"]["plural"],
-                            spec["names"]["kind"],
-                            spec["scope"] == "Namespaced",
-                            "status" in (version.get("subresources") or {}),
-                        )
-                    )
-    return out
 
 
 def fake_versions(group: str) -> set[tuple[str, str, str, str, bool, bool]]:
@@ -64,17 +39,17 @@ def fake_versions(group: str) -> set[tuple[str, str, str, str, bool, bool]]:
 
 
 def test_the_fake_serves_our_crds_as_they_declare() -> None:
-    assert fake_versions(STUNNER) == crd_versions(OUR_CRDS)
+    assert fake_versions(STUNNER) == crd_served_versions(OUR_CRDS)
 
 
 def test_the_fake_serves_the_gateway_api_crds_as_they_declare() -> None:
     experimental = gateway_api_crds("experimental")
     if not experimental:
         pytest.skip("shared/gateway-api-v1.6.1 not found beside the repository")
-    served = crd_versions(experimental)
+    served = crd_served_versions(experimental)
     assert fake_versions("gateway.networking.k8s.io") == served
     # The standard channel serves a subset: UDPRoute at v1 only.
-    standard = crd_versions(gateway_api_crds("standard"))
+    standard = crd_served_versions(gateway_api_crds("standard"))
     assert standard < served
     assert {v[:3] for v in served - standard} == {
         ("gateway.networking.k8s.io", "v1alpha2", "udproutes")
