@@ -6,9 +6,11 @@ kinds and versions of stunner_api.vocabulary), and the spec's examples (the YAML
 from __future__ import annotations
 
 import base64
+import copy
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -87,6 +89,60 @@ def namespaces_of(objs: list[dict[str, Any]]) -> set[str]:
     for obj in objs:
         walk(obj)
     return found
+
+
+# --- CRD schemas -------------------------------------------------------------------------------
+
+
+def crd_schemas(paths: list[Path]) -> dict[tuple[str, str], dict[str, Any]]:
+    """(apiVersion, kind) -> the openAPIV3Schema of that version of the kind."""
+    out = {}
+    for path in paths:
+        for crd in yaml.safe_load_all(path.read_text()):
+            if not crd:
+                continue
+            spec = crd["spec"]
+            for version in spec["versions"]:
+                key = (f"{spec['group']}/{version['name']}", spec["names"]["kind"])
+                out[key] = version["schema"]["openAPIV3Schema"]
+    return out
+
+
+def unknown_fields(schema: dict[str, Any], value: Any, path: str = "") -> list[str]:
+    """The fields of value its structural schema does not define: ``kubectl apply`` (strict
+    field validation, its default) refuses an object with any; other clients get them pruned."""
+    if schema.get("x-kubernetes-preserve-unknown-fields"):
+        return []
+    out: list[str] = []
+    if isinstance(value, dict):
+        props = schema.get("properties")
+        extra = schema.get("additionalProperties")
+        for key, item in value.items():
+            if path == "" and key in ("apiVersion", "kind", "metadata"):
+                continue
+            if props is not None:
+                if key not in props:
+                    out.append(f"{path}.{key}".lstrip("."))
+                else:
+                    out += unknown_fields(props[key], item, f"{path}.{key}")
+            elif isinstance(extra, dict):
+                out += unknown_fields(extra, item, f"{path}.{key}")
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            out += unknown_fields(schema.get("items", {}), item, f"{path}[{i}]")
+    return out
+
+
+def without_fields(obj: dict[str, Any], fields: list[str]) -> dict[str, Any]:
+    """A copy of obj without the dotted top-level-object fields named (``spec.x``)."""
+    out = copy.deepcopy(obj)
+    for field in fields:
+        *parents, last = field.split(".")
+        node = out
+        for parent in parents:
+            node = node[parent]
+        del node[last]
+    return out
 
 
 # --- the webhook's RBAC and registration ------------------------------------------------------
