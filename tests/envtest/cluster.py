@@ -10,7 +10,6 @@ import copy
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import yaml
@@ -92,20 +91,6 @@ def namespaces_of(objs: list[dict[str, Any]]) -> set[str]:
 
 
 # --- CRD schemas -------------------------------------------------------------------------------
-
-
-def crd_schemas(paths: list[Path]) -> dict[tuple[str, str], dict[str, Any]]:
-    """(apiVersion, kind) -> the openAPIV3Schema of that version of the kind."""
-    out = {}
-    for path in paths:
-        for crd in yaml.safe_load_all(path.read_text()):
-            if not crd:
-                continue
-            spec = crd["spec"]
-            for version in spec["versions"]:
-                key = (f"{spec['group']}/{version['name']}", spec["names"]["kind"])
-                out[key] = version["schema"]["openAPIV3Schema"]
-    return out
 
 
 def unknown_fields(schema: dict[str, Any], value: Any, path: str = "") -> list[str]:

@@ -41,7 +41,6 @@ from tests.envtest.cluster import (
     OUR_CRDS,
     Example,
     apply_order,
-    crd_schemas,
     namespaces_of,
     registered_versions,
     registrations,
@@ -50,7 +49,7 @@ from tests.envtest.cluster import (
     without_fields,
 )
 from tests.envtest.conftest import CLASS, Cluster, meta
-from tests.support.shared import crd_served_versions, gateway_api_crds
+from tests.support.shared import crd_schemas, crd_served_versions, gateway_api_crds
 
 pytestmark = pytest.mark.envtest
 

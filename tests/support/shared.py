@@ -3,7 +3,9 @@ CI, above the worktree on a developer's machine."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -32,24 +34,36 @@ def gateway_api_crds(channel: str = "standard") -> list[Path]:
     return sorted(files.values())
 
 
-def crd_served_versions(paths: list[Path]) -> set[tuple[str, str, str, str, bool, bool]]:
-    """(group, version, plural, kind, namespaced, status subresource) of every served version."""
-    out = set()
+def crd_versions(paths: list[Path]) -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
+    """(a CRD's spec, one entry of its spec.versions) of every CRD in the files."""
     for path in paths:
         for crd in yaml.safe_load_all(path.read_text()):
-            if not crd:
-                continue
-            spec = crd["spec"]
-            for version in spec["versions"]:
-                if version.get("served"):
-                    out.add(
-                        (
-                            spec["group"],
-                            version["name"],
-                            spec["names"]["plural"],
-                            spec["names"]["kind"],
-                            spec["scope"] == "Namespaced",
-                            "status" in (version.get("subresources") or {}),
-                        )
-                    )
-    return out
+            if crd:
+                for version in crd["spec"]["versions"]:
+                    yield crd["spec"], version
+
+
+def crd_served_versions(paths: list[Path]) -> set[tuple[str, str, str, str, bool, bool]]:
+    """(group, version, plural, kind, namespaced, status subresource) of every served version."""
+    return {
+        (
+            spec["group"],
+            version["name"],
+            spec["names"]["plural"],
+            spec["names"]["kind"],
+            spec["scope"] == "Namespaced",
+            "status" in (version.get("subresources") or {}),
+        )
+        for spec, version in crd_versions(paths)
+        if version.get("served")
+    }
+
+
+def crd_schemas(paths: list[Path]) -> dict[tuple[str, str], dict[str, Any]]:
+    """(apiVersion, kind) -> the openAPIV3Schema of that version of the kind."""
+    return {
+        (f"{spec['group']}/{version['name']}", spec["names"]["kind"]): version["schema"][
+            "openAPIV3Schema"
+        ]
+        for spec, version in crd_versions(paths)
+    }
