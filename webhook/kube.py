@@ -8,20 +8,24 @@ The client configuration is found the usual way, on first use: in-cluster (the s
 else ``KUBECONFIG`` / ``~/.kube/config``; tests pass an explicit ``ApiClient`` instead. Reads use
 a short timeout and no retries, so that an unreachable API server turns into a prompt
 :class:`LookupFailed` well within the kube-apiserver's webhook timeout (10 s by default).
+
+:func:`discover_cluster_networks` reads the pod and service CIDRs the API offers, once at start.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import threading
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import kubernetes.client
 import kubernetes.config
 
 from stunner_api.rules import LookupFailed
-from stunner_api.vocabulary import GATEWAY_CLASS, REFERENCE_GRANT, SECRET
+from stunner_api.vocabulary import CORE_GROUP, GATEWAY_CLASS, REFERENCE_GRANT, SECRET, KindInfo
 
 DEFAULT_TIMEOUT = 2.0
 
@@ -172,3 +176,84 @@ class KubeLookup:
                 api_client: Any = connection.api_client
                 api_client.close()
                 connection.api_client = None
+
+
+# --- the cluster's pod and service networks (read once, at start) -----------------------------
+
+SERVICE_CIDR = KindInfo("networking.k8s.io", "ServiceCIDR", "servicecidrs", ("v1",))
+NODE = KindInfo(CORE_GROUP, "Node", "nodes", ("v1",))
+
+
+@dataclass(frozen=True)
+class ClusterNetworks:
+    """What the API offers about the pod and service networks, and why a part is missing."""
+
+    pod_cidrs: tuple[str, ...]
+    service_cidrs: tuple[str, ...]
+    problems: tuple[str, ...]  # one line per list that could not be read
+
+
+def discover_cluster_networks(
+    api_client: kubernetes.client.ApiClient | None = None, timeout: float = DEFAULT_TIMEOUT
+) -> ClusterNetworks:
+    """The service CIDRs (every ServiceCIDR's ``spec.cidrs``, networking.k8s.io/v1, served
+    since Kubernetes 1.33) and the pod CIDRs (every Node's ``spec.podCIDRs``, set where the
+    cluster allocates node CIDRs). Never raises: what cannot be read is left empty, with the
+    reason in ``problems``."""
+    kube = KubeLookup(api_client, timeout)
+    problems: list[str] = []
+    try:
+        service = _cidrs(
+            kube,
+            SERVICE_CIDR,
+            lambda c: kubernetes.client.CustomObjectsApi(c).list_cluster_custom_object,
+            (SERVICE_CIDR.group, SERVICE_CIDR.preferred_version, SERVICE_CIDR.plural),
+            "cidrs",
+            problems,
+        )
+        pod = _cidrs(
+            kube,
+            NODE,
+            lambda c: kubernetes.client.CoreV1Api(c).list_node,
+            (),
+            "podCIDRs",
+            problems,
+        )
+    finally:
+        if api_client is None:
+            kube.close()
+    return ClusterNetworks(pod, service, tuple(problems))
+
+
+def _cidrs(
+    kube: KubeLookup,
+    kind: KindInfo,
+    call: Any,
+    args: tuple[str, ...],
+    key: str,
+    problems: list[str],
+) -> tuple[str, ...]:
+    """The CIDRs under ``spec.<key>`` of every object of ``kind``, each once, in order."""
+    what = f"the {kind.kind}s"
+    try:
+        body = kube._call(what, call, *args)
+    except LookupFailed as e:  # 403, timeouts, no client configuration
+        problems.append(str(e))
+        return ()
+    if body is None:
+        problems.append(f"{what}: not served by this API server")
+        return ()
+    out: list[str] = []
+    items = body.get("items")
+    for item in items if isinstance(items, list) else ():
+        spec = item.get("spec") if isinstance(item, dict) else None
+        values = spec.get(key) if isinstance(spec, dict) else None
+        for value in values if isinstance(values, list) else ():
+            try:
+                network = str(ipaddress.ip_network(str(value), strict=False))
+            except ValueError:
+                problems.append(f"{what}: ignored {value!r} in spec.{key}, not a CIDR")
+                continue
+            if network not in out:
+                out.append(network)
+    return tuple(out)

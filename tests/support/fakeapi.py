@@ -5,7 +5,7 @@ Shared test infrastructure: the official ``kubernetes`` client works against it 
 What it does:
 - Resource types are registered generically (:class:`ResourceType`: group, version, plural,
   kind, namespaced, status subresource). Core ``v1`` secrets, configmaps, services, endpoints,
-  namespaces and the Gateway API / STUNner kinds are registered by default.
+  namespaces, nodes, servicecidrs and the Gateway API / STUNner kinds are registered by default.
 - Verbs: create (POST, 409 AlreadyExists, ``generateName``), get (404 NotFound), list (label
   and field selectors, ``resourceVersion`` in the list metadata), watch (``?watch=true``:
   newline-delimited JSON events over a chunked response; resumes from ``resourceVersion``;
@@ -70,6 +70,11 @@ class ResourceType:
     def key(self) -> tuple[str, str, str]:
         return (self.group, self.version, self.plural)
 
+    @property
+    def storage_key(self) -> tuple[str, str]:
+        """Every served version of a kind reads and writes the same objects."""
+        return (self.group, self.plural)
+
 
 CORE_TYPES = (
     ResourceType("", "v1", "namespaces", "Namespace", namespaced=False, status_subresource=True),
@@ -81,28 +86,75 @@ CORE_TYPES = (
     ResourceType("apps", "v1", "deployments", "Deployment", status_subresource=True),
     ResourceType("apps", "v1", "daemonsets", "DaemonSet", status_subresource=True),
     ResourceType("discovery.k8s.io", "v1", "endpointslices", "EndpointSlice"),
-)
-GATEWAY_TYPES = (
+    ResourceType("", "v1", "nodes", "Node", namespaced=False, status_subresource=True),
     ResourceType(
-        "gateway.networking.k8s.io",
+        "networking.k8s.io",
         "v1",
+        "servicecidrs",
+        "ServiceCIDR",
+        namespaced=False,
+        status_subresource=True,
+    ),
+)
+
+
+def _served(
+    group: str, versions: tuple[str, ...], plural: str, kind: str, **flags: bool
+) -> tuple[ResourceType, ...]:
+    """A kind at every version its CRD serves (the first one is the group's preferred)."""
+    return tuple(ResourceType(group, v, plural, kind, **flags) for v in versions)
+
+
+# As the CRDs serve them: charts/stunner/crds and Gateway API v1.6.1 (UDPRoute as its
+# experimental channel serves it: v1 and v1alpha2; the standard channel serves v1 only).
+# tests/support/test_fakeapi.py checks this against the CRD files.
+GATEWAY_TYPES = (
+    *_served(
+        "gateway.networking.k8s.io",
+        ("v1", "v1beta1"),
         "gatewayclasses",
         "GatewayClass",
         namespaced=False,
         status_subresource=True,
     ),
-    ResourceType("gateway.networking.k8s.io", "v1", "gateways", "Gateway", status_subresource=True),
-    ResourceType(
-        "gateway.networking.k8s.io", "v1alpha2", "udproutes", "UDPRoute", status_subresource=True
+    *_served(
+        "gateway.networking.k8s.io",
+        ("v1", "v1beta1"),
+        "gateways",
+        "Gateway",
+        status_subresource=True,
     ),
-    ResourceType(
-        "gateway.networking.k8s.io", "v1", "udproutes", "UDPRoute", status_subresource=True
+    *_served(
+        "gateway.networking.k8s.io",
+        ("v1", "v1alpha2"),
+        "udproutes",
+        "UDPRoute",
+        status_subresource=True,
     ),
-    ResourceType("gateway.networking.k8s.io", "v1beta1", "referencegrants", "ReferenceGrant"),
-    ResourceType("stunner.l7mp.io", "v1", "gatewayconfigs", "GatewayConfig"),
-    ResourceType("stunner.l7mp.io", "v1", "udproutes", "UDPRoute", status_subresource=True),
-    ResourceType("stunner.l7mp.io", "v1", "dataplanes", "Dataplane", namespaced=False),
-    ResourceType("stunner.l7mp.io", "v1", "staticservices", "StaticService"),
+    *_served("gateway.networking.k8s.io", ("v1", "v1beta1"), "referencegrants", "ReferenceGrant"),
+    *_served(
+        "stunner.l7mp.io",
+        ("v1", "v1alpha1"),
+        "gatewayconfigs",
+        "GatewayConfig",
+        status_subresource=True,
+    ),
+    *_served("stunner.l7mp.io", ("v1",), "udproutes", "UDPRoute", status_subresource=True),
+    *_served(
+        "stunner.l7mp.io",
+        ("v1", "v1alpha1"),
+        "dataplanes",
+        "Dataplane",
+        namespaced=False,
+        status_subresource=True,
+    ),
+    *_served(
+        "stunner.l7mp.io",
+        ("v1", "v1alpha1"),
+        "staticservices",
+        "StaticService",
+        status_subresource=True,
+    ),
 )
 
 
@@ -228,6 +280,36 @@ def field_selector_matches(selector: str, obj: JSON) -> bool:
 # --- patches ---------------------------------------------------------------------------------
 
 
+def _check_string_maps(rt: ResourceType, meta: Any) -> None:
+    """Labels and annotations map strings to strings: the API server's decoder refuses anything
+    else in the request body (a YAML ``true`` written unquoted), before admission."""
+    for field in ("labels", "annotations"):
+        values = meta.get(field) if isinstance(meta, dict) else None
+        if values is None:
+            continue
+        bad = (
+            [type(values).__name__]
+            if not isinstance(values, dict)
+            else [type(v).__name__ for v in values.values() if not isinstance(v, str)]
+        )
+        if bad:
+            raise ApiError(
+                400,
+                "BadRequest",
+                f'{rt.kind} in version "{rt.version}" cannot be handled as a {rt.kind}: json: '
+                f"cannot unmarshal {bad[0]} into Go struct field ObjectMeta.metadata.{field} "
+                "of type string",
+            )
+
+
+def _at_version(rt: ResourceType, obj: JSON) -> JSON:
+    """A copy of a stored object as `rt`'s version serves it. The CRDs convert with strategy
+    None: only apiVersion changes."""
+    out = copy.deepcopy(obj)
+    out["apiVersion"] = rt.api_version
+    return out
+
+
 def merge_patch(target: Any, patch: Any) -> Any:
     """RFC 7386 JSON merge patch."""
     if not isinstance(patch, dict):
@@ -262,7 +344,8 @@ class FakeApiServer:
         self._types: dict[tuple[str, str, str], ResourceType] = {}
         for rt in types:
             self.register(rt)
-        self._objects: dict[tuple[tuple[str, str, str], str, str], JSON] = {}
+        # (group, plural), namespace, name -> the object, at the version it was last written
+        self._objects: dict[tuple[tuple[str, str], str, str], JSON] = {}
         self._rv = 0
         self._events: list[_Event] = []
         self._oldest_rv = 0  # watches from below this get 410 Gone
@@ -399,8 +482,8 @@ class FakeApiServer:
     def get_object(self, api_version: str, kind: str, namespace: str, name: str) -> JSON | None:
         rt = self.resource_type(api_version, kind)
         with self._cond:
-            obj = self._objects.get((rt.key, namespace if rt.namespaced else "", name))
-            return copy.deepcopy(obj) if obj is not None else None
+            obj = self._objects.get(self._key(rt, namespace, name))
+            return _at_version(rt, obj) if obj is not None else None
 
     @property
     def resource_version(self) -> int:
@@ -432,6 +515,7 @@ class FakeApiServer:
         if not isinstance(obj, dict):
             raise ApiError(400, "BadRequest", "the body of the request was not a JSON object")
         meta = obj.setdefault("metadata", {})
+        _check_string_maps(rt, meta)
         if not meta.get("name") and meta.get("generateName"):
             meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
         name = meta.get("name")
@@ -462,7 +546,7 @@ class FakeApiServer:
         if rt.status_subresource:
             obj.pop("status", None)
         with self._cond:
-            key = (rt.key, ns if rt.namespaced else "", name)
+            key = self._key(rt, ns, name)
             if key in self._objects:
                 raise ApiError(
                     409,
@@ -477,8 +561,8 @@ class FakeApiServer:
             self._record(rt, "ADDED", obj)
             return copy.deepcopy(obj)
 
-    def _key(self, rt: ResourceType, ns: str, name: str) -> tuple[tuple[str, str, str], str, str]:
-        return (rt.key, ns if rt.namespaced else "", name)
+    def _key(self, rt: ResourceType, ns: str, name: str) -> tuple[tuple[str, str], str, str]:
+        return (rt.storage_key, ns if rt.namespaced else "", name)
 
     def _not_found(self, rt: ResourceType, name: str) -> ApiError:
         resource = rt.plural + ("." + rt.group if rt.group else "")
@@ -494,14 +578,14 @@ class FakeApiServer:
             obj = self._objects.get(self._key(rt, ns, name))
             if obj is None:
                 raise self._not_found(rt, name)
-            return copy.deepcopy(obj)
+            return _at_version(rt, obj)
 
     def list(self, rt: ResourceType, ns: str | None, query: dict[str, str]) -> JSON:
         with self._cond:
             items = [
-                copy.deepcopy(o)
+                _at_version(rt, o)
                 for (k, ons, _), o in sorted(self._objects.items())
-                if k == rt.key and (ns is None or ons == ns) and self._selected(o, query)
+                if k == rt.storage_key and (ns is None or ons == ns) and self._selected(o, query)
             ]
             rv = self._rv
         return {
@@ -543,6 +627,7 @@ class FakeApiServer:
             if old is None:
                 raise self._not_found(rt, name)
             meta = body.get("metadata") or {}
+            _check_string_maps(rt, meta)
             if meta.get("name", name) != name:
                 raise ApiError(
                     400, "BadRequest", "the name of the object does not match the name on the URL"
@@ -582,21 +667,21 @@ class FakeApiServer:
                     if field in old["metadata"]:
                         new_meta[field] = old["metadata"][field]
                 new["metadata"] = new_meta
-                new["apiVersion"], new["kind"] = rt.api_version, rt.kind
+                new["apiVersion"], new["kind"] = old["apiVersion"], rt.kind  # stored as it was
                 if self._spec_changed(rt, old, new):
                     new["metadata"]["generation"] = old["metadata"].get("generation", 1) + 1
             new["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"]
             if new == old or dry_run:
-                return copy.deepcopy(new)
+                return _at_version(rt, new)
             if new["metadata"].get("deletionTimestamp") and not new["metadata"].get("finalizers"):
                 del self._objects[key]
                 self._bump(new)
                 self._record(rt, "DELETED", new)
-                return copy.deepcopy(new)
+                return _at_version(rt, new)
             self._bump(new)
             self._objects[key] = new
             self._record(rt, "MODIFIED", new)
-            return copy.deepcopy(new)
+            return _at_version(rt, new)
 
     @staticmethod
     def _spec_changed(rt: ResourceType, old: JSON, new: JSON) -> bool:
@@ -657,18 +742,18 @@ class FakeApiServer:
                 raise self._not_found(rt, name)
             obj = copy.deepcopy(obj)
             if dry_run:
-                return obj
+                return _at_version(rt, obj)
             if obj["metadata"].get("finalizers"):
                 if not obj["metadata"].get("deletionTimestamp"):
                     obj["metadata"]["deletionTimestamp"] = _now()
                     self._bump(obj)
                     self._objects[key] = obj
                     self._record(rt, "MODIFIED", obj)
-                return copy.deepcopy(obj)
+                return _at_version(rt, obj)
             del self._objects[key]
             self._bump(obj)
             self._record(rt, "DELETED", obj)
-            return obj
+            return _at_version(rt, obj)
 
     def watch_events(
         self, rt: ResourceType, ns: str | None, query: dict[str, str]
@@ -683,9 +768,11 @@ class FakeApiServer:
             if rv_param in ("", "0"):
                 last = self._rv
                 initial = [
-                    {"type": "ADDED", "object": copy.deepcopy(o)}
+                    {"type": "ADDED", "object": _at_version(rt, o)}
                     for (k, ons, _), o in sorted(self._objects.items())
-                    if k == rt.key and (ns is None or ons == ns) and self._selected(o, query)
+                    if k == rt.storage_key
+                    and (ns is None or ons == ns)
+                    and self._selected(o, query)
                 ]
             else:
                 try:
@@ -724,13 +811,13 @@ class FakeApiServer:
             for event in pending:
                 last = event.rv
                 obj = event.obj
-                if event.rtype.key != rt.key:
+                if event.rtype.storage_key != rt.storage_key:
                     continue
                 if ns is not None and obj["metadata"].get("namespace", "") != ns:
                     continue
                 if not self._selected(obj, query):
                     continue
-                yield {"type": event.type, "object": copy.deepcopy(obj)}
+                yield {"type": event.type, "object": _at_version(rt, obj)}
 
     # --- discovery ---------------------------------------------------------------------------
 
