@@ -40,6 +40,9 @@ class Cluster:
     def gateway_class(self, name: str) -> dict[str, Any] | None:
         return {"spec": {"controllerName": Settings().controller_name}}
 
+    def gateway(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return {"spec": {"gatewayClassName": "stunner-gatewayclass"}}
+
     def reference_grants(self, namespace: str) -> list[dict[str, Any]]:
         return []
 

@@ -203,6 +203,10 @@ class Snapshot:
         obj = self.get(Kind.GATEWAY_CLASS, "", name)
         return dict(obj) if obj is not None else None
 
+    def gateway(self, namespace: str, name: str) -> dict[str, Any] | None:
+        obj = self.get(Kind.GATEWAY, namespace, name)
+        return dict(obj) if obj is not None else None
+
     def reference_grants(self, namespace: str) -> list[dict[str, Any]]:
         return [
             dict(obj)

@@ -60,8 +60,10 @@ GATEWAY_CLASS = KindInfo(
 )
 GATEWAY = KindInfo(GATEWAY_API_GROUP, "Gateway", "gateways", ("v1", "v1beta1"))
 GATEWAY_API_UDP_ROUTE = KindInfo(GATEWAY_API_GROUP, "UDPRoute", "udproutes", ("v1", "v1alpha2"))
+# ReferenceGrant: v1beta1 is read (served since Gateway API v0.6, the storage version of v1.6.1,
+# which also serves v1 and no longer v1alpha2).
 REFERENCE_GRANT = KindInfo(
-    GATEWAY_API_GROUP, "ReferenceGrant", "referencegrants", ("v1beta1", "v1alpha2")
+    GATEWAY_API_GROUP, "ReferenceGrant", "referencegrants", ("v1beta1", "v1")
 )
 GATEWAY_CONFIG = KindInfo(STUNNER_GROUP, "GatewayConfig", "gatewayconfigs", ("v1", "v1alpha1"))
 DATAPLANE = KindInfo(STUNNER_GROUP, "Dataplane", "dataplanes", ("v1", "v1alpha1"), False)

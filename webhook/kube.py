@@ -25,7 +25,14 @@ import kubernetes.client
 import kubernetes.config
 
 from stunner_api.rules import LookupFailed
-from stunner_api.vocabulary import CORE_GROUP, GATEWAY_CLASS, REFERENCE_GRANT, SECRET, KindInfo
+from stunner_api.vocabulary import (
+    CORE_GROUP,
+    GATEWAY,
+    GATEWAY_CLASS,
+    REFERENCE_GRANT,
+    SECRET,
+    KindInfo,
+)
 
 DEFAULT_TIMEOUT = 2.0
 
@@ -124,6 +131,17 @@ class KubeLookup:
             GATEWAY_CLASS.group,
             GATEWAY_CLASS.preferred_version,
             GATEWAY_CLASS.plural,
+            name,
+        )
+
+    def gateway(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self._call(
+            f"Gateway {namespace}/{name}",
+            lambda c: kubernetes.client.CustomObjectsApi(c).get_namespaced_custom_object,
+            GATEWAY.group,
+            GATEWAY.preferred_version,
+            namespace,
+            GATEWAY.plural,
             name,
         )
 

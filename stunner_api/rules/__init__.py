@@ -17,19 +17,24 @@ messages; the schema rule of each kind reports type errors through the models of
 `stunner_api.resources`. Pure: the Kubernetes API is reached only through the `Lookup` passed in.
 
 Whose objects: GatewayClasses are ours when their controllerName is ours; Gateways when their
-class is (looked up). STUNner's own kinds (GatewayConfig, UDPRoute in both API groups and every
-served version, StaticService, Dataplane) are always judged; anything else gets an empty verdict.
+class is (looked up); Gateway API UDPRoutes (every served version) when one of their parent
+Gateways is (looked up: other controllers serve UDPRoutes too, with backends of their own).
+STUNner's own kinds (GatewayConfig, StaticService, Dataplane, STUNner's UDPRoute) are always
+judged; anything else gets an empty verdict.
 
-A Gateway whose GatewayClass cannot be read is admitted with a warning and not judged: it may
-be another controller's, and a STUNner fault must not block it (the reconciler's status reports
-problems of STUNner's own Gateways). A referenced Secret that does not exist is admitted with a
-warning (manifests are applied in any order); one that exists but is unusable is refused; one in
-another namespace that neither a ReferenceGrant nor the requester's rights let us read is not
-read at all (a warning says it cannot be checked).
+A Gateway whose GatewayClass cannot be read, or a UDPRoute whose parents cannot be, is admitted
+with a warning and not judged: it may be another controller's, and a STUNner fault must not
+block it (the reconciler's status reports problems of STUNner's own objects). A UDPRoute whose
+parent Gateways do not exist yet is not judged either: the reconciler judges it once they do. A
+referenced Secret that does not exist is admitted with a warning (manifests are applied in any
+order); one that exists but is unusable is refused; one in another namespace that neither a
+ReferenceGrant nor the requester's rights let us read is not read at all (a warning says it
+cannot be checked).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 from stunner_api.rules import (
@@ -50,10 +55,17 @@ from stunner_api.rules.base import (
     Severity,
     Verdict,
     as_dict,
+    as_list,
     warning,
 )
 from stunner_api.rules.defaults import json_pointer, patch_for
-from stunner_api.vocabulary import ConditionReason, judged_kind
+from stunner_api.vocabulary import (
+    GATEWAY,
+    GATEWAY_API_UDP_ROUTE,
+    ConditionReason,
+    group_of,
+    judged_kind,
+)
 
 __all__ = [
     "ON_DELETE",
@@ -88,31 +100,62 @@ ON_DELETE: frozenset[Rule] = frozenset(dataplane.ON_DELETE)
 
 
 def is_ours(obj: dict[str, Any], lookup: Lookup, settings: Settings) -> bool:
-    """Whether STUNner's rules apply: our kinds, our GatewayClasses, Gateways of our classes.
+    """Whether STUNner's rules apply: our kinds, our GatewayClasses, Gateways of our classes,
+    Gateway API UDPRoutes attached to such a Gateway.
 
-    Raises LookupFailed when a Gateway's class cannot be read."""
+    Raises LookupFailed when a Gateway's class, or a route's parent, cannot be read."""
     kind = str(obj.get("kind"))
     if judged_kind(str(obj.get("apiVersion")), kind) is None:
         return False
     if kind == "GatewayClass":
         return bool(as_dict(obj.get("spec")).get("controllerName") == settings.controller_name)
     if kind == "Gateway":
-        name = as_dict(obj.get("spec")).get("gatewayClassName")
-        if not isinstance(name, str) or not name:
-            return False
-        gwc = lookup.gateway_class(name)
-        if gwc is None:
-            return False
-        return bool(as_dict(gwc.get("spec")).get("controllerName") == settings.controller_name)
+        return _class_is_ours(as_dict(obj.get("spec")).get("gatewayClassName"), lookup, settings)
+    if kind == GATEWAY_API_UDP_ROUTE.kind and group_of(str(obj.get("apiVersion"))) == (
+        GATEWAY_API_UDP_ROUTE.group
+    ):
+        namespace = str(as_dict(obj.get("metadata")).get("namespace") or "default")
+        return any(
+            _class_is_ours(as_dict(gateway.get("spec")).get("gatewayClassName"), lookup, settings)
+            for gateway in _parent_gateways(obj, namespace, lookup)
+        )
     return True
 
 
-def _unchecked_gateway(obj: dict[str, Any], failure: LookupFailed) -> Problem:
-    name = as_dict(obj.get("spec")).get("gatewayClassName")
+def _class_is_ours(name: object, lookup: Lookup, settings: Settings) -> bool:
+    if not isinstance(name, str) or not name:
+        return False
+    gwc = lookup.gateway_class(name)
+    if gwc is None:
+        return False
+    return bool(as_dict(gwc.get("spec")).get("controllerName") == settings.controller_name)
+
+
+def _parent_gateways(
+    route: dict[str, Any], namespace: str, lookup: Lookup
+) -> Iterator[dict[str, Any]]:
+    """The Gateways a route's parentRefs name that exist (other parent kinds are skipped)."""
+    for ref in as_list(as_dict(route.get("spec")).get("parentRefs")):
+        ref = as_dict(ref)
+        group, kind = ref.get("group", GATEWAY.group), ref.get("kind", GATEWAY.kind)
+        name = ref.get("name")
+        if (group, kind) != (GATEWAY.group, GATEWAY.kind) or not isinstance(name, str):
+            continue
+        gateway = lookup.gateway(str(ref.get("namespace") or namespace), name)
+        if gateway is not None:
+            yield gateway
+
+
+def _unchecked(obj: dict[str, Any], failure: LookupFailed) -> Problem:
+    if obj.get("kind") == GATEWAY.kind:
+        name = as_dict(obj.get("spec")).get("gatewayClassName")
+        path, what = "spec.gatewayClassName", f"GatewayClass {name!r}"
+    else:
+        path, what = "spec.parentRefs", "the Gateways (or their classes) it attaches to"
     return warning(
-        "spec.gatewayClassName",
-        f"the STUNner webhook could not read GatewayClass {name!r} ({failure}), so it did not "
-        "check this Gateway: if STUNner manages it, STUNner reports any problem in its status",
+        path,
+        f"the STUNner webhook could not read {what} ({failure}), so it did not check this "
+        f"{obj.get('kind')}: if STUNner manages it, STUNner reports any problem in its status",
         ConditionReason.PENDING,
     )
 
@@ -131,8 +174,8 @@ def validate(
     verdict = Verdict()
     try:
         ours = is_ours(obj, lookup, settings)
-    except LookupFailed as e:  # a Gateway of a class we cannot read: maybe not ours
-        verdict.add([_unchecked_gateway(obj, e)])
+    except LookupFailed as e:  # a Gateway or route we cannot place: maybe not ours
+        verdict.add([_unchecked(obj, e)])
         return verdict
     if not ours:
         return verdict

@@ -112,6 +112,11 @@ class Lookup(Protocol):
         """The GatewayClass as JSON, None if it does not exist."""
         ...
 
+    def gateway(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The Gateway as JSON, None if it does not exist (a Gateway API UDPRoute is STUNner's
+        to judge only when one of its parent Gateways is of a STUNner GatewayClass)."""
+        ...
+
     def reference_grants(self, namespace: str) -> list[dict[str, Any]]:
         """The ReferenceGrants of a namespace as JSON ([] when there are none)."""
         ...

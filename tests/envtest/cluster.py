@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from stunner_api.vocabulary import GATEWAY, JUDGED_KINDS, STUNNER_GROUP, KindInfo
+from stunner_api.vocabulary import JUDGED_KINDS, STUNNER_GROUP, KindInfo
 from tests.support.shared import ROOT, shared
 
 OUR_CRDS = ROOT / "charts" / "stunner" / "crds"
@@ -188,9 +188,10 @@ def _entry(name: str, url: str, ca: bytes, rules: list[dict[str, Any]], policy: 
 
 def registrations(base_url: str, ca: bytes) -> list[dict[str, Any]]:
     """The Validating- and MutatingWebhookConfiguration for every judged kind, each with every
-    version stunner_api.vocabulary lists (the versions it judges), by URL. Gateways have entries
-    of their own with failurePolicy Ignore (the README's registration)."""
-    others = [k for k in JUDGED_KINDS if k is not GATEWAY]
+    version stunner_api.vocabulary lists (the versions it judges), by URL. The Gateway API kinds
+    have entries of their own with failurePolicy Ignore (the README's registration)."""
+    others = [k for k in JUDGED_KINDS if k.group == STUNNER_GROUP]
+    gateway_api = [k for k in JUDGED_KINDS if k.group != STUNNER_GROUP]
     validating = [
         _rule(
             k, ["CREATE", "UPDATE", "DELETE"] if k.group == STUNNER_GROUP else ["CREATE", "UPDATE"]
@@ -198,7 +199,7 @@ def registrations(base_url: str, ca: bytes) -> list[dict[str, Any]]:
         for k in others
     ]
     mutating = [_rule(k, ["CREATE", "UPDATE"]) for k in others]
-    gateways = [_rule(GATEWAY, ["CREATE", "UPDATE"])]
+    gateways = [_rule(k, ["CREATE", "UPDATE"]) for k in gateway_api]
     url = {"Validating": f"{base_url}/validate", "Mutating": f"{base_url}/mutate"}
     names = {"Validating": (VALIDATE, VALIDATE_GATEWAYS), "Mutating": (MUTATE, MUTATE_GATEWAYS)}
     rules = {"Validating": validating, "Mutating": mutating}

@@ -83,6 +83,7 @@ EXAMPLES = sorted((Path(__file__).parents[1] / "data" / "resources").glob("*.yam
 OURS = "stunner.l7mp.io/gateway-operator"
 GW_GROUP, SGROUP = "gateway.networking.k8s.io", "stunner.l7mp.io"
 V1ALPHA2 = "gateway.networking.k8s.io/v1alpha2"
+GW_V1 = "gateway.networking.k8s.io/v1"
 SETTINGS = Settings(pod_cidrs=("10.244.0.0/16", "fd00:10::/64"), service_cidrs=("10.96.0.0/12",))
 
 # --- a real certificate and fake cluster -------------------------------------------------------
@@ -133,12 +134,21 @@ class FakeLookup:
             "stunner-gatewayclass": gatewayclass(),
             "other-class": gatewayclass(controllerName="example.com/other"),
         }
+        self.gateways = {
+            ("stunner", "udp-gateway"): {"spec": {"gatewayClassName": "stunner-gatewayclass"}},
+            ("stunner", "other-gateway"): {"spec": {"gatewayClassName": "other-class"}},
+        }
         self.fail = False
 
     def secret(self, namespace: str, name: str) -> dict[str, Any] | None:
         if self.fail:
             raise LookupFailed(f"cannot read Secret {namespace}/{name}: connection refused")
         return self.secrets.get((namespace, name))
+
+    def gateway(self, namespace: str, name: str) -> dict[str, Any] | None:
+        if self.fail:
+            raise LookupFailed(f"cannot read Gateway {namespace}/{name}: connection refused")
+        return self.gateways.get((namespace, name))
 
     def gateway_class(self, name: str) -> dict[str, Any] | None:
         if self.fail:
@@ -640,13 +650,52 @@ def test_secret_namespace_defaults_to_the_objects() -> None:
         {**gateway(listener("a", 0)), "spec": {"gatewayClassName": "no-such-class"}},
         {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "x"}},
         {**dataplane(), "apiVersion": "example.com/v1"},
+        route({"name": "cm", "kind": "ConfigMap"}, api=GW_V1, parents=[{"name": "other-gateway"}]),
+        route({"name": "cm", "kind": "ConfigMap"}, api=V1ALPHA2, parents=[{"name": "nowhere"}]),
     ],
-    ids=["other-controller-class", "other-class-gateway", "classless-gateway", "secret", "group"],
+    ids=[
+        "other-controller-class",
+        "other-class-gateway",
+        "classless-gateway",
+        "secret",
+        "group",
+        "other-controllers-route",
+        "route-of-no-gateway-yet",
+    ],
 )
 def test_objects_not_ours_get_an_empty_verdict(obj: dict[str, Any]) -> None:
     for operation in ("CREATE", "UPDATE", "DELETE"):
         verdict = validate(obj, obj, operation, FakeLookup(), SETTINGS)
         assert verdict == Verdict()
+
+
+def test_a_gateway_api_udproute_is_judged_when_one_parent_is_ours() -> None:
+    # Other controllers serve Gateway API UDPRoutes too, with backends of their own: STUNner
+    # judges a route only through one of its own Gateways; its own UDPRoute kind always.
+    configmap = {"name": "cm", "kind": "ConfigMap"}
+    both = [{"name": "other-gateway"}, {"name": "udp-gateway", "sectionName": "udp"}]
+    for api in (GW_V1, V1ALPHA2):
+        refused = validate(
+            route(configmap, api=api, parents=both), None, "CREATE", FakeLookup(), SETTINGS
+        )
+        assert [p.path for p in refused.errors] == ["spec.rules[0].backendRefs[0]"]
+    across = [{"name": "udp-gateway", "namespace": "stunner"}]
+    elsewhere = {
+        **route(configmap, api=GW_V1, parents=across),
+        "metadata": {"name": "r", "namespace": "apps"},
+    }
+    assert not validate(elsewhere, None, "CREATE", FakeLookup(), SETTINGS).allowed
+    ours = route(configmap, parents=[{"name": "nowhere"}])
+    assert not validate(ours, None, "CREATE", FakeLookup(), SETTINGS).allowed
+
+
+def test_a_route_whose_parents_cannot_be_read_is_admitted_with_a_warning() -> None:
+    lookup = FakeLookup()
+    lookup.fail = True
+    obj = route({"name": "cm", "kind": "ConfigMap"}, api=GW_V1)
+    verdict = validate(obj, None, "CREATE", lookup, SETTINGS)
+    assert verdict.allowed and [w.path for w in verdict.warnings] == ["spec.parentRefs"]
+    assert "could not read the Gateways" in verdict.warnings[0].message
 
 
 def test_delete_runs_only_the_delete_rules() -> None:

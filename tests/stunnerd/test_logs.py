@@ -32,6 +32,9 @@ class NoLookup:
     def gateway_class(self, name: str) -> dict[str, Any] | None:
         return None
 
+    def gateway(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return None
+
     def reference_grants(self, namespace: str) -> list[dict[str, Any]]:
         return []
 

@@ -1,4 +1,5 @@
-"""Kubernetes objects as the API server holds them, for tests: Secrets and GatewayClasses."""
+"""Kubernetes objects as the API server holds them, for tests: Secrets, GatewayClasses and
+Gateways."""
 
 from __future__ import annotations
 
@@ -28,4 +29,17 @@ def gateway_class(name: str, controller: str = STUNNER_CONTROLLER) -> dict[str, 
         "kind": "GatewayClass",
         "metadata": {"name": name},
         "spec": {"controllerName": controller},
+    }
+
+
+def gateway(name: str, class_name: str, namespace: str = "stunner") -> dict[str, Any]:
+    """A Gateway of `class_name` with one TURN-UDP listener."""
+    return {
+        "apiVersion": "gateway.networking.k8s.io/v1",
+        "kind": "Gateway",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "gatewayClassName": class_name,
+            "listeners": [{"name": "udp", "port": 3478, "protocol": "TURN-UDP"}],
+        },
     }

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 from flask.testing import FlaskClient
 
-from stunner_api.vocabulary import JUDGED_KINDS, KindInfo, api_version
+from stunner_api.vocabulary import GATEWAY_API_UDP_ROUTE, JUDGED_KINDS, KindInfo, api_version
 from tests.support.fakeapi import FakeApiServer
-from tests.support.objects import gateway_class
+from tests.support.objects import gateway, gateway_class
 from tests.webhook.conftest import admission_review, answer
 
 # kind -> (an invalid spec, the field the refusal names)
@@ -75,12 +75,17 @@ def test_an_invalid_object_is_refused_in_every_version(
     kube_client: FlaskClient, fake: FakeApiServer, info: KindInfo, version: str
 ) -> None:
     fake.seed(gateway_class("stunner-gatewayclass"))
+    fake.seed(gateway("udp-gateway", "stunner-gatewayclass"))
     response = answer(kube_client, "/validate", admission_review(obj_of(info, version)))
     assert response["allowed"] is False, response
     assert response["status"]["message"].startswith(INVALID[info.kind][1] + ": ")
 
 
-def test_a_v1_udproute_needs_a_port_for_a_service(kube_client: FlaskClient) -> None:
+def test_a_v1_udproute_needs_a_port_for_a_service(
+    kube_client: FlaskClient, fake: FakeApiServer
+) -> None:
+    fake.seed(gateway_class("stunner-gatewayclass"))
+    fake.seed(gateway("gw", "stunner-gatewayclass"))
     route = {
         "apiVersion": "gateway.networking.k8s.io/v1",
         "kind": "UDPRoute",
@@ -92,3 +97,19 @@ def test_a_v1_udproute_needs_a_port_for_a_service(kube_client: FlaskClient) -> N
         "spec.rules[0].backendRefs[0].port: required by gateway.networking.k8s.io/v1 for a "
         "Service (any port: STUNner ignores it), or use apiVersion stunner.l7mp.io/v1"
     )
+
+
+def test_another_controllers_udproute_is_not_judged(
+    kube_client: FlaskClient, fake: FakeApiServer
+) -> None:
+    """A UDPRoute of another controller's Gateway may name any backend (its controller's
+    business); through a STUNner Gateway the same route is refused."""
+    fake.seed(gateway_class("envoy", controller="example.com/envoy"))
+    fake.seed(gateway("envoy-gw", "envoy"))
+    fake.seed(gateway_class("stunner-gatewayclass"))
+    fake.seed(gateway("udp-gateway", "stunner-gatewayclass"))
+    route = obj_of(GATEWAY_API_UDP_ROUTE, "v1")
+    route["spec"] = {**route["spec"], "parentRefs": [{"name": "envoy-gw"}]}
+    assert answer(kube_client, "/validate", admission_review(route))["allowed"] is True
+    route["spec"] = {**route["spec"], "parentRefs": [{"name": "udp-gateway"}]}
+    assert answer(kube_client, "/validate", admission_review(route))["allowed"] is False

@@ -93,6 +93,9 @@ class NoSecrets:
     def gateway_class(self, name: str) -> dict[str, Any] | None:
         raise LookupFailed("not in this test")
 
+    def gateway(self, namespace: str, name: str) -> dict[str, Any] | None:
+        raise LookupFailed("not in this test")
+
 
 @pytest.fixture
 def kubeconfig(tmp_path: Path, fake: FakeApiServer) -> Path:

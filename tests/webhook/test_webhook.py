@@ -101,6 +101,11 @@ class DictLookup:
             raise LookupFailed(f"cannot read GatewayClass {name} from the Kubernetes API: down")
         return None
 
+    def gateway(self, namespace: str, name: str) -> dict[str, Any] | None:
+        if self.fail:
+            raise LookupFailed(f"cannot read Gateway {namespace}/{name} from the Kubernetes API")
+        return None
+
     def reference_grants(self, namespace: str) -> list[dict[str, Any]]:
         return []
 
