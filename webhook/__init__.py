@@ -154,7 +154,7 @@ def with_cluster_networks(
     ``discover`` is called only when a list is unset (None: never read the API).
     """
     found = discover() if discover and not (settings.pod_cidrs and settings.service_cidrs) else None
-    lines: list[tuple[int, str]] = []
+    prefix = "StaticService prefixes:"
     lists: dict[str, tuple[str, ...]] = {}
     for what, variable, given, source in (
         ("pod", POD_CIDRS, settings.pod_cidrs, "Nodes' spec.podCIDRs"),
@@ -165,22 +165,21 @@ def with_cluster_networks(
             cidrs, origin = (found.pod_cidrs if what == "pod" else found.service_cidrs), source
         lists[what] = cidrs
         if cidrs:
-            listed = ", ".join(cidrs)
-            lines.append((logging.INFO, f"guarding {what} CIDRs {listed} (from {origin})"))
+            log.info("%s guarding %s CIDRs %s (from %s)", prefix, what, ", ".join(cidrs), origin)
         else:
-            lines.append(
-                (
-                    logging.WARNING,
-                    f"no {what} CIDRs: {variable} is unset and the API offered none, so a "
-                    f"StaticService may reach the {what} network; set {variable}",
-                )
+            log.warning(
+                "%s no %s CIDRs: %s is unset and the API offered none, so a StaticService may "
+                "reach the %s network; set %s",
+                prefix,
+                what,
+                variable,
+                what,
+                variable,
             )
     for problem in found.problems if found else ():
-        lines.append((logging.WARNING, f"reading the cluster's networks: {problem}"))
+        log.warning("%s reading the cluster's networks: %s", prefix, problem)
     if not lists["pod"] and not lists["service"]:
-        lines.append((logging.WARNING, "the StaticService backdoor check is off"))
-    for level, line in lines:
-        log.log(level, "StaticService prefixes: %s", line)
+        log.warning("%s the StaticService backdoor check is off", prefix)
     return replace(settings, pod_cidrs=lists["pod"], service_cidrs=lists["service"])
 
 
