@@ -12,9 +12,11 @@ a short timeout and no retries, so that an unreachable API server turns into a p
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import kubernetes.client
@@ -172,3 +174,87 @@ class KubeLookup:
                 api_client: Any = connection.api_client
                 api_client.close()
                 connection.api_client = None
+
+
+# --- the cluster's pod and service networks (read once, at start) -----------------------------
+
+
+@dataclass(frozen=True)
+class ClusterNetworks:
+    """What the API offers about the pod and service networks, and why a part is missing."""
+
+    pod_cidrs: tuple[str, ...]
+    service_cidrs: tuple[str, ...]
+    problems: tuple[str, ...]  # one line per list that could not be read
+
+
+def _list_items(call: Any, *args: str, timeout: float) -> list[dict[str, Any]]:
+    response = call(*args, _request_timeout=timeout, _preload_content=False)
+    try:
+        body = json.loads(response.data)
+    finally:
+        response.release_conn()
+    items = body.get("items") if isinstance(body, dict) else None
+    return [item for item in items or () if isinstance(item, dict)]
+
+
+def discover_cluster_networks(
+    api_client: kubernetes.client.ApiClient | None = None, timeout: float = DEFAULT_TIMEOUT
+) -> ClusterNetworks:
+    """The service CIDRs (networking.k8s.io/v1 ServiceCIDR ``spec.cidrs``, Kubernetes >= 1.33)
+    and the pod CIDRs (every Node's ``spec.podCIDRs``, set where the cluster allocates node
+    CIDRs). Never raises: what cannot be read is empty, with the reason in ``problems``."""
+    try:
+        client: Any = api_client or load_api_client()
+    except Exception as e:  # ConfigException, OSError, YAML errors
+        reason = f"no usable Kubernetes client configuration: {e}"
+        return ClusterNetworks((), (), (f"ServiceCIDRs: {reason}", f"Nodes: {reason}"))
+    try:
+        problems: list[str] = []
+        service = _discover(
+            "ServiceCIDRs",
+            lambda: _list_items(
+                kubernetes.client.CustomObjectsApi(client).list_cluster_custom_object,
+                "networking.k8s.io",
+                "v1",
+                "servicecidrs",
+                timeout=timeout,
+            ),
+            "cidrs",
+            problems,
+        )
+        pod = _discover(
+            "Nodes' spec.podCIDRs",
+            lambda: _list_items(kubernetes.client.CoreV1Api(client).list_node, timeout=timeout),
+            "podCIDRs",
+            problems,
+        )
+        return ClusterNetworks(pod, service, tuple(problems))
+    finally:
+        if api_client is None:
+            client.close()
+
+
+def _discover(
+    what: str, items: Callable[[], list[dict[str, Any]]], key: str, problems: list[str]
+) -> tuple[str, ...]:
+    """The CIDRs under ``spec.<key>`` of every listed object, each once, in order."""
+    try:
+        listed = items()
+    except Exception as e:  # ApiException (403; 404 before Kubernetes 1.33), timeouts, bad JSON
+        why = f"HTTP {e.status} {e.reason}" if isinstance(e, _ApiException) else str(e) or repr(e)
+        problems.append(f"{what}: cannot list: {why}")
+        return ()
+    out: list[str] = []
+    for item in listed:
+        spec = item.get("spec")
+        values = spec.get(key) if isinstance(spec, dict) else None
+        for value in values if isinstance(values, list) else ():
+            try:
+                network = str(ipaddress.ip_network(str(value), strict=False))
+            except ValueError:
+                problems.append(f"{what}: ignored {value!r}, not a CIDR")
+                continue
+            if network not in out:
+                out.append(network)
+    return tuple(out)

@@ -5,7 +5,7 @@ Shared test infrastructure: the official ``kubernetes`` client works against it 
 What it does:
 - Resource types are registered generically (:class:`ResourceType`: group, version, plural,
   kind, namespaced, status subresource). Core ``v1`` secrets, configmaps, services, endpoints,
-  namespaces and the Gateway API / STUNner kinds are registered by default.
+  namespaces, nodes, servicecidrs and the Gateway API / STUNner kinds are registered by default.
 - Verbs: create (POST, 409 AlreadyExists, ``generateName``), get (404 NotFound), list (label
   and field selectors, ``resourceVersion`` in the list metadata), watch (``?watch=true``:
   newline-delimited JSON events over a chunked response; resumes from ``resourceVersion``;
@@ -81,6 +81,15 @@ CORE_TYPES = (
     ResourceType("apps", "v1", "deployments", "Deployment", status_subresource=True),
     ResourceType("apps", "v1", "daemonsets", "DaemonSet", status_subresource=True),
     ResourceType("discovery.k8s.io", "v1", "endpointslices", "EndpointSlice"),
+    ResourceType("", "v1", "nodes", "Node", namespaced=False, status_subresource=True),
+    ResourceType(
+        "networking.k8s.io",
+        "v1",
+        "servicecidrs",
+        "ServiceCIDR",
+        namespaced=False,
+        status_subresource=True,
+    ),
 )
 GATEWAY_TYPES = (
     ResourceType(
@@ -831,6 +840,9 @@ class _Server(ThreadingHTTPServer):
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    # Headers and body go out in two writes: without TCP_NODELAY the body waits for the
+    # client's delayed ACK (40 ms a response), which a real API server does not add.
+    disable_nagle_algorithm = True
     server: _Server
 
     def log_message(self, format: str, *args: Any) -> None:

@@ -244,7 +244,7 @@ def test_malformed_bodies_get_400(client: FlaskClient, body: bytes | str, reason
     for path in ("/validate", "/mutate"):
         resp = client.post(path, data=body, content_type="application/json")
         assert resp.status_code == 400
-        assert reason in resp.get_json()["reason"]
+        assert reason in resp.get_json()["response"]["status"]["message"]
     assert post(client, "/validate", review(VALID))["allowed"] is True  # still serving
 
 
@@ -471,7 +471,7 @@ def test_gunicorn_over_tls_with_the_fake_api(gunicorn: Https, fake: FakeApiServe
     assert any(op["path"] == "/spec/realm" for op in json.loads(base64.b64decode(mutated["patch"])))
 
     status, body = gunicorn.request("POST", "/validate", b"{nope")
-    assert status == 400 and "JSON" in body["reason"]
+    assert status == 400 and "JSON" in body["response"]["status"]["message"]
 
     # The API server hangs: a clear refusal well within the 10 s webhook timeout.
     fake.delay = 30

@@ -1,0 +1,370 @@
+"""The webhook as an operator runs it, and clients that misbehave: shared by the serving tests
+and ``bench/webhook_hostile_bench.py``.
+
+- :func:`make_certs`: a CA and a serving certificate for 127.0.0.1, made here.
+- :class:`Webhook`: ``gunicorn -c webhook/gunicorn.conf.py 'webhook:create_app()'`` over TLS on
+  an ephemeral loopback port, KUBECONFIG pointing at a fake API server; its log is kept.
+- :class:`Hostile`: idle connections (connect, send nothing) and trickling ones (a TLS
+  ClientHello, or HTTP header lines after a finished handshake, one byte at a time), kept open
+  until the server closes them.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import http.client
+import ipaddress
+import json
+import os
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
+from cryptography.x509.oid import NameOID
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def make_certs(directory: Path) -> tuple[Path, Path, Path]:
+    """A CA and a serving certificate for 127.0.0.1/localhost; returns (ca, cert, key)."""
+    now = datetime.datetime.now(datetime.UTC)
+    validity = (now - datetime.timedelta(minutes=5), now + datetime.timedelta(hours=1))
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "test webhook CA")])
+    ca = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(validity[0])
+        .not_valid_after(validity[1])
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(ca_key, hashes.SHA256())
+    )
+    key = ec.generate_private_key(ec.SECP256R1())
+    names = [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "stunner-webhook")]))
+        .issuer_name(ca_name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(validity[0])
+        .not_valid_after(validity[1])
+        .add_extension(x509.SubjectAlternativeName(names), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    paths = directory / "ca.crt", directory / "tls.crt", directory / "tls.key"
+    paths[0].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    paths[1].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_pem = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+    paths[2].write_bytes(key_pem)
+    return paths
+
+
+def tls_secret(name: str, namespace: str) -> dict[str, Any]:
+    """A kubernetes.io/tls Secret with a self-signed RSA-2048 certificate (cert-manager's
+    default key) for a TURN-TLS listener."""
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "turn.example.com")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .sign(key, hashes.SHA256())
+    )
+    pem = {
+        "tls.crt": cert.public_bytes(serialization.Encoding.PEM),
+        "tls.key": key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.TraditionalOpenSSL,
+            serialization.NoEncryption(),
+        ),
+    }
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "kubernetes.io/tls",
+        "metadata": {"name": name, "namespace": namespace},
+        "data": {k: base64.b64encode(v).decode() for k, v in pem.items()},
+    }
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def review(obj: dict[str, Any], operation: str = "CREATE") -> dict[str, Any]:
+    """An AdmissionReview v1 request as a kube-apiserver sends it."""
+    group, _, version = obj["apiVersion"].rpartition("/")
+    gvk = {"group": group, "version": version, "kind": obj["kind"]}
+    gvr = {"group": group, "version": version, "resource": obj["kind"].lower() + "s"}
+    meta = obj.get("metadata", {})
+    return {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": str(uuid.uuid4()),
+            "kind": gvk,
+            "resource": gvr,
+            "requestKind": gvk,
+            "requestResource": gvr,
+            "name": meta.get("name", ""),
+            "namespace": meta.get("namespace", ""),
+            "operation": operation,
+            "userInfo": {"username": "kubernetes-admin", "groups": ["system:masters"]},
+            "object": obj,
+            "oldObject": None,
+            "dryRun": False,
+        },
+    }
+
+
+class Webhook:
+    """gunicorn serving the webhook over TLS; ``start()`` returns once /healthz answers."""
+
+    def __init__(
+        self,
+        directory: Path,
+        kubeconfig: Path,
+        env: dict[str, str] | None = None,
+        args: Sequence[str] = (),
+        workers: int = 2,
+    ) -> None:
+        self.directory = directory
+        self.ca, self.cert, self.key = make_certs(directory)
+        self.port = free_port()
+        self.env = {
+            **os.environ,
+            "KUBECONFIG": str(kubeconfig),
+            "STUNNER_WEBHOOK_BIND": f"127.0.0.1:{self.port}",
+            "STUNNER_WEBHOOK_CERTFILE": str(self.cert),
+            "STUNNER_WEBHOOK_KEYFILE": str(self.key),
+            "STUNNER_WEBHOOK_WORKERS": str(workers),
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+            **(env or {}),
+        }
+        self.env.pop("KUBERNETES_SERVICE_HOST", None)
+        self.args = list(args)
+        self.log_path = directory / "gunicorn.log"
+        self.context = ssl.create_default_context(cafile=str(self.ca))
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def command(self) -> list[str]:
+        conf = str(ROOT / "webhook" / "gunicorn.conf.py")
+        return [sys.executable, "-m", "gunicorn", "-c", conf, *self.args, "webhook:create_app()"]
+
+    def spawn(self) -> subprocess.Popen[bytes]:
+        with self.log_path.open("wb") as log:
+            self.proc = subprocess.Popen(
+                self.command(), cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT
+            )
+        return self.proc
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def start(self, within: float = 20) -> Webhook:
+        proc = self.spawn()
+        deadline = time.monotonic() + within
+        while True:
+            assert proc.poll() is None, self.log()
+            try:
+                if self.request("GET", "/healthz", timeout=1)[0] == 200:
+                    return self
+            except (OSError, http.client.HTTPException):
+                pass
+            assert time.monotonic() < deadline, self.log()
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+    def __enter__(self) -> Webhook:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def connection(self, timeout: float = 10) -> http.client.HTTPSConnection:
+        return http.client.HTTPSConnection(
+            "127.0.0.1", self.port, context=self.context, timeout=timeout
+        )
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: bytes | None = None,
+        headers: dict[str, str] | None = None,
+        timeout: float = 10,
+    ) -> tuple[int, Any]:
+        """One request on a new connection: (status, parsed JSON body or the raw text)."""
+        conn = self.connection(timeout)
+        try:
+            default = {"Content-Type": "application/json"} if body is not None else {}
+            conn.request(method, path, body=body, headers={**default, **(headers or {})})
+            resp = conn.getresponse()
+            data = resp.read()
+            try:
+                return resp.status, json.loads(data)
+            except ValueError:
+                return resp.status, data.decode(errors="replace")
+        finally:
+            conn.close()
+
+    def review(self, path: str, body: dict[str, Any], timeout: float = 10) -> dict[str, Any]:
+        status, out = self.request("POST", path, json.dumps(body).encode(), timeout=timeout)
+        assert status == 200, out
+        assert out["response"]["uid"] == body["request"]["uid"]
+        response: dict[str, Any] = out["response"]
+        return response
+
+
+def client_hello(server_name: str = "localhost") -> bytes:
+    """The bytes of a real TLS ClientHello (what a trickling client sends a byte at a time)."""
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    context = ssl.create_default_context()
+    tls = context.wrap_bio(incoming, outgoing, server_hostname=server_name)
+    try:
+        tls.do_handshake()
+    except ssl.SSLWantReadError:
+        pass
+    return outgoing.read()
+
+
+REQUEST_HEAD = (
+    b"POST /validate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+    b"Content-Length: 2\r\nX-Padding: " + b"x" * 200 + b"\r\n\r\n{}"
+)
+
+
+class Hostile:
+    """``idle`` connections that send nothing and ``trickling`` ones sending a byte every
+    ``interval`` seconds: half a TLS ClientHello, half (after the handshake) an HTTP request
+    head. A thread keeps them going until :meth:`close`; :attr:`closed_after` records, per
+    connection, how long after opening the server closed it; with ``reopen`` each closed one
+    is replaced, so that the server always faces the same number."""
+
+    def __init__(
+        self, port: int, context: ssl.SSLContext, interval: float = 0.2, reopen: bool = False
+    ) -> None:
+        self.port = port
+        self.reopen = reopen  # open a new connection of the same kind for each one closed
+        self._reopen: list[bytes] = []
+        self.context = context
+        self.interval = interval
+        self.closed_after: list[float] = []
+        self.opened = 0
+        self._conns: dict[socket.socket, tuple[float, bytes, int]] = {}  # sock: (t0, data, sent)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def open(self, idle: int, trickling: int) -> Hostile:
+        hello = client_hello()
+        for i in range(idle + trickling):
+            self._open(b"" if i < idle else (hello if (i - idle) % 2 == 0 else REQUEST_HEAD))
+        if not self._thread.is_alive():
+            self._thread.start()
+        return self
+
+    def _open(self, data: bytes) -> None:
+        started = time.monotonic()
+        sock = socket.create_connection(("127.0.0.1", self.port), timeout=5)
+        if data is REQUEST_HEAD:
+            sock = self.context.wrap_socket(sock, server_hostname="127.0.0.1")
+        self._add(sock, started, data)
+
+    def _add(self, sock: socket.socket, started: float, data: bytes) -> None:
+        sock.setblocking(False)
+        with self._lock:
+            self._conns[sock] = (started, data, 0)
+            self.opened += 1
+
+    @property
+    def open_count(self) -> int:
+        with self._lock:
+            return len(self._conns)
+
+    def _closed(self, sock: socket.socket) -> None:
+        started, data, _ = self._conns.pop(sock)
+        self.closed_after.append(time.monotonic() - started)
+        sock.close()
+        if self.reopen:
+            self._reopen.append(data)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            with self._lock:
+                for sock in list(self._conns):
+                    self._tick(sock)
+                again, self._reopen = self._reopen, []
+            for data in again:
+                try:
+                    self._open(data)
+                except OSError:
+                    self._reopen.append(data)  # next round
+            self._stop.wait(self.interval)
+
+    def _tick(self, sock: socket.socket) -> None:
+        started, data, sent = self._conns[sock]
+        try:
+            # A server that closed us: EOF (or an alert, then EOF) on read, or a reset.
+            chunk = sock.recv(4096)
+            if not chunk or not isinstance(sock, ssl.SSLSocket):
+                self._closed(sock)
+                return
+        except (BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
+            pass
+        except OSError:
+            self._closed(sock)
+            return
+        if sent < len(data):
+            try:
+                sock.send(data[sent : sent + 1])
+            except (BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
+                return
+            except OSError:
+                self._closed(sock)
+                return
+            self._conns[sock] = (started, data, sent + 1)
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(5)
+        with self._lock:
+            for sock in self._conns:
+                sock.close()
+            self._conns.clear()
