@@ -4,10 +4,10 @@ listeners and for the rules that check a Gateway's certificateRefs.
 Messages say what is wrong, never what the key or certificate holds.
 
 The match compares the public key in the certificate with the one derived from the private key.
-The key is loaded with ``unsafe_skip_rsa_key_validation``: cryptography's RSA consistency check
-(~27 ms for a 2048-bit key) proves the private numbers are consistent, which the match does not
-need; a key with consistent public but broken private numbers still fails at the TLS handshake,
-where OpenSSL uses it. The admission webhook runs this on every Gateway review (issue 10).
+cryptography's RSA consistency check of the private numbers (~27 ms for a 2048-bit key) is not
+needed for that: the admission webhook, which matches a Gateway's certificate on every review,
+skips it (`check_private_numbers=False`, issue 10); stunnerd, which loads a key once per config
+and then signs with it, keeps it, so a key with broken private numbers is refused at apply.
 """
 
 from __future__ import annotations
@@ -60,16 +60,19 @@ def _public_key_der(key: x509.Certificate | PrivateKeyTypes) -> bytes:
     )
 
 
-def load_pair(cert_pem: bytes, key_pem: bytes) -> CertificatePair:
+def load_pair(
+    cert_pem: bytes, key_pem: bytes, check_private_numbers: bool = True
+) -> CertificatePair:
     """The certificate chain and its private key, checked to belong together (public keys
-    compared); CertificateError otherwise."""
+    compared); CertificateError otherwise. `check_private_numbers=False` skips the RSA private
+    key consistency check (a match needs only the public key)."""
     try:
         chain = x509.load_pem_x509_certificates(cert_pem)
     except (ValueError, UnsupportedAlgorithm):
         raise CertificateError("cert", NO_CERTIFICATE) from None
     try:
         key = serialization.load_pem_private_key(
-            key_pem, password=None, unsafe_skip_rsa_key_validation=True
+            key_pem, password=None, unsafe_skip_rsa_key_validation=not check_private_numbers
         )
     except (ValueError, TypeError, UnsupportedAlgorithm):
         raise CertificateError("key", NO_KEY) from None
@@ -83,9 +86,10 @@ def load_pair(cert_pem: bytes, key_pem: bytes) -> CertificatePair:
 
 
 def pair_problem(cert_pem: bytes, key_pem: bytes) -> str | None:
-    """Why a PEM certificate and key are unusable together, or None when they are usable."""
+    """Why a PEM certificate and key do not belong together, or None when they do; the RSA
+    private numbers are not checked (the admission webhook's question, on every review)."""
     try:
-        load_pair(cert_pem, key_pem)
+        load_pair(cert_pem, key_pem, check_private_numbers=False)
     except CertificateError as e:
         return str(e)
     return None

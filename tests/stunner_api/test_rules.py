@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import base64
 import copy
-import datetime
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,10 +25,7 @@ from typing import Any
 import jsonpatch
 import pytest
 import yaml
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
 from stunner_api.rules import (
     ON_DELETE,
@@ -79,7 +75,9 @@ from stunner_api.rules.udproute import (
     udproute_parent_refs,
     udproute_schema,
 )
-from stunner_api.vocabulary import ConditionReason
+from stunner_api.vocabulary import GATEWAY_CONFIG_AUTH_TYPES, TLS_SECRET_TYPES, ConditionReason
+from tests.support.objects import secret
+from tests.support.pki import key_pem, self_signed
 
 EXAMPLES = sorted((Path(__file__).parents[1] / "data" / "resources").glob("*.yaml"))
 OURS = "stunner.l7mp.io/gateway-operator"
@@ -90,43 +88,17 @@ SETTINGS = Settings(pod_cidrs=("10.244.0.0/16", "fd00:10::/64"), service_cidrs=(
 # --- a real certificate and fake cluster -------------------------------------------------------
 
 
-def self_signed(key: ec.EllipticCurvePrivateKey) -> bytes:
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "turn.example.com")])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now)
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .sign(key, hashes.SHA256())
-    )
-    return cert.public_bytes(serialization.Encoding.PEM)
-
-
-def key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
-    return key.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption(),
-    )
-
-
 KEY, OTHER_KEY = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
 CERT = self_signed(KEY)
+RSA_KEY = rsa.generate_private_key(public_exponent=65537, key_size=2048)
 
 
-def secret(name: str, kind: str = "Opaque", **data: bytes | str) -> dict[str, Any]:
-    raw = {k: v.encode() if isinstance(v, str) else v for k, v in data.items()}
-    return {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "metadata": {"name": name, "namespace": "stunner"},
-        "type": kind,
-        "data": {k: base64.b64encode(v).decode() for k, v in raw.items()},
-    }
+def inconsistent_rsa_key() -> bytes:
+    """RSA_KEY's public numbers with a private number off: the RSA consistency check (~27 ms a
+    review) would refuse it; the public-key match does not look (issue 10, fault 6)."""
+    n = RSA_KEY.private_numbers()
+    broken = rsa.RSAPrivateNumbers(n.p, n.q, n.d, n.dmp1 + 2, n.dmq1, n.iqmp, n.public_numbers)
+    return key_pem(broken.private_key(unsafe_skip_rsa_key_validation=True))
 
 
 SECRETS = [
@@ -144,6 +116,11 @@ SECRETS = [
     secret("badkey", "kubernetes.io/tls", **{"tls.crt": CERT, "tls.key": b"nope"}),
     secret("certonly", "kubernetes.io/tls", **{"tls.crt": CERT}),
     secret("basic", "kubernetes.io/basic-auth", username="u", password="p"),
+    secret(
+        "rsa-unchecked",
+        "kubernetes.io/tls",
+        **{"tls.crt": self_signed(RSA_KEY), "tls.key": inconsistent_rsa_key()},
+    ),
 ]
 
 
@@ -399,6 +376,7 @@ CASES: list[tuple[Rule, dict[str, Any], list[str]]] = [
     (gateway_mixed_protocols, gateway(listener("a", 1), listener("b", 2, "DTLS")), []),
     (gateway_listener_tls, tls_gateway("tls-secret"), []),
     (gateway_listener_tls, tls_gateway("opaque-tls", mode="Terminate"), []),
+    (gateway_listener_tls, tls_gateway("rsa-unchecked"), []),  # no RSA consistency check
     (gateway_listener_tls, tls_gateway("missing"), []),  # a warning, not an error
     (gateway_listener_tls, gateway(listener("a", 1, "TURN-TLS")), ["[0].tls: required for"]),
     (gateway_listener_tls, tls_gateway("tls-secret", mode="Passthrough"), ["tls.mode: must be"]),
@@ -872,3 +850,24 @@ def test_no_defaults_for_other_kinds(obj: dict[str, Any]) -> None:
 def test_json_pointer_escaping(tokens: list[str | int], pointer: str) -> None:
     assert json_pointer(tokens) == pointer
     assert jsonpatch.JsonPointer(pointer).parts == [str(t) for t in tokens]
+
+
+# --- no Secret content in any message (issue 10, fault 1) -------------------------------------
+
+
+def secret_words(s: dict[str, Any]) -> list[str]:
+    """What a Secret holds that no message may show: its data values and its type, except the
+    words of our own vocabulary that messages name anyway (static, Opaque, ...)."""
+    ours = {*GATEWAY_CONFIG_AUTH_TYPES, *TLS_SECRET_TYPES}
+    words = [base64.b64decode(v).decode(errors="replace") for v in s["data"].values()]
+    return [w for w in [*words, s["type"]] if w not in ours and len(w) >= 3]
+
+
+@pytest.mark.parametrize("s", SECRETS, ids=lambda s: s["metadata"]["name"])
+def test_no_message_shows_what_a_secret_holds(s: dict[str, Any]) -> None:
+    name = s["metadata"]["name"]
+    for obj in (auth_ref(name), tls_gateway(name)):
+        verdict = validate(obj, None, "CREATE", FakeLookup(), SETTINGS)
+        text = " ".join([verdict.message, *verdict.warning_messages])
+        for word in secret_words(s):
+            assert word not in text, (word, text)

@@ -20,6 +20,11 @@ What it does:
 - Fault injection: :attr:`FakeApiServer.fail_status` answers every request with that error code;
   :attr:`FakeApiServer.delay` stalls every request (cut short by :meth:`FakeApiServer.stop`).
 - Discovery: ``/api``, ``/apis``, ``/api/v1``, ``/apis/{group}/{version}``, ``/version``.
+- Authorization, for playing a user without rights: :meth:`FakeApiServer.forbid` answers 403
+  Forbidden to every request on a resource (the caller's own RBAC), and ``POST
+  /apis/authorization.k8s.io/v1/subjectaccessreviews`` answers from the rules given to
+  :meth:`FakeApiServer.allow` (everything else is denied); the reviews asked are kept in
+  :attr:`FakeApiServer.access_reviews`.
 
 Not implemented: server-side apply, list pagination, deletecollection, bookmarks, admission.
 """
@@ -90,11 +95,43 @@ GATEWAY_TYPES = (
     ResourceType(
         "gateway.networking.k8s.io", "v1alpha2", "udproutes", "UDPRoute", status_subresource=True
     ),
+    ResourceType(
+        "gateway.networking.k8s.io", "v1", "udproutes", "UDPRoute", status_subresource=True
+    ),
+    ResourceType("gateway.networking.k8s.io", "v1beta1", "referencegrants", "ReferenceGrant"),
     ResourceType("stunner.l7mp.io", "v1", "gatewayconfigs", "GatewayConfig"),
     ResourceType("stunner.l7mp.io", "v1", "udproutes", "UDPRoute", status_subresource=True),
     ResourceType("stunner.l7mp.io", "v1", "dataplanes", "Dataplane", namespaced=False),
     ResourceType("stunner.l7mp.io", "v1", "staticservices", "StaticService"),
 )
+
+
+SUBJECT_ACCESS_REVIEWS = "/apis/authorization.k8s.io/v1/subjectaccessreviews"
+
+
+@dataclass(frozen=True)
+class AccessRule:
+    """One permission for SubjectAccessReviews: `user` (or a group of the user) may `verb` the
+    `resource` of `group` in `namespace` ("" = every namespace), named `name` ("" = any)."""
+
+    user: str
+    verb: str
+    resource: str
+    namespace: str = ""
+    name: str = ""
+    group: str = ""
+
+    def allows(self, spec: JSON) -> bool:
+        attributes = spec.get("resourceAttributes") or {}
+        who = {spec.get("user"), *(spec.get("groups") or [])}
+        return (
+            self.user in who
+            and self.verb == attributes.get("verb")
+            and self.resource == attributes.get("resource")
+            and self.group == (attributes.get("group") or "")
+            and self.namespace in ("", attributes.get("namespace"))
+            and self.name in ("", attributes.get("name"))
+        )
 
 
 class ApiError(Exception):
@@ -236,6 +273,9 @@ class FakeApiServer:
         self.fail_status: int | None = None
         self.delay: float = 0.0
         self.requests: list[tuple[str, str]] = []  # (method, path) log
+        self.forbidden: set[tuple[str, str]] = set()  # (group, plural) answered with 403
+        self.access_rules: list[AccessRule] = []
+        self.access_reviews: list[JSON] = []  # the SubjectAccessReview specs asked
         self._httpd: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -312,6 +352,34 @@ class FakeApiServer:
             )
         )
         return path
+
+    # --- authorization -----------------------------------------------------------------------
+
+    def forbid(self, group: str, plural: str) -> None:
+        """Answer 403 Forbidden to every request on that resource (the caller lacks RBAC)."""
+        self.forbidden.add((group, plural))
+
+    def allow(self, user: str, verb: str, resource: str, **where: str) -> None:
+        """Let SubjectAccessReviews answer allowed for that user (or group) and access."""
+        self.access_rules.append(AccessRule(user, verb, resource, **where))
+
+    def review_access(self, review: Any) -> JSON:
+        """The answered SubjectAccessReview."""
+        if not isinstance(review, dict) or not isinstance(review.get("spec"), dict):
+            raise ApiError(400, "BadRequest", "a SubjectAccessReview needs a spec")
+        spec = review["spec"]
+        self.access_reviews.append(copy.deepcopy(spec))
+        allowed = any(rule.allows(spec) for rule in self.access_rules)
+        status: JSON = {"allowed": allowed}
+        if not allowed:
+            status["reason"] = "no rule allows it (fake API server)"
+        return {
+            "apiVersion": "authorization.k8s.io/v1",
+            "kind": "SubjectAccessReview",
+            "metadata": {"creationTimestamp": None},
+            "spec": spec,
+            "status": status,
+        }
 
     # --- direct state access for tests (no HTTP) -----------------------------------------------
 
@@ -824,7 +892,22 @@ class _Handler(BaseHTTPRequestHandler):
                 fake._stopping.wait(fake.delay)
             if fake.fail_status:
                 raise ApiError(fake.fail_status, "InternalError", "injected failure")
+            if url.path == SUBJECT_ACCESS_REVIEWS and method == "POST":
+                if ("authorization.k8s.io", "subjectaccessreviews") in fake.forbidden:
+                    raise ApiError(403, "Forbidden", "subjectaccessreviews are forbidden")
+                self._send_json(201, fake.review_access(body))
+                return
             routed = fake.route(url.path)
+            if not isinstance(routed, dict) and (routed[0].group, routed[0].plural) in (
+                fake.forbidden
+            ):
+                rt = routed[0]
+                raise ApiError(
+                    403,
+                    "Forbidden",
+                    f'{rt.plural}.{rt.group or "core"} is forbidden: User "system:serviceaccount:'
+                    f'fake:fake" cannot {method.lower()} resource "{rt.plural}"',
+                )
             if isinstance(routed, dict):
                 if method != "GET":
                     raise ApiError(405, "MethodNotAllowed", "method not allowed")

@@ -392,12 +392,6 @@ class Https:
 
 
 @pytest.fixture
-def fake() -> Iterator[FakeApiServer]:
-    with FakeApiServer() as server:
-        yield server
-
-
-@pytest.fixture
 def gunicorn(tmp_path: Path, fake: FakeApiServer) -> Iterator[Https]:
     ca, cert, key = make_certs(tmp_path)
     port = free_port()
