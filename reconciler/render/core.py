@@ -164,6 +164,15 @@ class _Renderer:
         self.note_problems(obj, problems)
         return [p for p in problems if p.severity == Severity.ERROR]
 
+    def parameter(self, kind: Kind, namespace: str, name: str, missing: str) -> Object | str:
+        """A GatewayConfig or Dataplane of a class, or why the class cannot use it."""
+        obj = self.snapshot.get(kind, namespace, name)
+        if obj is None:
+            return missing
+        errors = self.judge_errors(obj)
+        where = f"{namespace}/{name}" if namespace else name
+        return f"{obj.get('kind')} {where}: {errors[0]}" if errors else obj
+
     def resolve_class(self, gateway_class: Object) -> ClassContext:
         ctx = ClassContext(gateway_class)
         errors = self.judge_errors(gateway_class)
@@ -172,23 +181,27 @@ class _Renderer:
             return ctx
         ref = _spec(gateway_class).get("parametersRef") or {}
         namespace, name = str(ref.get("namespace")), str(ref.get("name"))
-        ctx.gateway_config = self.snapshot.get(Kind.GATEWAY_CONFIG, namespace, name)
-        if ctx.gateway_config is None:
-            ctx.error = f"No GatewayConfig found for name: {namespace}/{name}"
+        found = self.parameter(
+            Kind.GATEWAY_CONFIG,
+            namespace,
+            name,
+            f"No GatewayConfig found for name: {namespace}/{name}",
+        )
+        if isinstance(found, str):
+            ctx.error = found
             return ctx
-        errors = self.judge_errors(ctx.gateway_config)
-        if errors:
-            ctx.error = f"GatewayConfig {namespace}/{name}: {errors[0]}"
+        ctx.gateway_config = found
+        dataplane_name = str(_spec(found).get("dataplane") or DEFAULT_DATAPLANE)
+        found = self.parameter(
+            Kind.DATAPLANE,
+            "",
+            dataplane_name,
+            f"missing Dataplane resource for Gateway: no Dataplane {dataplane_name!r}",
+        )
+        if isinstance(found, str):
+            ctx.error = found
             return ctx
-        dataplane_name = str(_spec(ctx.gateway_config).get("dataplane") or DEFAULT_DATAPLANE)
-        ctx.dataplane = self.snapshot.get(Kind.DATAPLANE, "", dataplane_name)
-        if ctx.dataplane is None:
-            ctx.error = f"missing Dataplane resource for Gateway: no Dataplane {dataplane_name!r}"
-            return ctx
-        errors = self.judge_errors(ctx.dataplane)
-        if errors:
-            ctx.error = f"Dataplane {dataplane_name}: {errors[0]}"
-            return ctx
+        ctx.dataplane = found
         try:
             ctx.auth = config.auth(ctx.gateway_config, self.snapshot)
         except config.AuthError as exc:

@@ -13,13 +13,10 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 
 from reconciler.render import Plan, RenderSettings, render
 from reconciler.store import Snapshot
+from stunnerd.tls import self_signed_certificate
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 CONTROLLER = "stunner.l7mp.io/gateway-operator"
@@ -206,24 +203,9 @@ def cluster(plan: Plan, name: str = "stunner/route", gw: str = "stunner/gw") -> 
 
 
 def tls_pair() -> tuple[bytes, bytes]:
-    key = ec.generate_private_key(ec.SECP256R1())
-    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "turn.example.com")])
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(subject)
-        .issuer_name(subject)
-        .public_key(key.public_key())
-        .serial_number(1)
-        .not_valid_before(NOW - timedelta(days=1))
-        .not_valid_after(NOW + timedelta(days=365))
-        .sign(key, hashes.SHA256())
-    )
-    key_pem = key.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption(),
-    )
-    return cert.public_bytes(serialization.Encoding.PEM), key_pem
+    """A fresh PEM certificate and key."""
+    cert, key = self_signed_certificate("turn.example.com")
+    return base64.b64decode(cert), base64.b64decode(key)
 
 
 def tls_listener(name: str = "tls", secret_name: str = "cert", **ref: str) -> Obj:
