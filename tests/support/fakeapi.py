@@ -20,6 +20,8 @@ What it does:
 - Fault injection: :attr:`FakeApiServer.fail_status` answers every request with that error code;
   :attr:`FakeApiServer.delay` stalls every request (cut short by :meth:`FakeApiServer.stop`).
 - Discovery: ``/api``, ``/apis``, ``/api/v1``, ``/apis/{group}/{version}``, ``/version``.
+- The proxy to Services and pods (``.../services/NAME:PORT/proxy/PATH``, GETs only): a test maps
+  it to a real server on loopback with :meth:`FakeApiServer.proxy`.
 - Authorization, for playing a user without rights: :meth:`FakeApiServer.forbid` answers 403
   Forbidden to every request on a resource (the caller's own RBAC), and ``POST
   /apis/authorization.k8s.io/v1/subjectaccessreviews`` answers from the rules given to
@@ -37,6 +39,9 @@ import re
 import socket
 import threading
 import time
+import urllib.error
+import urllib.parse
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -116,6 +121,9 @@ GATEWAY_TYPES = (
 
 
 SUBJECT_ACCESS_REVIEWS = "/apis/authorization.k8s.io/v1/subjectaccessreviews"
+PROXY_PATH = re.compile(
+    r"^/api/v1/namespaces/([^/]+)/(services|pods)/([^/:]+)(?::([^/]+))?/proxy(/.*)?$"
+)
 
 
 @dataclass(frozen=True)
@@ -285,6 +293,8 @@ class FakeApiServer:
         self.forbidden: set[tuple[str, str]] = set()  # (group, plural) answered with 403
         self.access_rules: list[AccessRule] = []
         self.access_reviews: list[JSON] = []  # the SubjectAccessReview specs asked
+        # (namespace, "services"|"pods", name, port) -> a real backend (host, port) on loopback
+        self.proxied: dict[tuple[str, str, str, str], tuple[str, int]] = {}
         self._httpd: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -361,6 +371,35 @@ class FakeApiServer:
             )
         )
         return path
+
+    # --- the API server's proxy to Services and pods ------------------------------------------
+
+    def proxy(self, namespace: str, resource: str, name: str, port: int | str, to: Any) -> None:
+        """Make `.../namespaces/NS/{services|pods}/NAME:PORT/proxy/PATH` reach `to` (host, port),
+        as a kube-apiserver reaches a Service or pod inside the cluster."""
+        self.proxied[(namespace, resource, name, str(port))] = (str(to[0]), int(to[1]))
+
+    def forward(self, path: str, query: str) -> tuple[int, str, bytes] | None:
+        """The backend's answer to a GET through the proxy; None when the path is no proxy's."""
+        match = PROXY_PATH.match(urllib.parse.unquote(path))  # "name%3A13478" as the client sends
+        if match is None:
+            return None
+        namespace, resource, name, port, rest = match.groups()
+        backend = self.proxied.get((namespace, resource, name, port or ""))
+        if backend is None:
+            raise ApiError(
+                503, "ServiceUnavailable", f'no endpoints available for {resource[:-1]} "{name}"'
+            )
+        url = f"http://{backend[0]}:{backend[1]}{rest or '/'}" + (f"?{query}" if query else "")
+        try:
+            with urllib.request.urlopen(url, timeout=10) as answer:
+                return answer.status, answer.headers.get("Content-Type", ""), answer.read()
+        except urllib.error.HTTPError as e:
+            return e.code, e.headers.get("Content-Type", ""), e.read()
+        except OSError as e:
+            raise ApiError(
+                503, "ServiceUnavailable", f"error trying to reach {name}: {e}"
+            ) from None
 
     # --- authorization -----------------------------------------------------------------------
 
@@ -904,6 +943,14 @@ class _Handler(BaseHTTPRequestHandler):
                 fake._stopping.wait(fake.delay)
             if fake.fail_status:
                 raise ApiError(fake.fail_status, "InternalError", "injected failure")
+            if method == "GET" and (forwarded := fake.forward(url.path, url.query)) is not None:
+                code, ctype, data = forwarded
+                self.send_response(code)
+                self.send_header("Content-Type", ctype or "application/octet-stream")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+                return
             if url.path == SUBJECT_ACCESS_REVIEWS and method == "POST":
                 if ("authorization.k8s.io", "subjectaccessreviews") in fake.forbidden:
                     raise ApiError(403, "Forbidden", "subjectaccessreviews are forbidden")
