@@ -664,6 +664,7 @@ class LeaseElector:
         self._observed: tuple[str, str] | None = None  # (holder, renewTime) last seen
         self._observed_at = 0.0
         self._last_renewal = 0.0
+        self._stopped = False
 
     @property
     def path(self) -> str:
@@ -739,14 +740,17 @@ class LeaseElector:
             log.warning("could not release Lease %s/%s: %s", self.namespace, self.name, exc)
 
     async def run(self) -> None:
-        """Acquire and renew until cancelled (leadership is dropped then, not released)."""
+        """Acquire and renew until stopped or cancelled (leadership is dropped then, and the
+        Lease released only by `stop`)."""
         try:
-            while True:
+            while not self._stopped:
                 try:
                     held = await asyncio.to_thread(self.try_acquire_or_renew)
                 except Exception as exc:
                     log.debug("leader election round failed: %s", describe(exc))
                     held = False
+                if self._stopped:
+                    break
                 now = time.monotonic()
                 if held:
                     self._last_renewal = now
@@ -760,6 +764,8 @@ class LeaseElector:
             self._set_leading(False)
 
     async def stop(self, release: bool = True) -> None:
+        """No more rounds; give the Lease up if we held it and `release`."""
+        self._stopped = True
         was_leading = self.leading
         self._set_leading(False)
         if release and was_leading:
