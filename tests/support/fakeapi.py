@@ -122,6 +122,9 @@ GATEWAY_TYPES = (
 
 
 SUBJECT_ACCESS_REVIEWS = "/apis/authorization.k8s.io/v1/subjectaccessreviews"
+# Kinds whose DELETE answers with the deleted object (the API server's ReturnDeletedObject; the
+# typed client of these expects it), not with a Status.
+RETURN_DELETED_OBJECT = {("", "v1", "services"), ("", "v1", "pods"), ("", "v1", "namespaces")}
 
 
 @dataclass(frozen=True)
@@ -1067,6 +1070,8 @@ class _Handler(BaseHTTPRequestHandler):
                 obj = fake.delete(rt, scope, name, dry_run, options)
                 if obj["metadata"].get("deletionTimestamp") and obj["metadata"].get("finalizers"):
                     self._send_json(202, obj)
+                elif rt.key in RETURN_DELETED_OBJECT:
+                    self._send_json(200, obj)
                 else:
                     details = {"name": name, "group": rt.group, "kind": rt.plural}
                     details["uid"] = obj["metadata"]["uid"]
