@@ -94,7 +94,12 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"minimum time between two renders (default {THROTTLE})",
     )
     parser.add_argument(
-        "-l", "--log", default="INFO", metavar="LEVEL", help="log level (default INFO)"
+        "-l",
+        "--log",
+        default="INFO",
+        type=str.upper,
+        choices=("DEBUG", "INFO", "WARNING", "ERROR"),
+        help="log level (default INFO)",
     )
     add_cluster_arguments(parser)
     return parser
@@ -185,7 +190,11 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
         help="/healthz and /readyz bind address, 0 to disable (:8081)",
     )
     group.add_argument(
-        "--zap-log-level", default=None, help="log level (Go's flag name; same as --log)"
+        "--zap-log-level",
+        default=None,
+        type=str.upper,
+        choices=("DEBUG", "INFO", "WARNING", "ERROR"),
+        help="log level (Go's flag name; same as --log)",
     )
 
 
