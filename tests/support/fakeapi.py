@@ -965,6 +965,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     def setup(self) -> None:
         super().setup()
+        # Headers and body go out in separate writes: without TCP_NODELAY, Nagle's algorithm
+        # and the client's delayed ACK hold every response ~40 ms (loopback latency is ~0).
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         with self.server.fake._conns_lock:
             self.server.fake._conns.add(self.connection)
 
