@@ -23,7 +23,6 @@ Programmed False Invalid (a rendered config that does not validate) and Unknown 
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 from typing import Any
 
 import pytest
