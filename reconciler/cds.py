@@ -9,7 +9,8 @@ stunnerd drains) and forgotten.
 GET `/api/v1/configs[/{namespace}[/{name}]]`, and the same with `?watch=true` over WebSocket
 (text frames, one full config each: the current ones on connect, then every change). An unknown
 id is a 404 `{code, message}` (a watch on it is accepted and waits: stunnerd may start before
-its Gateway renders). The server pings every watcher and drops one that does not answer.
+its Gateway renders). The server pings every watcher and drops one that does not answer. The
+`node` parameter (Go's premium relay-address discovery) is accepted and ignored.
 
 Every watcher has its own bounded queue: at most one pending config per id, a newer one replacing
 an older one that was not sent yet (latest config wins). Publishing never waits for a watcher; a
@@ -199,13 +200,12 @@ class CdsHandlers:
             if request.headers.get("Upgrade", "").lower() != "websocket":
                 return _json_error(HTTPStatus.BAD_REQUEST, "watch=true needs a WebSocket upgrade")
             return await self.watch(request, selector)
-        texts = self.store.select(selector)
         if selector.name:
-            text = texts.get(str(selector))
+            text = self.store.text(str(selector))
             if text is None:
                 return _json_error(HTTPStatus.NOT_FOUND, f"config {selector} not found")
             return web.Response(text=text, content_type="application/json")
-        items = ",".join(texts.values())
+        items = ",".join(self.store.select(selector).values())
         body = f'{{"version":"{LIST_VERSION}","items":[{items}]}}'
         return web.Response(text=body, content_type="application/json")
 

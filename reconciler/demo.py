@@ -120,8 +120,7 @@ async def run(address: str, port: int, count: int, manifests: Path, verbose: boo
                 f"config discovery service on {local.cds_address}; auth service on "
                 f"{local.auth_address}"
             )
-            assert local.dataplanes is not None
-            stunnerd = local.dataplanes.processes[GATEWAY_ID]
+            stunnerd = await local.dataplane(GATEWAY_ID)
             await wait_until_serving(address, port, stunnerd)
             print(
                 f"stunnerd (pid {stunnerd.pid}) watching {GATEWAY_ID}, serving on "

@@ -162,6 +162,15 @@ class LocalMode:
     auth_address: str
     dataplanes: Dataplanes | None
 
+    async def dataplane(self, id: str, timeout: float = 10.0) -> subprocess.Popen[bytes]:
+        """The stunnerd started for config `id`, once it is there."""
+        if self.dataplanes is None:
+            raise RuntimeError("local mode runs no dataplanes (start_dataplanes is off)")
+        async with asyncio.timeout(timeout):
+            while id not in self.dataplanes.processes:
+                await asyncio.sleep(0.05)
+        return self.dataplanes.processes[id]
+
     async def rendered(self, renders: int) -> None:
         """Wait until the loop has rendered at least `renders` times."""
         async with self.reconciler.rendered:

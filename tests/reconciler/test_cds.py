@@ -14,6 +14,7 @@ import contextlib
 import json
 import random
 import socket
+import time
 from collections.abc import AsyncGenerator, Callable, Coroutine
 from typing import Any
 
@@ -203,6 +204,10 @@ def test_list_and_namespace_watches() -> None:
                 assert await names(every, 2) == ["ns1/gw-b", "ns2/gw-a"]
                 frame = json.loads(await asyncio.wait_for(ns2.recv(), STEP))
                 assert frame["auth"]["realm"] == "changed"  # ns1/gw-b never reached ns2's watch
+                store.publish({"ns1/gw-a": make_config("ns1/gw-a")})  # the others are deleted
+                deleted = {await asyncio.wait_for(every.recv(), STEP) for _ in range(2)}
+                assert deleted == {zero_config(id).to_json() for id in ("ns1/gw-b", "ns2/gw-a")}
+                assert await asyncio.wait_for(ns2.recv(), STEP) == zero_config("ns2/gw-a").to_json()
 
     run(main)
 
@@ -241,7 +246,9 @@ def test_a_watcher_that_stops_reading_is_dropped_and_the_others_keep_up(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     async def main() -> None:
-        async with cds_server(write_timeout=0.3, heartbeat=None) as (store, address):
+        # The reader must get every frame well within the write timeout that the stuck watcher
+        # spends blocked before it is dropped: nothing waits for the stuck one.
+        async with cds_server(write_timeout=2.0, heartbeat=None) as (store, address):
             id = "ns1/gw-a"
             big = make_config(id, endpoints=5000)  # random endpoints: ~80 kB that do not compress
             store.set(id, big)
@@ -250,15 +257,18 @@ def test_a_watcher_that_stops_reading_is_dropped_and_the_others_keep_up(
             try:
                 async with connect(f"{ws_address}/api/v1/configs/{id}?watch=true") as reader:
                     await asyncio.wait_for(reader.recv(), STEP)
-                    # Until the stuck watcher's socket buffers are full, then some: every update
-                    # still reaches the reader, at once.
-                    for version in range(300):
+                    # Until the stuck watcher's socket buffers are full and its write times out:
+                    # every update still reaches the reader, at once.
+                    deadline = time.monotonic() + 10
+                    version = 0
+                    while not store.dropped_watchers and time.monotonic() < deadline:
+                        version += 1
                         auth = big.auth.model_copy(update={"realm": f"v{version}"})
                         store.set(id, big.model_copy(update={"auth": auth}))
                         frame = await asyncio.wait_for(reader.recv(), 1.0)
                         assert json.loads(frame)["auth"]["realm"] == f"v{version}"
-                        if store.dropped_watchers:
-                            break
+                        if version > 100:
+                            await asyncio.sleep(0.05)
                     assert store.dropped_watchers == 1
                     assert len(store.watchers) == 1  # the reader stays
                     assert "dropping watcher 127.0.0.1 for ns1/gw-a: not reading" in caplog.text

@@ -56,14 +56,6 @@ async def get_json(url: str) -> Any:
         return await response.json()
 
 
-async def eventually(predicate: Any, what: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.05)
-
-
 def test_manifests_to_a_running_stunnerd_and_an_edit_reaching_it(tmp_path: Path) -> None:
     manifests = tmp_path / "manifests"
     manifests.mkdir()
@@ -87,9 +79,7 @@ def test_manifests_to_a_running_stunnerd_and_an_edit_reaching_it(tmp_path: Path)
         try:
             async with run_local(settings) as local:
                 assert local.dataplanes is not None
-                await local.rendered(1)
-                await eventually(lambda: GATEWAY_ID in local.dataplanes.processes, "stunnerd")
-                first = local.dataplanes.processes[GATEWAY_ID]
+                first = await local.dataplane(GATEWAY_ID)
                 await wait_until_serving(HOST, port, first)
 
                 ice = await get_json(
@@ -121,8 +111,7 @@ def test_manifests_to_a_running_stunnerd_and_an_edit_reaching_it(tmp_path: Path)
                 )
                 (manifests / "second.yaml").write_text(second)
                 second_id = "stunner/second-gateway"
-                await eventually(lambda: second_id in local.dataplanes.processes, "2nd stunnerd")
-                second_proc = local.dataplanes.processes[second_id]
+                second_proc = await local.dataplane(second_id)
                 await wait_until_serving(HOST, second_port, second_proc)
                 (manifests / "second.yaml").unlink()
                 await asyncio.to_thread(second_proc.wait, 10)  # no allocations: exits at once

@@ -18,7 +18,20 @@ What it does:
 - Errors are ``kind: Status`` objects with ``code``, ``reason`` and ``message``.
 - ``?dryRun=All`` validates and answers but stores nothing.
 - Fault injection: :attr:`FakeApiServer.fail_status` answers every request with that error code;
-  :attr:`FakeApiServer.delay` stalls every request (cut short by :meth:`FakeApiServer.stop`).
+  :attr:`FakeApiServer.delay` stalls every request (cut short by :meth:`FakeApiServer.stop`);
+  :meth:`FakeApiServer.refuse` answers one kind of write on one resource with an error code.
+  :meth:`FakeApiServer.stop` then :meth:`FakeApiServer.start` again is an API server that went
+  away and came back (same port, same state).
+- Watch bookmarks: with ``allowWatchBookmarks=true`` a quiet watch gets a ``BOOKMARK`` event
+  carrying the current ``resourceVersion`` every :attr:`FakeApiServer.bookmark_interval` seconds.
+- Garbage collection as kube-controller-manager does it (in the background there, at once here):
+  deleting an object deletes every object whose ``ownerReferences`` all name deleted owners
+  (:attr:`FakeApiServer.garbage_collection`, on by default). ``DeleteOptions.preconditions.uid``
+  is honoured (409 Conflict on a mismatch).
+- Server-side defaults of Services: a ``clusterIP``, ``sessionAffinity: None``, and for NodePort
+  and LoadBalancer Services a ``nodePort`` per port and ``externalTrafficPolicy: Cluster``
+  (values the API server allocated are kept on update, as a real one does).
+- ``coordination.k8s.io/v1`` Leases (leader election).
 - Discovery: ``/api``, ``/apis``, ``/api/v1``, ``/apis/{group}/{version}``, ``/version``.
 - The proxy to Services and pods (``.../services/NAME:PORT/proxy/PATH``, GETs only): a test maps
   it to a real server on loopback with :meth:`FakeApiServer.proxy`.
@@ -28,7 +41,7 @@ What it does:
   :meth:`FakeApiServer.allow` (everything else is denied); the reviews asked are kept in
   :attr:`FakeApiServer.access_reviews`.
 
-Not implemented: server-side apply, list pagination, deletecollection, bookmarks, admission.
+Not implemented: server-side apply, list pagination, deletecollection, admission.
 """
 
 from __future__ import annotations
@@ -95,6 +108,7 @@ CORE_TYPES = (
         namespaced=False,
         status_subresource=True,
     ),
+    ResourceType("coordination.k8s.io", "v1", "leases", "Lease"),
 )
 GATEWAY_TYPES = (
     ResourceType(
@@ -124,6 +138,9 @@ SUBJECT_ACCESS_REVIEWS = "/apis/authorization.k8s.io/v1/subjectaccessreviews"
 PROXY_PATH = re.compile(
     r"^/api/v1/namespaces/([^/]+)/(services|pods)/([^/:]+)(?::([^/]+))?/proxy(/.*)?$"
 )
+# Kinds whose DELETE answers with the deleted object (the API server's ReturnDeletedObject; the
+# typed client of these expects it), not with a Status.
+RETURN_DELETED_OBJECT = {("", "v1", "services"), ("", "v1", "pods"), ("", "v1", "namespaces")}
 
 
 @dataclass(frozen=True)
@@ -297,6 +314,12 @@ class FakeApiServer:
         self.proxied: dict[tuple[str, str, str, str], tuple[str, int]] = {}
         self._httpd: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
+        self._port = 0
+        self.bookmark_interval = 1.0
+        self.garbage_collection = True
+        self.refusals: dict[tuple[str, str], int] = {}  # (method, plural) -> HTTP status
+        self._next_ip = 1
+        self._next_node_port = 30000
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -310,7 +333,10 @@ class FakeApiServer:
         return f"http://{host!s}:{port}"
 
     def start(self) -> FakeApiServer:
-        self._httpd = _Server(("127.0.0.1", 0), _Handler)
+        """Serve (again, after stop(): on the same port, with the same state)."""
+        self._stopping.clear()
+        self._httpd = _Server(("127.0.0.1", self._port), _Handler)
+        self._port = self._httpd.server_address[1]
         self._httpd.fake = self
         self._thread = threading.Thread(target=self._httpd.serve_forever, args=(0.05,), daemon=True)
         self._thread.start()
@@ -400,6 +426,23 @@ class FakeApiServer:
             raise ApiError(
                 503, "ServiceUnavailable", f"error trying to reach {name}: {e}"
             ) from None
+
+    # --- writes -------------------------------------------------------------------------------
+
+    def writes(self) -> list[tuple[str, str]]:
+        """The write requests received so far (method, path), SubjectAccessReviews excepted."""
+        return [
+            (method, path)
+            for method, path in self.requests
+            if method in ("POST", "PUT", "PATCH", "DELETE") and path != SUBJECT_ACCESS_REVIEWS
+        ]
+
+    def refuse(self, method: str, plural: str, code: int | None) -> None:
+        """Answer every `method` request on `plural` with `code` (None: stop refusing)."""
+        if code is None:
+            self.refusals.pop((method, plural), None)
+        else:
+            self.refusals[method, plural] = code
 
     # --- authorization -----------------------------------------------------------------------
 
@@ -510,6 +553,7 @@ class FakeApiServer:
         if rt.status_subresource:
             obj.pop("status", None)
         with self._cond:
+            self._default(rt, obj, None)
             key = (rt.key, ns if rt.namespaced else "", name)
             if key in self._objects:
                 raise ApiError(
@@ -631,6 +675,7 @@ class FakeApiServer:
                         new_meta[field] = old["metadata"][field]
                 new["metadata"] = new_meta
                 new["apiVersion"], new["kind"] = rt.api_version, rt.kind
+                self._default(rt, new, old)
                 if self._spec_changed(rt, old, new):
                     new["metadata"]["generation"] = old["metadata"].get("generation", 1) + 1
             new["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"]
@@ -645,6 +690,30 @@ class FakeApiServer:
             self._objects[key] = new
             self._record(rt, "MODIFIED", new)
             return copy.deepcopy(new)
+
+    def _default(self, rt: ResourceType, obj: JSON, old: JSON | None) -> None:
+        """What a real API server fills in (Services only); allocated values are kept."""
+        if rt.key != ("", "v1", "services") or not isinstance(obj.get("spec"), dict):
+            return
+        spec, old_spec = obj["spec"], (old or {}).get("spec") or {}
+        spec.setdefault("type", "ClusterIP")
+        spec.setdefault("sessionAffinity", "None")
+        if not spec.get("clusterIP"):
+            spec["clusterIP"] = old_spec.get("clusterIP") or f"10.96.0.{self._next_ip}"
+            if not old_spec.get("clusterIP"):
+                self._next_ip += 1
+        if spec["type"] in ("NodePort", "LoadBalancer"):
+            spec.setdefault("externalTrafficPolicy", "Cluster")
+            old_ports = {p.get("name"): p for p in old_spec.get("ports") or []}
+            for port in spec.get("ports") or []:
+                if isinstance(port, dict) and not port.get("nodePort"):
+                    allocated = (old_ports.get(port.get("name")) or {}).get("nodePort")
+                    if not allocated:
+                        allocated = self._next_node_port
+                        self._next_node_port += 1
+                    port["nodePort"] = allocated
+        else:
+            spec.pop("externalTrafficPolicy", None)
 
     @staticmethod
     def _spec_changed(rt: ResourceType, old: JSON, new: JSON) -> bool:
@@ -697,12 +766,27 @@ class FakeApiServer:
             ]
         return self.replace(rt, ns, name, new, subresource, dry_run)
 
-    def delete(self, rt: ResourceType, ns: str, name: str, dry_run: bool = False) -> JSON:
+    def delete(
+        self,
+        rt: ResourceType,
+        ns: str,
+        name: str,
+        dry_run: bool = False,
+        options: JSON | None = None,
+    ) -> JSON:
         with self._cond:
             key = self._key(rt, ns, name)
             obj = self._objects.get(key)
             if obj is None:
                 raise self._not_found(rt, name)
+            want_uid = ((options or {}).get("preconditions") or {}).get("uid")
+            if want_uid and want_uid != obj["metadata"]["uid"]:
+                raise ApiError(
+                    409,
+                    "Conflict",
+                    f"Precondition failed: UID in precondition: {want_uid}, UID in object meta: "
+                    f"{obj['metadata']['uid']}",
+                )
             obj = copy.deepcopy(obj)
             if dry_run:
                 return obj
@@ -716,7 +800,32 @@ class FakeApiServer:
             del self._objects[key]
             self._bump(obj)
             self._record(rt, "DELETED", obj)
+            if self.garbage_collection:
+                self.collect_garbage()
             return obj
+
+    def collect_garbage(self) -> list[tuple[str, str, str]]:
+        """Delete every object whose owners are all gone (kube-controller-manager's garbage
+        collector, background propagation), until none is left; the (kind, namespace, name)
+        deleted."""
+        deleted = []
+        with self._cond:
+            while True:
+                uids = {o["metadata"]["uid"] for o in self._objects.values()}
+                orphans = [
+                    (key, o)
+                    for key, o in self._objects.items()
+                    if o["metadata"].get("ownerReferences")
+                    and not any(r.get("uid") in uids for r in o["metadata"]["ownerReferences"])
+                ]
+                if not orphans:
+                    return deleted
+                for key, o in orphans:
+                    obj = copy.deepcopy(o)
+                    del self._objects[key]
+                    self._bump(obj)
+                    self._record(self._types[key[0]], "DELETED", obj)
+                    deleted.append((obj["kind"], key[1], key[2]))
 
     def watch_events(
         self, rt: ResourceType, ns: str | None, query: dict[str, str]
@@ -760,15 +869,32 @@ class FakeApiServer:
         deadline: float,
     ) -> Iterator[JSON]:
         yield from initial
+        bookmarks = query.get("allowWatchBookmarks") in ("true", "1")
+        next_bookmark = time.monotonic() + self.bookmark_interval
         while not self._stopping.is_set():
+            bookmark: JSON | None = None
             with self._cond:
                 pending = [e for e in self._events if e.rv > last]
                 if not pending:
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
+                    now = time.monotonic()
+                    if deadline - now <= 0:
                         return
-                    self._cond.wait(min(remaining, 0.5))
-                    continue
+                    if not bookmarks or now < next_bookmark:
+                        wait = min(deadline - now, 0.5)
+                        if bookmarks:
+                            wait = min(wait, next_bookmark - now)
+                        self._cond.wait(wait)
+                        continue
+                    next_bookmark = now + self.bookmark_interval
+                    last = self._rv
+                    bookmark = {
+                        "kind": rt.kind,
+                        "apiVersion": rt.api_version,
+                        "metadata": {"resourceVersion": str(last)},
+                    }
+            if bookmark is not None:
+                yield {"type": "BOOKMARK", "object": bookmark}
+                continue
             for event in pending:
                 last = event.rv
                 obj = event.obj
@@ -889,6 +1015,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     def setup(self) -> None:
         super().setup()
+        # Headers and body go out in separate writes: without TCP_NODELAY, Nagle's algorithm
+        # and the client's delayed ACK hold every response ~40 ms (loopback latency is ~0).
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         with self.server.fake._conns_lock:
             self.server.fake._conns.add(self.connection)
 
@@ -967,6 +1096,12 @@ class _Handler(BaseHTTPRequestHandler):
                     f'{rt.plural}.{rt.group or "core"} is forbidden: User "system:serviceaccount:'
                     f'fake:fake" cannot {method.lower()} resource "{rt.plural}"',
                 )
+            if not isinstance(routed, dict) and (method, routed[0].plural) in fake.refusals:
+                code = fake.refusals[method, routed[0].plural]
+                reasons = {403: "Forbidden", 409: "Conflict", 422: "Invalid"}
+                raise ApiError(
+                    code, reasons.get(code, "InternalError"), "refused (fake API server)"
+                )
             if isinstance(routed, dict):
                 if method != "GET":
                     raise ApiError(405, "MethodNotAllowed", "method not allowed")
@@ -992,9 +1127,12 @@ class _Handler(BaseHTTPRequestHandler):
                 ctype = (self.headers.get("Content-Type") or "").split(";")[0].strip()
                 self._send_json(200, fake.patch(rt, scope, name, ctype, body, sub, dry_run))
             elif method == "DELETE" and name and not sub:
-                obj = fake.delete(rt, scope, name, dry_run)
+                options = body if isinstance(body, dict) else None
+                obj = fake.delete(rt, scope, name, dry_run, options)
                 if obj["metadata"].get("deletionTimestamp") and obj["metadata"].get("finalizers"):
                     self._send_json(202, obj)
+                elif rt.key in RETURN_DELETED_OBJECT:
+                    self._send_json(200, obj)
                 else:
                     details = {"name": name, "group": rt.group, "kind": rt.plural}
                     details["uid"] = obj["metadata"]["uid"]
