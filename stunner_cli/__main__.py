@@ -6,6 +6,7 @@
     stunner render -f DIR|FILE
     stunner check -f DIR|FILE
     stunner selftest --cds-url URL [--peer IP:PORT]      (the chart's `helm test` pod)
+    stunner auth-server --cds-url URL [--port 8088]     (the chart's auth/ICE service)
 
 Exit codes: 0 done, 1 the cluster or the input has a problem (said on stderr), 2 bad usage.
 Run as a helm plugin it honours HELM_NAMESPACE, HELM_KUBECONTEXT and --kubeconfig.
@@ -91,6 +92,16 @@ def build_parser() -> argparse.ArgumentParser:
     selftest.add_argument("--cds-url", required=True, help="the config discovery service URL")
     selftest.add_argument("--peer", default="", metavar="IP:PORT", help="an echo peer to relay to")
     selftest.add_argument("--timeout", type=float, default=10.0)
+    auth = sub.add_parser(
+        "auth-server", help="serve GET / and GET /ice (TURN credentials) over the CDS's configs"
+    )
+    auth.add_argument("--cds-url", required=True, help="the config discovery service URL")
+    auth.add_argument("--address", default="0.0.0.0", help="listen address")
+    auth.add_argument("--port", type=int, default=8088, help="listen port (8088)")
+    auth.add_argument(
+        "--public-address", default="", help="the address in the URIs (STUNNER_PUBLIC_ADDR)"
+    )
+    auth.add_argument("-l", "--log", default="INFO", help="log level")
     return parser
 
 
@@ -225,6 +236,20 @@ def run_selftest(args: argparse.Namespace) -> int:
     return selftest(args.cds_url, args.peer, args.timeout)
 
 
+def run_auth_server(args: argparse.Namespace) -> int:
+    import asyncio
+    import logging
+
+    from stunner_cli.authserver import run
+
+    logging.basicConfig(
+        level=args.log.upper(), format="%(asctime)s %(name)s %(levelname)s: %(message)s"
+    )
+    public = args.public_address or os.environ.get("STUNNER_PUBLIC_ADDR", "")
+    asyncio.run(run(args.cds_url, args.address, args.port, public))
+    return OK
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
@@ -235,6 +260,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run_offline(args)
         if args.command == "selftest":
             return run_selftest(args)
+        if args.command == "auth-server":
+            return run_auth_server(args)
         return run_cluster(args)
     except KeyboardInterrupt:
         return OK

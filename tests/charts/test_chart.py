@@ -304,7 +304,7 @@ def test_pods_run_as_non_root_on_a_read_only_root(default_manifests: list[dict[s
     pods = [d["spec"]["template"]["spec"] for d in deployments] + [
         p["spec"] for p in of_kind(default_manifests, "Pod")
     ]
-    assert len(pods) == 3  # reconciler, webhook, helm test
+    assert len(pods) == 4  # reconciler, auth service, webhook, helm test
     for pod in pods:
         assert pod["securityContext"]["runAsNonRoot"] is True
         for container in pod["containers"]:
@@ -332,6 +332,29 @@ def test_reconciler_elects_a_leader_and_serves_cds_at_a_stable_name(
     assert url in container["args"]
     auth = services["stunner-auth"]
     assert auth["spec"]["type"] == "ClusterIP"  # unauthenticated: never outside the cluster
+
+
+def test_the_reconciler_and_auth_service_accept_the_charts_arguments(
+    default_manifests: list[dict[str, Any]],
+) -> None:
+    from reconciler.__main__ import build_parser as reconciler_parser
+    from reconciler.__main__ import cluster_settings
+    from stunner_cli.__main__ import build_parser as cli_parser
+
+    containers = {
+        c["name"]: c
+        for d in of_kind(default_manifests, "Deployment")
+        for c in d["spec"]["template"]["spec"]["containers"]
+    }
+    args = reconciler_parser().parse_args(containers["reconciler"]["args"])
+    assert args.manifests is None  # cluster mode
+    settings = cluster_settings(args)
+    assert settings.leader_elect and settings.lease_namespace == NAMESPACE
+    assert settings.cds_port == 13478
+    url = f"http://stunner-config-discovery.{NAMESPACE}.svc:13478"
+    assert settings.render_settings.config_discovery_url == url
+    auth = cli_parser().parse_args(containers["auth"]["args"])
+    assert (auth.command, auth.cds_url, auth.port) == ("auth-server", url, 8088)
 
 
 def test_default_dataplane_runs_the_charts_image(helm: Path) -> None:
