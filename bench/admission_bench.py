@@ -15,7 +15,6 @@ timing. Target (issue 10): the TLS Gateway's p99 <= 20 ms at 2 workers.
 from __future__ import annotations
 
 import argparse
-import base64
 import http.client
 import json
 import os
@@ -33,9 +32,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from tests.support.fakeapi import FakeApiServer  # noqa: E402
-from tests.webhook.serving import Webhook, review, tls_secret  # noqa: E402
-
-CONTROLLER = "stunner.l7mp.io/gateway-operator"
+from tests.support.objects import gateway_class, secret  # noqa: E402
+from tests.webhook.conftest import admission_review  # noqa: E402
+from tests.webhook.serving import Webhook, tls_secret  # noqa: E402
 
 
 def gateway_config(**spec: Any) -> dict[str, Any]:
@@ -64,7 +63,7 @@ def tls_gateway() -> dict[str, Any]:
 
 
 def body(obj: dict[str, Any]) -> bytes:
-    return json.dumps(review(obj)).encode()
+    return json.dumps(admission_review(obj)).encode()
 
 
 CASES: dict[str, tuple[str, bytes]] = {
@@ -92,25 +91,9 @@ CASES: dict[str, tuple[str, bytes]] = {
 
 
 def seed(api: FakeApiServer) -> None:
-    auth = {"type": "static", "username": "u", "password": "p"}
-    api.seed(
-        {
-            "apiVersion": "v1",
-            "kind": "Secret",
-            "type": "Opaque",
-            "metadata": {"name": "auth", "namespace": "stunner"},
-            "data": {k: base64.b64encode(v.encode()).decode() for k, v in auth.items()},
-        }
-    )
+    api.seed(secret("auth", type="static", username="u", password="p"))
     api.seed(tls_secret("turn-tls", "stunner"))
-    api.seed(
-        {
-            "apiVersion": "gateway.networking.k8s.io/v1",
-            "kind": "GatewayClass",
-            "metadata": {"name": "stunner-gatewayclass"},
-            "spec": {"controllerName": CONTROLLER},
-        }
-    )
+    api.seed(gateway_class("stunner-gatewayclass"))
 
 
 def run_case(port: int, context: ssl.SSLContext, path: str, body: bytes, count: int) -> list[float]:

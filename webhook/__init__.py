@@ -12,8 +12,12 @@ Every answer is JSON. A body that is not an AdmissionReview v1 request (bad JSON
 deeper than Python parses, wrong apiVersion/kind, no ``request.uid``) gets HTTP 400 with an
 AdmissionReview whose ``response.status`` gives the reason; a body over :data:`MAX_BODY_BYTES`
 gets HTTP 413 the same way, an unknown route 404, a bug 500 (logged, never a traceback in the
-answer). Everything else gets HTTP 200 and an AdmissionReview, including refusals because the
-Kubernetes API could not be read (``status.code`` 503).
+answer). A review nested deeper than :data:`MAX_DEPTH` levels is refused (``status.code`` 400,
+its uid echoed, so the user sees why) before any rule walks it. A body over
+:data:`SMALL_BODY_BYTES` waits for one of :data:`LARGE_BODY_SLOTS` per worker, 503 if none frees
+within :data:`LARGE_BODY_WAIT` seconds. Everything else gets HTTP 200
+and an AdmissionReview, including refusals because the Kubernetes API could not be read
+(``status.code`` 503).
 
 Settings come from the environment unless passed to :func:`create_app`; a malformed value stops
 the application factory (and so gunicorn) with a message naming the variable:
@@ -36,12 +40,14 @@ from __future__ import annotations
 import ipaddress
 import logging
 import os
-from collections.abc import Callable, Mapping
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from flask import Blueprint, Flask, Response, current_app, jsonify, request
-from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
+from werkzeug.exceptions import HTTPException, RequestEntityTooLarge, ServiceUnavailable
 
 from stunner_api.rules import Lookup, Settings
 from webhook.admission import (
@@ -49,6 +55,8 @@ from webhook.admission import (
     KIND,
     BadReview,
     RequestPayload,
+    ReviewResponse,
+    build_response,
     parse_review,
     review_mutate,
     review_validate,
@@ -57,7 +65,16 @@ from webhook.admission import (
 if TYPE_CHECKING:  # webhook.kube imports kubernetes: only in the worker, after gevent patched ssl
     from webhook.kube import ClusterNetworks
 
-__all__ = ["MAX_BODY_BYTES", "create_app", "settings_from_env", "with_cluster_networks"]
+__all__ = [
+    "LARGE_BODY_SLOTS",
+    "LARGE_BODY_WAIT",
+    "MAX_BODY_BYTES",
+    "MAX_DEPTH",
+    "SMALL_BODY_BYTES",
+    "create_app",
+    "settings_from_env",
+    "with_cluster_networks",
+]
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +84,16 @@ EXTENSION = "stunner_webhook"
 # the object and the old object: 2 x 3 MiB plus the envelope stays under 8 MiB. Anything larger
 # is not from the apiserver; refusing it before parsing caps a worker's memory per request.
 MAX_BODY_BYTES = 8 * 1024 * 1024
+# Kubernetes objects nest a few tens of levels (an AdmissionReview adds three); deeper JSON is
+# refused before any rule walks it (a rule or the defaulter would hit Python's recursion limit).
+MAX_DEPTH = 100
+# Every connection may send a small body at once (a STUNner object's review is a few KiB), but at
+# most LARGE_BODY_SLOTS per worker may hold a larger one (read, parsed, judged) at a time: with
+# a greenlet per connection, a thousand 8 MiB bodies would otherwise be held at once. A large
+# body that finds no slot within LARGE_BODY_WAIT seconds gets 503.
+SMALL_BODY_BYTES = 64 * 1024
+LARGE_BODY_SLOTS = 4
+LARGE_BODY_WAIT = 1.0
 
 POD_CIDRS = "STUNNER_WEBHOOK_POD_CIDRS"
 SERVICE_CIDRS = "STUNNER_WEBHOOK_SERVICE_CIDRS"
@@ -79,6 +106,8 @@ bp = Blueprint("admission", __name__)
 class _State:
     settings: Settings
     lookup: Lookup
+    # Made in create_app, in the worker: gevent has patched threading by then (cooperative).
+    large_bodies: threading.BoundedSemaphore
 
 
 def _cidrs(env: Mapping[str, str], name: str) -> tuple[str, ...]:
@@ -125,7 +154,7 @@ def with_cluster_networks(
     ``discover`` is called only when a list is unset (None: never read the API).
     """
     found = discover() if discover and not (settings.pod_cidrs and settings.service_cidrs) else None
-    lines: list[tuple[int, str]] = []
+    prefix = "StaticService prefixes:"
     lists: dict[str, tuple[str, ...]] = {}
     for what, variable, given, source in (
         ("pod", POD_CIDRS, settings.pod_cidrs, "Nodes' spec.podCIDRs"),
@@ -136,22 +165,21 @@ def with_cluster_networks(
             cidrs, origin = (found.pod_cidrs if what == "pod" else found.service_cidrs), source
         lists[what] = cidrs
         if cidrs:
-            listed = ", ".join(cidrs)
-            lines.append((logging.INFO, f"guarding {what} CIDRs {listed} (from {origin})"))
+            log.info("%s guarding %s CIDRs %s (from %s)", prefix, what, ", ".join(cidrs), origin)
         else:
-            lines.append(
-                (
-                    logging.WARNING,
-                    f"no {what} CIDRs: {variable} is unset and the API offered none, so a "
-                    f"StaticService may reach the {what} network; set {variable}",
-                )
+            log.warning(
+                "%s no %s CIDRs: %s is unset and the API offered none, so a StaticService may "
+                "reach the %s network; set %s",
+                prefix,
+                what,
+                variable,
+                what,
+                variable,
             )
     for problem in found.problems if found else ():
-        lines.append((logging.WARNING, f"reading the cluster's networks: {problem}"))
+        log.warning("%s reading the cluster's networks: %s", prefix, problem)
     if not lists["pod"] and not lists["service"]:
-        lines.append((logging.WARNING, "the StaticService backdoor check is off"))
-    for level, line in lines:
-        log.log(level, "StaticService prefixes: %s", line)
+        log.warning("%s the StaticService backdoor check is off", prefix)
     return replace(settings, pod_cidrs=lists["pod"], service_cidrs=lists["service"])
 
 
@@ -174,15 +202,65 @@ def _error(code: int, reason: str, message: str) -> tuple[Response, int]:
     return jsonify(body), code
 
 
-def _review() -> RequestPayload:
-    """The AdmissionReview request of this HTTP request; BadReview when it is not one."""
-    body = request.get_data()  # over MAX_CONTENT_LENGTH with a Content-Length: 413 already
-    if request.content_length is None and len(body) >= MAX_BODY_BYTES:
-        raise RequestEntityTooLarge()  # a chunked body werkzeug cut off at the limit
+class _Refused(Exception):
+    """A review refused before any rule ran (answered as it is)."""
+
+    def __init__(self, response: ReviewResponse) -> None:
+        super().__init__(response["response"].get("status", {}).get("message", ""))
+        self.response = response
+
+
+def _depth_over(doc: object, limit: int) -> bool:
+    """Whether JSON ``doc`` nests deeper than ``limit`` containers (iterative: no recursion)."""
+    stack: list[tuple[Any, int]] = [(doc, 1)] if isinstance(doc, dict | list) else []
+    while stack:
+        node, depth = stack.pop()
+        for child in node.values() if isinstance(node, dict) else node:
+            if isinstance(child, dict | list):
+                if depth + 1 > limit:
+                    return True
+                stack.append((child, depth + 1))
+    return False
+
+
+@contextmanager
+def _review() -> Iterator[RequestPayload]:
+    """The AdmissionReview request of this HTTP request, holding a large-body slot while the
+    review is judged if its body is large; BadReview when it is not one, _Refused when it
+    nests deeper than MAX_DEPTH."""
+    length = request.content_length
+    if length is not None and length > MAX_BODY_BYTES:
+        raise RequestEntityTooLarge()
+    if length is not None and length <= SMALL_BODY_BYTES:
+        yield _parse(request.get_data())
+        return
+    slots = _state().large_bodies
+    if not slots.acquire(timeout=LARGE_BODY_WAIT):
+        raise ServiceUnavailable(
+            f"{LARGE_BODY_SLOTS} reviews over {SMALL_BODY_BYTES} bytes are being read: retry"
+        )
     try:
-        return parse_review(body)
+        body = request.get_data()
+        if length is None and len(body) >= MAX_BODY_BYTES:
+            raise RequestEntityTooLarge()  # a chunked body werkzeug cut off at the limit
+        yield _parse(body)
+    finally:
+        slots.release()
+
+
+def _parse(body: bytes) -> RequestPayload:
+    try:
+        payload = parse_review(body)
     except RecursionError:
         raise BadReview("request body nests JSON too deeply to be an AdmissionReview") from None
+    if _depth_over(payload, MAX_DEPTH - 1):  # the AdmissionReview envelope is one level
+        message = f"request nests JSON deeper than {MAX_DEPTH} levels: not a Kubernetes object"
+        raise _Refused(
+            build_response(
+                request=payload, allowed=False, code=400, reason="BadRequest", message=message
+            )
+        )
+    return payload
 
 
 @bp.errorhandler(BadReview)
@@ -190,16 +268,23 @@ def _bad_review(error: BadReview) -> tuple[Response, int]:
     return _error(400, "BadRequest", f"bad AdmissionReview: {error}")
 
 
+@bp.errorhandler(_Refused)
+def _refused(refused: _Refused) -> Response:
+    return jsonify(refused.response)
+
+
 @bp.post("/validate")
 def validate_route() -> Response:
     state = _state()
-    return jsonify(review_validate(_review(), state.lookup, state.settings))
+    with _review() as review:
+        return jsonify(review_validate(review, state.lookup, state.settings))
 
 
 @bp.post("/mutate")
 def mutate_route() -> Response:
     state = _state()
-    return jsonify(review_mutate(_review(), state.lookup, state.settings))
+    with _review() as review:
+        return jsonify(review_mutate(review, state.lookup, state.settings))
 
 
 @bp.get("/healthz")
@@ -254,7 +339,9 @@ def create_app(settings: Settings | None = None, lookup: Lookup | None = None) -
         settings = with_cluster_networks(settings_from_env(), discover)
     app = Flask(__name__)
     app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
-    app.extensions[EXTENSION] = _State(settings, lookup)
+    app.extensions[EXTENSION] = _State(
+        settings, lookup, threading.BoundedSemaphore(LARGE_BODY_SLOTS)
+    )
     app.register_blueprint(bp)
     app.register_error_handler(HTTPException, _http_error)
     app.register_error_handler(Exception, _internal_error)

@@ -8,6 +8,8 @@ The client configuration is found the usual way, on first use: in-cluster (the s
 else ``KUBECONFIG`` / ``~/.kube/config``; tests pass an explicit ``ApiClient`` instead. Reads use
 a short timeout and no retries, so that an unreachable API server turns into a prompt
 :class:`LookupFailed` well within the kube-apiserver's webhook timeout (10 s by default).
+
+:func:`discover_cluster_networks` reads the pod and service CIDRs the API offers, once at start.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,7 +25,7 @@ import kubernetes.client
 import kubernetes.config
 
 from stunner_api.rules import LookupFailed
-from stunner_api.vocabulary import GATEWAY_CLASS, REFERENCE_GRANT, SECRET
+from stunner_api.vocabulary import CORE_GROUP, GATEWAY_CLASS, REFERENCE_GRANT, SECRET, KindInfo
 
 DEFAULT_TIMEOUT = 2.0
 
@@ -178,6 +180,9 @@ class KubeLookup:
 
 # --- the cluster's pod and service networks (read once, at start) -----------------------------
 
+SERVICE_CIDR = KindInfo("networking.k8s.io", "ServiceCIDR", "servicecidrs", ("v1",))
+NODE = KindInfo(CORE_GROUP, "Node", "nodes", ("v1",))
+
 
 @dataclass(frozen=True)
 class ClusterNetworks:
@@ -188,72 +193,66 @@ class ClusterNetworks:
     problems: tuple[str, ...]  # one line per list that could not be read
 
 
-def _list_items(call: Any, *args: str, timeout: float) -> list[dict[str, Any]]:
-    response = call(*args, _request_timeout=timeout, _preload_content=False)
-    try:
-        body = json.loads(response.data)
-    finally:
-        response.release_conn()
-    items = body.get("items") if isinstance(body, dict) else None
-    return [item for item in items or () if isinstance(item, dict)]
-
-
 def discover_cluster_networks(
     api_client: kubernetes.client.ApiClient | None = None, timeout: float = DEFAULT_TIMEOUT
 ) -> ClusterNetworks:
-    """The service CIDRs (networking.k8s.io/v1 ServiceCIDR ``spec.cidrs``, Kubernetes >= 1.33)
-    and the pod CIDRs (every Node's ``spec.podCIDRs``, set where the cluster allocates node
-    CIDRs). Never raises: what cannot be read is empty, with the reason in ``problems``."""
+    """The service CIDRs (every ServiceCIDR's ``spec.cidrs``, networking.k8s.io/v1, served
+    since Kubernetes 1.33) and the pod CIDRs (every Node's ``spec.podCIDRs``, set where the
+    cluster allocates node CIDRs). Never raises: what cannot be read is left empty, with the
+    reason in ``problems``."""
+    kube = KubeLookup(api_client, timeout)
+    problems: list[str] = []
     try:
-        client: Any = api_client or load_api_client()
-    except Exception as e:  # ConfigException, OSError, YAML errors
-        reason = f"no usable Kubernetes client configuration: {e}"
-        return ClusterNetworks((), (), (f"ServiceCIDRs: {reason}", f"Nodes: {reason}"))
-    try:
-        problems: list[str] = []
-        service = _discover(
-            "ServiceCIDRs",
-            lambda: _list_items(
-                kubernetes.client.CustomObjectsApi(client).list_cluster_custom_object,
-                "networking.k8s.io",
-                "v1",
-                "servicecidrs",
-                timeout=timeout,
-            ),
+        service = _cidrs(
+            kube,
+            SERVICE_CIDR,
+            lambda c: kubernetes.client.CustomObjectsApi(c).list_cluster_custom_object,
+            (SERVICE_CIDR.group, SERVICE_CIDR.preferred_version, SERVICE_CIDR.plural),
             "cidrs",
             problems,
         )
-        pod = _discover(
-            "Nodes' spec.podCIDRs",
-            lambda: _list_items(kubernetes.client.CoreV1Api(client).list_node, timeout=timeout),
+        pod = _cidrs(
+            kube,
+            NODE,
+            lambda c: kubernetes.client.CoreV1Api(c).list_node,
+            (),
             "podCIDRs",
             problems,
         )
-        return ClusterNetworks(pod, service, tuple(problems))
     finally:
         if api_client is None:
-            client.close()
+            kube.close()
+    return ClusterNetworks(pod, service, tuple(problems))
 
 
-def _discover(
-    what: str, items: Callable[[], list[dict[str, Any]]], key: str, problems: list[str]
+def _cidrs(
+    kube: KubeLookup,
+    kind: KindInfo,
+    call: Any,
+    args: tuple[str, ...],
+    key: str,
+    problems: list[str],
 ) -> tuple[str, ...]:
-    """The CIDRs under ``spec.<key>`` of every listed object, each once, in order."""
+    """The CIDRs under ``spec.<key>`` of every object of ``kind``, each once, in order."""
+    what = f"the {kind.kind}s"
     try:
-        listed = items()
-    except Exception as e:  # ApiException (403; 404 before Kubernetes 1.33), timeouts, bad JSON
-        why = f"HTTP {e.status} {e.reason}" if isinstance(e, _ApiException) else str(e) or repr(e)
-        problems.append(f"{what}: cannot list: {why}")
+        body = kube._call(what, call, *args)
+    except LookupFailed as e:  # 403, timeouts, no client configuration
+        problems.append(str(e))
+        return ()
+    if body is None:
+        problems.append(f"{what}: not served by this API server")
         return ()
     out: list[str] = []
-    for item in listed:
-        spec = item.get("spec")
+    items = body.get("items")
+    for item in items if isinstance(items, list) else ():
+        spec = item.get("spec") if isinstance(item, dict) else None
         values = spec.get(key) if isinstance(spec, dict) else None
         for value in values if isinstance(values, list) else ():
             try:
                 network = str(ipaddress.ip_network(str(value), strict=False))
             except ValueError:
-                problems.append(f"{what}: ignored {value!r}, not a CIDR")
+                problems.append(f"{what}: ignored {value!r} in spec.{key}, not a CIDR")
                 continue
             if network not in out:
                 out.append(network)

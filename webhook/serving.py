@@ -36,6 +36,9 @@ from gunicorn.workers.ggevent import GeventWorker
 
 __all__ = ["DeadlineWorker"]
 
+# The handshake deadline when keepalive is 0 (gunicorn then reads request heads without one).
+HANDSHAKE_SECONDS = 5.0
+
 
 class _DeadlineServer(StreamServer):  # type: ignore[misc]  # gevent is not annotated
     """A StreamServer that bounds the TLS handshake and hands the connection to the worker."""
@@ -62,7 +65,7 @@ class _DeadlineServer(StreamServer):  # type: ignore[misc]  # gevent is not anno
         ssl_socket = self.wrap_socket(client_socket, do_handshake_on_connect=False, **self.ssl_args)
         try:
             try:
-                with gevent.Timeout(self._worker.cfg.keepalive):
+                with gevent.Timeout(self._worker.cfg.keepalive or HANDSHAKE_SECONDS):
                     ssl_socket.do_handshake()
             except (gevent.Timeout, OSError, ssl.SSLError) as e:
                 self._worker.log.debug("TLS handshake from %s failed: %s", address, e)
@@ -81,6 +84,8 @@ class DeadlineWorker(GeventWorker):  # type: ignore[misc]  # gunicorn is not ann
     def init_process(self) -> None:
         # GeventWorker.run() builds one server_class(listener, spawn=pool, ...) per listener.
         self.server_class = partial(_DeadlineServer, worker=self)
+        if not self.cfg.keepalive:
+            self.log.warning("keepalive is 0: request heads are read without a deadline")
         super().init_process()
 
     def timeout_ctx(self) -> Any:
@@ -89,7 +94,7 @@ class DeadlineWorker(GeventWorker):  # type: ignore[misc]  # gunicorn is not ann
 
     def handle_request(self, listener_name: Any, req: Any, sock: Any, addr: Any) -> Any:
         """Serve one request; close the connection if it is not done in ``timeout`` seconds."""
-        timeout = gevent.Timeout(self.cfg.timeout)
+        timeout = gevent.Timeout(self.cfg.timeout or None)  # timeout 0: no deadline
         timeout.start()
         try:
             return super().handle_request(listener_name, req, sock, addr)

@@ -1005,9 +1005,6 @@ class _Server(ThreadingHTTPServer):
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
-    # Headers and body go out in two writes: without TCP_NODELAY the body waits for the
-    # client's delayed ACK (40 ms a response), which a real API server does not add.
-    disable_nagle_algorithm = True
     server: _Server
 
     def log_message(self, format: str, *args: Any) -> None:

@@ -1,17 +1,17 @@
 """The webhook as an operator runs it, and clients that misbehave: shared by the serving tests
 and ``bench/webhook_hostile_bench.py``.
 
-- :func:`make_certs`: a CA and a serving certificate for 127.0.0.1, made here.
+- :func:`make_certs`: a CA and a serving certificate for 127.0.0.1, made here;
+  :func:`tls_secret`: a kubernetes.io/tls Secret with an RSA-2048 key, for a TURN-TLS listener.
 - :class:`Webhook`: ``gunicorn -c webhook/gunicorn.conf.py 'webhook:create_app()'`` over TLS on
   an ephemeral loopback port, KUBECONFIG pointing at a fake API server; its log is kept.
 - :class:`Hostile`: idle connections (connect, send nothing) and trickling ones (a TLS
-  ClientHello, or HTTP header lines after a finished handshake, one byte at a time), kept open
-  until the server closes them.
+  ClientHello, HTTP header lines after a finished handshake, or a request body after its head,
+  one byte at a time), kept open until the server closes them.
 """
 
 from __future__ import annotations
 
-import base64
 import datetime
 import http.client
 import ipaddress
@@ -24,7 +24,6 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -33,6 +32,9 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import NameOID
+
+from tests.support.objects import secret
+from tests.support.pki import key_pem, self_signed
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -81,33 +83,8 @@ def tls_secret(name: str, namespace: str) -> dict[str, Any]:
     """A kubernetes.io/tls Secret with a self-signed RSA-2048 certificate (cert-manager's
     default key) for a TURN-TLS listener."""
     key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "turn.example.com")])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(subject)
-        .issuer_name(subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .sign(key, hashes.SHA256())
-    )
-    pem = {
-        "tls.crt": cert.public_bytes(serialization.Encoding.PEM),
-        "tls.key": key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.TraditionalOpenSSL,
-            serialization.NoEncryption(),
-        ),
-    }
-    return {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "type": "kubernetes.io/tls",
-        "metadata": {"name": name, "namespace": namespace},
-        "data": {k: base64.b64encode(v).decode() for k, v in pem.items()},
-    }
+    pem = {"tls.crt": self_signed(key), "tls.key": key_pem(key)}
+    return secret(name, "kubernetes.io/tls", namespace, **pem)
 
 
 def free_port() -> int:
@@ -115,32 +92,6 @@ def free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
-
-
-def review(obj: dict[str, Any], operation: str = "CREATE") -> dict[str, Any]:
-    """An AdmissionReview v1 request as a kube-apiserver sends it."""
-    group, _, version = obj["apiVersion"].rpartition("/")
-    gvk = {"group": group, "version": version, "kind": obj["kind"]}
-    gvr = {"group": group, "version": version, "resource": obj["kind"].lower() + "s"}
-    meta = obj.get("metadata", {})
-    return {
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {
-            "uid": str(uuid.uuid4()),
-            "kind": gvk,
-            "resource": gvr,
-            "requestKind": gvk,
-            "requestResource": gvr,
-            "name": meta.get("name", ""),
-            "namespace": meta.get("namespace", ""),
-            "operation": operation,
-            "userInfo": {"username": "kubernetes-admin", "groups": ["system:masters"]},
-            "object": obj,
-            "oldObject": None,
-            "dryRun": False,
-        },
-    }
 
 
 class Webhook:
@@ -267,50 +218,70 @@ REQUEST_HEAD = (
     b"POST /validate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
     b"Content-Length: 2\r\nX-Padding: " + b"x" * 200 + b"\r\n\r\n{}"
 )
+SLOW_BODY_HEAD = (
+    b"POST /validate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+    b"Content-Length: 100000\r\n\r\n"
+)
+
+# What a hostile connection does: (TLS handshake first?, bytes sent at once, bytes trickled).
+KINDS: dict[str, tuple[bool, bytes, bytes]] = {
+    "idle": (False, b"", b""),
+    "hello": (False, b"", b""),  # the ClientHello, filled in by Hostile
+    "head": (True, b"", REQUEST_HEAD),
+    "body": (True, SLOW_BODY_HEAD, b" " * 100000),
+}
 
 
 class Hostile:
-    """``idle`` connections that send nothing and ``trickling`` ones sending a byte every
-    ``interval`` seconds: half a TLS ClientHello, half (after the handshake) an HTTP request
-    head. A thread keeps them going until :meth:`close`; :attr:`closed_after` records, per
-    connection, how long after opening the server closed it; with ``reopen`` each closed one
-    is replaced, so that the server always faces the same number."""
+    """Connections that hold what they can: ``idle`` ones send nothing, trickling ones send a
+    byte every ``interval`` seconds, of a TLS ClientHello (``hello``), of an HTTP request head
+    after the handshake (``head``), or of a request body after its head (``body``). A thread
+    keeps them going until :meth:`close`; :attr:`closed` records, per connection, its kind and
+    how long after opening the server closed it; with ``reopen`` each closed one is replaced, so
+    that the server always faces the same number."""
 
     def __init__(
         self, port: int, context: ssl.SSLContext, interval: float = 0.2, reopen: bool = False
     ) -> None:
         self.port = port
-        self.reopen = reopen  # open a new connection of the same kind for each one closed
-        self._reopen: list[bytes] = []
         self.context = context
         self.interval = interval
-        self.closed_after: list[float] = []
+        self.reopen = reopen
+        self.closed: list[tuple[str, float]] = []  # (kind, seconds after opening)
         self.opened = 0
-        self._conns: dict[socket.socket, tuple[float, bytes, int]] = {}  # sock: (t0, data, sent)
+        self._hello = client_hello()
+        self._conns: dict[socket.socket, tuple[float, str, int]] = {}  # sock: (t0, kind, sent)
+        self._reopen: list[str] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def open(self, idle: int, trickling: int) -> Hostile:
-        hello = client_hello()
-        for i in range(idle + trickling):
-            self._open(b"" if i < idle else (hello if (i - idle) % 2 == 0 else REQUEST_HEAD))
+    def open(self, idle: int = 0, hello: int = 0, head: int = 0, body: int = 0) -> Hostile:
+        for kind, count in (("idle", idle), ("hello", hello), ("head", head), ("body", body)):
+            for _ in range(count):
+                self._open(kind)
         if not self._thread.is_alive():
             self._thread.start()
         return self
 
-    def _open(self, data: bytes) -> None:
-        started = time.monotonic()
-        sock = socket.create_connection(("127.0.0.1", self.port), timeout=5)
-        if data is REQUEST_HEAD:
-            sock = self.context.wrap_socket(sock, server_hostname="127.0.0.1")
-        self._add(sock, started, data)
+    def _trickled(self, kind: str) -> bytes:
+        return self._hello if kind == "hello" else KINDS[kind][2]
 
-    def _add(self, sock: socket.socket, started: float, data: bytes) -> None:
+    def _open(self, kind: str) -> None:
+        started = time.monotonic()
+        tls, at_once, _ = KINDS[kind]
+        sock = socket.create_connection(("127.0.0.1", self.port), timeout=5)
+        if tls:
+            sock = self.context.wrap_socket(sock, server_hostname="127.0.0.1")
+        sock.sendall(at_once)
         sock.setblocking(False)
         with self._lock:
-            self._conns[sock] = (started, data, 0)
+            self._conns[sock] = (started, kind, 0)
             self.opened += 1
+
+    def closed_after(self, *kinds: str) -> list[float]:
+        """Seconds from open to close of the closed connections of ``kinds`` (all), sorted."""
+        return sorted(t for kind, t in self.closed if not kinds or kind in kinds)
 
     @property
     def open_count(self) -> int:
@@ -318,11 +289,11 @@ class Hostile:
             return len(self._conns)
 
     def _closed(self, sock: socket.socket) -> None:
-        started, data, _ = self._conns.pop(sock)
-        self.closed_after.append(time.monotonic() - started)
+        started, kind, _ = self._conns.pop(sock)
+        self.closed.append((kind, time.monotonic() - started))
         sock.close()
         if self.reopen:
-            self._reopen.append(data)
+            self._reopen.append(kind)
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -330,15 +301,15 @@ class Hostile:
                 for sock in list(self._conns):
                     self._tick(sock)
                 again, self._reopen = self._reopen, []
-            for data in again:
+            for kind in again:
                 try:
-                    self._open(data)
+                    self._open(kind)
                 except OSError:
-                    self._reopen.append(data)  # next round
+                    self._reopen.append(kind)  # next round
             self._stop.wait(self.interval)
 
     def _tick(self, sock: socket.socket) -> None:
-        started, data, sent = self._conns[sock]
+        started, kind, sent = self._conns[sock]
         try:
             # A server that closed us: EOF (or an alert, then EOF) on read, or a reset.
             chunk = sock.recv(4096)
@@ -350,6 +321,7 @@ class Hostile:
         except OSError:
             self._closed(sock)
             return
+        data = self._trickled(kind)
         if sent < len(data):
             try:
                 sock.send(data[sent : sent + 1])
@@ -358,7 +330,7 @@ class Hostile:
             except OSError:
                 self._closed(sock)
                 return
-            self._conns[sock] = (started, data, sent + 1)
+            self._conns[sock] = (started, kind, sent + 1)
 
     def close(self) -> None:
         self._stop.set()

@@ -4,6 +4,8 @@ We test these aspects:
 - Idle and trickling connections (TLS ClientHello or HTTP header lines a byte at a time) do not
   stop admission: reviews are answered promptly while 20 + 20 of them are open, and the server
   closes each within its deadlines.
+- A review waiting on a slow API server does not hold the others (one worker): the kubernetes
+  client's sockets are cooperative under gevent.
 - A read-only root file system (a mount namespace where ``/`` is read-only): gunicorn starts,
   serves, and writes nothing under ``$HOME``.
 - Bodies: over the size limit (with Content-Length or chunked) -> 413; nested 10^5 deep, not
@@ -24,6 +26,7 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -32,8 +35,18 @@ from flask.testing import FlaskClient
 
 from stunner_api.rules import LookupFailed, Settings
 from tests.support.fakeapi import FakeApiServer
-from tests.webhook.serving import ROOT, Hostile, Webhook, review
-from webhook import MAX_BODY_BYTES, create_app, settings_from_env, with_cluster_networks
+from tests.support.objects import secret
+from tests.webhook.conftest import admission_review
+from tests.webhook.serving import ROOT, Hostile, Webhook
+from webhook import (
+    LARGE_BODY_SLOTS,
+    LARGE_BODY_WAIT,
+    MAX_BODY_BYTES,
+    SMALL_BODY_BYTES,
+    create_app,
+    settings_from_env,
+    with_cluster_networks,
+)
 from webhook.kube import ClusterNetworks, discover_cluster_networks
 
 
@@ -82,42 +95,47 @@ class NoSecrets:
 
 
 @pytest.fixture
-def fake() -> Iterator[FakeApiServer]:
-    with FakeApiServer() as server:
-        yield server
-
-
-@pytest.fixture
 def kubeconfig(tmp_path: Path, fake: FakeApiServer) -> Path:
     return fake.write_kubeconfig(tmp_path / "kubeconfig")
 
 
-@pytest.fixture
-def webhook(tmp_path: Path, kubeconfig: Path) -> Iterator[Webhook]:
-    # Short deadlines so that the test sees the server close hostile connections.
-    with Webhook(tmp_path, kubeconfig, args=["--keep-alive", "2"]) as server:
-        yield server
+@pytest.fixture(scope="module")
+def webhook(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Webhook]:
+    """One server for the tests that only talk to it. Short deadlines (2 s for the handshake
+    and each request head, 3 s per request) so that the test sees hostile connections closed."""
+    directory = tmp_path_factory.mktemp("webhook")
+    with FakeApiServer() as api:
+        kubeconfig = api.write_kubeconfig(directory / "kubeconfig")
+        with Webhook(directory, kubeconfig, args=["--keep-alive", "2", "--timeout", "3"]) as server:
+            yield server
 
 
 # --- idle and slow connections ----------------------------------------------------------------
 
 
 def test_idle_and_trickling_connections_do_not_stop_admission(webhook: Webhook) -> None:
-    hostile = Hostile(webhook.port, webhook.context, interval=0.1).open(idle=20, trickling=20)
+    hostile = Hostile(webhook.port, webhook.context, interval=0.1)
+    hostile.open(idle=20, hello=10, head=10, body=10)
     try:
         time.sleep(0.3)  # every hostile connection accepted and holding whatever it can
-        assert hostile.open_count == 40
+        assert hostile.open_count == 50
         for _ in range(8):
             started = time.monotonic()
-            assert webhook.review("/validate", review(VALID), timeout=5)["allowed"] is True
+            assert (
+                webhook.review("/validate", admission_review(VALID), timeout=5)["allowed"] is True
+            )
             assert time.monotonic() - started < 1.0, webhook.log()
-        # Deadlines: the handshake and each request head within keepalive (2 s here).
-        deadline = time.monotonic() + 6
+        # Deadlines: the handshake and each request head within keepalive (2 s here), a
+        # request within timeout (3 s here).
+        deadline = time.monotonic() + 7
         while hostile.open_count and time.monotonic() < deadline:
             time.sleep(0.1)
         assert hostile.open_count == 0, f"{hostile.open_count} hostile connections still open"
-        assert len(hostile.closed_after) == 40
-        assert 1.5 < min(hostile.closed_after) and max(hostile.closed_after) < 5.0
+        assert len(hostile.closed) == 50
+        heads = hostile.closed_after("idle", "hello", "head")
+        assert 1.5 < heads[0] and heads[-1] < 5.0, heads
+        bodies = hostile.closed_after("body")
+        assert 2.5 < bodies[0] and bodies[-1] < 6.0, bodies
     finally:
         hostile.close()
 
@@ -126,7 +144,7 @@ def test_a_kept_alive_connection_serves_several_reviews(webhook: Webhook) -> Non
     conn = webhook.connection()
     try:
         for _ in range(3):
-            body = review(VALID)
+            body = admission_review(VALID)
             conn.request(
                 "POST", "/validate", json.dumps(body), {"Content-Type": "application/json"}
             )
@@ -165,7 +183,7 @@ def test_read_only_root_file_system(tmp_path: Path, kubeconfig: Path) -> None:
         *command(),
     ]
     with server:
-        assert server.review("/validate", review(VALID))["allowed"] is True
+        assert server.review("/validate", admission_review(VALID))["allowed"] is True
     log = server.log()
     assert "control socket" not in log.lower(), log
     assert "Traceback" not in log, log
@@ -212,7 +230,7 @@ def test_bodies_over_the_limit_and_malformed(webhook: Webhook) -> None:
     _assert_review_error(*webhook.request("POST", "/mutate", deep_object), 400, "too deeply")
     _assert_review_error(*webhook.request("POST", "/validate", b"\xff\xfe"), 400, "not valid JSON")
     _assert_review_error(*webhook.request("POST", "/elsewhere", b"{}"), 404, "")
-    assert webhook.review("/validate", review(VALID))["allowed"] is True
+    assert webhook.review("/validate", admission_review(VALID))["allowed"] is True
 
 
 def test_a_bug_is_a_json_500_without_a_traceback(caplog: pytest.LogCaptureFixture) -> None:
@@ -278,8 +296,8 @@ def test_cidrs_are_discovered_from_the_api(fake: FakeApiServer) -> None:
         api_client.close()
     assert denied.pod_cidrs == denied.service_cidrs == ()
     assert denied.problems == (
-        "ServiceCIDRs: cannot list: HTTP 403 Forbidden",
-        "Nodes' spec.podCIDRs: cannot list: HTTP 403 Forbidden",
+        "cannot read the ServiceCIDRs from the Kubernetes API: HTTP 403 Forbidden",
+        "cannot read the Nodes from the Kubernetes API: HTTP 403 Forbidden",
     )
 
 
@@ -311,12 +329,12 @@ def test_the_environment_wins_and_the_log_says_where_cidrs_came_from(
     assert len(calls) == 1  # nothing unset: the API is not asked
 
     caplog.clear()
-    nothing = ClusterNetworks((), (), ("Nodes' spec.podCIDRs: cannot list: HTTP 403 Forbidden",))
+    nothing = ClusterNetworks((), (), ("cannot read the Nodes from the Kubernetes API: HTTP 403",))
     with caplog.at_level(logging.INFO, logger="webhook"):
         off = with_cluster_networks(Settings(), lambda: nothing)
     assert off.pod_cidrs == off.service_cidrs == ()
     assert "the StaticService backdoor check is off" in caplog.text
-    assert "HTTP 403 Forbidden" in caplog.text
+    assert "cannot read the Nodes from the Kubernetes API: HTTP 403" in caplog.text
 
 
 def test_gunicorn_guards_the_discovered_cidrs(
@@ -325,12 +343,14 @@ def test_gunicorn_guards_the_discovered_cidrs(
     fake.seed(service_cidr("kubernetes", "10.96.0.0/12"))
     fake.seed(node("a", "10.244.0.0/24"))
     with Webhook(tmp_path, kubeconfig, workers=1) as server:
-        refused = server.review("/validate", review(static_service("10.96.0.10/32")))
+        refused = server.review("/validate", admission_review(static_service("10.96.0.10/32")))
         assert refused["allowed"] is False
         assert "overlaps the service network 10.96.0.0/12" in refused["status"]["message"]
-        refused = server.review("/validate", review(static_service("10.244.0.0/16")))
+        refused = server.review("/validate", admission_review(static_service("10.244.0.0/16")))
         assert "overlaps the pod network 10.244.0.0/24" in refused["status"]["message"]
-        assert server.review("/validate", review(static_service("192.0.2.0/24")))["allowed"]
+        assert server.review("/validate", admission_review(static_service("192.0.2.0/24")))[
+            "allowed"
+        ]
     log = server.log()
     assert "guarding pod CIDRs 10.244.0.0/24 (from Nodes' spec.podCIDRs)" in log
     assert "guarding service CIDRs 10.96.0.0/12 (from ServiceCIDR objects)" in log
@@ -344,7 +364,7 @@ def test_the_flask_client_gets_json_errors_too() -> None:
     _assert_review_error(resp.status_code, resp.get_json(), 413, "request body over")
     resp = client.get("/validate")
     _assert_review_error(resp.status_code, resp.get_json(), 405, "")
-    assert client.post("/validate", json=review(VALID)).status_code == 200
+    assert client.post("/validate", json=admission_review(VALID)).status_code == 200
 
 
 def test_the_gunicorn_master_imports_no_kubernetes_client() -> None:
@@ -357,3 +377,71 @@ def test_the_gunicorn_master_imports_no_kubernetes_client() -> None:
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_a_slow_api_server_does_not_hold_the_other_reviews(
+    tmp_path: Path, kubeconfig: Path, fake: FakeApiServer
+) -> None:
+    """One worker: while a review waits on the API server, another review is answered, because
+    the kubernetes client's socket yields to the other connections (gevent)."""
+    fake.seed(secret("auth", type="static", username="u", password="p"))
+    reads_the_api = gateway_config(realm="stunner.l7mp.io", authRef={"name": "auth"})
+    with Webhook(tmp_path, kubeconfig, workers=1) as server:
+        fake.delay = 1.5  # under the webhook's 2 s lookup timeout
+        with ThreadPoolExecutor(1) as pool:
+            slow = pool.submit(server.review, "/validate", admission_review(reads_the_api))
+            time.sleep(0.3)  # the slow review is waiting on the API server now
+            started = time.monotonic()
+            assert server.review("/validate", admission_review(VALID))["allowed"] is True
+            assert time.monotonic() - started < 0.8
+            assert not slow.done()
+            assert slow.result(timeout=10)["allowed"] is True
+
+
+@pytest.mark.parametrize("path", ["/validate", "/mutate"])
+def test_an_object_nested_too_deeply_is_refused_with_its_uid(path: str) -> None:
+    """Parseable JSON nested deeper than any Kubernetes object: a 400 refusal the apiserver
+    shows the user (uid echoed), before a rule or the defaulter recurses into it."""
+    client = create_app(Settings(), NoSecrets()).test_client()
+    for depth in (150, 900):
+        obj = gateway_config(realm="stunner.l7mp.io")
+        obj["spec"]["realm"] = json.loads("[" * depth + "]" * depth)
+        body = admission_review(obj)
+        resp = client.post(path, json=body)
+        assert resp.status_code == 200
+        answer = resp.get_json()["response"]
+        assert answer["uid"] == body["request"]["uid"] and answer["allowed"] is False
+        assert answer["status"]["code"] == 400
+        assert "deeper than 100 levels" in answer["status"]["message"]
+    obj = gateway_config(realm="stunner.l7mp.io", userName="u", password="p")
+    obj["metadata"]["labels"] = {"a": "b"}
+    assert client.post(path, json=admission_review(obj)).get_json()["response"]["allowed"]
+
+
+def test_large_bodies_are_read_a_few_at_a_time(tmp_path: Path, kubeconfig: Path) -> None:
+    """One worker, LARGE_BODY_SLOTS connections trickling large bodies: another large review
+    waits LARGE_BODY_WAIT and gets 503, small reviews are answered meanwhile, and once the
+    trickling ones are cut (the request deadline, 3 s here) a large review goes through."""
+    large = gateway_config(realm="stunner.l7mp.io", userName="u", password="p")
+    large["metadata"]["annotations"] = {"example.com/pad": "x" * (SMALL_BODY_BYTES * 2)}
+    with Webhook(tmp_path, kubeconfig, workers=1, args=["--timeout", "3"]) as server:
+        hostile = Hostile(server.port, server.context, interval=0.1)
+        hostile.open(body=LARGE_BODY_SLOTS)
+        try:
+            time.sleep(0.5)  # each holds a slot, reading its body
+            started = time.monotonic()
+            status, body = server.request(
+                "POST", "/validate", json.dumps(admission_review(large)).encode()
+            )
+            assert time.monotonic() - started < LARGE_BODY_WAIT + 1.5
+            _assert_review_error(status, body, 503, "are being read: retry")
+            started = time.monotonic()
+            assert server.review("/validate", admission_review(VALID))["allowed"] is True
+            assert time.monotonic() - started < 1.0
+            deadline = time.monotonic() + 6
+            while hostile.open_count and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert hostile.open_count == 0
+        finally:
+            hostile.close()
+        assert server.review("/validate", admission_review(large))["allowed"] is True

@@ -17,16 +17,7 @@ We test these aspects:
 from __future__ import annotations
 
 import base64
-import datetime
-import http.client
-import ipaddress
 import json
-import os
-import signal
-import socket
-import ssl
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -35,18 +26,14 @@ from typing import Any
 
 import jsonpatch
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 from flask.testing import FlaskClient
 
 from stunner_api.rules import LookupFailed, Settings
 from tests.support.fakeapi import FakeApiServer
+from tests.webhook.serving import Webhook
 from webhook import create_app, settings_from_env
 from webhook.kube import KubeLookup
 
-ROOT = Path(__file__).resolve().parents[2]
 GVK = {"group": "stunner.l7mp.io", "version": "v1", "kind": "GatewayConfig"}
 GVR = {"group": "stunner.l7mp.io", "version": "v1", "resource": "gatewayconfigs"}
 
@@ -311,139 +298,14 @@ def test_kube_lookup_against_the_fake_api() -> None:
 # --- the real thing: gunicorn over TLS ---------------------------------------------------------
 
 
-def make_certs(directory: Path) -> tuple[Path, Path, Path]:
-    """A CA and a serving certificate for 127.0.0.1/localhost; returns (ca, cert, key)."""
-    now = datetime.datetime.now(datetime.UTC)
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "test webhook CA")])
-    ca = (
-        x509.CertificateBuilder()
-        .subject_name(ca_name)
-        .issuer_name(ca_name)
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(hours=1))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(ca_key, hashes.SHA256())
-    )
-    key = ec.generate_private_key(ec.SECP256R1())
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "stunner-webhook")]))
-        .issuer_name(ca_name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(hours=1))
-        .add_extension(
-            x509.SubjectAlternativeName(
-                [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
-            ),
-            critical=False,
-        )
-        .sign(ca_key, hashes.SHA256())
-    )
-    paths = directory / "ca.crt", directory / "tls.crt", directory / "tls.key"
-    paths[0].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
-    paths[1].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    paths[2].write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
-    return paths
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-class Https:
-    def __init__(self, port: int, ca: Path) -> None:
-        self.port = port
-        self.context = ssl.create_default_context(cafile=str(ca))
-
-    def request(
-        self, method: str, path: str, body: bytes | None = None, timeout: float = 10
-    ) -> tuple[int, Any]:
-        conn = http.client.HTTPSConnection(
-            "127.0.0.1", self.port, context=self.context, timeout=timeout
-        )
-        try:
-            headers = {"Content-Type": "application/json"} if body is not None else {}
-            conn.request(method, path, body=body, headers=headers)
-            resp = conn.getresponse()
-            return resp.status, json.loads(resp.read())
-        finally:
-            conn.close()
-
-    def review(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        status, out = self.request("POST", path, json.dumps(body).encode())
-        assert status == 200, out
-        assert out["response"]["uid"] == body["request"]["uid"]
-        response: dict[str, Any] = out["response"]
-        return response
-
-
 @pytest.fixture
-def gunicorn(tmp_path: Path, fake: FakeApiServer) -> Iterator[Https]:
-    ca, cert, key = make_certs(tmp_path)
-    port = free_port()
-    env = {
-        **os.environ,
-        "KUBECONFIG": str(fake.write_kubeconfig(tmp_path / "kubeconfig")),
-        "STUNNER_WEBHOOK_BIND": f"127.0.0.1:{port}",
-        "STUNNER_WEBHOOK_CERTFILE": str(cert),
-        "STUNNER_WEBHOOK_KEYFILE": str(key),
-        "STUNNER_WEBHOOK_WORKERS": "2",
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-    }
-    env.pop("KUBERNETES_SERVICE_HOST", None)
-    log = (tmp_path / "gunicorn.log").open("wb")
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "gunicorn",
-            "-c",
-            str(ROOT / "webhook" / "gunicorn.conf.py"),
-            "webhook:create_app()",
-        ],
-        cwd=ROOT,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    https = Https(port, ca)
-    try:
-        deadline = time.monotonic() + 15
-        while True:
-            assert proc.poll() is None, (tmp_path / "gunicorn.log").read_text()
-            try:
-                if https.request("GET", "/healthz", timeout=1)[0] == 200:
-                    break
-            except (OSError, http.client.HTTPException):
-                pass
-            assert time.monotonic() < deadline, (tmp_path / "gunicorn.log").read_text()
-            time.sleep(0.05)
-        yield https
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
+def gunicorn(tmp_path: Path, fake: FakeApiServer) -> Iterator[Webhook]:
+    """gunicorn -c webhook/gunicorn.conf.py over TLS, KUBECONFIG pointing at the fake API."""
+    with Webhook(tmp_path, fake.write_kubeconfig(tmp_path / "kubeconfig")) as server:
+        yield server
 
 
-def test_gunicorn_over_tls_with_the_fake_api(gunicorn: Https, fake: FakeApiServer) -> None:
+def test_gunicorn_over_tls_with_the_fake_api(gunicorn: Webhook, fake: FakeApiServer) -> None:
     fake.seed(auth_secret("partial", type="static", username="u"))
     fake.seed(auth_secret("full", type="static", username="u", password="p"))
 
