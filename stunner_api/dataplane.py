@@ -21,11 +21,12 @@ got 70000`.
 
 from __future__ import annotations
 
+import difflib
 import json
 import logging
 import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Literal
 from urllib.parse import parse_qs, unquote, urlsplit
 
@@ -133,7 +134,8 @@ def _normalize(
     try:
         return table[fold(value)]
     except KeyError:
-        raise _reject(f"unknown {what}: {_go_quote(value)}") from None
+        valid = ", ".join(dict.fromkeys(table.values()))
+        raise _reject(f"unknown {what}: {_go_quote(value)} (valid: {valid})") from None
 
 
 def _empty_is_default(value: object, default: object) -> object:
@@ -682,6 +684,19 @@ def _with_default_port(env: Mapping[str, str]) -> dict[str, str]:
     return resolved
 
 
+def _yaml_reason(error: yaml.YAMLError) -> str:
+    """Where and what, without quoting the text (it may hold a password)."""
+    if not isinstance(error, yaml.MarkedYAMLError):
+        return " ".join(str(error).split())
+    parts = []
+    for text, mark in ((error.problem, error.problem_mark), (error.context, error.context_mark)):
+        if text and mark is not None:
+            parts.append(f"line {mark.line + 1}, column {mark.column + 1}: {text}")
+        elif text:
+            parts.append(text)
+    return "; ".join(parts) or type(error).__name__
+
+
 def _parse_document(text: str) -> dict[str, Any]:
     """YAML, or JSON if YAML fails (sigs.k8s.io/yaml then encoding/json, as Go does)."""
     try:
@@ -689,11 +704,10 @@ def _parse_document(text: str) -> dict[str, Any]:
     except yaml.YAMLError as yaml_error:
         try:
             data = json.loads(text)
-        except json.JSONDecodeError as json_error:
-            yaml_reason = " ".join(str(yaml_error).split())
+        except json.JSONDecodeError:
+            # Only YAML's error: JSON is (nearly) a subset of YAML, so its error adds noise.
             raise ConfigError(
-                f"could not parse config: YAML parse error: {yaml_reason}, "
-                f"JSON parse error: {json_error}"
+                f"could not parse config: YAML parse error: {_yaml_reason(yaml_error)}"
             ) from None
     if data is None:
         return {}
@@ -706,6 +720,52 @@ def _credentials_of(data: Mapping[str, Any]) -> Mapping[str, Any] | None:
     auth = data.get("auth")
     credentials = auth.get("credentials") if isinstance(auth, Mapping) else None
     return credentials if isinstance(credentials, Mapping) else None
+
+
+def _unknown_keys(data: object, model: type[BaseModel], path: str) -> Iterator[str]:
+    if not isinstance(data, Mapping):
+        return
+    known = list(model.model_fields)
+    for key in data:
+        if key not in known:
+            close = difflib.get_close_matches(str(key), known, n=1)
+            hint = f" (did you mean {_go_quote(close[0])}?)" if close else ""
+            yield f"{path}{key}: unknown key, ignored{hint}"
+
+
+def config_warnings(data: Mapping[str, Any], config: StunnerConfig) -> list[str]:
+    """What a valid config most likely got wrong, as `path: message` lines: keys that no field
+    has (Go STUNner ignores them, and so do we, for wire compatibility with its operator), each
+    with the closest known key, and routes naming a cluster the config does not define."""
+    warnings = list(_unknown_keys(data, StunnerConfig, ""))
+    sections: tuple[tuple[str, type[BaseModel]], ...] = (
+        ("admin", AdminConfig),
+        ("auth", AuthConfig),
+    )
+    for key, model in sections:
+        warnings += _unknown_keys(data.get(key), model, f"{key}.")
+    admin = data.get("admin")
+    if isinstance(admin, Mapping):
+        warnings += _unknown_keys(
+            admin.get("license_config"), LicenseConfig, "admin.license_config."
+        )
+    lists: tuple[tuple[str, type[BaseModel]], ...] = (
+        ("listeners", ListenerConfig),
+        ("clusters", ClusterConfig),
+    )
+    for key, model in lists:
+        items = data.get(key)
+        for index, item in enumerate(items if isinstance(items, list) else []):
+            warnings += _unknown_keys(item, model, f"{key}[{index}].")
+    clusters = {cluster.name for cluster in config.clusters}
+    for index, listener in enumerate(config.listeners):
+        for route in listener.routes:
+            if route not in clusters:
+                warnings.append(
+                    f"listeners[{index}].routes: cluster {_go_quote(route)} is not defined "
+                    "(its peers are unreachable)"
+                )
+    return warnings
 
 
 def load_config(text: str | bytes, env: Mapping[str, str] | None = None) -> StunnerConfig:
@@ -727,6 +787,48 @@ def load_config(text: str | bytes, env: Mapping[str, str] | None = None) -> Stun
     if raw_credentials is not None and credentials is not None:
         data["auth"]["credentials"] = {**credentials, **raw_credentials}
     return validate_config(data)
+
+
+def _variable_names(text: str) -> list[str]:
+    """The names `expand_env` would look up in `text`."""
+    names = []
+    index = text.find("$")
+    while 0 <= index < len(text) - 1:
+        name, width = _shell_name(text[index + 1 :])
+        if name:
+            names.append(name)
+        index = text.find("$", index + 1 + width)
+    return names
+
+
+def _unset_address_variables(
+    raw: Mapping[str, Any], variables: Mapping[str, str], config: StunnerConfig
+) -> Iterator[str]:
+    """An unset variable in a listener address (the usual $STUNNER_ADDR) silently gives
+    clients the relay address 0.0.0.0: name it."""
+    listeners = raw.get("listeners")
+    for index, item in enumerate(listeners if isinstance(listeners, list) else []):
+        for key in ("address", "public_address"):
+            value = item.get(key) if isinstance(item, Mapping) else None
+            if not isinstance(value, str) or index >= len(config.listeners):
+                continue
+            for name in dict.fromkeys(_variable_names(value)):
+                if name not in variables:
+                    now = getattr(config.listeners[index], key) or '""'
+                    yield (f"listeners[{index}].{key}: ${name} is not set, so the {key} is {now}")
+
+
+def load_config_checked(
+    text: str | bytes, env: Mapping[str, str] | None = None
+) -> tuple[StunnerConfig, list[str]]:
+    """`load_config`, and its `config_warnings` (and any unset variable in an address)."""
+    config = load_config(text, env)
+    if isinstance(text, bytes):
+        text = text.decode("utf-8")  # load_config succeeded, so it decodes
+    variables = _with_default_port(os.environ if env is None else env)
+    data = _parse_document(expand_env(text, variables))
+    unset = list(_unset_address_variables(_parse_document(text), variables, config))
+    return config, unset + config_warnings(data, config)
 
 
 def _redact_uri(uri: str) -> str:

@@ -43,7 +43,9 @@ class Channel:
         self._buffer = bytearray()
         self._fds: collections.deque[int] = collections.deque()
         self._inbox: asyncio.Queue[Received | None] = asyncio.Queue()
-        self._outbox: collections.deque[tuple[bytes, socket.socket | None]] = collections.deque()
+        # frame, attached socket, whether the socket is closed once sent (handed over)
+        self._outbox: collections.deque[tuple[bytes, socket.socket | None, bool]]
+        self._outbox = collections.deque()
         self._wakeup = asyncio.Event()
         self._closed = False
         self._loop.add_reader(sock.fileno(), self._readable)
@@ -102,12 +104,17 @@ class Channel:
 
     # --- sending --------------------------------------------------------------------------
 
-    def post(self, body: dict[str, Any], sock: socket.socket | None = None) -> None:
-        """Queue a frame (with a duplicate of `sock`'s descriptor, if given); frames go in order."""
+    def post(
+        self, body: dict[str, Any], sock: socket.socket | None = None, hand_over: bool = False
+    ) -> None:
+        """Queue a frame (with a duplicate of `sock`'s descriptor, if given); frames go in order.
+        With `hand_over`, our `sock` is closed once sent (or once the channel closes)."""
         if self._closed:
+            if sock is not None and hand_over:
+                sock.close()
             return
         data = json.dumps(body, separators=(",", ":")).encode()
-        self._outbox.append((HEADER.pack(len(data), 1 if sock else 0) + data, sock))
+        self._outbox.append((HEADER.pack(len(data), 1 if sock else 0) + data, sock, hand_over))
         self._wakeup.set()
 
     async def flush(self) -> None:
@@ -120,7 +127,7 @@ class Channel:
             await self._wakeup.wait()
             self._wakeup.clear()
             while self._outbox:
-                frame, sock = self._outbox[0]
+                frame, sock, hand_over = self._outbox[0]
                 try:
                     if sock is not None:
                         sent = await self._send_with_descriptor(frame, sock)
@@ -131,6 +138,8 @@ class Channel:
                     self.close()
                     return
                 self._outbox.popleft()
+                if sock is not None and hand_over:
+                    sock.close()
 
     async def _send_with_descriptor(self, frame: bytes, sock: socket.socket) -> int:
         while True:
@@ -153,6 +162,10 @@ class Channel:
         self._sock.close()
         while self._fds:
             socket.close(self._fds.popleft())
+        for _, sock, hand_over in self._outbox:
+            if sock is not None and hand_over:
+                sock.close()
+        self._outbox.clear()
         self._inbox.put_nowait(None)
 
 

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.metadata
 import logging
 import os
 import signal
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from stunner_api.dataplane import (
     ConfigError,
@@ -20,11 +21,12 @@ from stunner_api.dataplane import (
 
 from . import logs
 from .auth import NonceManager
+from .certificates import self_signed_certificate
 from .daemon import ApplyError, Stunner
+from .ledger import UserAllocations
+from .runtime import event_loop_factory
 from .sources import DEFAULT_CDS_ADDRESS, ConfigSource, SourceError, source_for
-from .tls import self_signed_certificate
-from .turn import UserAllocations
-from .workers import WorkerPool, udp_process_count, usable_cpus
+from .worker_pool import WorkerPool, udp_process_count, usable_cpus
 
 log = logging.getLogger("stunner.stunnerd")
 
@@ -35,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="STUNner dataplane: a TURN server for Kubernetes media ingress.",
         epilog="Example: stunnerd turn://user:pass@127.0.0.1:3478?transport=udp",
     )
+    parser.add_argument("--version", action="version", version=f"stunnerd {_version()}")
     parser.add_argument(
         "uri",
         nargs="?",
@@ -100,6 +103,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _version() -> str:
+    try:
+        return importlib.metadata.version("stunner")
+    except importlib.metadata.PackageNotFoundError:
+        return "(not installed)"
+
+
 def _non_negative(text: str) -> int:
     try:
         value = int(text)
@@ -118,6 +128,11 @@ def config_source(args: argparse.Namespace) -> ConfigSource | StunnerConfig:
 
 
 DRAIN_POLL_INTERVAL = 1.0
+HOW_TO_CONFIGURE = (
+    "give a config with -c FILE (YAML or JSON), a turn:// URI "
+    "(e.g. stunnerd turn://user:pass@127.0.0.1:3478), or the config discovery service with "
+    "-c HOST:PORT; see stunnerd --help"
+)
 
 
 async def watch_configs(stunner: Stunner, source: ConfigSource) -> None:
@@ -136,47 +151,70 @@ async def serve(
     initial: StunnerConfig,
     source: ConfigSource | None = None,
     grace_period: float = 3600.0,
+    origin: ConfigSource | None = None,
 ) -> int:
     """Serve `initial` (and, in watch mode, every config from `source`) until SIGTERM/SIGINT,
     then drain: not ready, stop watching, keep serving, exit when the last allocation is gone
-    or the grace period ends. A second signal exits at once."""
+    or the grace period ends. A second signal exits at once. SIGHUP re-reads the config from
+    `origin` (the file or CDS it came from) and applies it, as the file watch does."""
     signals = asyncio.Queue[int]()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         loop.add_signal_handler(sig, signals.put_nowait, sig)
     try:
-        await stunner.apply(initial)
-    except ApplyError as exc:
-        log.error("could not apply configuration: %s", exc)
-        await stunner.close()
-        return 1
-    watcher = loop.create_task(watch_configs(stunner, source)) if source else None
-    if watcher is not None:
-        watcher.add_done_callback(_report_watch_end)
-    log.info("stunnerd running with %d listener(s)", len(stunner.listeners))
-    received = await signals.get()
-    stunner.terminating = True
-    if watcher is not None:
-        watcher.cancel()
-    active = await stunner.current_allocation_count()
-    log.info(
-        "%s: draining %d allocation(s), at most %gs",
-        signal.Signals(received).name,
-        active,
-        grace_period,
-    )
-    deadline = loop.time() + grace_period
-    while active > 0 and loop.time() < deadline:
         try:
-            received = await asyncio.wait_for(signals.get(), DRAIN_POLL_INTERVAL)
-        except TimeoutError:
-            active = await stunner.current_allocation_count()
-            continue
-        log.info("%s again: exiting now", signal.Signals(received).name)
-        break
-    log.info("shutting down (%d active allocations)", stunner.allocation_count)
-    await stunner.close()
-    return 0
+            await stunner.apply(initial)
+        except ApplyError as exc:
+            log.error("could not apply configuration: %s", exc)
+            await stunner.close()
+            return 1
+        watcher = loop.create_task(watch_configs(stunner, source)) if source else None
+        if watcher is not None:
+            watcher.add_done_callback(_report_watch_end)
+        log.info("stunnerd running with %d listener(s)", len(stunner.listeners))
+        while (received := await signals.get()) == signal.SIGHUP:
+            await reload(stunner, origin)
+        stunner.terminating = True
+        if watcher is not None:
+            watcher.cancel()
+        active = await stunner.current_allocation_count()
+        log.info(
+            "%s: draining %d allocation(s), at most %gs%s",
+            signal.Signals(received).name,
+            active,
+            grace_period,
+            " (send SIGTERM or press Ctrl-C again to exit now)" if active else "",
+        )
+        deadline = loop.time() + grace_period
+        while active > 0 and loop.time() < deadline:
+            try:
+                received = await asyncio.wait_for(signals.get(), DRAIN_POLL_INTERVAL)
+            except TimeoutError:
+                active = await stunner.current_allocation_count()
+                continue
+            if received == signal.SIGHUP:
+                log.info("SIGHUP while draining: not re-reading the config")
+                continue
+            log.info("%s again: exiting now", signal.Signals(received).name)
+            break
+        log.info("shutting down (%d active allocations)", stunner.allocation_count)
+        await stunner.close()
+        return 0
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            loop.remove_signal_handler(sig)
+
+
+async def reload(stunner: Stunner, origin: ConfigSource | None) -> None:
+    """SIGHUP: load the config again and apply it; a refused one changes nothing."""
+    if origin is None:
+        log.info("SIGHUP: the config came from the command line, nothing to re-read")
+        return
+    log.info("SIGHUP: re-reading the config from %s", origin)
+    try:
+        await stunner.apply(await origin.load())
+    except (ConfigError, SourceError, ApplyError) as exc:
+        log.error("SIGHUP: configuration not reloaded (running configuration unchanged): %s", exc)
 
 
 def _report_watch_end(task: asyncio.Task[None]) -> None:
@@ -187,17 +225,32 @@ def _report_watch_end(task: asyncio.Task[None]) -> None:
 async def run(args: argparse.Namespace, stunner: Stunner) -> int:
     try:
         origin = config_source(args)
-        if args.watch and not args.dry_run and not isinstance(origin, StunnerConfig):
+        source = None if isinstance(origin, StunnerConfig) else origin
+        if args.watch and not args.dry_run and source is not None:
             # Watch mode starts empty (not ready) and takes its config from the source.
-            return await serve(stunner, zero_config(), origin, args.grace_period)
-        config = origin if isinstance(origin, StunnerConfig) else await origin.load()
+            return await serve(stunner, zero_config(), source, args.grace_period, source)
+        if source is None or not args.dry_run:
+            config = origin if isinstance(origin, StunnerConfig) else await origin.load()
+            warnings: list[str] = []
+        else:
+            config, warnings = await source.load_checked()
     except (ConfigError, SourceError) as exc:
-        log.error("invalid configuration: %s", exc)
+        if not args.uri and not args.config:
+            log.error(
+                "no configuration given, and the default config discovery service did not "
+                "answer (%s): %s",
+                exc,
+                HOW_TO_CONFIGURE,
+            )
+        else:
+            log.error("invalid configuration: %s", exc)
         return 1
     if args.dry_run:
         print(redacted(config).to_json())  # noqa: T201
-        return 0
-    return await serve(stunner, config, None, args.grace_period)
+        for warning in warnings:  # what would be a warning at start is an error here
+            log.error("config: %s", warning)
+        return 1 if warnings else 0
+    return await serve(stunner, config, None, args.grace_period, source)
 
 
 def udp_workers(args: argparse.Namespace, override: str | None) -> WorkerPool | None:
@@ -253,19 +306,6 @@ async def _main(args: argparse.Namespace, override: str | None) -> int:
         workers=workers,
     )
     return await run_with_workers(args, stunner)
-
-
-def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
-    """uvloop where it is installed (the packet path runs in its C event loop), else asyncio's
-    own; STUNNER_EVENT_LOOP=asyncio forces the latter."""
-    if os.environ.get("STUNNER_EVENT_LOOP", "").lower() == "asyncio":
-        return None
-    try:
-        import uvloop
-    except ImportError:
-        return None
-    factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
-    return factory
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
+from functools import partial
 
 from stunner_api.dataplane import (
     DEFAULT_HEALTHCHECK_PORT,
@@ -17,19 +18,18 @@ from stunner_api.dataplane import (
     is_zero_config,
 )
 
-from . import logs
 from .admin import HttpServer, health_routes, metrics_routes
-from .auth import Authenticator, AuthError, NonceManager
+from .auth import NonceManager
+from .core import ApplyError as ApplyError
+from .core import DataplaneCore, Plan
+from .counters import ClusterCounters, ListenerCounters, merge
+from .ledger import Reservations, UserAllocations
 from .listener import Listener
-from .router import DnsResolver, Router
-from .turn import ServerContext, Stats, UserAllocations
-from .workers import WorkerCounters, WorkerPool, add_cluster_counters
+from .router import Router
+from .turn import ServerContext
+from .worker_pool import WorkerCounters, WorkerPool
 
 log = logging.getLogger("stunner.stunnerd")
-
-
-class ApplyError(Exception):
-    """The config was refused; the previous one keeps running."""
 
 
 def restart_needed(old: ListenerConfig, new: ListenerConfig, realm_changed: bool) -> bool:
@@ -53,15 +53,25 @@ class Stunner:
         # Fixed paths, as Go STUNner's; the metrics path comes from metrics_endpoint.
         self.health = HttpServer("health-check", lambda _path: health_routes(self))
         self.metrics = HttpServer("metrics", lambda path: metrics_routes(self, path))
-        self.listeners: dict[str, Listener] = {}
-        self.router = Router()
-        self.nonces = nonces or NonceManager()
-        self.users = workers.users if workers is not None else UserAllocations()
-        self.context: ServerContext | None = None
         self.workers = workers  # --udp-thread-num: they serve the other sockets of UDP listeners
         self._udp_sockets = 1 + (workers.size if workers is not None else 0)
-        self.log_override = log_override  # -l/-v on the command line win over admin.loglevel
-        self._resolver = DnsResolver(self.router)
+        self.users = workers.users if workers is not None else UserAllocations()
+        self.reservations = workers.reservations if workers is not None else Reservations()
+        self.core = DataplaneCore(
+            nonces or NonceManager(), self.users, self.reservations, log_override is not None
+        )
+
+    @property
+    def listeners(self) -> dict[str, Listener]:
+        return self.core.listeners
+
+    @property
+    def router(self) -> Router:
+        return self.core.router
+
+    @property
+    def context(self) -> ServerContext | None:
+        return self.core.context
 
     @property
     def ready(self) -> bool:
@@ -89,11 +99,11 @@ class Stunner:
     def _worker_reports(self) -> list[WorkerCounters]:
         return self.workers.reports() if self.workers is not None else []
 
-    def listener_stats(self) -> dict[str, Stats]:
-        totals: dict[str, Stats] = {}
+    def listener_stats(self) -> dict[str, ListenerCounters]:
+        totals: dict[str, ListenerCounters] = {}
         reports = self._worker_reports()
         for name, listener in self.listeners.items():
-            totals[name] = stats = Stats()
+            totals[name] = stats = ListenerCounters()
             stats.add(listener.server.stats)
             for report in reports:
                 entry = report.listeners.get(name)
@@ -111,12 +121,13 @@ class Stunner:
                     counts[name] += active
         return counts
 
-    def cluster_counters(self) -> dict[str, list[int]]:
-        """cluster -> [tx packets, tx bytes, rx packets, rx bytes], to and from its peers."""
-        own = self.context.cluster_counters if self.context is not None else {}
-        totals = {name: list(values) for name, values in own.items()}
+    def cluster_counters(self) -> dict[str, ClusterCounters]:
+        """cluster -> its traffic to and from its peers, in every process."""
+        totals: dict[str, ClusterCounters] = {}
+        if self.context is not None:
+            merge(totals, self.context.cluster_counters, ClusterCounters)
         for report in self._worker_reports():
-            add_cluster_counters(totals, report.clusters)
+            merge(totals, report.clusters, ClusterCounters)
         return totals
 
     def worker_usage(self) -> tuple[float, int]:
@@ -129,18 +140,6 @@ class Stunner:
         if config == self.config:
             return
         old = self.config
-        try:
-            authenticator = Authenticator(
-                config.auth.type, config.auth.realm, config.auth.credentials
-            )
-        except AuthError as exc:
-            raise ApplyError(f"auth: {exc}") from None
-        if self.log_override is None:
-            try:
-                logs.apply_level_spec(config.admin.loglevel)
-            except ValueError as exc:
-                raise ApplyError(f"admin.loglevel: {exc}") from None
-
         realm_changed = old is not None and old.auth.realm != config.auth.realm
         wanted = {lc.name: lc for lc in config.listeners}
         to_stop = [
@@ -152,46 +151,19 @@ class Stunner:
         to_start = [
             lc for name, lc in wanted.items() if name not in self.listeners or name in stopped_names
         ]
+        workers = self.workers
 
-        context = self.context or ServerContext(
-            authenticator, self.router, self.nonces, users=self.users
-        )
-        previous = (context.authenticator, context.user_quota)
-        context.authenticator = authenticator
-        context.user_quota = config.admin.user_quota
+        async def release(remaining: Iterable[Listener]) -> None:
+            if workers is not None:
+                await workers.sync(old, remaining)
 
-        if self.workers is not None and to_stop:
-            # The workers let go of their copies first, so that the ports are really free.
-            remaining = [lst for lst in self.listeners.values() if lst not in to_stop]
-            await self.workers.sync(old, remaining)
-        await self._stop(to_stop)
-        started: list[Listener] = []
-        try:
-            for listener_config in to_start:
-                listener = Listener(listener_config, context, self._udp_sockets)
-                await listener.start()
-                started.append(listener)
-        except (OSError, ValueError) as exc:
-            await self._stop(started)
-            context.authenticator, context.user_quota = previous
-            await self._restart(context, (lst.config for lst in to_stop))
-            if self.workers is not None:
-                await self.workers.sync(old, self.listeners.values())
-            raise ApplyError(f"listener {listener_config.name}: {exc}") from None
-
-        for listener in to_stop:
-            self.listeners.pop(listener.name, None)
-        for listener in started:
-            self.listeners[listener.name] = listener
-        for name, listener in self.listeners.items():
-            listener.config = wanted[name]  # routes, public address: in place
-        self.router.update({lc.name: lc.routes for lc in config.listeners}, config.clusters)
-        self.context = context
+        udp_sockets = self._udp_sockets
+        builds = {lc.name: partial(_new_listener, lc, udp_sockets) for lc in to_start}
+        await self.core.apply(config, Plan(to_stop, builds, rollback=True, release=release))
         self.config = config
         self._configured = self._configured or not is_zero_config(config)
-        self._resolver.follow()
-        if self.workers is not None:
-            await self.workers.sync(config, self.listeners.values())
+        if workers is not None:
+            await workers.sync(config, self.listeners.values())
         await self._reconcile_admin_servers(config)
         log.info("applied config: %s", config)
 
@@ -213,27 +185,14 @@ class Stunner:
             except (OSError, ValueError) as exc:
                 log.error("cannot start the %s server on %s: %s", server.name, url, exc)
 
-    async def _stop(self, listeners: Iterable[Listener]) -> None:
-        for listener in listeners:
-            await listener.stop()
-
-    async def _restart(self, context: ServerContext, configs: Iterable[ListenerConfig]) -> None:
-        """Rollback: bring back the listeners stopped for an apply that failed."""
-        for listener_config in configs:
-            listener = Listener(listener_config, context, self._udp_sockets)
-            try:
-                await listener.start()
-            except (OSError, ValueError) as exc:
-                log.error("rollback: cannot restart listener %s: %s", listener.name, exc)
-                self.listeners.pop(listener.name, None)
-                continue
-            self.listeners[listener.name] = listener
-
     async def close(self) -> None:
-        self._resolver.close()
         if self.workers is not None:
             await self.workers.close()
-        await self._stop(self.listeners.values())
-        self.listeners.clear()
+        await self.core.close()
+        self.reservations.close()
         await self.health.stop()
         await self.metrics.stop()
+
+
+def _new_listener(config: ListenerConfig, udp_sockets: int, context: ServerContext) -> Listener:
+    return Listener(config, context, udp_sockets)

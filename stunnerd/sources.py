@@ -44,7 +44,12 @@ from stunner_api.cds import (
     config_path,
     split_id,
 )
-from stunner_api.dataplane import ConfigError, StunnerConfig, is_zero_config, load_config
+from stunner_api.dataplane import (
+    ConfigError,
+    StunnerConfig,
+    is_zero_config,
+    load_config_checked,
+)
 
 file_log = logging.getLogger("stunner.config-file-client")
 cds_log = logging.getLogger("stunner.cds-client")
@@ -62,8 +67,15 @@ class SourceError(Exception):
     """The config origin cannot be used: unreachable, missing, or not supported."""
 
 
+Checked = tuple[StunnerConfig, list[str]]  # a config and what it most likely got wrong
+
+
 class ConfigSource(Protocol):
-    """A config origin: one-shot `load()` and a never-ending, deduplicated `watch()`."""
+    """A config origin: one-shot `load()` and a never-ending, deduplicated `watch()`; both log
+    the config's warnings (unknown keys, routes to missing clusters); `load_checked()` returns
+    them instead (--dry-run makes them errors)."""
+
+    async def load_checked(self) -> Checked: ...
 
     async def load(self) -> StunnerConfig: ...
 
@@ -99,9 +111,17 @@ class FileSource:
         except OSError as exc:
             raise SourceError(f"cannot read config file {self.path}: {exc.strerror}") from None
 
-    async def load(self) -> StunnerConfig:
+    async def load_checked(self) -> Checked:
         text = await asyncio.to_thread(self._read)
-        return load_config(text, self.env)
+        try:
+            return load_config_checked(text, self.env)
+        except ConfigError as exc:
+            raise ConfigError(f"{self.path}: {exc}") from None
+
+    async def load(self) -> StunnerConfig:
+        config, warnings = await self.load_checked()
+        log_warnings(file_log, str(self.path), warnings)
+        return config
 
     async def watch(self) -> AsyncGenerator[StunnerConfig, None]:
         last_json: str | None = None
@@ -150,10 +170,12 @@ class FileSource:
             )
             return None
         try:
-            return load_config(text, self.env)
+            config, warnings = load_config_checked(text, self.env)
         except ConfigError as exc:
             file_log.warning("ignoring invalid config in %s: %s", self.path, exc)
             return None
+        log_warnings(file_log, str(self.path), warnings)
+        return config
 
 
 class CdsSource:
@@ -217,10 +239,15 @@ class CdsSource:
             reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
             raise SourceError(f"cannot reach CDS server {self.origin}: {reason}") from None
 
-    async def load(self) -> StunnerConfig:
+    async def load_checked(self) -> Checked:
         cds_log.debug("GET %s", self.url)
         body = await asyncio.to_thread(self._get)
-        return load_config(body, self.env)
+        return load_config_checked(body, self.env)
+
+    async def load(self) -> StunnerConfig:
+        config, warnings = await self.load_checked()
+        log_warnings(cds_log, self.url, warnings)
+        return config
 
     async def watch(self) -> AsyncGenerator[StunnerConfig, None]:
         last_json: str | None = None
@@ -239,14 +266,16 @@ class CdsSource:
                     cds_log.info("connected to CDS server %s", self.ws_url)
                     failing = False
                     async for message in ws:
-                        config = self._parse(message)
-                        if config is None:
+                        checked = self._parse(message)
+                        if checked is None:
                             continue
+                        config, warnings = checked
                         config_json = config.to_json()
                         if config_json == last_json:
                             cds_log.debug("config unchanged, ignoring")
                             continue
                         last_json = config_json
+                        log_warnings(cds_log, self.ws_url, warnings)
                         yield config
                 cds_log.info("CDS server %s closed the connection; reconnecting", self.ws_url)
             except (OSError, TimeoutError, WebSocketException) as exc:
@@ -261,9 +290,9 @@ class CdsSource:
                 failing = True
             await asyncio.sleep(self.retry_period)
 
-    def _parse(self, message: str | bytes) -> StunnerConfig | None:
+    def _parse(self, message: str | bytes) -> Checked | None:
         try:
-            config = load_config(message, self.env)
+            config, warnings = load_config_checked(message, self.env)
         except ConfigError as exc:
             cds_log.warning("ignoring invalid config from CDS server: %s", exc)
             return None
@@ -274,7 +303,7 @@ class CdsSource:
                 self.name,
             )
             return None
-        return config
+        return config, warnings
 
 
 def _error_message(body: bytes) -> str:
@@ -305,6 +334,12 @@ def _split_address(address: str) -> tuple[str, str]:
     if ":" in host:
         host = f"[{host}]"
     return scheme, host if port is None else f"{host}:{port}"
+
+
+def log_warnings(logger: logging.Logger, origin: str, warnings: list[str]) -> None:
+    """A valid config's likely mistakes, one line each (the config is applied as it is)."""
+    for warning in warnings:
+        logger.warning("config from %s: %s", origin, warning)
 
 
 def resolve_id(id: str | None, env: Mapping[str, str]) -> tuple[str, str]:

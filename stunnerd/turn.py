@@ -1,8 +1,8 @@
 """The TURN server of one listener (RFC 8489 STUN, RFC 8656 TURN), independent of its transport.
 
-A listener (UDP or TCP, see `listener.py`) hands every packet from a client to `TurnServer`:
-ChannelData goes straight to the client's allocation, everything else through the
-(class, method) dispatch table. Each allocation owns one UDP relay socket towards the peers.
+A transport (`transports.py`) hands every packet from a client to `TurnServer`: ChannelData
+goes straight to the client's allocation, everything else through the (class, method) dispatch
+table. Each allocation (`allocation.py`) owns one UDP relay socket towards the peers.
 
 Security: a peer is reachable only if the listener's routes admit it (`Router`), checked when a
 permission or channel is installed and again for every relayed packet in both directions.
@@ -11,19 +11,29 @@ permission or channel is installed and again for every relayed packet in both di
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import ipaddress
 import logging
+import secrets
 import socket
 import struct
 import time
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 from . import stun
+from .allocation import (
+    FAMILY_IPV4,
+    FAMILY_IPV6,
+    Allocation,
+    Downstream,
+    ListenerScope,
+    address_family,
+)
 from .auth import Authenticator, NonceManager
+from .counters import ClusterCounters, ListenerCounters
+from .ledger import Reservations, UserAllocations
 from .router import Router
 from .stun import Address, Class, Message, Method
 
@@ -38,10 +48,6 @@ RESPONSE_CACHE_MAX = 65536
 EVEN_PORT_ATTEMPTS = 16
 
 TRANSPORT_UDP = 17
-FAMILY_IPV4 = 0x01
-FAMILY_IPV6 = 0x02
-
-_CHANNEL_HEADER = struct.Struct("!HH")
 
 
 class RequestError(Exception):
@@ -56,59 +62,6 @@ class RequestError(Exception):
         self.attributes = attributes or {}
 
 
-def canonical_address(addr: tuple[Any, ...]) -> Address:
-    """(ip, port) of a socket address; an IPv4-mapped IPv6 address becomes plain IPv4."""
-    ip: str = addr[0]
-    if ip.startswith("::ffff:") and "." in ip:
-        ip = ip[7:]
-    return ip, addr[1]
-
-
-def address_family(ip: str) -> int:
-    return FAMILY_IPV6 if ":" in ip else FAMILY_IPV4
-
-
-class Downstream:
-    """The client side of one 5-tuple: where replies and relayed data to that client go."""
-
-    __slots__ = ("remote", "address", "send", "stream")
-
-    def __init__(self, remote: Any, send: Callable[[bytes], None], stream: bool) -> None:
-        self.remote = remote  # the address as the socket reports it: the allocation key
-        self.address = canonical_address(remote)  # what XOR-MAPPED-ADDRESS reports
-        self.send = send
-        self.stream = stream
-
-
-class UserAllocations:
-    """Allocations per user id, for `admin.user_quota`: one ledger per stunnerd.
-
-    In a UDP worker process, a stand-in with the same interface asks the primary's ledger
-    (`stunnerd.worker`), so the quota holds across processes.
-    """
-
-    def __init__(self) -> None:
-        self.counts: dict[str, int] = {}
-
-    def try_acquire(self, user_id: str, quota: int) -> bool:
-        """Count one more allocation of `user_id`, unless that would exceed `quota` (0: none)."""
-        count = self.counts.get(user_id, 0)
-        if quota > 0 and count >= quota:
-            return False
-        self.counts[user_id] = count + 1
-        return True
-
-    async def acquire(self, user_id: str, quota: int) -> bool:
-        return self.try_acquire(user_id, quota)
-
-    def release(self, user_id: str) -> None:
-        left = self.counts.get(user_id, 1) - 1
-        if left > 0:
-            self.counts[user_id] = left
-        else:
-            self.counts.pop(user_id, None)
-
-
 @dataclass
 class ServerContext:
     """What all listeners share and a reconcile swaps in place: auth, nonces, routing, quota."""
@@ -118,133 +71,15 @@ class ServerContext:
     nonces: NonceManager = field(default_factory=NonceManager)
     user_quota: int = 0  # allocations per user id; 0 means no quota
     users: UserAllocations = field(default_factory=UserAllocations)
-    # cluster name -> [tx packets, tx bytes, rx packets, rx bytes]: to and from its peers
-    cluster_counters: defaultdict[str, list[int]] = field(
-        default_factory=lambda: defaultdict(lambda: [0, 0, 0, 0])
+    reservations: Reservations = field(default_factory=Reservations)
+    # cluster name -> traffic to and from its peers
+    cluster_counters: defaultdict[str, ClusterCounters] = field(
+        default_factory=lambda: defaultdict(ClusterCounters)
     )
 
     @property
     def realm(self) -> str:
         return self.authenticator.realm
-
-
-class Allocation(asyncio.DatagramProtocol):
-    """One TURN allocation: its relay socket, permissions and channel bindings (RFC 8656 §2.2)."""
-
-    def __init__(
-        self,
-        server: TurnServer,
-        downstream: Downstream,
-        username: str,
-        user_id: str,
-        family: int,
-        lifetime: int,
-    ) -> None:
-        self.server = server
-        self.downstream = downstream
-        self.username = username
-        self.user_id = user_id
-        self.family = family
-        self.expires_at = time.monotonic() + lifetime
-        self.permissions: dict[str, float] = {}  # peer IP -> expiry
-        self.channels: dict[int, tuple[Address, float]] = {}  # channel -> (peer, expiry)
-        self.channel_by_peer: dict[Address, int] = {}
-        self.relay: asyncio.DatagramTransport | None = None
-        self.relayed_address: Address = ("", 0)
-
-    # --- relay socket events: data from peers -------------------------------------------
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.relay = cast(asyncio.DatagramTransport, transport)
-
-    def datagram_received(self, data: bytes, addr: tuple[Any, ...]) -> None:
-        """RFC 8656 §11.3 and §12.7: relay a peer's datagram to the client, if admitted."""
-        peer = (addr[0], addr[1])
-        server = self.server
-        cluster = server.context.router.cluster_of(server.name, peer[0], peer[1])
-        if cluster is None or peer[0] not in self.permissions:
-            server.stats.dropped += 1
-            return
-        counters = server.context.cluster_counters[cluster]
-        counters[2] += 1
-        counters[3] += len(data)
-        channel = self.channel_by_peer.get(peer)
-        if channel is not None:
-            packet = stun.pack_channel_data(channel, data, self.downstream.stream)
-        else:
-            packet = stun.data_indication(peer, data)
-        self.downstream.send(packet)
-        stats = server.stats
-        stats.tx_packets += 1
-        stats.tx_bytes += len(packet)
-
-    def error_received(self, exc: Exception) -> None:
-        # ICMP errors from peers (port unreachable): nothing to do for a UDP relay.
-        log.debug("relay %s: %s", self.relayed_address, exc)
-
-    # --- data from the client -----------------------------------------------------------
-
-    def relay_to_peer(self, peer: Address, payload: bytes) -> None:
-        server = self.server
-        cluster = server.context.router.cluster_of(server.name, peer[0], peer[1])
-        if cluster is None or self.relay is None or peer[0] not in self.permissions:
-            server.stats.dropped += 1
-            return
-        self.relay.sendto(payload, peer)
-        counters = server.context.cluster_counters[cluster]
-        counters[0] += 1
-        counters[1] += len(payload)
-
-    def relay_channel_data(self, data: bytes) -> None:
-        """RFC 8656 §12.6: ChannelData from the client goes to the channel's peer."""
-        stats = self.server.stats
-        stats.rx_packets += 1
-        stats.rx_bytes += len(data)
-        if len(data) < 4:
-            return
-        channel, length = _CHANNEL_HEADER.unpack_from(data)
-        binding = self.channels.get(channel)
-        if binding is None or len(data) < 4 + length:
-            self.server.stats.dropped += 1
-            return
-        self.relay_to_peer(binding[0], data[4 : 4 + length])
-
-    # --- state -----------------------------------------------------------------------------
-
-    def expire(self, now: float) -> bool:
-        """Drop expired permissions and channels; True if the allocation itself expired."""
-        if now >= self.expires_at:
-            return True
-        for ip in [ip for ip, expiry in self.permissions.items() if expiry <= now]:
-            del self.permissions[ip]
-        for channel in [c for c, (_, expiry) in self.channels.items() if expiry <= now]:
-            peer, _ = self.channels.pop(channel)
-            self.channel_by_peer.pop(peer, None)
-        return False
-
-    def close(self) -> None:
-        if self.relay is not None:
-            self.relay.close()
-            self.relay = None
-
-
-@dataclass
-class Stats:
-    """Per-listener counters: rx/tx are client-side packets (metrics and /status)."""
-
-    rx_packets: int = 0
-    rx_bytes: int = 0
-    tx_packets: int = 0
-    tx_bytes: int = 0
-    dropped: int = 0
-    allocations_total: int = 0
-
-    def add(self, other: Stats) -> None:
-        for name in STATS_FIELDS:
-            setattr(self, name, getattr(self, name) + getattr(other, name))
-
-
-STATS_FIELDS = tuple(f.name for f in dataclasses.fields(Stats))
 
 
 class Exchange:
@@ -276,7 +111,8 @@ class TurnServer:
         self.relay_family = address_family(relay_ip)
         self.context = context
         self.allocations: dict[Any, Allocation] = {}  # Downstream.remote -> allocation
-        self.stats = Stats()
+        self.stats = ListenerCounters()
+        self.scope = ListenerScope(name, context.router, self.stats, context.cluster_counters)
         self._responses: dict[tuple[Any, bytes], tuple[float, bytes]] = {}
         self._pending: set[tuple[Any, bytes]] = set()  # Allocate requests being served
         self._handlers: dict[tuple[Class, Method], Handler] = {
@@ -377,7 +213,8 @@ class TurnServer:
     def _answer(self, exchange: Exchange, outcome: Message | RequestError) -> None:
         request, downstream, key = exchange.request, exchange.downstream, exchange.key
         if isinstance(outcome, RequestError):
-            log.debug(
+            log.log(
+                logging.INFO if outcome.code >= 500 else logging.DEBUG,  # ours, not the client's
                 "listener %s: %s from %s: %d %s",
                 self.name,
                 request.method.name,
@@ -491,13 +328,32 @@ class TurnServer:
         if transport != TRANSPORT_UDP:
             raise RequestError(442)
         # 4. DONT-FRAGMENT is accepted: relayed datagrams are sent as they are.
-        # 5. RESERVATION-TOKEN: this server never hands out tokens, so none can be valid.
-        if "RESERVATION-TOKEN" in attrs:
-            if "EVEN-PORT" in attrs or "REQUESTED-ADDRESS-FAMILY" in attrs:
+        # 5. RESERVATION-TOKEN: the port an earlier EVEN-PORT with the R bit reserved.
+        reserved: socket.socket | None = None
+        token = attrs.get("RESERVATION-TOKEN")
+        if token is not None:
+            if any(a in attrs for a in ("EVEN-PORT", *_FAMILY_ATTRIBUTES)):
                 raise RequestError(400, "Bad Request: RESERVATION-TOKEN with EVEN-PORT or family")
-            raise RequestError(508)
+            reserved = await self.context.reservations.claim(token)
+            if reserved is None:
+                raise RequestError(508, "Insufficient Capacity: unknown or expired token")
+        try:
+            return await self._allocate_relay(exchange, username, reserved)
+        finally:
+            if reserved is not None:
+                reserved.close()  # the relay transport took a duplicate, if it got that far
+
+    async def _allocate_relay(
+        self, exchange: Exchange, username: str, reserved: socket.socket | None
+    ) -> Message:
+        """RFC 8656 §7.2 from step 6 on: families, quota, lifetime, the relay socket."""
+        request, downstream = exchange.request, exchange.downstream
+        attrs = request.attributes
         # 6./7. Address families: the relay family is the listener address's.
-        family = attrs.get("REQUESTED-ADDRESS-FAMILY", FAMILY_IPV4)
+        if reserved is not None:
+            family = FAMILY_IPV6 if reserved.family == socket.AF_INET6 else FAMILY_IPV4
+        else:
+            family = attrs.get("REQUESTED-ADDRESS-FAMILY", FAMILY_IPV4)
         additional = attrs.get("ADDITIONAL-ADDRESS-FAMILY")
         extra: dict[str, Any] = {}
         if additional is not None:
@@ -516,11 +372,14 @@ class TurnServer:
         requested = attrs.get("LIFETIME", DEFAULT_ALLOCATION_LIFETIME)
         lifetime = max(DEFAULT_ALLOCATION_LIFETIME, min(requested, MAX_ALLOCATION_LIFETIME))
         # 10. The relay socket.
-        allocation = Allocation(self, downstream, username, user_id, family, lifetime)
-        even = "EVEN-PORT" in attrs
-        if not await self._bind_relay(allocation, even):
+        allocation = Allocation(self.scope, downstream, username, user_id, family, lifetime)
+        # EVEN-PORT (RFC 8656 §14.6): an even port; with the R bit, the next one is reserved.
+        even_port = attrs.get("EVEN-PORT")
+        try:
+            token = await self._bind_relay(allocation, reserved, even_port)
+        except RequestError:
             users.release(user_id)
-            raise RequestError(508)
+            raise
         if downstream.remote in self.allocations:  # a concurrent Allocate won the race
             users.release(user_id)
             allocation.close()
@@ -538,28 +397,49 @@ class TurnServer:
         response = _response_to(request)
         response.attributes["XOR-RELAYED-ADDRESS"] = allocation.relayed_address
         response.attributes.update(extra)
+        if token is not None:
+            response.attributes["RESERVATION-TOKEN"] = token
         response.attributes["LIFETIME"] = lifetime
         response.attributes["XOR-MAPPED-ADDRESS"] = downstream.address
         return response
 
-    async def _bind_relay(self, allocation: Allocation, even: bool) -> bool:
+    async def _bind_relay(
+        self, allocation: Allocation, reserved: socket.socket | None, even_port: bool | None
+    ) -> bytes | None:
+        """Open the allocation's relay socket: the reserved one, an even port (and, with the R
+        bit, the next port reserved under the token returned), or any port. 508 if none."""
         loop = asyncio.get_running_loop()
         wildcard = "::" if allocation.family == FAMILY_IPV6 else "0.0.0.0"
-        for _ in range(EVEN_PORT_ATTEMPTS if even else 1):
+        if reserved is not None:
+            sock = reserved.dup()
+            sock.setblocking(False)
+            transport, _ = await loop.create_datagram_endpoint(lambda: allocation, sock=sock)
+            self._relay_bound(allocation, transport)
+            return None
+        for _ in range(EVEN_PORT_ATTEMPTS if even_port is not None else 1):
             try:
                 transport, _ = await loop.create_datagram_endpoint(
                     lambda: allocation, local_addr=(wildcard, 0)
                 )
             except OSError as exc:
-                log.warning("listener %s: cannot open a relay socket: %s", self.name, exc)
-                return False
+                raise RequestError(508, f"Insufficient Capacity: no relay socket: {exc}") from None
             port = transport.get_extra_info("sockname")[1]
-            if not even or port % 2 == 0:
-                allocation.relayed_address = (self.relay_ip, port)
-                _grow_buffers(transport)
-                return True
+            if even_port is None or (port % 2 == 0 and not even_port):
+                self._relay_bound(allocation, transport)
+                return None
+            if port % 2 == 0 and port < 65535:
+                next_port = _bound_udp(wildcard, port + 1)
+                if next_port is not None:
+                    token = secrets.token_bytes(8)
+                    await self.context.reservations.reserve(token, next_port)
+                    self._relay_bound(allocation, transport)
+                    return token
             transport.close()
-        return False
+        raise RequestError(508, "Insufficient Capacity: no even relay port free")
+
+    def _relay_bound(self, allocation: Allocation, transport: asyncio.BaseTransport) -> None:
+        allocation.relayed_address = (self.relay_ip, transport.get_extra_info("sockname")[1])
+        _grow_buffers(transport)
 
     def _refresh(self, exchange: Exchange) -> Message:
         """RFC 8656 §7.3."""
@@ -665,11 +545,27 @@ class TurnServer:
                 self._delete(allocation)
         for key in [k for k, (expiry, _) in self._responses.items() if expiry <= now]:
             del self._responses[key]
+        self.context.reservations.sweep()
 
     def close(self) -> None:
         for allocation in list(self.allocations.values()):
             self._delete(allocation)
         self._responses.clear()
+
+
+_FAMILY_ATTRIBUTES = ("REQUESTED-ADDRESS-FAMILY", "ADDITIONAL-ADDRESS-FAMILY")
+
+
+def _bound_udp(host: str, port: int) -> socket.socket | None:
+    """A UDP socket bound to (host, port), or None if the port is taken."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_DGRAM)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        return None
+    return sock
 
 
 def _ignore(exchange: Exchange) -> None:

@@ -16,7 +16,7 @@ import pytest
 
 from reconciler.render import Plan, RenderSettings, render
 from reconciler.store import Snapshot
-from stunnerd.tls import self_signed_certificate
+from stunnerd.certificates import self_signed_certificate
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 CONTROLLER = "stunner.l7mp.io/gateway-operator"

@@ -22,6 +22,7 @@ from stunner_api.dataplane import (
     expand_env,
     is_zero_config,
     load_config,
+    load_config_checked,
     redacted,
     static_endpoint_error,
     validate_config,
@@ -411,7 +412,7 @@ def cluster(**fields: Any) -> dict[str, Any]:
         ),
         (
             config_with(auth={"type": "oauth", "credentials": CREDENTIALS}),
-            'auth.type: unknown authentication type: "oauth"',
+            'auth.type: unknown authentication type: "oauth" (valid: static, ephemeral, none)',
         ),
         (
             config_with(auth={"type": "ephemeral", "credentials": CREDENTIALS}),
@@ -423,7 +424,7 @@ def cluster(**fields: Any) -> dict[str, Any]:
         ),
         (
             config_with(admin={"offload_engine": "dpdk"}),
-            'admin.offload_engine: unknown offload mode: "dpdk"',
+            'admin.offload_engine: unknown offload mode: "dpdk" (valid: None, XDP, TC, Auto)',
         ),
         (
             config_with(admin={"metrics_endpoint": "http://[::1"}),
@@ -454,7 +455,8 @@ def cluster(**fields: Any) -> dict[str, Any]:
         ),
         (
             config_with(listeners=[listener(protocol="SCTP")]),
-            'listeners[0].protocol: unknown listener protocol: "SCTP"',
+            'listeners[0].protocol: unknown listener protocol: "SCTP" '
+            "(valid: TURN-UDP, TURN-TCP, TURN-TLS, TURN-DTLS)",
         ),
         (
             config_with(listeners=[listener(protocol="TURN-TLS", key="a2V5")]),
@@ -472,11 +474,11 @@ def cluster(**fields: Any) -> dict[str, Any]:
         (config_with(clusters=[{}]), "clusters[0].name: missing name in cluster configuration"),
         (
             config_with(clusters=[cluster(type="EDS")]),
-            'clusters[0].type: unknown cluster type: "EDS"',
+            'clusters[0].type: unknown cluster type: "EDS" (valid: STATIC, STRICT_DNS)',
         ),
         (
             config_with(clusters=[cluster(protocol="sctp")]),
-            'clusters[0].protocol: unknown cluster protocol: "sctp"',
+            'clusters[0].protocol: unknown cluster protocol: "sctp" (valid: UDP, TCP)',
         ),
         (
             config_with(clusters=[cluster(endpoints=["10.0.0.1", "10.0.0.300"])]),
@@ -515,7 +517,8 @@ def test_all_problems_are_reported_at_once() -> None:
         load_dict(data)
     assert str(error.value) == (
         'version: unsupported API version: "v3"; '
-        'listeners[1].protocol: unknown listener protocol: "quic"'
+        'listeners[1].protocol: unknown listener protocol: "quic" '
+        "(valid: TURN-UDP, TURN-TCP, TURN-TLS, TURN-DTLS)"
     )
 
 
@@ -872,3 +875,50 @@ def test_listener_round_trip(protocol: str, port: int, public_port: int, routes:
     config = load_dict(data)
     assert load_config(config.to_json(), env={}) == config
     assert config.listeners[0].routes == sorted(routes)
+
+
+def test_unknown_keys_and_missing_clusters_are_reported_with_the_closest_key() -> None:
+    text = """
+version: v1
+admin: {loglevl: all:DEBUG}
+auth: {type: static, credentials: {username: u, password: p, anything: goes}}
+listener: []
+listeners:
+  - {name: l, protocol: udp, port: 3478, rout: [c]}
+  - {name: m, protocol: udp, port: 3479, routes: [c, nowhere]}
+clusters: [{name: c, endpoints: [10.0.0.0/8], endpoint: [1.2.3.4]}]
+"""
+    config, warnings = load_config_checked(text, env={})
+    assert config.listeners[0].routes == []  # still accepted, as Go STUNner does
+    assert warnings == [
+        'listener: unknown key, ignored (did you mean "listeners"?)',
+        'admin.loglevl: unknown key, ignored (did you mean "loglevel"?)',
+        'listeners[0].rout: unknown key, ignored (did you mean "routes"?)',
+        'clusters[0].endpoint: unknown key, ignored (did you mean "endpoints"?)',
+        'listeners[1].routes: cluster "nowhere" is not defined (its peers are unreachable)',
+    ]
+
+
+def test_a_clean_config_has_no_warnings() -> None:
+    text = json.dumps(config_with())
+    assert load_config_checked(text, env={})[1] == []
+
+
+def test_an_unrelated_unknown_key_gets_no_guess() -> None:
+    _, warnings = load_config_checked(json.dumps({**config_with(), "zzz": 1}), env={})
+    assert warnings == ["zzz: unknown key, ignored"]
+
+
+def test_an_unset_stunner_addr_is_named() -> None:
+    text = json.dumps(
+        config_with(listeners=[{"name": "l", "address": "$STUNNER_ADDR", "routes": []}])
+    )
+    config, warnings = load_config_checked(text, env={})
+    assert config.listeners[0].address == "0.0.0.0"
+    assert warnings == ["listeners[0].address: $STUNNER_ADDR is not set, so the address is 0.0.0.0"]
+    assert load_config_checked(text, env={"STUNNER_ADDR": "10.0.0.1"})[1] == []
+
+
+def test_a_dollar_in_a_password_is_not_a_variable() -> None:
+    auth = {"credentials": {"username": "u", "password": "pa$$word$SECRET"}}
+    assert load_config_checked(json.dumps(config_with(auth=auth)), env={})[1] == []

@@ -11,7 +11,9 @@ peer check on inbound traffic; and that malformed input never stops a listener.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
+import socket
 import struct
 import time
 from collections.abc import Awaitable, Callable
@@ -20,9 +22,9 @@ import pytest
 
 from stunnerd import stun
 from stunnerd.auth import NonceManager
+from stunnerd.ledger import Reservations
 from stunnerd.stun import Class, Message, Method
-
-from .turnclient import (
+from tests.support.turnclient import (
     HOST,
     REALM,
     RawClient,
@@ -279,6 +281,79 @@ def test_reservation_token_gets_508() -> None:
         assert error_code(response) == 508
 
     run_with_client(scenario)
+
+
+def test_even_port_with_r_bit_reserves_the_next_port_for_one_token() -> None:
+    """RFC 8656 §7.2, §14.6, §14.9: the RTP/RTCP pair coturn's client asks for by default."""
+
+    async def scenario(port: int, client: RawClient) -> None:
+        first = await client.allocate(**{"EVEN-PORT": True})
+        assert first.message_class == Class.SUCCESS, error_code(first)
+        rtp_port = first.attributes["XOR-RELAYED-ADDRESS"][1]
+        assert rtp_port % 2 == 0
+        token = first.attributes["RESERVATION-TOKEN"]
+        assert len(token) == 8
+        rtcp = await RawClient.connect((HOST, port))
+        second = await rtcp.allocate(**{"RESERVATION-TOKEN": token})
+        assert second.message_class == Class.SUCCESS, error_code(second)
+        assert second.attributes["XOR-RELAYED-ADDRESS"] == (HOST, rtp_port + 1)
+        assert "RESERVATION-TOKEN" not in second.attributes
+        third = await RawClient.connect((HOST, port))
+        assert error_code(await third.allocate(**{"RESERVATION-TOKEN": token})) == 508  # once
+        for other in (rtcp, third):
+            other.close()
+
+    run_with_client(scenario)
+
+
+def test_the_reserved_port_relays_and_is_held_until_claimed() -> None:
+    async def scenario(port: int, client: RawClient) -> None:
+        first = await client.allocate(**{"EVEN-PORT": True})
+        reserved_port = first.attributes["XOR-RELAYED-ADDRESS"][1] + 1
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as squatter:
+            with pytest.raises(OSError):
+                squatter.bind(("0.0.0.0", reserved_port))
+        rtcp = await RawClient.connect((HOST, port))
+        await rtcp.allocate(**{"RESERVATION-TOKEN": first.attributes["RESERVATION-TOKEN"]})
+        peer = await start_peer()
+        assert (await rtcp.channel_bind(0x4001, (HOST, peer.port))).message_class == Class.SUCCESS
+        rtcp.send_channel_data(0x4001, b"rtcp")
+        assert await asyncio.wait_for(rtcp.channel_data.get(), 2) == (0x4001, b"rtcp")
+        assert peer.received[0][1][1] == reserved_port  # the peer saw the reserved port
+        peer.close()
+        rtcp.close()
+
+    run_with_client(scenario)
+
+
+def test_reservation_token_with_even_port_gets_400() -> None:
+    async def scenario(port: int, client: RawClient) -> None:
+        response = await client.allocate(**{"RESERVATION-TOKEN": b"\x01" * 8, "EVEN-PORT": False})
+        assert error_code(response) == 400
+
+    run_with_client(scenario)
+
+
+def test_an_unknown_token_is_logged_at_info(caplog: pytest.LogCaptureFixture) -> None:
+    async def scenario(port: int, client: RawClient) -> None:
+        with caplog.at_level(logging.INFO, logger="stunner.turn"):
+            assert error_code(await client.allocate(**{"RESERVATION-TOKEN": b"x" * 8})) == 508
+        assert any(
+            r.levelno == logging.INFO and "508" in r.getMessage() and "token" in r.getMessage()
+            for r in caplog.records
+        )
+
+    run_with_client(scenario)
+
+
+def test_a_reservation_expires() -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.bind((HOST, 0))
+        reservations = Reservations(lifetime=0.05)
+        reservations.hold(b"token-01", sock)
+        time.sleep(0.1)
+        assert reservations.take(b"token-01") is None
+        assert sock.fileno() == -1  # closed: the port is free again
 
 
 def test_even_port_is_even() -> None:

@@ -10,14 +10,25 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from functools import partial
 
 import pytest
 
 from stunner_api.dataplane import StunnerConfig
+from stunnerd.auth import NonceManager
+from stunnerd.core import DataplaneCore, Plan
 from stunnerd.daemon import ApplyError
+from stunnerd.ledger import Reservations, UserAllocations
+from stunnerd.listener import Listener
 from stunnerd.stun import Class
-
-from .turnclient import HOST, RawClient, free_port, make_config, running_stunner, start_peer
+from tests.support.turnclient import (
+    HOST,
+    RawClient,
+    free_port,
+    make_config,
+    running_stunner,
+    start_peer,
+)
 
 
 def test_identical_config_changes_nothing() -> None:
@@ -111,7 +122,7 @@ def test_config_that_cannot_be_applied_is_refused_whole() -> None:
 
 
 def test_certificate_change_restarts_that_listener_only() -> None:
-    from stunnerd.tls import self_signed_certificate
+    from stunnerd.certificates import self_signed_certificate
 
     async def main() -> None:
         udp_port, tls_port = free_port(), free_port()
@@ -174,3 +185,54 @@ def test_log_levels_follow_every_reconcile_unless_overridden() -> None:
         asyncio.run(main())
     finally:
         logs.apply_level_spec(logs.DEFAULT_LEVEL_SPEC)
+
+
+# --- the dataplane core both processes use ------------------------------------------------------
+
+
+def core_plan(config: StunnerConfig, rollback: bool) -> Plan:
+    return Plan(
+        stop=[],
+        start={lc.name: partial(Listener, lc) for lc in config.listeners},
+        rollback=rollback,
+    )
+
+
+def test_core_without_rollback_serves_what_can_start(caplog: pytest.LogCaptureFixture) -> None:
+    """A UDP worker's way: the primary already applied the config, so a listener that cannot
+    start is logged and the rest (auth, quota, routes) is applied all the same."""
+
+    async def main() -> None:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as squatter:
+            squatter.bind(("0.0.0.0", 0))
+            squatter.listen()
+            busy = squatter.getsockname()[1]
+            config = make_config(busy, [f"{HOST}/32"], user_quota=7)
+            core = DataplaneCore(NonceManager(), UserAllocations(), Reservations(), False)
+            try:
+                await core.apply(config, core_plan(config, rollback=False))
+                assert list(core.listeners) == ["testns/gw/turn-udp"]  # TCP: port taken
+                assert core.context is not None and core.context.user_quota == 7
+                assert core.router.permits("testns/gw/turn-udp", HOST)
+            finally:
+                await core.close()
+        assert "listener testns/gw/turn-tcp: TCP port" in caplog.text
+
+    asyncio.run(main())
+
+
+def test_core_with_rollback_refuses_the_whole_config() -> None:
+    async def main() -> None:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as squatter:
+            squatter.bind(("0.0.0.0", 0))
+            squatter.listen()
+            config = make_config(squatter.getsockname()[1], [f"{HOST}/32"], user_quota=7)
+            core = DataplaneCore(NonceManager(), UserAllocations(), Reservations(), False)
+            try:
+                with pytest.raises(ApplyError, match="listener testns/gw/turn-tcp"):
+                    await core.apply(config, core_plan(config, rollback=True))
+                assert core.listeners == {} and core.context is None
+            finally:
+                await core.close()
+
+    asyncio.run(main())

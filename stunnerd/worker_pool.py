@@ -3,7 +3,7 @@
 Go stunnerd reads each UDP listener with N goroutines on N SO_REUSEPORT sockets. A Python
 process has one GIL, so here the N sockets are served by N processes: the primary (this
 process: config, admin servers, TCP/TLS/DTLS listeners, and the first socket of each UDP
-listener) and N-1 workers (`stunnerd.worker`).
+listener) and N-1 workers (`stunnerd.worker_process`).
 
 - The primary binds all N sockets of a listener before any is read (`Listener`), keeps a copy
   of each, and hands socket i to worker i over the worker's control channel. The kernel hashes
@@ -13,7 +13,9 @@ listener) and N-1 workers (`stunnerd.worker`).
 - `sync` is level-based: the worker is told the whole current config and which listener
   generations to run, and answers once it runs exactly those.
 - Nonces are stateless and keyed by a secret the primary shares, so they verify in any process.
-  `admin.user_quota` is counted in the primary's ledger; workers ask it (`acquire`).
+  `admin.user_quota` is counted in the primary's ledger; workers ask it (`acquire`). Relay
+  ports reserved by EVEN-PORT are held by the primary too (`reserve` hands the socket over,
+  `claim` hands it to the process that got the token's Allocate): see `ledger.py`.
 - Workers push their counters every second; `/status` and the metrics add them up.
 """
 
@@ -33,8 +35,9 @@ from typing import Any
 from stunner_api.dataplane import StunnerConfig
 
 from .channel import Channel, Received
+from .counters import ClusterCounters, ListenerCounters, merge
+from .ledger import Reservations, UserAllocations
 from .listener import Listener
-from .turn import STATS_FIELDS, Stats, UserAllocations
 
 log = logging.getLogger("stunner.stunnerd")
 
@@ -92,8 +95,8 @@ class WorkerCounters:
     """A worker's last report: per-listener (generation, stats, active allocations), per-cluster
     counters, its CPU seconds and RSS."""
 
-    listeners: dict[str, tuple[int, Stats, int]] = field(default_factory=dict)
-    clusters: dict[str, list[int]] = field(default_factory=dict)
+    listeners: dict[str, tuple[int, ListenerCounters, int]] = field(default_factory=dict)
+    clusters: dict[str, ClusterCounters] = field(default_factory=dict)
     cpu_seconds: float = 0.0
     rss_bytes: int = 0
 
@@ -102,12 +105,14 @@ class WorkerCounters:
         listeners = {
             name: (
                 int(entry["generation"]),
-                Stats(**{k: int(entry["stats"][k]) for k in STATS_FIELDS}),
+                ListenerCounters.from_dict(entry["stats"]),
                 int(entry["active"]),
             )
             for name, entry in body.get("listeners", {}).items()
         }
-        clusters = {name: [int(v) for v in values] for name, values in body["clusters"].items()}
+        clusters = {
+            name: ClusterCounters.from_dict(values) for name, values in body["clusters"].items()
+        }
         return cls(listeners, clusters, float(body["cpu"]), int(body["rss"]))
 
 
@@ -140,6 +145,7 @@ class WorkerPool:
     ) -> None:
         self.size = size
         self.users = users
+        self.reservations = Reservations()  # EVEN-PORT reservations of every process
         self.secret = secret  # the nonce key: the primary's NonceManager uses it too
         self._log_args = ["--log", log_spec, "--log-format", log_format]
         if log_override:
@@ -162,7 +168,7 @@ class WorkerPool:
             process = await asyncio.create_subprocess_exec(
                 sys.executable,
                 "-m",
-                "stunnerd.worker",
+                "stunnerd.worker_process",
                 str(theirs.fileno()),
                 str(index + 1),
                 *self._log_args,
@@ -253,8 +259,15 @@ class WorkerPool:
             if worker.users[user] > 0:
                 worker.users[user] -= 1
                 self.users.release(user)
+        elif op == "reserve" and message.sock is not None:
+            self.reservations.hold(bytes.fromhex(str(body["token"])), message.sock)
+            worker.channel.post({"op": "reserved", "id": int(body["id"])})
+            return
+        elif op == "claim":
+            sock = self.reservations.take(bytes.fromhex(str(body["token"])))
+            worker.channel.post({"op": "claimed", "id": int(body["id"])}, sock, hand_over=True)
         if message.sock is not None:
-            message.sock.close()  # workers never send sockets
+            message.sock.close()  # a socket only comes with a reservation
 
     async def _lost(self, worker: Worker) -> None:
         """The worker's channel closed: it exited or crashed. Forget its allocations, keep its
@@ -319,6 +332,7 @@ class WorkerPool:
                 await worker.process.wait()
         for task in list(self._tasks):
             task.cancel()
+        self.reservations.close()
         for worker in self.workers.values():
             worker.channel.close()
 
@@ -329,16 +343,8 @@ def _fold(into: WorkerCounters, counters: WorkerCounters) -> None:
         if kept is not None and kept[0] == generation:
             kept[1].add(stats)
         else:
-            merged = Stats()
+            merged = ListenerCounters()
             merged.add(stats)
             into.listeners[name] = (generation, merged, 0)
-    add_cluster_counters(into.clusters, counters.clusters)
+    merge(into.clusters, counters.clusters, ClusterCounters)
     into.cpu_seconds += counters.cpu_seconds
-
-
-def add_cluster_counters(into: dict[str, list[int]], more: dict[str, list[int]]) -> None:
-    """Add per-cluster [tx packets, tx bytes, rx packets, rx bytes] counters into `into`."""
-    for name, values in more.items():
-        totals = into.setdefault(name, [0, 0, 0, 0])
-        for i, value in enumerate(values):
-            totals[i] += value

@@ -14,10 +14,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from stunnerd import stun
+from stunnerd.allocation import Downstream
 from stunnerd.stun import Class, Message, Method
-from stunnerd.turn import Downstream
-
-from .turnclient import HOST, RawClient, free_port, make_config, running_stunner
+from tests.support.turnclient import HOST, RawClient, free_port, make_config, running_stunner
 
 VALID = [
     Message(Method.BINDING, Class.REQUEST).encode(),

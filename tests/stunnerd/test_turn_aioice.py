@@ -15,8 +15,7 @@ from aioice import stun as aioice_stun
 from aioice.turn import create_turn_endpoint
 
 from stunnerd.auth import ephemeral_password, ephemeral_username
-
-from .turnclient import (
+from tests.support.turnclient import (
     HOST,
     PASSWORD,
     SECRET,

@@ -14,6 +14,7 @@ import hmac
 import json
 import socket
 import struct
+import time
 from collections.abc import AsyncIterator
 from typing import Any, cast
 
@@ -28,6 +29,24 @@ USERNAME = "user-1"
 PASSWORD = "pass-1"
 REALM = "stunner.l7mp.io"
 SECRET = "my-shared-secret"
+
+
+def binding_answered(port: int, timeout: float = 15) -> bool:
+    """True once a Binding request to 127.0.0.1:port is answered (within `timeout`): a
+    stunnerd process started by a test is up."""
+    request = Message(Method.BINDING, Class.REQUEST)
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.bind((HOST, 0))
+        sock.settimeout(0.2)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            sock.sendto(request.encode(), (HOST, port))
+            try:
+                sock.recv(2048)
+                return True
+            except (TimeoutError, ConnectionRefusedError):
+                continue
+    return False
 
 
 def free_port() -> int:

@@ -15,8 +15,14 @@ import pytest
 
 from stunner_api.dataplane import StunnerConfig
 from stunnerd.daemon import ApplyError
-
-from .turnclient import HOST, RawClient, free_port, make_config, running_stunner, start_peer
+from tests.support.turnclient import (
+    HOST,
+    RawClient,
+    free_port,
+    make_config,
+    running_stunner,
+    start_peer,
+)
 
 
 def with_listeners(config: StunnerConfig, *extra: tuple[str, int]) -> StunnerConfig:

@@ -27,11 +27,21 @@ from stunnerd.admin import render_metrics, status_of
 from stunnerd.auth import NonceManager
 from stunnerd.channel import HEADER, Channel
 from stunnerd.daemon import Stunner
+from stunnerd.ledger import UserAllocations
 from stunnerd.stun import Class
-from stunnerd.turn import UserAllocations
-from stunnerd.workers import WorkerPool, cgroup_cpu_limit, udp_process_count, usable_cpus
+from stunnerd.worker_pool import WorkerPool, cgroup_cpu_limit, udp_process_count, usable_cpus
+from tests.support.turnclient import (
+    HOST,
+    USERNAME,
+    RawClient,
+    binding_answered,
+    error_code,
+    free_port,
+    make_config,
+    start_peer,
+)
 
-from .turnclient import HOST, USERNAME, RawClient, error_code, free_port, make_config, start_peer
+from .conftest import StartStunnerd
 
 CLIENTS = 20  # 2 processes: all on one side by chance with probability 2**-19
 LISTENER = "testns/gw/turn-udp"
@@ -197,7 +207,7 @@ def test_clients_land_in_both_processes_and_are_counted_once() -> None:
             metrics = render_metrics(stunner)
             assert "stunner_allocations_active 20\n" in metrics
             assert f'stunner_listener_connections_total{{name="{LISTENER}"}} 20\n' in metrics
-            cluster_tx = stunner.cluster_counters()["testns/backend"][0]
+            cluster_tx = stunner.cluster_counters()["testns/backend"].tx_packets
             assert cluster_tx == CLIENTS  # one relayed packet per client, wherever it landed
             for client in clients:
                 client.close()
@@ -241,6 +251,35 @@ def test_user_quota_holds_across_processes() -> None:
             late = await RawClient.connect((HOST, port))
             assert error_code(await late.allocate()) is None
             for client in [*clients, late]:
+                client.close()
+
+    asyncio.run(main())
+
+
+def test_a_reservation_token_is_honoured_in_either_process() -> None:
+    """An RTP/RTCP pair is two 5-tuples: the kernel may hash them to different processes."""
+
+    async def main() -> None:
+        port = free_port()
+        config = make_config(port, [f"{HOST}/32"], protocols=("TURN-UDP",))
+        async with pooled_stunner(config) as stunner:
+            clients = []
+            for _ in range(CLIENTS // 2):
+                rtp, rtcp = (
+                    await RawClient.connect((HOST, port)),
+                    await RawClient.connect((HOST, port)),
+                )
+                first = await rtp.allocate(**{"EVEN-PORT": True})
+                assert first.message_class == Class.SUCCESS, error_code(first)
+                token = first.attributes["RESERVATION-TOKEN"]
+                second = await rtcp.allocate(**{"RESERVATION-TOKEN": token})
+                assert second.message_class == Class.SUCCESS, error_code(second)
+                relayed_port = second.attributes["XOR-RELAYED-ADDRESS"][1]
+                assert relayed_port == first.attributes["XOR-RELAYED-ADDRESS"][1] + 1
+                clients += [rtp, rtcp]
+            assert 0 < own_allocations(stunner) < CLIENTS  # both processes took part
+            assert len(stunner.reservations) == 0  # every reserved socket was handed over
+            for client in clients:
                 client.close()
 
     asyncio.run(main())
@@ -369,46 +408,19 @@ def children_of(pid: int) -> list[int]:
         return [int(p) for p in children.read().split()]
 
 
-def test_cli_starts_workers_and_takes_them_down_on_sigterm() -> None:
+def test_cli_starts_workers_and_takes_them_down_on_sigterm(stunnerd: StartStunnerd) -> None:
     port = free_port()
     expected_workers = min(2, usable_cpus()) - 1
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "stunnerd",
-            "-u",
-            "16",
-            "-l",
-            "all:INFO",
-            f"turn://user1:secret@127.0.0.1:{port}?transport=udp",
-        ],
-        stderr=subprocess.PIPE,
-        text=True,
+    process = stunnerd(
+        "-u", "16", "-l", "all:INFO", f"turn://user1:secret@127.0.0.1:{port}?transport=udp"
     )
-    try:
-        deadline = time.monotonic() + 20
-        while len(children_of(process.pid)) < expected_workers:
-            assert time.monotonic() < deadline, "no worker process"
-            time.sleep(0.1)
-        workers = children_of(process.pid)
-        probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        with probe:  # the port answers (whichever process gets the probe)
-            probe.settimeout(0.5)
-            answered = False
-            while not answered and time.monotonic() < deadline:
-                probe.sendto(bytes.fromhex("000100002112a442") + os.urandom(12), (HOST, port))
-                try:
-                    answered = len(probe.recv(2048)) > 20
-                except TimeoutError:
-                    continue
-            assert answered
-        process.send_signal(signal.SIGTERM)
-        _, stderr = process.communicate(timeout=20)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
+    deadline = time.monotonic() + 20
+    while len(children_of(process.proc.pid)) < expected_workers:
+        assert time.monotonic() < deadline, "no worker process"
+        time.sleep(0.1)
+    workers = children_of(process.proc.pid)
+    assert binding_answered(port)  # whichever process gets the probe
+    stderr = process.stop(signal.SIGTERM, timeout=20)
     assert process.returncode == 0, stderr
     cpus = usable_cpus()
     if cpus < 16:

@@ -10,8 +10,14 @@ from __future__ import annotations
 import asyncio
 
 from stunnerd.stun import Class
-
-from .turnclient import RawClient, error_code, free_port, make_config, running_stunner, start_peer
+from tests.support.turnclient import (
+    RawClient,
+    error_code,
+    free_port,
+    make_config,
+    running_stunner,
+    start_peer,
+)
 
 
 def test_ipv6_relay_to_an_ipv6_peer() -> None:

@@ -26,12 +26,11 @@ from cryptography import x509
 from OpenSSL import SSL
 
 from stunner_api.dataplane import StunnerConfig, load_config
-from stunnerd import stun, tls
+from stunnerd import certificates, dtls, stun
 from stunnerd.daemon import ApplyError, Stunner
 from stunnerd.stun import Class, Message, Method
-
-from .test_turn_aioice import Receiver
-from .turnclient import (
+from stunnerd.transports import DtlsTransport
+from tests.support.turnclient import (
     HOST,
     PASSWORD,
     REALM,
@@ -43,8 +42,10 @@ from .turnclient import (
     start_peer,
 )
 
-CERT, KEY = tls.self_signed_certificate(HOST)
-OTHER_CERT, OTHER_KEY = tls.self_signed_certificate("other.example")
+from .test_turn_aioice import Receiver
+
+CERT, KEY = certificates.self_signed_certificate(HOST)
+OTHER_CERT, OTHER_KEY = certificates.self_signed_certificate("other.example")
 
 
 def tls_config(
@@ -81,13 +82,15 @@ def ca_file(tmp_path: Path) -> str:
     return str(path)
 
 
-def dtls_protocol(stunner: Stunner) -> tls.DtlsListenerProtocol:
-    protocol = stunner.listeners["testns/gw/turn-dtls"]._dtls
+def dtls_protocol(stunner: Stunner) -> dtls.DtlsListenerProtocol:
+    transport = stunner.listeners["testns/gw/turn-dtls"].transport
+    assert isinstance(transport, DtlsTransport)
+    protocol = transport.protocol
     assert protocol is not None
     return protocol
 
 
-def session_ports(protocol: tls.DtlsListenerProtocol) -> list[int]:
+def session_ports(protocol: dtls.DtlsListenerProtocol) -> list[int]:
     """The client ports with a DTLS session (the listener is dual-stack: IPv4-mapped keys)."""
     return [remote[1] for remote in protocol.sessions]
 
@@ -104,28 +107,28 @@ def test_self_signed_certificate_has_san_and_one_year_validity() -> None:
     assert other_san.get_values_for_type(x509.DNSName) == ["other.example"]
     days = (cert.not_valid_after_utc - cert.not_valid_before_utc).days
     assert 364 <= days <= 366
-    context = tls.server_ssl_context(CERT, KEY)
+    context = certificates.server_ssl_context(CERT, KEY)
     assert context.minimum_version == ssl.TLSVersion.TLSv1_2
 
 
 def test_decode_pem_names_the_problem() -> None:
     with pytest.raises(ValueError, match="^cert is not valid base64 PEM: bad base64"):
-        tls.decode_pem("not base64!", "cert")
+        certificates.decode_pem("not base64!", "cert")
     with pytest.raises(ValueError, match="^key is not valid base64 PEM: no PEM block"):
-        tls.decode_pem(base64.b64encode(b"just text").decode(), "key")
+        certificates.decode_pem(base64.b64encode(b"just text").decode(), "key")
     pem = base64.b64decode(CERT)
     wrapped = "\n".join(CERT[i : i + 64] for i in range(0, len(CERT), 64))
-    assert tls.decode_pem(wrapped, "cert") == pem
+    assert certificates.decode_pem(wrapped, "cert") == pem
 
 
 def test_server_ssl_context_refuses_bad_pem_and_mismatched_key() -> None:
     with pytest.raises(ValueError, match="key does not match the certificate"):
-        tls.server_ssl_context(CERT, OTHER_KEY)
+        certificates.server_ssl_context(CERT, OTHER_KEY)
     garbage = base64.b64encode(b"-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n")
     with pytest.raises(ValueError, match="cert is not valid base64 PEM"):
-        tls.server_ssl_context(garbage.decode(), KEY)
+        certificates.server_ssl_context(garbage.decode(), KEY)
     with pytest.raises(ValueError, match="key is not valid base64 PEM") as info:
-        tls.server_ssl_context(CERT, CERT)  # a certificate where the key should be
+        certificates.server_ssl_context(CERT, CERT)  # a certificate where the key should be
     assert KEY not in str(info.value)
 
 
@@ -339,12 +342,12 @@ def test_split_records_packs_whole_records_into_datagrams() -> None:
         return bytes([22, 0xFE, 0xFD]) + bytes(8) + size.to_bytes(2, "big") + fill * size
 
     a, b, c = record(800, b"a"), record(800, b"b"), record(100, b"c")
-    assert tls.split_records(a + b + c, limit=1400) == [a, b + c]
-    assert tls.split_records(a + b + c, limit=100_000) == [a + b + c]
-    assert tls.split_records(b"\x16short") == [b"\x16short"]  # a fragment is passed on as is
+    assert dtls.split_records(a + b + c, limit=1400) == [a, b + c]
+    assert dtls.split_records(a + b + c, limit=100_000) == [a + b + c]
+    assert dtls.split_records(b"\x16short") == [b"\x16short"]  # a fragment is passed on as is
     hello = client_hello()
-    assert tls.client_hello_random(hello) is not None
-    assert tls.client_hello_random(a) is None
+    assert dtls.client_hello_random(hello) is not None
+    assert dtls.client_hello_random(a) is None
 
 
 def test_client_hello_without_cookie_gets_hello_verify_request_and_no_state() -> None:
@@ -368,7 +371,7 @@ def test_client_hello_without_cookie_gets_hello_verify_request_and_no_state() ->
 
 
 def test_stalled_handshake_is_freed(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(tls, "HANDSHAKE_TIMEOUT", 0.4)
+    monkeypatch.setattr(dtls, "HANDSHAKE_TIMEOUT", 0.4)
 
     async def scenario() -> None:
         port = free_port()

@@ -18,8 +18,14 @@ from stunnerd import logs
 from stunnerd.admin import status_of
 from stunnerd.auth import ephemeral_password, ephemeral_username
 from stunnerd.daemon import ApplyError
-
-from .turnclient import HOST, RawClient, free_port, make_config, running_stunner, start_peer
+from tests.support.turnclient import (
+    HOST,
+    RawClient,
+    free_port,
+    make_config,
+    running_stunner,
+    start_peer,
+)
 
 STATIC_PASSWORD = "Static-Pa55word-XYZZY"
 SHARED_SECRET = "Shared-Secret-PLUGH"

@@ -15,7 +15,7 @@ import pytest
 from stunnerd import stun
 from stunnerd.stun import Class, Message, Method, StunError
 
-DATA = pathlib.Path(__file__).parent / "data" / "stun"
+DATA = pathlib.Path(__file__).parents[1] / "data" / "stun"
 SHORT_TERM_KEY = b"VOkJxbRl1RmTxUk/WvJxBt"  # RFC 5769 §2.1-2.3
 RFC_TID = bytes.fromhex("b7e7a701bc34d686fa87dfae")
 TID = bytes(range(12))

@@ -24,9 +24,8 @@ import pytest
 
 from stunner_api.dataplane import ConfigError, StunnerConfig
 from stunnerd.sources import CdsSource, FileSource, SourceError, source_for
-
-from .cds_server import run_cds_server
-from .turnclient import free_port
+from tests.cds_server import run_cds_server
+from tests.support.turnclient import free_port
 
 FAST = {"retry_period": 0.1, "ping_period": 0.2, "pong_wait": 0.3}
 ID = "stunner/udp-gateway"

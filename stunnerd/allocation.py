@@ -1,0 +1,175 @@
+"""TURN allocation state (RFC 8656 §2.2): one client's relay socket, permissions and channels.
+
+An allocation knows its listener only through a narrow handle (`ListenerScope`): the name the
+peer policy is keyed by, the policy, and the counters it adds to. Both directions of relayed
+traffic are checked here against the policy, packet by packet, and counted; the requests that
+create and change allocations are `turn.TurnServer`'s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import struct
+import time
+from collections.abc import Callable, MutableMapping
+from typing import Any, Protocol, cast
+
+from . import stun
+from .counters import ClusterCounters, ListenerCounters
+from .stun import Address
+
+log = logging.getLogger("stunner.turn")
+
+FAMILY_IPV4 = 0x01
+FAMILY_IPV6 = 0x02
+
+_CHANNEL_HEADER = struct.Struct("!HH")
+
+
+def canonical_address(addr: tuple[Any, ...]) -> Address:
+    """(ip, port) of a socket address; an IPv4-mapped IPv6 address becomes plain IPv4."""
+    ip: str = addr[0]
+    if ip.startswith("::ffff:") and "." in ip:
+        ip = ip[7:]
+    return ip, addr[1]
+
+
+def address_family(ip: str) -> int:
+    return FAMILY_IPV6 if ":" in ip else FAMILY_IPV4
+
+
+class Downstream:
+    """The client side of one 5-tuple: where replies and relayed data to that client go."""
+
+    __slots__ = ("remote", "address", "send", "stream")
+
+    def __init__(self, remote: Any, send: Callable[[bytes], None], stream: bool) -> None:
+        self.remote = remote  # the address as the socket reports it: the allocation key
+        self.address = canonical_address(remote)  # what XOR-MAPPED-ADDRESS reports
+        self.send = send
+        self.stream = stream
+
+
+class PeerPolicy(Protocol):
+    """Which cluster, if any, admits a peer for a listener (`router.Router`)."""
+
+    def cluster_of(self, listener: str, ip: str, port: int) -> str | None: ...
+
+
+class ListenerScope:
+    """What an allocation needs of its listener; no way back to the server."""
+
+    __slots__ = ("name", "policy", "stats", "cluster_counters")
+
+    def __init__(
+        self,
+        name: str,
+        policy: PeerPolicy,
+        stats: ListenerCounters,
+        cluster_counters: MutableMapping[str, ClusterCounters],
+    ) -> None:
+        self.name = name
+        self.policy = policy
+        self.stats = stats  # the listener's counters
+        self.cluster_counters = cluster_counters  # shared by every listener of the process
+
+
+class Allocation(asyncio.DatagramProtocol):
+    """One TURN allocation: its relay socket, permissions and channel bindings (RFC 8656 §2.2)."""
+
+    def __init__(
+        self,
+        scope: ListenerScope,
+        downstream: Downstream,
+        username: str,
+        user_id: str,
+        family: int,
+        lifetime: int,
+    ) -> None:
+        self.scope = scope
+        self.downstream = downstream
+        self.username = username
+        self.user_id = user_id
+        self.family = family
+        self.expires_at = time.monotonic() + lifetime
+        self.permissions: dict[str, float] = {}  # peer IP -> expiry
+        self.channels: dict[int, tuple[Address, float]] = {}  # channel -> (peer, expiry)
+        self.channel_by_peer: dict[Address, int] = {}
+        self.relay: asyncio.DatagramTransport | None = None
+        self.relayed_address: Address = ("", 0)
+
+    # --- relay socket events: data from peers -------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.relay = cast(asyncio.DatagramTransport, transport)
+
+    def datagram_received(self, data: bytes, addr: tuple[Any, ...]) -> None:
+        """RFC 8656 §11.3 and §12.7: relay a peer's datagram to the client, if admitted."""
+        peer = (addr[0], addr[1])
+        scope = self.scope
+        cluster = scope.policy.cluster_of(scope.name, peer[0], peer[1])
+        if cluster is None or peer[0] not in self.permissions:
+            scope.stats.dropped += 1
+            return
+        counters = scope.cluster_counters[cluster]
+        counters.rx_packets += 1
+        counters.rx_bytes += len(data)
+        channel = self.channel_by_peer.get(peer)
+        if channel is not None:
+            packet = stun.pack_channel_data(channel, data, self.downstream.stream)
+        else:
+            packet = stun.data_indication(peer, data)
+        self.downstream.send(packet)
+        stats = scope.stats
+        stats.tx_packets += 1
+        stats.tx_bytes += len(packet)
+
+    def error_received(self, exc: Exception) -> None:
+        # ICMP errors from peers (port unreachable): nothing to do for a UDP relay.
+        log.debug("relay %s: %s", self.relayed_address, exc)
+
+    # --- data from the client -----------------------------------------------------------
+
+    def relay_to_peer(self, peer: Address, payload: bytes) -> None:
+        scope = self.scope
+        cluster = scope.policy.cluster_of(scope.name, peer[0], peer[1])
+        if cluster is None or self.relay is None or peer[0] not in self.permissions:
+            scope.stats.dropped += 1
+            return
+        self.relay.sendto(payload, peer)
+        counters = scope.cluster_counters[cluster]
+        counters.tx_packets += 1
+        counters.tx_bytes += len(payload)
+
+    def relay_channel_data(self, data: bytes) -> None:
+        """RFC 8656 §12.6: ChannelData from the client goes to the channel's peer."""
+        stats = self.scope.stats
+        stats.rx_packets += 1
+        stats.rx_bytes += len(data)
+        if len(data) < 4:
+            return
+        channel, length = _CHANNEL_HEADER.unpack_from(data)
+        binding = self.channels.get(channel)
+        if binding is None or len(data) < 4 + length:
+            stats.dropped += 1
+            return
+        self.relay_to_peer(binding[0], data[4 : 4 + length])
+
+    # --- state -----------------------------------------------------------------------------
+
+    def expire(self, now: float) -> bool:
+        """Drop expired permissions and channels; True if the allocation itself expired."""
+        if now >= self.expires_at:
+            return True
+        for ip in [ip for ip, expiry in self.permissions.items() if expiry <= now]:
+            del self.permissions[ip]
+        for channel in [c for c, (_, expiry) in self.channels.items() if expiry <= now]:
+            peer, _ = self.channels.pop(channel)
+            self.channel_by_peer.pop(peer, None)
+        return False
+
+    def close(self) -> None:
+        if self.relay is not None:
+            self.relay.close()
+            self.relay = None

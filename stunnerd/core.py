@@ -1,0 +1,139 @@
+"""The dataplane core: a config applied to one process's listeners, auth, routes and log levels.
+
+The primary process (`daemon.Stunner`) and every UDP worker process (`worker_process`) apply
+configs through `DataplaneCore.apply`, so a config field is taught here once. They differ only
+in which listeners to stop and start and where a new listener's socket comes from, and in what
+a listener that cannot start means: the primary refuses the whole config and puts the previous
+one back (`Plan.rollback`); a worker, which runs what the primary already applied, logs it and
+serves the rest.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from stunner_api.dataplane import StunnerConfig
+
+from . import logs
+from .auth import Authenticator, AuthError, NonceManager
+from .ledger import Reservations, UserAllocations
+from .listener import Listener
+from .router import DnsResolver, Router
+from .turn import ServerContext
+
+log = logging.getLogger("stunner.stunnerd")
+
+Build = Callable[[ServerContext], Listener]  # a new listener on the shared context, unstarted
+Release = Callable[[Iterable[Listener]], Awaitable[None]]
+
+
+class ApplyError(Exception):
+    """The config was refused; the previous one keeps running."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    stop: Sequence[Listener]  # running listeners to stop
+    start: Mapping[str, Build]  # listeners to start, by name
+    rollback: bool  # True: all or nothing; False: a listener that cannot start is skipped
+    # Called with the listeners that keep running before any is stopped, and again after a
+    # rollback: the UDP workers let go of their copies of the stopped sockets first.
+    release: Release | None = None
+
+
+class DataplaneCore:
+    """The listeners, auth, quota, routes and log levels of one process."""
+
+    def __init__(
+        self,
+        nonces: NonceManager,
+        users: UserAllocations,
+        reservations: Reservations,
+        log_override: bool,
+    ) -> None:
+        self.router = Router()
+        self.nonces = nonces
+        self.users = users
+        self.reservations = reservations
+        self.log_override = log_override  # -l/-v on the command line win over admin.loglevel
+        self.context: ServerContext | None = None  # from the first apply on
+        self.listeners: dict[str, Listener] = {}
+        self._resolver = DnsResolver(self.router)
+
+    async def apply(self, config: StunnerConfig, plan: Plan) -> None:
+        """Run `config` with the plan's listeners, or raise ApplyError (with `plan.rollback`,
+        nothing changed)."""
+        try:
+            authenticator = Authenticator(
+                config.auth.type, config.auth.realm, config.auth.credentials
+            )
+        except AuthError as exc:
+            raise ApplyError(f"auth: {exc}") from None
+        if not self.log_override:
+            try:
+                logs.apply_level_spec(config.admin.loglevel)
+            except ValueError as exc:
+                raise ApplyError(f"admin.loglevel: {exc}") from None
+        context = self.context or ServerContext(
+            authenticator,
+            self.router,
+            self.nonces,
+            users=self.users,
+            reservations=self.reservations,
+        )
+        previous = (context.authenticator, context.user_quota)
+        context.authenticator = authenticator
+        context.user_quota = config.admin.user_quota
+
+        if plan.release is not None and plan.stop:
+            await plan.release([lst for lst in self.listeners.values() if lst not in plan.stop])
+        for listener in plan.stop:
+            await listener.stop()
+        started: list[Listener] = []
+        for name, build in plan.start.items():
+            try:
+                listener = build(context)
+                await listener.start()
+            except (OSError, ValueError) as exc:
+                if not plan.rollback:
+                    log.error("listener %s: %s", name, exc)
+                    continue
+                for done in started:
+                    await done.stop()
+                context.authenticator, context.user_quota = previous
+                await self._restart(plan.stop)
+                if plan.release is not None:
+                    await plan.release(self.listeners.values())
+                raise ApplyError(f"listener {name}: {exc}") from None
+            started.append(listener)
+
+        for listener in plan.stop:
+            self.listeners.pop(listener.name, None)
+        for listener in started:
+            self.listeners[listener.name] = listener
+        configs = {lc.name: lc for lc in config.listeners}
+        for name, listener in self.listeners.items():
+            listener.config = configs[name]  # routes, public address: in place
+        self.router.update({lc.name: lc.routes for lc in config.listeners}, config.clusters)
+        self.context = context
+        self._resolver.follow()
+
+    async def _restart(self, stopped: Iterable[Listener]) -> None:
+        """Rollback: bring back the listeners stopped for an apply that failed."""
+        for old in stopped:
+            listener = old.replica()
+            try:
+                await listener.start()
+            except (OSError, ValueError) as exc:
+                log.error("rollback: cannot restart listener %s: %s", listener.name, exc)
+                self.listeners.pop(listener.name, None)
+                continue
+            self.listeners[listener.name] = listener
+
+    async def close(self) -> None:
+        self._resolver.close()
+        for listener in self.listeners.values():
+            await listener.stop()
+        self.listeners.clear()

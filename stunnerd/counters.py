@@ -1,0 +1,68 @@
+"""Named counters of the dataplane, and the one way they are added up.
+
+A listener counts client-side traffic (`ListenerCounters`), a cluster counts traffic to and from
+its peers (`ClusterCounters`). Each process counts its own; `/status` and the metrics add the
+primary's and every UDP worker's reports with `merge`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Self, TypeVar
+
+
+@dataclass(slots=True)
+class Counters:
+    """Integer fields, added field by field."""
+
+    def add(self, other: Self) -> None:
+        for name in self.field_names():
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+
+    @classmethod
+    def field_names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in dataclasses.fields(cls))
+
+    def to_dict(self) -> dict[str, int]:
+        return {name: getattr(self, name) for name in self.field_names()}
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> Self:
+        """From a worker's report: missing fields are 0, unknown ones are ignored."""
+        return cls(**{name: int(values.get(name, 0)) for name in cls.field_names()})
+
+
+@dataclass(slots=True)
+class ListenerCounters(Counters):
+    """Per listener: rx/tx are client-side packets and bytes (metrics and /status)."""
+
+    rx_packets: int = 0
+    rx_bytes: int = 0
+    tx_packets: int = 0
+    tx_bytes: int = 0
+    dropped: int = 0
+    allocations_total: int = 0
+
+
+@dataclass(slots=True)
+class ClusterCounters(Counters):
+    """Per cluster: tx is towards its peers, rx is from them."""
+
+    tx_packets: int = 0
+    tx_bytes: int = 0
+    rx_packets: int = 0
+    rx_bytes: int = 0
+
+
+C = TypeVar("C", bound=Counters)
+
+
+def merge(into: dict[str, C], more: Mapping[str, C], new: type[C]) -> None:
+    """Add every entry of `more` into `into` (a missing entry starts at zero)."""
+    for name, counters in more.items():
+        total = into.get(name)
+        if total is None:
+            into[name] = total = new()
+        total.add(counters)

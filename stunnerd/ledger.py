@@ -1,0 +1,85 @@
+"""What the listeners of one stunnerd share across its processes: the allocation quota and the
+relay ports reserved by EVEN-PORT.
+
+Both live in the primary process. A UDP worker process holds a stand-in with the same interface
+that asks the primary over its control channel (`stunnerd.worker_process`): the quota holds for the
+whole stunnerd, and a RESERVATION-TOKEN is honoured whichever process the client's second
+Allocate reaches (the kernel hashes each 5-tuple to one process, and an RTP/RTCP pair has two).
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+
+RESERVATION_LIFETIME = 30.0  # RFC 8656 §7.2: a reserved port is held for about 30 seconds
+
+
+class UserAllocations:
+    """Allocations per user id, for `admin.user_quota`: one ledger per stunnerd."""
+
+    def __init__(self) -> None:
+        self.counts: dict[str, int] = {}
+
+    def try_acquire(self, user_id: str, quota: int) -> bool:
+        """Count one more allocation of `user_id`, unless that would exceed `quota` (0: none)."""
+        count = self.counts.get(user_id, 0)
+        if quota > 0 and count >= quota:
+            return False
+        self.counts[user_id] = count + 1
+        return True
+
+    async def acquire(self, user_id: str, quota: int) -> bool:
+        return self.try_acquire(user_id, quota)
+
+    def release(self, user_id: str) -> None:
+        left = self.counts.get(user_id, 1) - 1
+        if left > 0:
+            self.counts[user_id] = left
+        else:
+            self.counts.pop(user_id, None)
+
+
+class Reservations:
+    """Relay sockets held for a RESERVATION-TOKEN (RFC 8656 §14.9), each for 30 seconds.
+
+    The socket stays bound while reserved, so no other allocation can take its port; a claim
+    hands it over once, and an expired reservation closes it.
+    """
+
+    def __init__(self, lifetime: float = RESERVATION_LIFETIME) -> None:
+        self.lifetime = lifetime
+        self._held: dict[bytes, tuple[float, socket.socket]] = {}
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    async def reserve(self, token: bytes, sock: socket.socket) -> None:
+        """Hold `sock` under `token`; claimable in every process once this returns."""
+        self.hold(token, sock)
+
+    def hold(self, token: bytes, sock: socket.socket) -> None:
+        self.sweep()
+        old = self._held.pop(token, None)
+        if old is not None:
+            old[1].close()
+        self._held[token] = (time.monotonic() + self.lifetime, sock)
+
+    def take(self, token: bytes) -> socket.socket | None:
+        """The socket reserved under `token`, once; None for an unknown or expired token."""
+        self.sweep()
+        entry = self._held.pop(token, None)
+        return entry[1] if entry is not None else None
+
+    async def claim(self, token: bytes) -> socket.socket | None:
+        return self.take(token)
+
+    def sweep(self) -> None:
+        now = time.monotonic()
+        for token in [t for t, (expiry, _) in self._held.items() if expiry <= now]:
+            self._held.pop(token)[1].close()
+
+    def close(self) -> None:
+        for _, sock in self._held.values():
+            sock.close()
+        self._held.clear()
