@@ -32,8 +32,10 @@ Integration plan (the next round, once issue 14 has reshaped turn.py and listene
   still sends its STUN answers on that socket (`sock.sendto`); it never reads it again.
 - Allocate (success): the relay socket is a plain bound socket (no asyncio reader);
   `add_allocation(downstream.remote, relay_sock, allocation.expires_at)` -> handle, kept on the
-  `Allocation`. Refresh: `refresh_allocation(handle, expires_at)`; Refresh 0, `_delete` and the
-  sweep's expiry: `remove_allocation(handle)` (the engine closes its duplicate of the socket).
+  `Allocation`; the engine keeps a duplicate of the socket, so Python closes its own at once
+  (one descriptor per allocation, as today) and sends to peers through `send_to_peer`.
+  Refresh: `refresh_allocation(handle, expires_at)`; Refresh 0, `_delete` and the sweep's
+  expiry: `remove_allocation(handle)` (the engine closes its duplicate of the socket).
 - CreatePermission: `set_permission(handle, ip, expiry)` per peer. ChannelBind:
   `bind_channel(handle, number, peer, expiry)` and `set_permission`. The sweep's expiries:
   `remove_permission`/`remove_channel` (the engine already ignores expired entries; this only
@@ -44,7 +46,8 @@ Integration plan (the next round, once issue 14 has reshaped turn.py and listene
 - Handed-up packets: SOURCE_CLIENT goes where `UdpListenerProtocol.datagram_received` sends
   packets today (`TurnServer.handle`, `handle_channel_data`); when that path reaches
   `relay_to_peer` for an allocation with a native handle, it calls `decide(peer,
-  router.cluster_of(...))` and `reinject(packet)` instead of sending itself. SOURCE_PEER:
+  router.cluster_of(...))` and `reinject(packet)` instead of sending itself; a Send indication
+  of another shape, which Python parses, goes out through `send_to_peer`. SOURCE_PEER:
   the allocation by handle, `decide(peer, cluster)`, `reinject`.
 - Counters: `/status` and `/metrics` add `counters()` to the listener's `Stats` and, per
   cluster name, to `ServerContext.cluster_counters` (the engine counts only the packets it
@@ -233,6 +236,14 @@ class NativeRelay:
         """Decide a handed-up packet again (after `decide`): RELAYED, DROPPED, or UP when the
         engine still does not own it (the caller handles it in Python)."""
         return self._engine.inject(packet.source, packet.handle, packet.address, packet.data)
+
+    def send_to_peer(
+        self, handle: int, peer: tuple[str, int], payload: bytes, datagram_len: int
+    ) -> int:
+        """Relay a payload Python parsed from a client's datagram of `datagram_len` bytes (a Send
+        indication of another shape) on the allocation's relay socket, decided and counted as
+        the engine's own packets: RELAYED, DROPPED, or UP (no verdict for the peer yet)."""
+        return self._engine.send_to_peer(handle, peer, payload, datagram_len)
 
     # --- counters ---------------------------------------------------------------------------
 

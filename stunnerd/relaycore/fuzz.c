@@ -244,8 +244,11 @@ int main(int argc, char **argv) {
             relay_send out;
             struct mmsghdr hdr;
             pthread_mutex_lock(&e->lock);
-            int outcome = relay_process(e, source, handle, (struct sockaddr *)&from, data, len,
-                                        relay_now(), &out);
+            int outcome = rnd() % 16 == 0 /* a payload Python parsed, to a peer */
+                              ? relay_payload_to_peer(e, handle, &peers[p], data, len, len + 36,
+                                                      relay_now(), &out)
+                              : relay_process(e, source, handle, (struct sockaddr *)&from, data,
+                                              len, relay_now(), &out);
             if (outcome == RELAY_UP)
                 relay_hand_up(e, source, handle, (struct sockaddr *)&from, sizeof from, data, len);
             pthread_mutex_unlock(&e->lock);

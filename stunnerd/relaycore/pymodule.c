@@ -278,6 +278,13 @@ static PyObject *Engine_clear_verdicts(EngineObject *self, PyObject *unused) {
     Py_RETURN_NONE;
 }
 
+/* Send what was decided (outside the lock) and return the outcome. */
+static PyObject *finish(relay_engine *e, int outcome, relay_send *send) {
+    struct mmsghdr scratch;
+    if (outcome == RELAY_RELAYED) relay_flush(e, send, 1, &scratch);
+    return PyLong_FromLong(outcome);
+}
+
 static PyObject *Engine_inject(EngineObject *self, PyObject *args) {
     int source;
     unsigned long long handle;
@@ -295,15 +302,41 @@ static PyObject *Engine_inject(EngineObject *self, PyObject *args) {
     }
     relay_engine *e = &self->engine;
     relay_send send;
-    struct mmsghdr scratch;
     pthread_mutex_lock(&e->lock);
     int outcome = relay_process(e, source, handle, (struct sockaddr *)&ss, data.buf,
                                 (size_t)data.len, relay_now(), &send);
     pthread_mutex_unlock(&e->lock);
-    if (outcome == RELAY_RELAYED) relay_flush(e, &send, 1, &scratch);
-    ret = PyLong_FromLong(outcome);
+    ret = finish(e, outcome, &send);
 done:
     PyBuffer_Release(&data);
+    return ret;
+}
+
+static PyObject *Engine_send_to_peer(EngineObject *self, PyObject *args) {
+    unsigned long long handle;
+    PyObject *peer;
+    Py_buffer payload;
+    Py_ssize_t datagram_len;
+    if (!PyArg_ParseTuple(args, "KO!y*n", &handle, &PyTuple_Type, &peer, &payload,
+                          &datagram_len))
+        return NULL;
+    struct sockaddr_storage ss;
+    relay_addr addr;
+    PyObject *ret = NULL;
+    if (engine_check(self) < 0 || parse_address(peer, &ss, &addr) < 0) goto done;
+    if (datagram_len < payload.len) {
+        PyErr_SetString(PyExc_ValueError, "the datagram is shorter than its payload");
+        goto done;
+    }
+    relay_engine *e = &self->engine;
+    relay_send send;
+    pthread_mutex_lock(&e->lock);
+    int outcome = relay_payload_to_peer(e, handle, &addr, payload.buf, (size_t)payload.len,
+                                        (size_t)datagram_len, relay_now(), &send);
+    pthread_mutex_unlock(&e->lock);
+    ret = finish(e, outcome, &send);
+done:
+    PyBuffer_Release(&payload);
     return ret;
 }
 
@@ -374,6 +407,8 @@ static PyMethodDef Engine_methods[] = {
     {"set_verdict", (PyCFunction)Engine_set_verdict, METH_VARARGS, NULL},
     {"clear_verdicts", (PyCFunction)Engine_clear_verdicts, METH_NOARGS, NULL},
     {"inject", (PyCFunction)Engine_inject, METH_VARARGS, "Decide a handed-up packet again."},
+    {"send_to_peer", (PyCFunction)Engine_send_to_peer, METH_VARARGS,
+     "Relay a payload Python parsed to a peer, decided as a native packet."},
     {"counters", (PyCFunction)Engine_counters, METH_NOARGS, NULL},
     {"thread_cpu", (PyCFunction)Engine_thread_cpu, METH_NOARGS, "CPU seconds of the thread."},
     {NULL, NULL, 0, NULL},

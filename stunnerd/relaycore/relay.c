@@ -694,6 +694,14 @@ int relay_process(relay_engine *e, int source, uint64_t handle, const struct soc
     return client_to_peer(e, a, &peer, (uint8_t *)payload, plen, len, now, out);
 }
 
+int relay_payload_to_peer(relay_engine *e, uint64_t handle, const relay_addr *peer,
+                          uint8_t *payload, size_t plen, size_t len, double now,
+                          relay_send *out) {
+    relay_alloc *a = alloc_of(e, handle);
+    if (!a || now >= a->expires) return RELAY_UP;
+    return client_to_peer(e, a, peer, payload, plen, len, now, out);
+}
+
 void relay_hand_up(relay_engine *e, int source, uint64_t handle, const struct sockaddr *from,
                    socklen_t fromlen, const uint8_t *data, size_t len) {
     pthread_mutex_lock(&e->qlock);

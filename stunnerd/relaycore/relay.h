@@ -162,6 +162,11 @@ void relay_clear_verdicts(relay_engine *e);
 int relay_process(relay_engine *e, int source, uint64_t handle, const struct sockaddr *from,
                   uint8_t *data, size_t len, double now, relay_send *out);
 void relay_flush(relay_engine *e, relay_send *sends, int count, struct mmsghdr *scratch);
+/* A payload Python parsed from a client's message (a Send indication of another shape) for
+ * the allocation's peer: decided and counted as relay_process would (lock held). */
+int relay_payload_to_peer(relay_engine *e, uint64_t handle, const relay_addr *peer,
+                          uint8_t *payload, size_t plen, size_t len, double now,
+                          relay_send *out);
 /* Hand one packet up; drops it (counted) when the queue is full. Call with `lock` held. */
 void relay_hand_up(relay_engine *e, int source, uint64_t handle, const struct sockaddr *from,
                    socklen_t fromlen, const uint8_t *data, size_t len);

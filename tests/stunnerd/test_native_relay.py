@@ -466,6 +466,38 @@ def test_malformed_datagrams_are_handed_up_untouched(rig: Rig) -> None:
     assert rig.echo() == b"still alive"
 
 
+def test_a_send_indication_python_parses_goes_out_through_the_engine(rig: Rig) -> None:
+    """One of another shape (here with SOFTWARE) is handed up; Python parses it and has the
+    engine send the payload, decided and counted like the engine's own packets."""
+    rig.permit()
+    message = Message(Method.SEND, Class.INDICATION)
+    message.attributes.update(
+        {"XOR-PEER-ADDRESS": rig.peer_address, "DATA": b"parsed", "SOFTWARE": "test"}
+    )
+    datagram = message.encode(fingerprint=False)
+    rig.send(datagram)
+    (up,) = rig.handed_up()
+    parsed = stun.parse_message(up.data)
+    peer, payload = parsed.attributes["XOR-PEER-ADDRESS"], parsed.attributes["DATA"]
+    send = rig.engine.send_to_peer
+    assert send(rig.handle, peer, payload, len(datagram)) == native.UP  # no verdict yet
+    rig.engine.decide(peer, CLUSTER)
+    assert send(rig.handle, peer, payload, len(datagram)) == native.RELAYED
+    assert rig.echo() == b"parsed"
+    counters = rig.engine.counters()
+    assert (counters.rx_packets, counters.rx_bytes) == (1, len(datagram))
+    assert counters.clusters[CLUSTER][:2] == [1, len(b"parsed")]
+    rig.engine.decide(peer, None)
+    assert send(rig.handle, peer, payload, len(datagram)) == native.DROPPED
+    rig.engine.remove_permission(rig.handle, HOST)
+    rig.engine.decide(peer, CLUSTER)
+    assert send(rig.handle, peer, payload, len(datagram)) == native.DROPPED
+    nothing_arrives(rig.peer)
+    assert rig.engine.counters().drops == {**counters.drops, "forbidden": 1, "no_permission": 1}
+    with pytest.raises(ValueError, match="shorter than its payload"):
+        send(rig.handle, peer, payload, 1)
+
+
 def test_unknown_clients_are_handed_up(rig: Rig) -> None:
     stranger = udp()
     try:
