@@ -65,7 +65,6 @@ def host_native() -> int:
     listener.bind(("::", 0))
     engine = native.NativeRelay(listener)
     engine.start()
-    relays = []
     sys.stdout.write(f"{listener.getsockname()[1]}\n")
     sys.stdout.flush()
     for line in sys.stdin:
@@ -76,14 +75,15 @@ def host_native() -> int:
             for option in (socket.SO_RCVBUF, socket.SO_SNDBUF):
                 relay.setsockopt(socket.SOL_SOCKET, option, 1 << 20)  # as turn._grow_buffers
             relay.bind(("0.0.0.0", 0))
-            relays.append(relay)
+            relay_port = relay.getsockname()[1]
             expires = time.monotonic() + 3600
             handle = engine.add_allocation(client, relay, expires)
+            relay.close()  # the engine keeps its own duplicate (stunnerd.native's plan)
             engine.set_permission(handle, HOST, expires)
             if words[3] == "chan":
                 engine.bind_channel(handle, CHANNEL, peer, expires)
             engine.decide(peer, "bench")
-            sys.stdout.write(f"{relay.getsockname()[1]}\n")
+            sys.stdout.write(f"{relay_port}\n")
         elif words[:1] == ["counters"]:
             sys.stdout.write(json.dumps(engine.counters().__dict__) + "\n")
         else:
@@ -222,6 +222,24 @@ def run_one(
     }
 
 
+def idle_allocations(count: int) -> str:
+    """RSS of the engine's host process per idle allocation (permission and channel each)."""
+    host = NativeHost()
+    try:
+        host.command("alloc 1 2 chan")  # the first one grows the tables' arrays
+        before = turn_bench.rss_kib(host.pid)
+        for i in range(count):
+            host.command(f"alloc {3 + i} 2 chan")
+        after = turn_bench.rss_kib(host.pid)
+    finally:
+        host.stop()
+    return (
+        f"native engine: {count} idle allocations (one permission and one channel each): RSS "
+        f"{before / 1024:.1f} -> {after / 1024:.1f} MiB, "
+        f"{(after - before) / count:.2f} KiB per allocation\n"
+    )
+
+
 def table(rows: list[dict[str, Any]]) -> str:
     anchors = {row["server"]: row for row in rows}
     lines = [
@@ -266,6 +284,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--repeat", type=int, default=1, help="runs per server; medians shown")
     parser.add_argument("--servers", default="native,stunnerd,coturn")
     parser.add_argument("--json", type=Path, help="also write the rows here")
+    parser.add_argument(
+        "--idle-allocations", type=int, default=0, help="also measure RSS per idle allocation"
+    )
     parser.add_argument("--host-native", action="store_true", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
@@ -305,6 +326,8 @@ def main(argv: list[str] | None = None) -> int:
         f"in flight, {args.size} B {args.mode}, {args.duration:g} s, median of {args.repeat}\n\n"
     )
     sys.stdout.write(table(rows) + "\n")
+    if args.idle_allocations:
+        sys.stdout.write("\n" + idle_allocations(args.idle_allocations))
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))
     return 0
