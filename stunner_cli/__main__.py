@@ -5,6 +5,7 @@
     stunner ice [NS/GW] [--ttl S] [--username U]
     stunner render -f DIR|FILE
     stunner check -f DIR|FILE
+    stunner diff -f DIR|FILE [NS/GW]
     stunner selftest --cds-url URL [--peer IP:PORT]      (the chart's `helm test` pod)
     stunner auth-server --cds-url URL [--port 8088]     (the chart's auth/ICE service)
 
@@ -86,6 +87,12 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "render":
             p.add_argument("-o", "--output", choices=("json", "yaml"), default="yaml")
             p.add_argument("--show-secrets", action="store_true")
+    diff = cluster(
+        "diff",
+        "what applying manifests would change in the running dataplanes: each listener "
+        "reconciled in place or restarted, and the live allocations a restart drops",
+    )
+    diff.add_argument("-f", "--filename", required=True, type=Path, metavar="DIR|FILE")
     selftest = sub.add_parser(
         "selftest", help="allocate through every Gateway over UDP and TCP (helm test)"
     )
@@ -175,6 +182,17 @@ def run_cluster(args: argparse.Namespace) -> int:
     client = cluster.connect(args.kubeconfig, args.kube_context)
     try:
         target = _target(args)
+        if args.command == "diff":
+            from reconciler.files import ManifestError
+            from stunner_cli import offline
+            from stunner_cli.diff import report
+
+            try:
+                objects = offline.load(args.filename)
+            except ManifestError as e:
+                raise cluster.ClusterError(str(e)) from None
+            _out("\n".join(report(client, target, objects)))
+            return OK
         if args.command == "status":
             entries = cluster.dataplane_status(client, target)
             _out("\n".join(status_line(e) for e in entries) or "no stunnerd pods")

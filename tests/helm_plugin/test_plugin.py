@@ -122,11 +122,16 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]
                 "metadata": {
                     "name": "local-gateway-abc",
                     "namespace": "stunner",
-                    "labels": {"app": "stunner"},
+                    "labels": {
+                        "app": "stunner",
+                        "stunner.l7mp.io/related-gateway-name": "local-gateway",
+                    },
                 },
             }
         )
         api.proxy("stunner", "pods", "local-gateway-abc", 8086, pod)
+        for located in offline.load(ROOT / "examples" / "local"):  # what the CDS serves, live
+            api.seed(located.obj)
         kubeconfig = api.write_kubeconfig(tmp_path_factory.mktemp("kube") / "config")
         yield {"kubeconfig": str(kubeconfig)}
     background.close()
@@ -301,7 +306,7 @@ def test_render_prints_the_reconcilers_configs(helm_env: dict[str, str]) -> None
 def test_usage_errors_exit_2_and_every_command_has_help(helm_env: dict[str, str]) -> None:
     assert helm_stunner(helm_env, "config", "a/b/c").returncode == 2
     assert helm_stunner(helm_env, "frobnicate").returncode == 2
-    for command in ("config", "status", "ice", "render", "check"):
+    for command in ("config", "status", "ice", "render", "check", "diff"):
         done = helm_stunner(helm_env, command, "--help")
         assert done.returncode == 0 and f"stunner {command}" in done.stdout
 
@@ -317,3 +322,45 @@ def test_no_cluster_is_a_clear_error(helm_env: dict[str, str], tmp_path: Path) -
     assert done.returncode == 1
     assert "no usable Kubernetes configuration" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def edited_example(tmp_path: Path, name: str, old: str, new: str) -> Path:
+    """A copy of examples/local with one file edited."""
+    target = tmp_path / "manifests"
+    target.mkdir(parents=True)
+    for path in (ROOT / "examples" / "local").glob("*.yaml"):
+        text = path.read_text()
+        (target / path.name).write_text(text.replace(old, new) if path.name == name else text)
+    assert (target / name).read_text() != (ROOT / "examples" / "local" / name).read_text()
+    return target
+
+
+def test_diff_says_in_place_or_restarted_and_what_a_restart_drops(
+    helm_env: dict[str, str], cluster: dict[str, str], tmp_path: Path
+) -> None:
+    kube = ["--kubeconfig", cluster["kubeconfig"], "-n", NAMESPACE]
+    same = helm_stunner(helm_env, "diff", "-f", str(ROOT / "examples" / "local"), *kube)
+    assert same.returncode == 0, same.stderr
+    assert "stunner/local-gateway: unchanged" in same.stdout.splitlines()
+    assert "media/ephemeral-gateway: deleted (its stunnerd pods drain)" in same.stdout
+
+    port = "port: 3478\n      protocol: TURN-UDP"
+    moved = edited_example(tmp_path / "a", "gateway.yaml", port, port.replace("3478", "3479"))
+    done = helm_stunner(helm_env, "diff", "-f", str(moved), "stunner/local-gateway", *kube)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        "stunner/local-gateway:",
+        "  stunner/local-gateway/tcp-listener: unchanged",
+        "  stunner/local-gateway/udp-listener: restarted",
+        "  cost: 1 listener(s) restarted or removed; up to 3 live allocations dropped on 1 "
+        "stunnerd pod(s) (/status counts allocations per pod, not per listener)",
+    ]
+
+    peer = edited_example(tmp_path / "b", "echo.yaml", "127.0.0.1/32", "127.0.0.2/32")
+    done = helm_stunner(helm_env, "diff", "-f", str(peer), "stunner", *kube)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        "stunner/local-gateway:",
+        "  stunner/local-gateway/tcp-listener: reconciled in place",
+        "  stunner/local-gateway/udp-listener: reconciled in place",
+    ]
