@@ -4,14 +4,12 @@ service proxy, and the offline render/check over manifest files."""
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import hashlib
 import hmac
 import json
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,48 +19,16 @@ import pytest
 import yaml
 from aiohttp import web
 
-from reconciler.cds import ConfigStore, cds_app, serve
+from reconciler.cds import ConfigStore, cds_app
 from stunner_api.dataplane import validate_config
 from stunner_cli import offline
 from tests.charts.conftest import HELMS, ROOT, helm_binary
+from tests.support.background import Background
 from tests.support.fakeapi import FakeApiServer
 
 NAMESPACE = "stunner-system"
 PASSWORD = "pass-1"
 SHARED_SECRET = "my-shared-secret"
-
-
-class Background:
-    """An asyncio loop in a thread serving aiohttp apps (the CDS, a pod's /status)."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-        self._stops: list[asyncio.Event] = []
-
-    def serve(self, app: web.Application) -> tuple[str, int]:
-        ready: asyncio.Future[tuple[str, int]] = self.loop.create_future()
-        stop = asyncio.Event()
-        self._stops.append(stop)
-
-        async def run() -> None:
-            async with serve(app) as served:
-                ready.set_result((served.host, served.port))
-                await stop.wait()
-
-        asyncio.run_coroutine_threadsafe(run(), self.loop)
-        return asyncio.run_coroutine_threadsafe(
-            asyncio.wait_for(asyncio.shield(ready), 10), self.loop
-        ).result()
-
-    def close(self) -> None:
-        for stop in self._stops:
-            self.loop.call_soon_threadsafe(stop.set)
-        time.sleep(0.2)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(5)
-        self.loop.close()
 
 
 def rendered_configs() -> dict[str, Any]:
