@@ -10,6 +10,8 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.support.fakeapi import CORE_TYPES, GATEWAY_TYPES, FakeApiServer, ResourceType
+
 ROOT = Path(__file__).resolve().parent.parent.parent
 CHART = ROOT / "charts" / "stunner"
 HELMS = {"helm3": ROOT / ".tools" / "helm3" / "helm", "helm4": ROOT / ".tools" / "helm4" / "helm"}
@@ -53,3 +55,47 @@ def of_kind(manifests: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
 @pytest.fixture(scope="session")
 def default_manifests() -> Iterator[list[dict[str, Any]]]:
     yield render(helm_binary("helm4"))
+
+
+# What helm 4 maps every rendered kind to before it renders against a cluster.
+CHART_TYPES = (
+    ResourceType("", "v1", "serviceaccounts", "ServiceAccount"),
+    ResourceType(
+        "rbac.authorization.k8s.io", "v1", "clusterroles", "ClusterRole", namespaced=False
+    ),
+    ResourceType(
+        "rbac.authorization.k8s.io",
+        "v1",
+        "clusterrolebindings",
+        "ClusterRoleBinding",
+        namespaced=False,
+    ),
+    ResourceType("rbac.authorization.k8s.io", "v1", "roles", "Role"),
+    ResourceType("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding"),
+    ResourceType(
+        "admissionregistration.k8s.io",
+        "v1",
+        "validatingwebhookconfigurations",
+        "ValidatingWebhookConfiguration",
+        namespaced=False,
+    ),
+    ResourceType(
+        "admissionregistration.k8s.io",
+        "v1",
+        "mutatingwebhookconfigurations",
+        "MutatingWebhookConfiguration",
+        namespaced=False,
+    ),
+    ResourceType(
+        "apiextensions.k8s.io",
+        "v1",
+        "customresourcedefinitions",
+        "CustomResourceDefinition",
+        namespaced=False,
+    ),
+)
+
+
+def chart_api() -> FakeApiServer:
+    """A fake API server that serves every kind the chart renders (helm install against it)."""
+    return FakeApiServer(CORE_TYPES + GATEWAY_TYPES + CHART_TYPES)

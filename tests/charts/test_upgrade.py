@@ -10,46 +10,8 @@ from pathlib import Path
 
 import yaml
 
-from tests.charts.conftest import CHART, NAMESPACE, of_kind
-from tests.support.fakeapi import CORE_TYPES, GATEWAY_TYPES, FakeApiServer, ResourceType
-
-# What helm 4 maps every rendered kind to before it renders against a cluster.
-CHART_TYPES = (
-    ResourceType("", "v1", "serviceaccounts", "ServiceAccount"),
-    ResourceType(
-        "rbac.authorization.k8s.io", "v1", "clusterroles", "ClusterRole", namespaced=False
-    ),
-    ResourceType(
-        "rbac.authorization.k8s.io",
-        "v1",
-        "clusterrolebindings",
-        "ClusterRoleBinding",
-        namespaced=False,
-    ),
-    ResourceType("rbac.authorization.k8s.io", "v1", "roles", "Role"),
-    ResourceType("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding"),
-    ResourceType(
-        "admissionregistration.k8s.io",
-        "v1",
-        "validatingwebhookconfigurations",
-        "ValidatingWebhookConfiguration",
-        namespaced=False,
-    ),
-    ResourceType(
-        "admissionregistration.k8s.io",
-        "v1",
-        "mutatingwebhookconfigurations",
-        "MutatingWebhookConfiguration",
-        namespaced=False,
-    ),
-    ResourceType(
-        "apiextensions.k8s.io",
-        "v1",
-        "customresourcedefinitions",
-        "CustomResourceDefinition",
-        namespaced=False,
-    ),
-)
+from tests.charts.conftest import CHART, NAMESPACE, chart_api, of_kind
+from tests.support.fakeapi import FakeApiServer
 
 
 def template_against(helm: Path, api: FakeApiServer, tmp_path: Path) -> list[dict[str, object]]:
@@ -77,7 +39,7 @@ def template_against(helm: Path, api: FakeApiServer, tmp_path: Path) -> list[dic
 
 
 def test_an_upgrade_keeps_the_webhook_certificate(helm: Path, tmp_path: Path) -> None:
-    with FakeApiServer(CORE_TYPES + GATEWAY_TYPES + CHART_TYPES) as api:
+    with chart_api() as api:
         first = template_against(helm, api, tmp_path)  # an install: no Secret yet, a fresh CA
         (secret,) = [s for s in of_kind(first, "Secret") if s["type"] == "kubernetes.io/tls"]
         # What the install created: helm marks what it owns, and helm 4 checks the marks.

@@ -99,7 +99,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]
         for located in offline.load(ROOT / "examples" / "local"):  # what the CDS serves, live
             api.seed(located.obj)
         kubeconfig = api.write_kubeconfig(tmp_path_factory.mktemp("kube") / "config")
-        yield {"kubeconfig": str(kubeconfig)}
+        yield {"kubeconfig": str(kubeconfig), "store": store, "background": background}
     background.close()
 
 
@@ -330,3 +330,42 @@ def test_diff_says_in_place_or_restarted_and_what_a_restart_drops(
         "  stunner/local-gateway/tcp-listener: reconciled in place",
         "  stunner/local-gateway/udp-listener: reconciled in place",
     ]
+
+
+def test_config_watch_prints_each_change(helm_env: dict[str, str], cluster: dict[str, Any]) -> None:
+    store, background = cluster["store"], cluster["background"]
+    original = store.configs["stunner/local-gateway"]
+    with subprocess.Popen(
+        [helm_env["HELM_BIN_UNDER_TEST"], "stunner", "config", "stunner/local-gateway", "-w"]
+        + ["--kubeconfig", cluster["kubeconfig"], "-n", NAMESPACE],
+        env=helm_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    ) as watch:
+        try:
+            _watch_sees_a_change(watch, store, background, original)
+        finally:
+            watch.terminate()
+            watch.wait(10)
+            background.loop.call_soon_threadsafe(store.set, "stunner/local-gateway", original)
+
+
+def _watch_sees_a_change(
+    watch: subprocess.Popen[str], store: ConfigStore, background: Background, original: Any
+) -> None:
+    assert watch.stdout is not None
+    first = [watch.stdout.readline() for _ in range(2)]
+    assert first[0].startswith("Gateway: stunner/local-gateway")
+    data = original.to_dict()
+    data["admin"]["loglevel"] = "all:DEBUG"
+    changed = validate_config(data)
+    background.loop.call_soon_threadsafe(store.set, "stunner/local-gateway", changed)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        line = watch.stdout.readline()
+        if line.startswith("Gateway: stunner/local-gateway"):
+            assert '"all:DEBUG"' in line
+            break
+    else:
+        raise AssertionError("no update printed")
