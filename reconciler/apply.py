@@ -181,12 +181,43 @@ def merge_conditions(
     return [*ours, *others][:MAX_CONDITIONS]
 
 
+def _keep_times(ours: Any, cached: Any) -> None:
+    """Give our conditions the cached transition time of a condition of the same type and
+    status: render kept them against its snapshot; the cache may hold a newer status since (our
+    own write of an earlier render), and a flip is only a flip against what is stored."""
+    if not isinstance(ours, list) or not isinstance(cached, list):
+        return
+    before = {c.get("type"): c for c in cached if isinstance(c, Mapping)}
+    for condition in ours:
+        old = before.get(condition.get("type"))
+        if old is not None and old.get("status") == condition.get("status"):
+            if old.get("lastTransitionTime"):
+                condition["lastTransitionTime"] = old["lastTransitionTime"]
+
+
 def desired_status(current: Object | None, update: StatusUpdate) -> dict[str, Any]:
     status = copy.deepcopy(dict(update.status))
     old = (current or {}).get("status")
     old = old if isinstance(old, Mapping) else {}
     if "conditions" in status:
+        _keep_times(status["conditions"], old.get("conditions"))
         status["conditions"] = merge_conditions(old.get("conditions") or [], status["conditions"])
+    old_listeners = {
+        entry.get("name"): entry
+        for entry in old.get("listeners") or []
+        if isinstance(entry, Mapping)
+    }
+    for entry in status.get("listeners") or []:
+        _keep_times(
+            entry.get("conditions"), old_listeners.get(entry.get("name"), {}).get("conditions")
+        )
+    for entry in status.get("parents") or []:
+        for old_entry in old.get("parents") or []:
+            if isinstance(old_entry, Mapping) and (
+                old_entry.get("parentRef"),
+                old_entry.get("controllerName"),
+            ) == (entry.get("parentRef"), entry.get("controllerName")):
+                _keep_times(entry.get("conditions"), old_entry.get("conditions"))
     return status
 
 

@@ -198,8 +198,11 @@ class ClusterMode:
             services=services,
         )
 
-    def _send_all(self, writes: Sequence[Write]) -> list[kube.WriteResult]:
-        """In a thread: send the writes while this replica may write."""
+    def _diff_and_send(self, plan: Plan, now: float) -> list[kube.WriteResult]:
+        """In a thread: the writes the plan needs (those not backing off), sent while this
+        replica may write."""
+        writes = [w for w in self.writes_for(plan) if self._due(w, now)]
+        self.last_writes = writes
         results = []
         for write in writes:
             if not self.leading:
@@ -214,12 +217,8 @@ class ClusterMode:
             plan = self.reconciler.last_plan
             if not self.leading or not isinstance(plan, Plan):
                 continue
-            now = time.monotonic()
-            writes = [w for w in self.writes_for(plan) if self._due(w, now)]
-            self.last_writes = writes
-            if not writes:
-                continue
-            results = await asyncio.to_thread(self._send_all, writes)
+            # The diff and the writes run in a thread: the loop keeps rendering and serving.
+            results = await asyncio.to_thread(self._diff_and_send, plan, time.monotonic())
             self._account(results)
 
     @staticmethod
