@@ -56,6 +56,8 @@ SERVICE = ("v1", "Service")
 
 # (apiVersion, kind, namespace, name) -> the cached object, None if there is none.
 Current = Callable[[str, str, str, str], Object | None]
+# (kind, namespace, name) -> (resourceVersion, manifest) of a manifest found in place.
+Memo = dict[tuple[str, str, str], tuple[Any, Mapping[str, Any]]]
 
 
 class Verb(StrEnum):
@@ -160,13 +162,17 @@ def needs_update(have: Object, want: Mapping[str, Any]) -> bool:
     wants on a Service)."""
     if not contains(have, want):
         return True
-    if want.get("kind") == "Service":
-        trimmed = copy.deepcopy(dict(have))
-        _drop_unwanted(trimmed, want)
-        return trimmed.get("spec") != have.get("spec") or (
-            meta(trimmed).get("annotations") != meta(have).get("annotations")
-        )
-    return False
+    if want.get("kind") != "Service":
+        return False
+    spec, want_spec = have.get("spec") or {}, want.get("spec") or {}
+    if any(
+        key not in want_spec and key in spec and spec[key] != default
+        for key, default in SERVICE_OWNED_SPEC.items()
+    ):
+        return True
+    annotations = meta(have).get("annotations") or {}
+    wanted = (want.get("metadata") or {}).get("annotations") or {}
+    return any(k.startswith(STUNNER_ANNOTATION_PREFIX) and k not in wanted for k in annotations)
 
 
 # --- status ---------------------------------------------------------------------------------
@@ -238,14 +244,21 @@ def manifest_writes(
     existing: Iterable[Object],
     current: Current,
     ours: Collection[str],
+    memo: Memo | None = None,
 ) -> list[Write]:
-    """Creates and updates for the wanted manifests of one kind, deletions for ours not wanted."""
+    """Creates and updates for the wanted manifests of one kind, deletions for ours not wanted.
+    `memo` remembers the manifests found already in place (by the cached resourceVersion), so
+    an unchanged one is passed over with one equality test."""
     api_version, kind_name = kind
     writes: list[Write] = []
     for gw_id in sorted(wanted):
         want = wanted[gw_id]
         namespace, name = want["metadata"]["namespace"], want["metadata"]["name"]
         have = current(api_version, kind_name, namespace, name)
+        key = (kind_name, namespace, name)
+        version = meta(have or {}).get("resourceVersion")
+        if memo is not None and have is not None and memo.get(key) == (version, want):
+            continue
         if have is None:
             writes.append(
                 Write(
@@ -255,6 +268,8 @@ def manifest_writes(
         elif needs_update(have, want):
             body = desired_object(have, want)
             writes.append(Write(Verb.UPDATE, api_version, kind_name, namespace, name, body))
+        elif memo is not None:
+            memo[key] = (version, want)
     for obj in existing:
         owner = _owner_gateway(obj)
         if owner is None or owner not in ours or owner in wanted:
@@ -273,6 +288,8 @@ def status_writes(statuses: Iterable[StatusUpdate], current: Current) -> list[Wr
         have = current(update.api_version, update.kind, update.namespace, update.name)
         if have is None:
             continue  # gone since the snapshot: nothing to report on
+        if have.get("status") == update.status:
+            continue  # the common case, compared without a copy
         status = desired_status(have, update)
         if have.get("status") == status:
             continue
@@ -295,12 +312,13 @@ def plan_writes(
     ours: Collection[str],
     deployments: Iterable[Object] = (),
     services: Iterable[Object] = (),
+    memo: Memo | None = None,
 ) -> list[Write]:
     """Every write that makes the cluster hold `plan`, in order: Services, Deployments, status.
     `ours`: the ids of every Gateway of our GatewayClasses; `deployments` and `services`: the
     cached ones labelled as ours (candidates for deletion)."""
     return [
-        *manifest_writes(SERVICE, plan.services, services, current, ours),
-        *manifest_writes(DEPLOYMENT, plan.deployments, deployments, current, ours),
+        *manifest_writes(SERVICE, plan.services, services, current, ours, memo),
+        *manifest_writes(DEPLOYMENT, plan.deployments, deployments, current, ours, memo),
         *status_writes(plan.statuses, current),
     ]

@@ -33,7 +33,7 @@ from stunner_api.cds import DEFAULT_PORT as DEFAULT_CDS_PORT
 from stunner_api.vocabulary import OWNED_BY_LABEL
 
 from . import kube
-from .apply import Write, plan_writes
+from .apply import Memo, Write, plan_writes
 from .cds import ConfigStore, cds_app, serve
 from .loop import THROTTLE, Reconciler
 from .metrics import Metrics, health_app, metrics_app
@@ -128,6 +128,7 @@ class ClusterMode:
         self.writes_sent = 0
         self.last_writes: list[Write] = []
         self._backoff: dict[tuple[str, str, str, str], _Backoff] = {}
+        self.memo: Memo = {}
         self._apply_wanted = asyncio.Event()
         self._retry_timer: asyncio.TimerHandle | None = None
         self._loop = asyncio.get_running_loop()
@@ -196,6 +197,7 @@ class ClusterMode:
             self.ours,
             deployments=self.cache.all_of("Deployment"),
             services=services,
+            memo=self.memo,
         )
 
     def _diff_and_send(self, plan: Plan, now: float) -> list[kube.WriteResult]:
