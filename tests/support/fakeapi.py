@@ -25,7 +25,8 @@ What it does:
 - Watch bookmarks: with ``allowWatchBookmarks=true`` a quiet watch gets a ``BOOKMARK`` event
   carrying the current ``resourceVersion`` every :attr:`FakeApiServer.bookmark_interval` seconds.
 - Garbage collection as kube-controller-manager does it (in the background there, at once here):
-  deleting an object deletes every object whose ``ownerReferences`` all name deleted owners
+  deleting an object deletes every object whose ``ownerReferences`` all name deleted owners,
+  and an object created with only owners that are gone is deleted right after
   (:attr:`FakeApiServer.garbage_collection`, on by default). ``DeleteOptions.preconditions.uid``
   is honoured (409 Conflict on a mismatch).
 - Server-side defaults of Services: a ``clusterIP``, ``sessionAffinity: None``, and for NodePort
@@ -520,6 +521,8 @@ class FakeApiServer:
             self._bump(obj)
             self._objects[key] = obj
             self._record(rt, "ADDED", obj)
+            if self.garbage_collection and meta.get("ownerReferences"):
+                self.collect_garbage()  # created with an owner already gone: collected
             return copy.deepcopy(obj)
 
     def _key(self, rt: ResourceType, ns: str, name: str) -> tuple[tuple[str, str, str], str, str]:
