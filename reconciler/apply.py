@@ -96,12 +96,18 @@ def _named(items: Any) -> bool:
     )
 
 
+def _is_zero(value: Any) -> bool:
+    """A value the API server does not store (Go's `omitempty`: false, 0, "", {}, [], null), so
+    its absence from the stored object is no difference."""
+    return value is None or (not isinstance(value, int | float) and not value) or value is False
+
+
 def contains(have: Any, want: Any) -> bool:
     """Whether `have` already holds every field of `want` (extra fields in `have` are fine:
     others' fields and the API server's defaults)."""
     if isinstance(want, Mapping):
         return isinstance(have, Mapping) and all(
-            k in have and contains(have[k], v) for k, v in want.items()
+            contains(have[k], v) if k in have else _is_zero(v) for k, v in want.items()
         )
     if isinstance(want, list):
         if not isinstance(have, list) or len(have) != len(want):

@@ -35,7 +35,10 @@ OURS = {
     [
         ({"a": 1, "b": 2}, {"a": 1}, True),  # extra fields (others', defaults) are fine
         ({"a": 1}, {"a": 2}, False),
-        ({}, {"a": None}, False),
+        ({}, {"a": None}, True),  # the API server stores no zero value (Go's omitempty)
+        ({}, {"hostNetwork": False, "annotations": {}, "args": []}, True),
+        ({}, {"replicas": 1}, False),
+        ({"a": 1}, {"a": None}, False),
         ([{"name": "x", "p": 1, "q": 2}], [{"name": "x", "p": 1}], True),
         ([{"name": "y", "p": 1}], [{"name": "x", "p": 1}], False),
         ([{"name": "x"}, {"name": "y"}], [{"name": "y"}, {"name": "x"}], False),  # order counts

@@ -29,6 +29,8 @@ What it does:
   and an object created with only owners that are gone is deleted right after
   (:attr:`FakeApiServer.garbage_collection`, on by default). ``DeleteOptions.preconditions.uid``
   is honoured (409 Conflict on a mismatch).
+- A Deployment's pod ``hostNetwork: false`` is not stored (Go's ``omitempty``, as a real API
+  server does with every zero value; only this one is modelled).
 - Server-side defaults of Services: a ``clusterIP``, ``sessionAffinity: None``, and for NodePort
   and LoadBalancer Services a ``nodePort`` per port and ``externalTrafficPolicy: Cluster``
   (values the API server allocated are kept on update, as a real one does).
@@ -648,7 +650,13 @@ class FakeApiServer:
             return copy.deepcopy(new)
 
     def _default(self, rt: ResourceType, obj: JSON, old: JSON | None) -> None:
-        """What a real API server fills in (Services only); allocated values are kept."""
+        """What a real API server fills in (Services) or leaves out (a Deployment's pod
+        `hostNetwork: false`: Go's omitempty); allocated values are kept."""
+        if rt.key == ("apps", "v1", "deployments"):
+            pod = ((obj.get("spec") or {}).get("template") or {}).get("spec")
+            if isinstance(pod, dict) and pod.get("hostNetwork") is False:
+                del pod["hostNetwork"]
+            return
         if rt.key != ("", "v1", "services") or not isinstance(obj.get("spec"), dict):
             return
         spec, old_spec = obj["spec"], (old or {}).get("spec") or {}
