@@ -24,13 +24,11 @@ import asyncio
 import os
 import re
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,28 +36,12 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from cds_bench import percentiles, say  # noqa: E402  (bench/ is on the path: run as a script)
+
 from tests.support.fakeapi import FakeApiServer  # noqa: E402
 
 NS = "bench"
 TARGET = 1.0
-
-
-def say(text: str = "") -> None:
-    sys.stdout.write(text + "\n")
-    sys.stdout.flush()
-
-
-def percentiles(samples: Sequence[float]) -> str:
-    ordered = sorted(samples)
-
-    def at(q: float) -> float:
-        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-    return (
-        f"n={len(ordered)} p50={1000 * statistics.median(ordered):.1f} ms "
-        f"p90={1000 * at(0.90):.1f} ms p99={1000 * at(0.99):.1f} ms "
-        f"max={1000 * ordered[-1]:.1f} ms"
-    )
 
 
 def free_port() -> int:

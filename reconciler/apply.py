@@ -56,6 +56,8 @@ SERVICE = ("v1", "Service")
 
 # (apiVersion, kind, namespace, name) -> the cached object, None if there is none.
 Current = Callable[[str, str, str, str], Object | None]
+# (kind, namespace, name) -> (resourceVersion, manifest) of a manifest found in place.
+Memo = dict[tuple[str, str, str], tuple[Any, Mapping[str, Any]]]
 
 
 class Verb(StrEnum):
@@ -94,12 +96,18 @@ def _named(items: Any) -> bool:
     )
 
 
+def _is_zero(value: Any) -> bool:
+    """A value the API server does not store (Go's `omitempty`: false, 0, "", {}, [], null), so
+    its absence from the stored object is no difference."""
+    return value is None or (not isinstance(value, int | float) and not value) or value is False
+
+
 def contains(have: Any, want: Any) -> bool:
     """Whether `have` already holds every field of `want` (extra fields in `have` are fine:
     others' fields and the API server's defaults)."""
     if isinstance(want, Mapping):
         return isinstance(have, Mapping) and all(
-            k in have and contains(have[k], v) for k, v in want.items()
+            contains(have[k], v) if k in have else _is_zero(v) for k, v in want.items()
         )
     if isinstance(want, list):
         if not isinstance(have, list) or len(have) != len(want):
@@ -160,13 +168,17 @@ def needs_update(have: Object, want: Mapping[str, Any]) -> bool:
     wants on a Service)."""
     if not contains(have, want):
         return True
-    if want.get("kind") == "Service":
-        trimmed = copy.deepcopy(dict(have))
-        _drop_unwanted(trimmed, want)
-        return trimmed.get("spec") != have.get("spec") or (
-            meta(trimmed).get("annotations") != meta(have).get("annotations")
-        )
-    return False
+    if want.get("kind") != "Service":
+        return False
+    spec, want_spec = have.get("spec") or {}, want.get("spec") or {}
+    if any(
+        key not in want_spec and key in spec and spec[key] != default
+        for key, default in SERVICE_OWNED_SPEC.items()
+    ):
+        return True
+    annotations = meta(have).get("annotations") or {}
+    wanted = (want.get("metadata") or {}).get("annotations") or {}
+    return any(k.startswith(STUNNER_ANNOTATION_PREFIX) and k not in wanted for k in annotations)
 
 
 # --- status ---------------------------------------------------------------------------------
@@ -181,12 +193,43 @@ def merge_conditions(
     return [*ours, *others][:MAX_CONDITIONS]
 
 
+def _keep_times(ours: Any, cached: Any) -> None:
+    """Give our conditions the cached transition time of a condition of the same type and
+    status: render kept them against its snapshot; the cache may hold a newer status since (our
+    own write of an earlier render), and a flip is only a flip against what is stored."""
+    if not isinstance(ours, list) or not isinstance(cached, list):
+        return
+    before = {c.get("type"): c for c in cached if isinstance(c, Mapping)}
+    for condition in ours:
+        old = before.get(condition.get("type"))
+        if old is not None and old.get("status") == condition.get("status"):
+            if old.get("lastTransitionTime"):
+                condition["lastTransitionTime"] = old["lastTransitionTime"]
+
+
 def desired_status(current: Object | None, update: StatusUpdate) -> dict[str, Any]:
     status = copy.deepcopy(dict(update.status))
     old = (current or {}).get("status")
     old = old if isinstance(old, Mapping) else {}
     if "conditions" in status:
+        _keep_times(status["conditions"], old.get("conditions"))
         status["conditions"] = merge_conditions(old.get("conditions") or [], status["conditions"])
+    old_listeners = {
+        entry.get("name"): entry
+        for entry in old.get("listeners") or []
+        if isinstance(entry, Mapping)
+    }
+    for entry in status.get("listeners") or []:
+        _keep_times(
+            entry.get("conditions"), old_listeners.get(entry.get("name"), {}).get("conditions")
+        )
+    for entry in status.get("parents") or []:
+        for old_entry in old.get("parents") or []:
+            if isinstance(old_entry, Mapping) and (
+                old_entry.get("parentRef"),
+                old_entry.get("controllerName"),
+            ) == (entry.get("parentRef"), entry.get("controllerName")):
+                _keep_times(entry.get("conditions"), old_entry.get("conditions"))
     return status
 
 
@@ -207,14 +250,21 @@ def manifest_writes(
     existing: Iterable[Object],
     current: Current,
     ours: Collection[str],
+    memo: Memo | None = None,
 ) -> list[Write]:
-    """Creates and updates for the wanted manifests of one kind, deletions for ours not wanted."""
+    """Creates and updates for the wanted manifests of one kind, deletions for ours not wanted.
+    `memo` remembers the manifests found already in place (by the cached resourceVersion), so
+    an unchanged one is passed over with one equality test."""
     api_version, kind_name = kind
     writes: list[Write] = []
     for gw_id in sorted(wanted):
         want = wanted[gw_id]
         namespace, name = want["metadata"]["namespace"], want["metadata"]["name"]
         have = current(api_version, kind_name, namespace, name)
+        key = (kind_name, namespace, name)
+        version = meta(have or {}).get("resourceVersion")
+        if memo is not None and have is not None and memo.get(key) == (version, want):
+            continue
         if have is None:
             writes.append(
                 Write(
@@ -224,6 +274,8 @@ def manifest_writes(
         elif needs_update(have, want):
             body = desired_object(have, want)
             writes.append(Write(Verb.UPDATE, api_version, kind_name, namespace, name, body))
+        elif memo is not None:
+            memo[key] = (version, want)
     for obj in existing:
         owner = _owner_gateway(obj)
         if owner is None or owner not in ours or owner in wanted:
@@ -242,6 +294,8 @@ def status_writes(statuses: Iterable[StatusUpdate], current: Current) -> list[Wr
         have = current(update.api_version, update.kind, update.namespace, update.name)
         if have is None:
             continue  # gone since the snapshot: nothing to report on
+        if have.get("status") == update.status:
+            continue  # the common case, compared without a copy
         status = desired_status(have, update)
         if have.get("status") == status:
             continue
@@ -264,12 +318,13 @@ def plan_writes(
     ours: Collection[str],
     deployments: Iterable[Object] = (),
     services: Iterable[Object] = (),
+    memo: Memo | None = None,
 ) -> list[Write]:
     """Every write that makes the cluster hold `plan`, in order: Services, Deployments, status.
     `ours`: the ids of every Gateway of our GatewayClasses; `deployments` and `services`: the
     cached ones labelled as ours (candidates for deletion)."""
     return [
-        *manifest_writes(SERVICE, plan.services, services, current, ours),
-        *manifest_writes(DEPLOYMENT, plan.deployments, deployments, current, ours),
+        *manifest_writes(SERVICE, plan.services, services, current, ours, memo),
+        *manifest_writes(DEPLOYMENT, plan.deployments, deployments, current, ours, memo),
         *status_writes(plan.statuses, current),
     ]

@@ -33,7 +33,7 @@ from stunner_api.cds import DEFAULT_PORT as DEFAULT_CDS_PORT
 from stunner_api.vocabulary import OWNED_BY_LABEL
 
 from . import kube
-from .apply import Write, plan_writes
+from .apply import Memo, Write, plan_writes
 from .cds import ConfigStore, cds_app, serve
 from .loop import THROTTLE, Reconciler
 from .metrics import Metrics, health_app, metrics_app
@@ -128,6 +128,7 @@ class ClusterMode:
         self.writes_sent = 0
         self.last_writes: list[Write] = []
         self._backoff: dict[tuple[str, str, str, str], _Backoff] = {}
+        self.memo: Memo = {}
         self._apply_wanted = asyncio.Event()
         self._retry_timer: asyncio.TimerHandle | None = None
         self._loop = asyncio.get_running_loop()
@@ -196,10 +197,14 @@ class ClusterMode:
             self.ours,
             deployments=self.cache.all_of("Deployment"),
             services=services,
+            memo=self.memo,
         )
 
-    def _send_all(self, writes: Sequence[Write]) -> list[kube.WriteResult]:
-        """In a thread: send the writes while this replica may write."""
+    def _diff_and_send(self, plan: Plan, now: float) -> list[kube.WriteResult]:
+        """In a thread: the writes the plan needs (those not backing off), sent while this
+        replica may write."""
+        writes = [w for w in self.writes_for(plan) if self._due(w, now)]
+        self.last_writes = writes
         results = []
         for write in writes:
             if not self.leading:
@@ -214,12 +219,8 @@ class ClusterMode:
             plan = self.reconciler.last_plan
             if not self.leading or not isinstance(plan, Plan):
                 continue
-            now = time.monotonic()
-            writes = [w for w in self.writes_for(plan) if self._due(w, now)]
-            self.last_writes = writes
-            if not writes:
-                continue
-            results = await asyncio.to_thread(self._send_all, writes)
+            # The diff and the writes run in a thread: the loop keeps rendering and serving.
+            results = await asyncio.to_thread(self._diff_and_send, plan, time.monotonic())
             self._account(results)
 
     @staticmethod

@@ -142,6 +142,22 @@ def update(
     return fake.replace(rt, ns if rt.namespaced else "", name, obj)
 
 
+def set_peer(fake: FakeApiServer, prefix: str) -> Obj:
+    """A user's edit of the route's backend: the StaticService `peer` now admits `prefix`."""
+    return update(
+        fake,
+        "stunner.l7mp.io/v1",
+        "StaticService",
+        "peer",
+        lambda s: s["spec"].update({"prefixes": [prefix]}),
+    )
+
+
+def edit_gateway(fake: FakeApiServer, change: Callable[[Obj], Any], name: str = "gw") -> Obj:
+    """A user's edit of a Gateway."""
+    return update(fake, GW, "Gateway", name, change)
+
+
 def delete(fake: FakeApiServer, api_version: str, kind: str, name: str, ns: str = NS) -> None:
     rt = fake.resource_type(api_version, kind)
     fake.delete(rt, ns if rt.namespaced else "", name)

@@ -16,8 +16,10 @@ from reconciler.apply import (
     merge_conditions,
     needs_update,
     overlay,
+    status_writes,
 )
 from reconciler.relevance import References
+from reconciler.render import StatusUpdate
 from reconciler.store import Snapshot
 from tests.reconciler import clusterkit as k
 
@@ -33,7 +35,10 @@ OURS = {
     [
         ({"a": 1, "b": 2}, {"a": 1}, True),  # extra fields (others', defaults) are fine
         ({"a": 1}, {"a": 2}, False),
-        ({}, {"a": None}, False),
+        ({}, {"a": None}, True),  # the API server stores no zero value (Go's omitempty)
+        ({}, {"hostNetwork": False, "annotations": {}, "args": []}, True),
+        ({}, {"replicas": 1}, False),
+        ({"a": 1}, {"a": None}, False),
         ([{"name": "x", "p": 1, "q": 2}], [{"name": "x", "p": 1}], True),
         ([{"name": "y", "p": 1}], [{"name": "x", "p": 1}], False),
         ([{"name": "x"}, {"name": "y"}], [{"name": "y"}, {"name": "x"}], False),  # order counts
@@ -187,3 +192,27 @@ def test_the_event_filter() -> None:
     heartbeat = node | {"status": {**node["status"], "conditions": [{"lastHeartbeatTime": "t2"}]}}
     assert not refs.wants(heartbeat, node)
     assert refs.wants(node | {"status": {"addresses": []}}, node)
+
+
+def test_a_plan_older_than_the_cache_writes_no_status_for_a_time_alone() -> None:
+    """A render computed before our own previous status write landed in the cache: the same
+    statuses with newer times are not written again; a flip is."""
+
+    def gateway(accepted: str, at: str) -> dict[str, Any]:
+        condition = {"type": "Accepted", "status": accepted, "lastTransitionTime": at}
+        return k.gateway() | {
+            "status": {
+                "conditions": [condition],
+                "listeners": [{"name": "udp", "conditions": [condition]}],
+            }
+        }
+
+    cached = gateway("True", "2026-01-01T00:00:01Z")
+    same = gateway("True", "2026-01-01T00:00:09Z")
+    update = StatusUpdate(k.GW, "Gateway", k.NS, "gw", 1, same["status"])
+    assert status_writes([update], lambda *key: cached) == []
+    flipped = gateway("False", "2026-01-01T00:00:09Z")
+    update = StatusUpdate(k.GW, "Gateway", k.NS, "gw", 1, flipped["status"])
+    (write,) = status_writes([update], lambda *key: cached)
+    assert write.body is not None
+    assert write.body["conditions"][0]["lastTransitionTime"] == "2026-01-01T00:00:09Z"

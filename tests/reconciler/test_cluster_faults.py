@@ -92,11 +92,8 @@ def test_a_conflict_rereads_the_object_and_the_next_write_succeeds(tmp_path: Pat
             # Someone else labels the Service; our cache still has the old version. The
             # Gateway gets a second listener (and the cache sees that).
             k.update(fake, "v1", "Service", "gw", lambda s: s["metadata"]["labels"].update(t="x"))
-            gateway = k.update(
+            gateway = k.edit_gateway(
                 fake,
-                GW,
-                "Gateway",
-                "gw",
                 lambda g: g["spec"]["listeners"].append(k.listener("b", 3479)),
             )
             cache.put(None, gateway)
@@ -123,13 +120,7 @@ def test_the_api_server_away_and_back_loses_nothing(tmp_path: Path) -> None:
                 assert (await http_get(running.health_address + "/readyz"))[0] == 200
                 fake.stop()
                 # While it is away: a route edit, the Deployment deleted, the history compacted.
-                k.update(
-                    fake,
-                    "stunner.l7mp.io/v1",
-                    "StaticService",
-                    "peer",
-                    lambda s: s["spec"].update({"prefixes": ["10.0.0.2/32"]}),
-                )
+                k.set_peer(fake, "10.0.0.2/32")
                 fake.garbage_collection = False
                 k.delete(fake, "apps/v1", "Deployment", "gw")
                 fake.compact()
@@ -193,13 +184,7 @@ def test_a_watch_resumes_with_bookmarks_and_relists_after_410(tmp_path: Path) ->
                 await k.settled(running, fake)
                 await asyncio.sleep(1.5)  # every watch ended once and resumed
                 fake.stop()
-                k.update(
-                    fake,
-                    "stunner.l7mp.io/v1",
-                    "StaticService",
-                    "peer",
-                    lambda s: s["spec"].update({"prefixes": ["10.0.0.3/32"]}),
-                )
+                k.set_peer(fake, "10.0.0.3/32")
                 fake.compact()  # resuming from before the edit is now 410 Gone
                 fake.start()
                 await k.eventually(

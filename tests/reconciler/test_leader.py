@@ -80,11 +80,8 @@ def test_only_the_leader_writes_and_a_dead_leaders_successor_changes_no_config(
                 spec = lease(fake)["spec"]
                 assert spec["holderIdentity"] == "b" and spec["leaseTransitions"] == 1
                 # b writes from now on: a Gateway edit reaches the cluster and the watcher.
-                k.update(
+                k.edit_gateway(
                     fake,
-                    k.GW,
-                    "Gateway",
-                    "gw",
                     lambda g: g["spec"]["listeners"][0].update({"port": 3490}),
                 )
                 await k.eventually(lambda: len(watcher.frames) == 2, what="the new config")
@@ -126,13 +123,7 @@ def test_sigterm_releases_the_lease_stops_writing_and_keeps_serving_cds(tmp_path
                     assert time.monotonic() - released_at < LEASE["lease_duration"]
                     # a still serves its configs, and writes nothing even when asked to.
                     a.mode.reconciler.trigger()
-                    k.update(
-                        fake,
-                        "stunner.l7mp.io/v1",
-                        "StaticService",
-                        "peer",
-                        lambda s: s["spec"].update({"prefixes": ["10.0.0.8/32"]}),
-                    )
+                    k.set_peer(fake, "10.0.0.8/32")
                     await k.settled(b, fake)
                     assert a.mode.writes_sent == sent
                     async with (

@@ -25,9 +25,12 @@ What it does:
 - Watch bookmarks: with ``allowWatchBookmarks=true`` a quiet watch gets a ``BOOKMARK`` event
   carrying the current ``resourceVersion`` every :attr:`FakeApiServer.bookmark_interval` seconds.
 - Garbage collection as kube-controller-manager does it (in the background there, at once here):
-  deleting an object deletes every object whose ``ownerReferences`` all name deleted owners
+  deleting an object deletes every object whose ``ownerReferences`` all name deleted owners,
+  and an object created with only owners that are gone is deleted right after
   (:attr:`FakeApiServer.garbage_collection`, on by default). ``DeleteOptions.preconditions.uid``
   is honoured (409 Conflict on a mismatch).
+- A Deployment's pod ``hostNetwork: false`` is not stored (Go's ``omitempty``, as a real API
+  server does with every zero value; only this one is modelled).
 - Server-side defaults of Services: a ``clusterIP``, ``sessionAffinity: None``, and for NodePort
   and LoadBalancer Services a ``nodePort`` per port and ``externalTrafficPolicy: Cluster``
   (values the API server allocated are kept on update, as a real one does).
@@ -567,6 +570,8 @@ class FakeApiServer:
             self._bump(obj)
             self._objects[key] = obj
             self._record(rt, "ADDED", obj)
+            if self.garbage_collection and meta.get("ownerReferences"):
+                self.collect_garbage()  # created with an owner already gone: collected
             return copy.deepcopy(obj)
 
     def _key(self, rt: ResourceType, ns: str, name: str) -> tuple[tuple[str, str, str], str, str]:
@@ -692,7 +697,13 @@ class FakeApiServer:
             return copy.deepcopy(new)
 
     def _default(self, rt: ResourceType, obj: JSON, old: JSON | None) -> None:
-        """What a real API server fills in (Services only); allocated values are kept."""
+        """What a real API server fills in (Services) or leaves out (a Deployment's pod
+        `hostNetwork: false`: Go's omitempty); allocated values are kept."""
+        if rt.key == ("apps", "v1", "deployments"):
+            pod = ((obj.get("spec") or {}).get("template") or {}).get("spec")
+            if isinstance(pod, dict) and pod.get("hostNetwork") is False:
+                del pod["hostNetwork"]
+            return
         if rt.key != ("", "v1", "services") or not isinstance(obj.get("spec"), dict):
             return
         spec, old_spec = obj["spec"], (old or {}).get("spec") or {}

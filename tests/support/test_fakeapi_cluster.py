@@ -153,3 +153,14 @@ def test_refusals_and_a_restart_on_the_same_port(
     assert fake.url == url
     assert core.read_namespaced_service("svc", "default").metadata.name == "svc"
     assert ("POST", "/api/v1/namespaces/default/services") in fake.writes()
+
+
+def test_an_object_created_with_a_gone_owner_is_collected(
+    fake: FakeApiServer, core: client.CoreV1Api
+) -> None:
+    gone = {"apiVersion": "v1", "kind": "ConfigMap", "name": "gone", "uid": "no-such-uid"}
+    fake.seed(_service("dangling", ownerReferences=[gone]))
+    assert not core.list_namespaced_service("default").items
+    fake.garbage_collection = False
+    fake.seed(_service("kept", ownerReferences=[gone]))
+    assert [s.metadata.name for s in core.list_namespaced_service("default").items] == ["kept"]
