@@ -26,7 +26,7 @@ COPY webhook/ webhook/
 COPY stunner_cli/ stunner_cli/
 # Not editable: the packages (and webhook/gunicorn.conf.py, which the chart names by path)
 # land in /opt/stunner/lib/python3.11/site-packages.
-RUN /opt/stunner/bin/pip install --no-cache-dir --no-compile ".[webhook,cli]" \
+RUN /opt/stunner/bin/pip install --no-cache-dir --no-compile ".[reconciler,webhook,cli]" \
     && if [ -d stunnerd/relaycore ]; then /opt/stunner/bin/python -c "import stunnerd._relay"; fi \
     && /opt/stunner/bin/python -m compileall -q /opt/stunner/lib
 

@@ -78,6 +78,9 @@ def test_every_command_the_chart_runs_is_an_entry_point_of_the_image() -> None:
             commands.add(manifest["spec"]["command"][0])
     assert commands == {"stunnerd", "stunner-reconciler", "gunicorn", "stunner"}
     assert commands <= provided
+    # Each command's extra (what it imports beyond the base dependencies) is installed.
+    installed = set(extras.group(1).split(","))
+    assert {"reconciler", "webhook", "cli"} <= installed
 
 
 def test_the_gunicorn_configuration_the_chart_names_is_installed() -> None:
