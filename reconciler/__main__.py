@@ -5,7 +5,14 @@
 Local mode reads the resources from the YAML files in DIR (and watches them), renders them,
 serves the configs on the config discovery service (CDS) and the TURN credentials on the auth
 service, and with `--start-dataplanes` runs one stunnerd per Gateway on this machine, pointed at
-its config on the CDS. Cluster mode (from the Kubernetes API) is not here yet.
+its config on the CDS.
+
+    stunner-reconciler [--kubeconfig FILE] [--leader-elect] ...
+
+Cluster mode (no --manifests) watches the Kubernetes API (in-cluster, KUBECONFIG or
+~/.kube/config), renders, serves CDS on every replica and, as the leader, writes the Deployments,
+Services and status (`reconciler.cluster`). Its flags and env are Go STUNner's operator's where
+they mean the same (ANCHORS §2.1).
 """
 
 from __future__ import annotations
@@ -14,16 +21,26 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import os
+import re
 import signal
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from stunner_api.cds import DEFAULT_PORT as DEFAULT_CDS_PORT
+from stunner_api.vocabulary import DEFAULT_CONTROLLER_NAME
 
 from .files import ManifestError
 from .local import DEFAULT_AUTH_PORT, LocalSettings, run_local
 from .loop import THROTTLE
+from .render import RenderSettings
+from .render.plan import DEFAULT_CONFIG_DISCOVERY_URL
+
+if TYPE_CHECKING:  # cluster mode needs the `reconciler` extra; local mode does not
+    from .cluster import ClusterSettings
 
 log = logging.getLogger("stunner.reconciler")
 
@@ -84,7 +101,149 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("DEBUG", "INFO", "WARNING", "ERROR"),
         help="log level (default INFO)",
     )
+    add_cluster_arguments(parser)
     return parser
+
+
+def _go_duration(text: str) -> float:
+    """Seconds of a Go duration ("250ms", "15s", "1m30s") or of a plain number."""
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    units = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+    parts = re.findall(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)", text)
+    if not parts or "".join(n + u for n, u in parts) != text:
+        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (e.g. 250ms, 15s)")
+    return sum(float(n) * units[u] for n, u in parts)
+
+
+def _bind_address(text: str) -> tuple[str, int] | None:
+    """Go's bind address ("0" off, ":8080", "127.0.0.1:8080")."""
+    if text in ("0", ""):
+        return None
+    host, _, port = text.rpartition(":")
+    try:
+        return (host.strip("[]") or "0.0.0.0", int(port))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a bind address: {text!r}") from None
+
+
+def _flag(value: str) -> bool:
+    return value.lower() in ("1", "true", "yes", "on")
+
+
+def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
+    """Cluster mode's flags, named and defaulted as Go STUNner's operator's (ANCHORS §2.1)."""
+    group = parser.add_argument_group("cluster mode (without --manifests)")
+    env = os.environ.get
+    group.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, KUBECONFIG)")
+    group.add_argument(
+        "--controller-name",
+        default=env("STUNNER_GATEWAY_OPERATOR_CONTROLLER_NAME", DEFAULT_CONTROLLER_NAME),
+        help="the GatewayClass controllerName served (env STUNNER_GATEWAY_OPERATOR_"
+        "CONTROLLER_NAME)",
+    )
+    group.add_argument(
+        "--config-discovery-address",
+        default=":13478",
+        help="CDS bind address (:13478); env STUNNER_GATEWAY_OPERATOR_ADDRESS replaces the host",
+    )
+    group.add_argument(
+        "--config-discovery-url",
+        default=env("STUNNER_CONFIG_DISCOVERY_URL", DEFAULT_CONFIG_DISCOVERY_URL),
+        help="STUNNER_CONFIG_ORIGIN of the dataplanes: a stable Service address, never a pod IP "
+        f"(default {DEFAULT_CONFIG_DISCOVERY_URL})",
+    )
+    group.add_argument(
+        "--throttle-timeout",
+        type=_go_duration,
+        default=None,
+        help="minimum interval between two renders (Go duration; default 250ms)",
+    )
+    group.add_argument(
+        "--endpoint-discovery",
+        type=_flag,
+        default=True,
+        metavar="BOOL",
+        help="render backend endpoints from EndpointSlices (default true)",
+    )
+    group.add_argument("--leader-elect", action="store_true", help="run leader election")
+    group.add_argument(
+        "--leader-election-namespace",
+        default=env("POD_NAMESPACE", "stunner-system"),
+        help="namespace of the Lease (env POD_NAMESPACE; default stunner-system)",
+    )
+    group.add_argument(
+        "--leader-election-id", default=None, help="name of the Lease (92062b70.l7mp.io)"
+    )
+    group.add_argument(
+        "--metrics-bind-address",
+        type=_bind_address,
+        default=":8080",
+        help="Prometheus metrics (/metrics) bind address, 0 to disable (:8080)",
+    )
+    group.add_argument(
+        "--health-probe-bind-address",
+        type=_bind_address,
+        default=":8081",
+        help="/healthz and /readyz bind address, 0 to disable (:8081)",
+    )
+    group.add_argument(
+        "--zap-log-level",
+        default=None,
+        type=str.upper,
+        choices=("DEBUG", "INFO", "WARNING", "ERROR"),
+        help="log level (Go's flag name; same as --log)",
+    )
+
+
+def cluster_settings(args: argparse.Namespace) -> ClusterSettings:
+    from .cluster import ClusterSettings
+
+    cds = _bind_address(args.config_discovery_address) or ("0.0.0.0", 13478)
+    host = os.environ.get("STUNNER_GATEWAY_OPERATOR_ADDRESS") or cds[0]
+    throttle = args.throttle_timeout if args.throttle_timeout is not None else args.throttle
+    render_settings = replace(
+        RenderSettings(),
+        controller_name=args.controller_name,
+        endpoint_discovery=args.endpoint_discovery,
+        config_discovery_url=args.config_discovery_url,
+    )
+    lease = {"lease_name": args.leader_election_id} if args.leader_election_id else {}
+    return ClusterSettings(
+        **lease,
+        kubeconfig=args.kubeconfig,
+        host=host,
+        cds_port=cds[1],
+        metrics_address=args.metrics_bind_address,
+        health_address=args.health_probe_bind_address,
+        throttle=throttle,
+        render_settings=render_settings,
+        leader_elect=args.leader_elect,
+        lease_namespace=args.leader_election_namespace,
+    )
+
+
+async def serve_cluster(settings: ClusterSettings) -> None:
+    """Run cluster mode until SIGINT or SIGTERM; then release the Lease and stop writing, and
+    keep the CDS serving until the process ends."""
+    from .cluster import run_cluster
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    async with run_cluster(settings) as running:
+        log.info(
+            "cluster mode: CDS on %s, health on %s, metrics on %s",
+            running.cds_address,
+            running.health_address,
+            running.metrics_address,
+        )
+        await stop.wait()
+        log.info("stopping: releasing the Lease, no more writes")
+        await running.mode.shutdown()
 
 
 async def serve_local(settings: LocalSettings) -> None:
@@ -106,14 +265,26 @@ async def serve_local(settings: LocalSettings) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=args.log, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
+    logging.basicConfig(
+        level=(args.zap_log_level or args.log).upper(),
+        format="%(asctime)s %(name)s %(levelname)s: %(message)s",
+    )
     if args.manifests is None:
-        print(
-            "stunner-reconciler: cluster mode (watching the Kubernetes API) is not supported yet; "
-            "run local mode with --manifests DIR",
-            file=sys.stderr,
-        )
-        return 2
+        from .cluster import ClusterUnavailable
+
+        try:
+            asyncio.run(serve_cluster(cluster_settings(args)))
+        except ClusterUnavailable as exc:
+            print(
+                f"stunner-reconciler: cluster mode: {str(exc).rstrip('.')}; "
+                "or run local mode with --manifests DIR",
+                file=sys.stderr,
+            )
+            return 2
+        except OSError as exc:
+            print(f"stunner-reconciler: {exc}", file=sys.stderr)
+            return 1
+        return 0
     if not args.manifests.is_dir():
         print(f"stunner-reconciler: --manifests {args.manifests}: not a directory", file=sys.stderr)
         return 2

@@ -17,6 +17,7 @@ from stunner_api.dataplane import (
     StunnerConfig,
     is_zero_config,
 )
+from stunner_api.restart import restart_needed  # the rule `helm stunner diff` predicts with
 
 from .admin import HttpServer, health_routes, metrics_routes
 from .auth import NonceManager
@@ -30,12 +31,6 @@ from .turn import ServerContext
 from .worker_pool import WorkerCounters, WorkerPool
 
 log = logging.getLogger("stunner.stunnerd")
-
-
-def restart_needed(old: ListenerConfig, new: ListenerConfig, realm_changed: bool) -> bool:
-    """Only identity fields restart a listener; routes and public address change in place."""
-    identity = ("protocol", "address", "port", "cert", "key")
-    return realm_changed or any(getattr(old, f) != getattr(new, f) for f in identity)
 
 
 class Stunner:

@@ -18,15 +18,33 @@ What it does:
 - Errors are ``kind: Status`` objects with ``code``, ``reason`` and ``message``.
 - ``?dryRun=All`` validates and answers but stores nothing.
 - Fault injection: :attr:`FakeApiServer.fail_status` answers every request with that error code;
-  :attr:`FakeApiServer.delay` stalls every request (cut short by :meth:`FakeApiServer.stop`).
+  :attr:`FakeApiServer.delay` stalls every request (cut short by :meth:`FakeApiServer.stop`);
+  :meth:`FakeApiServer.refuse` answers one kind of write on one resource with an error code.
+  :meth:`FakeApiServer.stop` then :meth:`FakeApiServer.start` again is an API server that went
+  away and came back (same port, same state).
+- Watch bookmarks: with ``allowWatchBookmarks=true`` a quiet watch gets a ``BOOKMARK`` event
+  carrying the current ``resourceVersion`` every :attr:`FakeApiServer.bookmark_interval` seconds.
+- Garbage collection as kube-controller-manager does it (in the background there, at once here):
+  deleting an object deletes every object whose ``ownerReferences`` all name deleted owners,
+  and an object created with only owners that are gone is deleted right after
+  (:attr:`FakeApiServer.garbage_collection`, on by default). ``DeleteOptions.preconditions.uid``
+  is honoured (409 Conflict on a mismatch).
+- A Deployment's pod ``hostNetwork: false`` is not stored (Go's ``omitempty``, as a real API
+  server does with every zero value; only this one is modelled).
+- Server-side defaults of Services: a ``clusterIP``, ``sessionAffinity: None``, and for NodePort
+  and LoadBalancer Services a ``nodePort`` per port and ``externalTrafficPolicy: Cluster``
+  (values the API server allocated are kept on update, as a real one does).
+- ``coordination.k8s.io/v1`` Leases (leader election).
 - Discovery: ``/api``, ``/apis``, ``/api/v1``, ``/apis/{group}/{version}``, ``/version``.
+- The proxy to Services and pods (``.../services/NAME:PORT/proxy/PATH``, GETs only): a test maps
+  it to a real server on loopback with :meth:`FakeApiServer.proxy`.
 - Authorization, for playing a user without rights: :meth:`FakeApiServer.forbid` answers 403
   Forbidden to every request on a resource (the caller's own RBAC), and ``POST
   /apis/authorization.k8s.io/v1/subjectaccessreviews`` answers from the rules given to
   :meth:`FakeApiServer.allow` (everything else is denied); the reviews asked are kept in
   :attr:`FakeApiServer.access_reviews`.
 
-Not implemented: server-side apply, list pagination, deletecollection, bookmarks, admission.
+Not implemented: server-side apply, list pagination, deletecollection, admission.
 """
 
 from __future__ import annotations
@@ -37,6 +55,9 @@ import re
 import socket
 import threading
 import time
+import urllib.error
+import urllib.parse
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -95,6 +116,7 @@ CORE_TYPES = (
         namespaced=False,
         status_subresource=True,
     ),
+    ResourceType("coordination.k8s.io", "v1", "leases", "Lease"),
 )
 
 
@@ -159,6 +181,12 @@ GATEWAY_TYPES = (
 
 
 SUBJECT_ACCESS_REVIEWS = "/apis/authorization.k8s.io/v1/subjectaccessreviews"
+PROXY_PATH = re.compile(
+    r"^/api/v1/namespaces/([^/]+)/(services|pods)/([^/:]+)(?::([^/]+))?/proxy(/.*)?$"
+)
+# Kinds whose DELETE answers with the deleted object (the API server's ReturnDeletedObject; the
+# typed client of these expects it), not with a Status.
+RETURN_DELETED_OBJECT = {("", "v1", "services"), ("", "v1", "pods"), ("", "v1", "namespaces")}
 
 
 @dataclass(frozen=True)
@@ -359,8 +387,16 @@ class FakeApiServer:
         self.forbidden: set[tuple[str, str]] = set()  # (group, plural) answered with 403
         self.access_rules: list[AccessRule] = []
         self.access_reviews: list[JSON] = []  # the SubjectAccessReview specs asked
+        # (namespace, "services"|"pods", name, port) -> a real backend (host, port) on loopback
+        self.proxied: dict[tuple[str, str, str, str], tuple[str, int]] = {}
         self._httpd: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
+        self._port = 0
+        self.bookmark_interval = 1.0
+        self.garbage_collection = True
+        self.refusals: dict[tuple[str, str], int] = {}  # (method, plural) -> HTTP status
+        self._next_ip = 1
+        self._next_node_port = 30000
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -374,7 +410,10 @@ class FakeApiServer:
         return f"http://{host!s}:{port}"
 
     def start(self) -> FakeApiServer:
-        self._httpd = _Server(("127.0.0.1", 0), _Handler)
+        """Serve (again, after stop(): on the same port, with the same state)."""
+        self._stopping.clear()
+        self._httpd = _Server(("127.0.0.1", self._port), _Handler)
+        self._port = self._httpd.server_address[1]
         self._httpd.fake = self
         self._thread = threading.Thread(target=self._httpd.serve_forever, args=(0.05,), daemon=True)
         self._thread.start()
@@ -435,6 +474,52 @@ class FakeApiServer:
             )
         )
         return path
+
+    # --- the API server's proxy to Services and pods ------------------------------------------
+
+    def proxy(self, namespace: str, resource: str, name: str, port: int | str, to: Any) -> None:
+        """Make `.../namespaces/NS/{services|pods}/NAME:PORT/proxy/PATH` reach `to` (host, port),
+        as a kube-apiserver reaches a Service or pod inside the cluster."""
+        self.proxied[(namespace, resource, name, str(port))] = (str(to[0]), int(to[1]))
+
+    def forward(self, path: str, query: str) -> tuple[int, str, bytes] | None:
+        """The backend's answer to a GET through the proxy; None when the path is no proxy's."""
+        match = PROXY_PATH.match(urllib.parse.unquote(path))  # "name%3A13478" as the client sends
+        if match is None:
+            return None
+        namespace, resource, name, port, rest = match.groups()
+        backend = self.proxied.get((namespace, resource, name, port or ""))
+        if backend is None:
+            raise ApiError(
+                503, "ServiceUnavailable", f'no endpoints available for {resource[:-1]} "{name}"'
+            )
+        url = f"http://{backend[0]}:{backend[1]}{rest or '/'}" + (f"?{query}" if query else "")
+        try:
+            with urllib.request.urlopen(url, timeout=10) as answer:
+                return answer.status, answer.headers.get("Content-Type", ""), answer.read()
+        except urllib.error.HTTPError as e:
+            return e.code, e.headers.get("Content-Type", ""), e.read()
+        except OSError as e:
+            raise ApiError(
+                503, "ServiceUnavailable", f"error trying to reach {name}: {e}"
+            ) from None
+
+    # --- writes -------------------------------------------------------------------------------
+
+    def writes(self) -> list[tuple[str, str]]:
+        """The write requests received so far (method, path), SubjectAccessReviews excepted."""
+        return [
+            (method, path)
+            for method, path in self.requests
+            if method in ("POST", "PUT", "PATCH", "DELETE") and path != SUBJECT_ACCESS_REVIEWS
+        ]
+
+    def refuse(self, method: str, plural: str, code: int | None) -> None:
+        """Answer every `method` request on `plural` with `code` (None: stop refusing)."""
+        if code is None:
+            self.refusals.pop((method, plural), None)
+        else:
+            self.refusals[method, plural] = code
 
     # --- authorization -----------------------------------------------------------------------
 
@@ -546,6 +631,7 @@ class FakeApiServer:
         if rt.status_subresource:
             obj.pop("status", None)
         with self._cond:
+            self._default(rt, obj, None)
             key = self._key(rt, ns, name)
             if key in self._objects:
                 raise ApiError(
@@ -559,6 +645,8 @@ class FakeApiServer:
             self._bump(obj)
             self._objects[key] = obj
             self._record(rt, "ADDED", obj)
+            if self.garbage_collection and meta.get("ownerReferences"):
+                self.collect_garbage()  # created with an owner already gone: collected
             return copy.deepcopy(obj)
 
     def _key(self, rt: ResourceType, ns: str, name: str) -> tuple[tuple[str, str], str, str]:
@@ -668,6 +756,7 @@ class FakeApiServer:
                         new_meta[field] = old["metadata"][field]
                 new["metadata"] = new_meta
                 new["apiVersion"], new["kind"] = old["apiVersion"], rt.kind  # stored as it was
+                self._default(rt, new, old)
                 if self._spec_changed(rt, old, new):
                     new["metadata"]["generation"] = old["metadata"].get("generation", 1) + 1
             new["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"]
@@ -682,6 +771,36 @@ class FakeApiServer:
             self._objects[key] = new
             self._record(rt, "MODIFIED", new)
             return _at_version(rt, new)
+
+    def _default(self, rt: ResourceType, obj: JSON, old: JSON | None) -> None:
+        """What a real API server fills in (Services) or leaves out (a Deployment's pod
+        `hostNetwork: false`: Go's omitempty); allocated values are kept."""
+        if rt.key == ("apps", "v1", "deployments"):
+            pod = ((obj.get("spec") or {}).get("template") or {}).get("spec")
+            if isinstance(pod, dict) and pod.get("hostNetwork") is False:
+                del pod["hostNetwork"]
+            return
+        if rt.key != ("", "v1", "services") or not isinstance(obj.get("spec"), dict):
+            return
+        spec, old_spec = obj["spec"], (old or {}).get("spec") or {}
+        spec.setdefault("type", "ClusterIP")
+        spec.setdefault("sessionAffinity", "None")
+        if not spec.get("clusterIP"):
+            spec["clusterIP"] = old_spec.get("clusterIP") or f"10.96.0.{self._next_ip}"
+            if not old_spec.get("clusterIP"):
+                self._next_ip += 1
+        if spec["type"] in ("NodePort", "LoadBalancer"):
+            spec.setdefault("externalTrafficPolicy", "Cluster")
+            old_ports = {p.get("name"): p for p in old_spec.get("ports") or []}
+            for port in spec.get("ports") or []:
+                if isinstance(port, dict) and not port.get("nodePort"):
+                    allocated = (old_ports.get(port.get("name")) or {}).get("nodePort")
+                    if not allocated:
+                        allocated = self._next_node_port
+                        self._next_node_port += 1
+                    port["nodePort"] = allocated
+        else:
+            spec.pop("externalTrafficPolicy", None)
 
     @staticmethod
     def _spec_changed(rt: ResourceType, old: JSON, new: JSON) -> bool:
@@ -734,12 +853,27 @@ class FakeApiServer:
             ]
         return self.replace(rt, ns, name, new, subresource, dry_run)
 
-    def delete(self, rt: ResourceType, ns: str, name: str, dry_run: bool = False) -> JSON:
+    def delete(
+        self,
+        rt: ResourceType,
+        ns: str,
+        name: str,
+        dry_run: bool = False,
+        options: JSON | None = None,
+    ) -> JSON:
         with self._cond:
             key = self._key(rt, ns, name)
             obj = self._objects.get(key)
             if obj is None:
                 raise self._not_found(rt, name)
+            want_uid = ((options or {}).get("preconditions") or {}).get("uid")
+            if want_uid and want_uid != obj["metadata"]["uid"]:
+                raise ApiError(
+                    409,
+                    "Conflict",
+                    f"Precondition failed: UID in precondition: {want_uid}, UID in object meta: "
+                    f"{obj['metadata']['uid']}",
+                )
             obj = copy.deepcopy(obj)
             if dry_run:
                 return _at_version(rt, obj)
@@ -753,7 +887,32 @@ class FakeApiServer:
             del self._objects[key]
             self._bump(obj)
             self._record(rt, "DELETED", obj)
+            if self.garbage_collection:
+                self.collect_garbage()
             return _at_version(rt, obj)
+
+    def collect_garbage(self) -> list[tuple[str, str, str]]:
+        """Delete every object whose owners are all gone (kube-controller-manager's garbage
+        collector, background propagation), until none is left; the (kind, namespace, name)
+        deleted."""
+        deleted = []
+        with self._cond:
+            while True:
+                uids = {o["metadata"]["uid"] for o in self._objects.values()}
+                orphans = [
+                    (key, o)
+                    for key, o in self._objects.items()
+                    if o["metadata"].get("ownerReferences")
+                    and not any(r.get("uid") in uids for r in o["metadata"]["ownerReferences"])
+                ]
+                if not orphans:
+                    return deleted
+                for key, o in orphans:
+                    obj = copy.deepcopy(o)
+                    del self._objects[key]
+                    self._bump(obj)
+                    self._record(self._types[key[0]], "DELETED", obj)
+                    deleted.append((obj["kind"], key[1], key[2]))
 
     def watch_events(
         self, rt: ResourceType, ns: str | None, query: dict[str, str]
@@ -799,15 +958,32 @@ class FakeApiServer:
         deadline: float,
     ) -> Iterator[JSON]:
         yield from initial
+        bookmarks = query.get("allowWatchBookmarks") in ("true", "1")
+        next_bookmark = time.monotonic() + self.bookmark_interval
         while not self._stopping.is_set():
+            bookmark: JSON | None = None
             with self._cond:
                 pending = [e for e in self._events if e.rv > last]
                 if not pending:
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
+                    now = time.monotonic()
+                    if deadline - now <= 0:
                         return
-                    self._cond.wait(min(remaining, 0.5))
-                    continue
+                    if not bookmarks or now < next_bookmark:
+                        wait = min(deadline - now, 0.5)
+                        if bookmarks:
+                            wait = min(wait, next_bookmark - now)
+                        self._cond.wait(wait)
+                        continue
+                    next_bookmark = now + self.bookmark_interval
+                    last = self._rv
+                    bookmark = {
+                        "kind": rt.kind,
+                        "apiVersion": rt.api_version,
+                        "metadata": {"resourceVersion": str(last)},
+                    }
+            if bookmark is not None:
+                yield {"type": "BOOKMARK", "object": bookmark}
+                continue
             for event in pending:
                 last = event.rv
                 obj = event.obj
@@ -982,6 +1158,14 @@ class _Handler(BaseHTTPRequestHandler):
                 fake._stopping.wait(fake.delay)
             if fake.fail_status:
                 raise ApiError(fake.fail_status, "InternalError", "injected failure")
+            if method == "GET" and (forwarded := fake.forward(url.path, url.query)) is not None:
+                code, ctype, data = forwarded
+                self.send_response(code)
+                self.send_header("Content-Type", ctype or "application/octet-stream")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+                return
             if url.path == SUBJECT_ACCESS_REVIEWS and method == "POST":
                 if ("authorization.k8s.io", "subjectaccessreviews") in fake.forbidden:
                     raise ApiError(403, "Forbidden", "subjectaccessreviews are forbidden")
@@ -997,6 +1181,12 @@ class _Handler(BaseHTTPRequestHandler):
                     "Forbidden",
                     f'{rt.plural}.{rt.group or "core"} is forbidden: User "system:serviceaccount:'
                     f'fake:fake" cannot {method.lower()} resource "{rt.plural}"',
+                )
+            if not isinstance(routed, dict) and (method, routed[0].plural) in fake.refusals:
+                code = fake.refusals[method, routed[0].plural]
+                reasons = {403: "Forbidden", 409: "Conflict", 422: "Invalid"}
+                raise ApiError(
+                    code, reasons.get(code, "InternalError"), "refused (fake API server)"
                 )
             if isinstance(routed, dict):
                 if method != "GET":
@@ -1023,9 +1213,12 @@ class _Handler(BaseHTTPRequestHandler):
                 ctype = (self.headers.get("Content-Type") or "").split(";")[0].strip()
                 self._send_json(200, fake.patch(rt, scope, name, ctype, body, sub, dry_run))
             elif method == "DELETE" and name and not sub:
-                obj = fake.delete(rt, scope, name, dry_run)
+                options = body if isinstance(body, dict) else None
+                obj = fake.delete(rt, scope, name, dry_run, options)
                 if obj["metadata"].get("deletionTimestamp") and obj["metadata"].get("finalizers"):
                     self._send_json(202, obj)
+                elif rt.key in RETURN_DELETED_OBJECT:
+                    self._send_json(200, obj)
                 else:
                     details = {"name": name, "group": rt.group, "kind": rt.plural}
                     details["uid"] = obj["metadata"]["uid"]

@@ -1,0 +1,278 @@
+"""Cluster-mode reconciler figures (issue 12), against the fake API server with 1,000 Gateways:
+
+1. edit -> watcher: a backend edit (the StaticService of one Gateway's UDPRoute) made in the
+   API server reaches a stunnerd-style CDS watcher of that Gateway: watch event -> render of
+   the whole snapshot -> publish -> WebSocket. Target: p99 <= 1 s. Edits are spaced wider than
+   the render throttle window (250 ms), as a person editing would.
+2. writes per render when nothing changed: every edit above changes a config and nothing in the
+   cluster, and idle renders (an unused Dataplane touched) change nothing at all: the API writes
+   counted on the fake divided by the renders the reconciler reports. Target: 0.
+3. the reconciler's RSS (VmRSS and VmHWM of its process) with 1,000 Gateways cached.
+
+The reconciler runs as its own process (`python -m reconciler --kubeconfig ...`, cluster mode);
+the fake API server runs in this one.
+
+    .venv/bin/python bench/reconciler_bench.py [--gateways 1000] [--edits 100]
+
+Check the load average before you trust a run: the machine is shared.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from cds_bench import percentiles, say  # noqa: E402  (bench/ is on the path: run as a script)
+
+from tests.support.fakeapi import FakeApiServer  # noqa: E402
+
+NS = "bench"
+TARGET = 1.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def seed(fake: FakeApiServer, gateways: int) -> None:
+    fake.seed(
+        {
+            "apiVersion": "gateway.networking.k8s.io/v1",
+            "kind": "GatewayClass",
+            "metadata": {"name": "stunner"},
+            "spec": {
+                "controllerName": "stunner.l7mp.io/gateway-operator",
+                "parametersRef": {
+                    "group": "stunner.l7mp.io",
+                    "kind": "GatewayConfig",
+                    "name": "config",
+                    "namespace": NS,
+                },
+            },
+        }
+    )
+    fake.seed(
+        {
+            "apiVersion": "stunner.l7mp.io/v1",
+            "kind": "GatewayConfig",
+            "metadata": {"name": "config", "namespace": NS},
+            "spec": {"authType": "static", "userName": "user", "password": "pass"},
+        }
+    )
+    for name in ("default", "unused"):
+        fake.seed(
+            {
+                "apiVersion": "stunner.l7mp.io/v1",
+                "kind": "Dataplane",
+                "metadata": {"name": name},
+                "spec": {"image": "l7mp/stunnerd:latest"},
+            }
+        )
+    for i in range(gateways):
+        fake.seed(
+            {
+                "apiVersion": "gateway.networking.k8s.io/v1",
+                "kind": "Gateway",
+                "metadata": {"name": f"gw-{i}", "namespace": NS},
+                "spec": {
+                    "gatewayClassName": "stunner",
+                    "listeners": [{"name": "udp", "port": 3478, "protocol": "TURN-UDP"}],
+                },
+            }
+        )
+        fake.seed(static_service(i, 0))
+        fake.seed(
+            {
+                "apiVersion": "stunner.l7mp.io/v1",
+                "kind": "UDPRoute",
+                "metadata": {"name": f"route-{i}", "namespace": NS},
+                "spec": {
+                    "parentRefs": [{"name": f"gw-{i}"}],
+                    "rules": [
+                        {
+                            "backendRefs": [
+                                {
+                                    "group": "stunner.l7mp.io",
+                                    "kind": "StaticService",
+                                    "name": f"peer-{i}",
+                                }
+                            ]
+                        }
+                    ],
+                },
+            }
+        )
+
+
+def static_service(i: int, edit: int) -> dict[str, Any]:
+    return {
+        "apiVersion": "stunner.l7mp.io/v1",
+        "kind": "StaticService",
+        "metadata": {"name": f"peer-{i}", "namespace": NS},
+        "spec": {"prefixes": [f"10.{edit // 256 % 256}.{edit % 256}.1/32"]},
+    }
+
+
+def edit_static_service(fake: FakeApiServer, i: int, edit: int) -> str:
+    obj = fake.get_object("stunner.l7mp.io/v1", "StaticService", NS, f"peer-{i}")
+    assert obj is not None
+    prefix = static_service(i, edit)["spec"]["prefixes"][0]
+    obj["spec"]["prefixes"] = [prefix]
+    fake.replace(fake.resource_type("stunner.l7mp.io/v1", "StaticService"), NS, f"peer-{i}", obj)
+    return str(prefix)
+
+
+def touch_unused_dataplane(fake: FakeApiServer, n: int) -> None:
+    obj = fake.get_object("stunner.l7mp.io/v1", "Dataplane", "", "unused")
+    assert obj is not None
+    obj["spec"]["replicas"] = 1 + n % 3
+    fake.replace(fake.resource_type("stunner.l7mp.io/v1", "Dataplane"), "", "unused", obj)
+
+
+def metric(address: str, name: str) -> float:
+    with urllib.request.urlopen(address + "/metrics", timeout=10) as response:
+        text = response.read().decode()
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name) and not line.startswith("#"):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def rss(pid: int) -> str:
+    status = Path(f"/proc/{pid}/status").read_text()
+    found = dict(re.findall(r"^(VmRSS|VmHWM):\s+(\d+) kB", status, re.M))
+    return f"VmRSS {int(found['VmRSS']) / 1024:.0f} MiB, VmHWM {int(found['VmHWM']) / 1024:.0f} MiB"
+
+
+async def wait_quiet(fake: FakeApiServer, quiet: float = 2.0, limit: float = 600) -> float:
+    started = time.monotonic()
+    count, since = len(fake.writes()), time.monotonic()
+    while time.monotonic() - since < quiet:
+        await asyncio.sleep(0.1)
+        if len(fake.writes()) != count:
+            count, since = len(fake.writes()), time.monotonic()
+        if time.monotonic() - started > limit:
+            raise RuntimeError("the reconciler never stopped writing")
+    return since - started
+
+
+async def run(args: argparse.Namespace) -> int:
+    with FakeApiServer() as fake, tempfile.TemporaryDirectory() as tmp:
+        fake.history_limit = 100_000
+        say(f"seeding {args.gateways} Gateways (each: 1 listener, 1 UDPRoute, 1 StaticService)")
+        seed(fake, args.gateways)
+        kubeconfig = fake.write_kubeconfig(Path(tmp) / "kubeconfig")
+        cds_port, metrics_port, health_port = free_port(), free_port(), free_port()
+        command = [
+            sys.executable,
+            "-m",
+            "reconciler",
+            "--kubeconfig",
+            str(kubeconfig),
+            "--config-discovery-address",
+            f"127.0.0.1:{cds_port}",
+            "--metrics-bind-address",
+            f"127.0.0.1:{metrics_port}",
+            "--health-probe-bind-address",
+            f"127.0.0.1:{health_port}",
+            "--log",
+            "WARNING",
+        ]
+        started = time.monotonic()
+        proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=sys.stderr)
+        metrics = f"http://127.0.0.1:{metrics_port}"
+        try:
+            while True:
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{health_port}/readyz") as r:
+                        if r.status == 200:
+                            break
+                except OSError:
+                    pass
+                if proc.poll() is not None:
+                    raise RuntimeError(f"reconciler exited with {proc.returncode}")
+                await asyncio.sleep(0.1)
+            ready = time.monotonic() - started
+            writing = await wait_quiet(fake)
+            initial_writes = len(fake.writes())
+            say(
+                f"ready after {ready:.1f} s; first writes done {writing:.1f} s later: "
+                f"{initial_writes} writes ({initial_writes / args.gateways:.1f} per Gateway)"
+            )
+            say(f"reconciler after the first pass: {rss(proc.pid)}")
+
+            renders_before = metric(metrics, "stunner_reconciler_renders_total")
+            writes_before = len(fake.writes())
+            samples: list[float] = []
+            url = f"ws://127.0.0.1:{cds_port}/api/v1/configs/{NS}/gw-0?watch=true"
+            async with aiohttp.ClientSession() as session, session.ws_connect(url) as ws:
+                await ws.receive(timeout=10)  # the current config
+                for edit in range(1, args.edits + 1):
+                    prefix = edit_static_service(fake, 0, edit)
+                    sent = time.monotonic()
+                    while True:
+                        message = await ws.receive(timeout=10)
+                        if prefix in message.data:
+                            break
+                    samples.append(time.monotonic() - sent)
+                    await asyncio.sleep(args.spacing)
+            for n in range(args.idle_renders):
+                touch_unused_dataplane(fake, n)
+                await asyncio.sleep(args.spacing)
+            await asyncio.sleep(1.0)
+            renders = metric(metrics, "stunner_reconciler_renders_total") - renders_before
+            writes = len(fake.writes()) - writes_before
+            say(f"reconciler after {args.edits} edits: {rss(proc.pid)}")
+            say()
+            say(f"1. UDPRoute backend edit -> CDS watcher ({args.gateways} Gateways):")
+            say(f"   {percentiles(samples)}")
+            p99 = sorted(samples)[min(len(samples) - 1, int(0.99 * len(samples)))]
+            say(f"   target p99 <= {TARGET:.1f} s: {'met' if p99 <= TARGET else 'NOT met'}")
+            say(
+                f"2. writes per render when nothing in the cluster changed: {writes} writes / "
+                f"{renders:.0f} renders = {writes / max(renders, 1):.2f} (target 0)"
+            )
+            say(
+                "   render duration (mean): "
+                f"{metric(metrics, 'stunner_reconciler_render_duration_seconds_sum') / max(metric(metrics, 'stunner_reconciler_render_duration_seconds_count'), 1) * 1000:.0f} ms"  # noqa: E501
+            )
+            say(f"3. reconciler RSS: {rss(proc.pid)}")
+            say(f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+            say(f"command: {' '.join([Path(sys.executable).name, *sys.argv])}")
+            return 0 if p99 <= TARGET and writes == 0 else 1
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--gateways", type=int, default=1000)
+    parser.add_argument("--edits", type=int, default=100)
+    parser.add_argument("--idle-renders", type=int, default=10)
+    parser.add_argument("--spacing", type=float, default=0.4, help="seconds between edits")
+    return asyncio.run(run(parser.parse_args()))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

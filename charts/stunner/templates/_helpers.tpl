@@ -1,0 +1,171 @@
+{{/*
+Shared helpers. Names are cut to 63 characters: Kubernetes names and label values are DNS
+labels.
+*/}}
+
+{{/* The chart's name. */}}
+{{- define "stunner.name" -}}
+{{- .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* The release's base name: the release name, or release-chart when it does not say stunner. */}}
+{{- define "stunner.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* A component's name: (tuple . "webhook") -> <fullname>-webhook. */}}
+{{- define "stunner.componentName" -}}
+{{- if ne (len .) 2 -}}
+{{- fail (printf "ERROR: stunner.componentName expects (tuple <context> <component>), got %d arguments" (len .)) -}}
+{{- end -}}
+{{- $root := index . 0 -}}
+{{- printf "%s-%s" (include "stunner.fullname" $root | trunc 50 | trimSuffix "-") (index . 1) -}}
+{{- end -}}
+
+{{/* Helm's recommended labels for one component: (tuple . "reconciler"). */}}
+{{- define "stunner.labels" -}}
+{{- $root := index . 0 -}}
+helm.sh/chart: {{ printf "%s-%s" $root.Chart.Name $root.Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+app.kubernetes.io/managed-by: {{ $root.Release.Service }}
+app.kubernetes.io/part-of: stunner
+app.kubernetes.io/version: {{ $root.Chart.AppVersion | quote }}
+{{ include "stunner.selectorLabels" . }}
+{{- end -}}
+
+{{/* The labels that select one component's pods: (tuple . "reconciler"). */}}
+{{- define "stunner.selectorLabels" -}}
+{{- if ne (len .) 2 -}}
+{{- fail (printf "ERROR: stunner.selectorLabels expects (tuple <context> <component>), got %d arguments" (len .)) -}}
+{{- end -}}
+{{- $root := index . 0 -}}
+app.kubernetes.io/name: {{ include "stunner.name" $root }}
+app.kubernetes.io/instance: {{ $root.Release.Name }}
+app.kubernetes.io/component: {{ index . 1 }}
+{{- end -}}
+
+{{/* The image reference: repository:tag, the tag defaulting to appVersion. */}}
+{{- define "stunner.image" -}}
+{{- $repository := required "ERROR: image.repository must be set" .Values.image.repository -}}
+{{- printf "%s:%s" $repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+
+{{/* The reconciler's ServiceAccount. */}}
+{{- define "stunner.reconcilerServiceAccount" -}}
+{{- include "stunner.componentName" (tuple . "reconciler") -}}
+{{- end -}}
+
+{{/* The webhook's ServiceAccount, Service and Secret share its name. */}}
+{{- define "stunner.webhookName" -}}
+{{- include "stunner.componentName" (tuple . "webhook") -}}
+{{- end -}}
+
+{{/* The Secret holding the webhook's serving certificate. */}}
+{{- define "stunner.webhookSecret" -}}
+{{- printf "%s-tls" (include "stunner.webhookName" .) -}}
+{{- end -}}
+
+{{/* The CDS URL every stunnerd pod is pointed at: a Service name, never a pod address. */}}
+{{- define "stunner.cdsURL" -}}
+{{- printf "http://%s.%s.svc:%d" .Values.reconciler.cds.serviceName .Release.Namespace (int .Values.reconciler.cds.port) -}}
+{{- end -}}
+
+{{/*
+The webhook's serving certificate and CA: generated on install, then read back from the
+Secret on upgrade (lookup) so that the caBundle and the certificate stay the same. Returns a
+dict {crt, key, ca} (base64) as YAML, made once per render and shared by the Secret and both
+webhook configurations; `helm template` (no cluster) generates a fresh pair each time.
+*/}}
+{{- define "stunner.webhookCertificate" -}}
+{{- if not (hasKey . "stunnerWebhookCertificate") -}}
+{{- $secret := lookup "v1" "Secret" .Release.Namespace (include "stunner.webhookSecret" .) -}}
+{{- $pem := dict -}}
+{{- if and $secret $secret.data (hasKey $secret.data "ca.crt") -}}
+{{- $pem = dict "crt" (index $secret.data "tls.crt") "key" (index $secret.data "tls.key") "ca" (index $secret.data "ca.crt") -}}
+{{- else -}}
+{{- $service := include "stunner.webhookName" . -}}
+{{- $days := int .Values.webhook.certificate.validityDays -}}
+{{- $ca := genCA (printf "%s-ca" $service) $days -}}
+{{- $names := list $service (printf "%s.%s" $service .Release.Namespace) (printf "%s.%s.svc" $service .Release.Namespace) -}}
+{{- $cert := genSignedCert (printf "%s.%s.svc" $service .Release.Namespace) nil $names $days $ca -}}
+{{- $pem = dict "crt" ($cert.Cert | b64enc) "key" ($cert.Key | b64enc) "ca" ($ca.Cert | b64enc) -}}
+{{- end -}}
+{{- $_ := set . "stunnerWebhookCertificate" $pem -}}
+{{- end -}}
+{{- index . "stunnerWebhookCertificate" | toYaml -}}
+{{- end -}}
+
+{{/*
+The kinds the webhook judges, every served version (stunner_api.vocabulary.JUDGED_KINDS; the
+test suite checks this list against it and against the CRDs): group -> resource -> versions.
+DELETE is judged only where a rule judges it (stunner_api.rules.ON_DELETE: the default
+Dataplane is never deleted).
+*/}}
+{{- define "stunner.judgedKinds" -}}
+stunner.l7mp.io:
+  gatewayconfigs: {versions: [v1, v1alpha1], delete: false}
+  dataplanes: {versions: [v1, v1alpha1], delete: true}
+  staticservices: {versions: [v1, v1alpha1], delete: false}
+  udproutes: {versions: [v1], delete: false}
+gateway.networking.k8s.io:
+  gatewayclasses: {versions: [v1, v1beta1], delete: false}
+  gateways: {versions: [v1, v1beta1], delete: false}
+  udproutes: {versions: [v1, v1alpha2], delete: false}
+{{- end -}}
+
+{{/*
+The webhooks of one configuration: (tuple . "validate"|"mutate"). Gateways get an entry of
+their own with webhook.gatewayFailurePolicy.
+*/}}
+{{- define "stunner.webhooks" -}}
+{{- $root := index . 0 -}}
+{{- $path := index . 1 -}}
+{{- $judged := include "stunner.judgedKinds" $root | fromYaml -}}
+{{- $caBundle := "" -}}
+{{- if not $root.Values.webhook.certificate.certManager -}}
+{{- $caBundle = (include "stunner.webhookCertificate" $root | fromYaml).ca -}}
+{{- end -}}
+{{- range $entry := list "stunner" "gateways" }}
+- name: {{ $path }}-{{ $entry }}.stunner.l7mp.io
+  admissionReviewVersions: [v1]
+  sideEffects: None
+  matchPolicy: Equivalent
+  timeoutSeconds: {{ $root.Values.webhook.timeoutSeconds }}
+  failurePolicy: {{ eq $entry "gateways" | ternary $root.Values.webhook.gatewayFailurePolicy $root.Values.webhook.failurePolicy }}
+  clientConfig:
+    service:
+      name: {{ include "stunner.webhookName" $root }}
+      namespace: {{ $root.Release.Namespace }}
+      path: /{{ $path }}
+      port: 443
+    {{- if $caBundle }}
+    caBundle: {{ $caBundle }}
+    {{- end }}
+  namespaceSelector:
+    matchExpressions:
+      - key: kubernetes.io/metadata.name
+        operator: NotIn
+        values: {{ concat (list "kube-system") $root.Values.webhook.excludedNamespaces | toJson }}
+  rules:
+  {{- range $group := keys $judged | sortAlpha }}
+  {{- range $resource := keys (index $judged $group) | sortAlpha }}
+  {{- $kind := index $judged $group $resource }}
+  {{- if eq (eq $resource "gateways") (eq $entry "gateways") }}
+    - apiGroups: [{{ $group }}]
+      apiVersions: {{ $kind.versions | toJson }}
+      resources: [{{ $resource }}]
+      operations: {{ and $kind.delete (eq $path "validate") | ternary (list "CREATE" "UPDATE" "DELETE") (list "CREATE" "UPDATE") | toJson }}
+      scope: "*"
+  {{- end }}
+  {{- end }}
+  {{- end }}
+{{- end }}
+{{- end -}}
+
+{{/* Where the image installs the webhook's gunicorn configuration (the Dockerfile's venv). */}}
+{{- define "stunner.webhookGunicornConf" -}}
+/opt/stunner/lib/python3.11/site-packages/webhook/gunicorn.conf.py
+{{- end -}}

@@ -1,0 +1,136 @@
+#!/usr/bin/env python3
+"""Generate charts/stunner/values.schema.json from charts/stunner/values.yaml.
+
+    python hack/values_schema.py          # write the schema
+    python hack/values_schema.py --check  # exit 1 if the schema is out of date
+
+Types come from the defaults in values.yaml; every object refuses keys it does not document
+(additionalProperties: false) except the free-form Kubernetes maps listed in FREE_FORM. What a
+default cannot say (enums, ranges, the item type of an empty list) is in CONSTRAINTS and ITEMS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+CHART = ROOT / "charts" / "stunner"
+SCHEMA = CHART / "values.schema.json"
+
+PORT = {"type": "integer", "minimum": 1, "maximum": 65535}
+FAILURE_POLICY = {"type": "string", "enum": ["Fail", "Ignore"]}
+PULL_POLICY = {"type": "string", "enum": ["Always", "IfNotPresent", "Never"]}
+K8S_OBJECT = {"type": "object"}
+
+# Kubernetes-typed maps whose keys are not ours to list.
+FREE_FORM = {
+    "reconciler.resources",
+    "reconciler.nodeSelector",
+    "reconciler.affinity",
+    "auth.resources",
+    "auth.nodeSelector",
+    "auth.affinity",
+    "webhook.resources",
+    "webhook.nodeSelector",
+    "webhook.affinity",
+    "webhook.certificate.issuerRef",
+    "dataplane.spec.resources",
+    "observability.labels",
+}
+CONSTRAINTS: dict[str, dict[str, Any]] = {
+    "image.repository": {"type": "string", "minLength": 1},
+    "image.pullPolicy": PULL_POLICY,
+    "dataplane.spec.imagePullPolicy": PULL_POLICY,
+    "reconciler.replicas": {"type": "integer", "minimum": 1},
+    "reconciler.throttleSeconds": {"type": "number", "exclusiveMinimum": 0},
+    "reconciler.logLevel": {"type": "string", "enum": ["DEBUG", "INFO", "WARNING", "ERROR"]},
+    "reconciler.cds.port": PORT,
+    "reconciler.auth.port": PORT,
+    "reconciler.healthPort": PORT,
+    "reconciler.metricsPort": PORT,
+    "auth.replicas": {"type": "integer", "minimum": 1},
+    "auth.port": PORT,
+    "webhook.replicas": {"type": "integer", "minimum": 1},
+    "webhook.workers": {"type": "integer", "minimum": 1},
+    "webhook.port": PORT,
+    "webhook.failurePolicy": FAILURE_POLICY,
+    "webhook.gatewayFailurePolicy": FAILURE_POLICY,
+    "webhook.timeoutSeconds": {"type": "integer", "minimum": 1, "maximum": 30},
+    "webhook.nodePortRange": {"type": "string", "pattern": "^[0-9]+-[0-9]+$"},
+    "webhook.certificate.validityDays": {"type": "integer", "minimum": 1},
+    "dataplane.spec.replicas": {"type": "integer", "minimum": 0},
+    "dataplane.spec.terminationGracePeriodSeconds": {"type": "integer", "minimum": 0},
+    "observability.allocationLimit": {"type": "integer", "minimum": 1},
+    "observability.quotaAlertRatio": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
+    "test.timeoutSeconds": {"type": "integer", "minimum": 1},
+}
+ITEMS: dict[str, dict[str, Any]] = {
+    "imagePullSecrets": K8S_OBJECT,
+    "reconciler.tolerations": K8S_OBJECT,
+    "reconciler.extraArgs": {"type": "string"},
+    "webhook.tolerations": K8S_OBJECT,
+    "auth.tolerations": K8S_OBJECT,
+    "webhook.excludedNamespaces": {"type": "string"},
+    "dataplane.spec.command": {"type": "string"},
+    "dataplane.spec.args": {"type": "string"},
+    "dataplane.spec.env": K8S_OBJECT,
+}
+
+
+def schema_of(value: Any, path: str) -> dict[str, Any]:
+    if path in CONSTRAINTS:
+        return dict(CONSTRAINTS[path])
+    if isinstance(value, dict):
+        if path in FREE_FORM:
+            return {"type": "object"}
+        return {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {
+                key: schema_of(item, f"{path}.{key}" if path else key)
+                for key, item in value.items()
+            },
+        }
+    if isinstance(value, list):
+        if path not in ITEMS:
+            raise SystemExit(f"hack/values_schema.py: say the item type of list {path} in ITEMS")
+        return {"type": "array", "items": ITEMS[path]}
+    if isinstance(value, bool):
+        return {"type": "boolean"}
+    if isinstance(value, int):
+        return {"type": "integer"}
+    if isinstance(value, float):
+        return {"type": "number"}
+    if isinstance(value, str):
+        return {"type": "string"}
+    raise SystemExit(f"hack/values_schema.py: {path}: no type for {value!r}")
+
+
+def render() -> str:
+    values = yaml.safe_load((CHART / "values.yaml").read_text(encoding="utf-8"))
+    schema = {"$schema": "http://json-schema.org/draft-07/schema#", **schema_of(values, "")}
+    return json.dumps(schema, indent=2) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="only check, write nothing")
+    args = parser.parse_args(argv)
+    wanted = render()
+    if args.check:
+        if not SCHEMA.is_file() or SCHEMA.read_text(encoding="utf-8") != wanted:
+            print(f"{SCHEMA.relative_to(ROOT)} is out of date: run python hack/values_schema.py")
+            return 1
+        return 0
+    SCHEMA.write_text(wanted, encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

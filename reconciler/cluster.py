@@ -1,0 +1,345 @@
+"""Cluster mode: the reconciler against a Kubernetes API server.
+
+    watches (kube.Informer per kind) -> kube.Cache --relevant change--> loop.Reconciler
+        (Snapshot -> render -> ConfigStore -> CDS, on every replica)
+        -> apply.plan_writes(plan, cache) -> kube.Writer (the leader only)
+
+Every replica lists and watches, renders and serves CDS, so stunnerd keeps its connection and
+its config through a leader change; only the holder of the Lease writes. The first render waits
+until every watched kind has been listed once (a render of a half-filled cache would delete what
+it has not seen yet).
+
+A write the API server refuses is logged with the object and retried with back-off (per object:
+`write_backoff_initial` doubling to `write_backoff_max`); it never holds up the other writes. A
+conflict re-reads the object first (`kube.Writer`). When the API server comes back after being
+away, the informers relist, the changes found trigger one render, and its writes converge.
+
+SIGTERM (`ClusterMode.shutdown`): the Lease is released and writing stops; the CDS keeps
+serving until the process ends, so stunnerd sees no gap it does not have to.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from stunner_api.cds import DEFAULT_PORT as DEFAULT_CDS_PORT
+from stunner_api.vocabulary import OWNED_BY_LABEL
+
+from . import kube
+from .apply import Memo, Write, plan_writes
+from .cds import ConfigStore, cds_app, serve
+from .loop import THROTTLE, Reconciler
+from .metrics import Metrics, health_app, metrics_app
+from .relevance import References
+from .render import Plan, RenderSettings, render
+from .store import Object, Snapshot, labels_of
+
+log = logging.getLogger("stunner.reconciler")
+
+WRITE_BACKOFF_INITIAL = 0.5
+WRITE_BACKOFF_MAX = 60.0
+DEFAULT_METRICS_PORT = 8080  # Go's --metrics-bind-address
+DEFAULT_HEALTH_PORT = 8081  # Go's --health-probe-bind-address
+
+
+class ClusterUnavailable(Exception):
+    """No Kubernetes API configured (not in a pod, no KUBECONFIG, no ~/.kube/config)."""
+
+
+@dataclass(frozen=True)
+class ClusterSettings:
+    kubeconfig: str | None = None  # None: in-cluster, KUBECONFIG or ~/.kube/config
+    host: str = "0.0.0.0"
+    cds_port: int = DEFAULT_CDS_PORT
+    # (host, port) of the metrics and health endpoints; None: not served.
+    metrics_address: tuple[str, int] | None = ("0.0.0.0", DEFAULT_METRICS_PORT)
+    health_address: tuple[str, int] | None = ("0.0.0.0", DEFAULT_HEALTH_PORT)
+    throttle: float = THROTTLE
+    render_settings: RenderSettings = field(default_factory=RenderSettings)
+    leader_elect: bool = False
+    lease_namespace: str = "stunner-system"
+    lease_name: str = kube.LEADER_ELECTION_ID
+    identity: str | None = None
+    lease_duration: float = kube.LEASE_DURATION
+    renew_deadline: float = kube.RENEW_DEADLINE
+    retry_period: float = kube.RETRY_PERIOD
+    watch_timeout: int = kube.WATCH_TIMEOUT
+    watch_backoff_initial: float = kube.BACKOFF_INITIAL
+    watch_backoff_max: float = kube.BACKOFF_MAX
+    stale_after: float = kube.STALE_AFTER
+    write_backoff_initial: float = WRITE_BACKOFF_INITIAL
+    write_backoff_max: float = WRITE_BACKOFF_MAX
+
+
+@dataclass
+class _Backoff:
+    delay: float
+    due: float
+
+
+class ClusterMode:
+    """The running cluster mode (see the module's docstring)."""
+
+    def __init__(self, settings: ClusterSettings) -> None:
+        self.settings = settings
+        self.metrics = Metrics()
+        self.store = ConfigStore()
+        self.cache = kube.Cache(stale_after=settings.stale_after)
+        try:
+            self.api = kube.Api(kube.load_client(settings.kubeconfig))
+        except kube.ConfigUnavailable as exc:
+            raise ClusterUnavailable(str(exc)) from exc
+        self.writer = kube.Writer(self.api, self.cache)
+        self.reconciler = Reconciler(self._render, self.store, throttle=settings.throttle)
+        self.references = References(settings.render_settings.controller_name)
+        self.ours: frozenset[str] = frozenset()
+        self.elector: kube.LeaseElector | None = None
+        if settings.leader_elect:
+            self.elector = kube.LeaseElector(
+                self.api,
+                settings.lease_namespace,
+                settings.lease_name,
+                settings.identity,
+                lease_duration=settings.lease_duration,
+                renew_deadline=settings.renew_deadline,
+                retry_period=settings.retry_period,
+            )
+        self.informers = [
+            kube.Informer(
+                self.api,
+                self.cache,
+                watched,
+                watch_timeout=settings.watch_timeout,
+                backoff_initial=settings.watch_backoff_initial,
+                backoff_max=settings.watch_backoff_max,
+                on_restart=self._watch_restarted,
+            )
+            for watched in self.cache.watched
+        ]
+        self.writing = True  # false from shutdown on
+        self.rendered_once = False
+        self.writes_sent = 0
+        self.last_writes: list[Write] = []
+        self._backoff: dict[tuple[str, str, str, str], _Backoff] = {}
+        self.memo: Memo = {}
+        self._apply_wanted = asyncio.Event()
+        self._retry_timer: asyncio.TimerHandle | None = None
+        self._loop = asyncio.get_running_loop()
+        self.metrics.cds_clients.set_function(lambda: len(self.store.watchers))
+        self.metrics.leader.set_function(lambda: 1 if self.leading else 0)
+        self.metrics.cache_fresh.set_function(lambda: 1 if self.cache.freshness()[0] else 0)
+
+    # --- state ---------------------------------------------------------------------------------
+
+    @property
+    def leading(self) -> bool:
+        """Whether this replica may write now."""
+        if not self.writing:
+            return False
+        return self.elector.leading if self.elector is not None else True
+
+    def ready(self) -> tuple[bool, str]:
+        fresh, why = self.cache.freshness()
+        if not fresh:
+            return False, why
+        if not self.rendered_once:
+            return False, "first render pending"
+        return True, why
+
+    # --- watching and rendering ----------------------------------------------------------------
+
+    def _watch_restarted(self, kind: str, reason: str) -> None:
+        self.metrics.watch_restarts.labels(kind, reason).inc()
+
+    def _on_change(self, new: Object | None, old: Object | None) -> None:
+        """From a watch thread: consider the change on the loop."""
+        self._loop.call_soon_threadsafe(self._consider, new, old)
+
+    def _consider(self, new: Object | None, old: Object | None) -> None:
+        if self.rendered_once and self.references.wants(new, old):
+            self.reconciler.trigger()
+
+    def _render(self, objects: Sequence[Object]) -> Plan:
+        """The loop's render step; it reads the cache as it is now (level-based)."""
+        started = time.perf_counter()
+        objects = self.cache.rendered_objects()
+        self.reconciler.objects = objects  # what the loop's log counts
+        snapshot = Snapshot.from_objects(objects)
+        plan = render(snapshot, self.settings.render_settings, datetime.now(UTC))
+        self.references = References.of(snapshot, self.settings.render_settings.controller_name)
+        self.ours = frozenset(f"{ns}/{name}" for ns, name in self.references.gateways)
+        self.metrics.renders.inc()
+        self.metrics.render_duration.observe(time.perf_counter() - started)
+        self.rendered_once = True
+        self._apply_wanted.set()
+        return plan
+
+    async def _first_render(self) -> None:
+        while not self.cache.synced:
+            await asyncio.sleep(0.02)
+        log.info("every watched kind listed: first render")
+        self.reconciler.trigger()
+
+    # --- writing -------------------------------------------------------------------------------
+
+    def writes_for(self, plan: Plan) -> list[Write]:
+        services = [s for s in self.cache.all_of("Service") if labels_of(s).get(OWNED_BY_LABEL)]
+        return plan_writes(
+            plan,
+            self.cache.get,
+            self.ours,
+            deployments=self.cache.all_of("Deployment"),
+            services=services,
+            memo=self.memo,
+        )
+
+    def _diff_and_send(self, plan: Plan, now: float) -> list[kube.WriteResult]:
+        """In a thread: the writes the plan needs (those not backing off), sent while this
+        replica may write."""
+        writes = [w for w in self.writes_for(plan) if self._due(w, now)]
+        self.last_writes = writes
+        results = []
+        for write in writes:
+            if not self.leading:
+                break
+            results.append(self.writer.send(write))
+        return results
+
+    async def _apply_loop(self) -> None:
+        while True:
+            await self._apply_wanted.wait()
+            self._apply_wanted.clear()
+            plan = self.reconciler.last_plan
+            if not self.leading or not isinstance(plan, Plan):
+                continue
+            # The diff and the writes run in a thread: the loop keeps rendering and serving.
+            results = await asyncio.to_thread(self._diff_and_send, plan, time.monotonic())
+            self._account(results)
+
+    @staticmethod
+    def _write_key(write: Write) -> tuple[str, str, str, str]:
+        return (write.kind, write.namespace, write.name, str(write.verb))
+
+    def _due(self, write: Write, now: float) -> bool:
+        backoff = self._backoff.get(self._write_key(write))
+        return backoff is None or backoff.due <= now
+
+    def _account(self, results: Sequence[kube.WriteResult]) -> None:
+        now = time.monotonic()
+        for result in results:
+            self.writes_sent += 1
+            key = self._write_key(result.write)
+            label = "ok" if result.ok else str(result.code)
+            self.metrics.api_writes.labels(str(result.write.verb), result.write.kind, label).inc()
+            if result.ok:
+                self._backoff.pop(key, None)
+                continue
+            previous = self._backoff.get(key)
+            delay = (
+                min(previous.delay * 2, self.settings.write_backoff_max)
+                if previous
+                else self.settings.write_backoff_initial
+            )
+            if result.code == 409:  # re-read already: try again at once, then back off
+                delay = 0.0 if previous is None else delay
+            self._backoff[key] = _Backoff(delay or self.settings.write_backoff_initial, now + delay)
+            log.warning("%s refused (%s); retrying in %.1f s", result.write, result.error, delay)
+        if self._backoff:
+            due = min(b.due for b in self._backoff.values())
+            if self._retry_timer is not None:
+                self._retry_timer.cancel()
+            self._retry_timer = self._loop.call_later(
+                max(0.0, due - time.monotonic()), self._apply_wanted.set
+            )
+
+    async def _follow_leadership(self) -> None:
+        assert self.elector is not None
+        while True:
+            await self.elector.changed.wait()
+            self.elector.changed.clear()
+            if self.elector.leading:
+                self._apply_wanted.set()
+
+    # --- lifecycle -----------------------------------------------------------------------------
+
+    def start_watching(self) -> None:
+        self.cache.on_change = self._on_change
+        for informer in self.informers:
+            informer.start()
+
+    async def shutdown(self) -> None:
+        """Stop writing and release the Lease (SIGTERM); watches and CDS go on meanwhile."""
+        self.writing = False
+        if self.elector is not None:
+            await self.elector.stop(release=True)
+
+    def stop_watching(self) -> None:
+        for informer in self.informers:
+            informer.stop()
+
+
+@dataclass
+class Running:
+    """What a caller (the command, a test) may look at."""
+
+    mode: ClusterMode
+    cds_address: str
+    health_address: str | None
+    metrics_address: str | None
+
+    async def rendered(self, renders: int) -> None:
+        reconciler = self.mode.reconciler
+        async with reconciler.rendered:
+            await reconciler.rendered.wait_for(lambda: reconciler.renders >= renders)
+
+
+@contextlib.asynccontextmanager
+async def _maybe_serve(app: Any, address: tuple[str, int] | None) -> AsyncIterator[str | None]:
+    if address is None:
+        yield None
+        return
+    async with serve(app, address[0], address[1]) as served:
+        yield served.address
+
+
+@contextlib.asynccontextmanager
+async def run_cluster(settings: ClusterSettings) -> AsyncIterator[Running]:
+    """Watch, render, serve CDS and (as the leader) write, until the block ends."""
+    mode = ClusterMode(settings)
+    async with (
+        serve(cds_app(mode.store), settings.host, settings.cds_port) as cds,
+        _maybe_serve(health_app(mode.ready), settings.health_address) as health,
+        _maybe_serve(metrics_app(mode.metrics), settings.metrics_address) as metrics,
+    ):
+        log.info("cluster mode: config discovery service on %s", cds.address)
+        mode.start_watching()
+        tasks = [
+            asyncio.create_task(mode.reconciler.run()),
+            asyncio.create_task(mode._first_render()),
+            asyncio.create_task(mode._apply_loop()),
+        ]
+        if mode.elector is not None:
+            tasks.append(asyncio.create_task(mode.elector.run()))
+            tasks.append(asyncio.create_task(mode._follow_leadership()))
+        try:
+            yield Running(mode, cds.address, health, metrics)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            mode.writing = False
+            mode.stop_watching()
+            await asyncio.to_thread(_join_all, mode.informers)
+            mode.api.close()
+
+
+def _join_all(informers: Sequence[kube.Informer]) -> None:
+    for informer in informers:
+        informer.join(2.0)

@@ -1,0 +1,1 @@
+"""STUNner's command line (`stunner`, and `helm stunner` through helm-plugin/)."""

@@ -1,0 +1,296 @@
+"""`stunner` (and `helm stunner`): STUNner's command line for cluster operators.
+
+    stunner config [NS/GW] [-o summary|json|yaml] [--show-secrets] [-w]
+    stunner status [NS/GW]
+    stunner ice [NS/GW] [--ttl S] [--username U]
+    stunner render -f DIR|FILE
+    stunner check -f DIR|FILE
+    stunner diff -f DIR|FILE [NS/GW]
+    stunner selftest --cds-url URL [--peer IP:PORT]      (the chart's `helm test` pod)
+    stunner auth-server --cds-url URL [--port 8088]     (the chart's auth/ICE service)
+
+Exit codes: 0 done, 1 the cluster or the input has a problem (said on stderr), 2 bad usage.
+Run as a helm plugin it honours HELM_NAMESPACE, HELM_KUBECONTEXT and --kubeconfig.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from stunner_api.dataplane import StunnerConfig, redacted
+from stunner_api.ice import DEFAULT_TTL, IceError, IceQuery, ice_config
+
+OK, FAILED, USAGE = 0, 1, 2
+
+
+def _out(text: str) -> None:
+    sys.stdout.write(text if text.endswith("\n") else text + "\n")
+    sys.stdout.flush()
+
+
+def _err(text: str) -> None:
+    sys.stderr.write(f"stunner: {text}\n")
+
+
+def _gateway(value: str) -> tuple[str, str]:
+    namespace, sep, name = value.partition("/")
+    if not namespace or (sep and not name) or "/" in name:
+        raise argparse.ArgumentTypeError(f"{value!r}: want NAMESPACE or NAMESPACE/GATEWAY")
+    return namespace, name
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="stunner", description="Drive STUNner: running configs, status, ICE, offline checks."
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def cluster(name: str, help: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help, description=help)
+        p.add_argument("gateway", nargs="?", type=_gateway, metavar="NS[/GW]", help="a Gateway")
+        p.add_argument(
+            "-n",
+            "--namespace",
+            default=os.environ.get("HELM_NAMESPACE") or "stunner-system",
+            help="the namespace STUNner is installed in (HELM_NAMESPACE; stunner-system)",
+        )
+        p.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG") or None)
+        p.add_argument(
+            "--kube-context", default=os.environ.get("HELM_KUBECONTEXT") or None, metavar="CTX"
+        )
+        return p
+
+    config = cluster("config", "the running dataplane configs, from the config discovery service")
+    config.add_argument("-o", "--output", choices=("summary", "json", "yaml"), default="summary")
+    config.add_argument("--show-secrets", action="store_true", help="print credentials in clear")
+    config.add_argument("-w", "--watch", action="store_true", help="print each change as it comes")
+    config.add_argument("--interval", type=float, default=1.0, help=argparse.SUPPRESS)
+    cluster("status", "each stunnerd pod's /status, one line per pod")
+    ice = cluster("ice", "the ICE servers a browser passes to RTCPeerConnection")
+    ice.add_argument("--ttl", type=int, default=DEFAULT_TTL, help="ephemeral credentials' lifetime")
+    ice.add_argument("--username", default="", help="the user id in ephemeral credentials")
+    for name, help in (
+        ("render", "offline: the dataplane configs the reconciler would render of manifests"),
+        ("check", "offline: every finding of the admission rules, with file, line and field"),
+    ):
+        p = sub.add_parser(name, help=help, description=help)
+        p.add_argument("-f", "--filename", required=True, type=Path, metavar="DIR|FILE")
+        if name == "render":
+            p.add_argument("-o", "--output", choices=("json", "yaml"), default="yaml")
+            p.add_argument("--show-secrets", action="store_true")
+    diff = cluster(
+        "diff",
+        "what applying manifests would change in the running dataplanes: each listener "
+        "reconciled in place or restarted, and the live allocations a restart drops",
+    )
+    diff.add_argument("-f", "--filename", required=True, type=Path, metavar="DIR|FILE")
+    selftest = sub.add_parser(
+        "selftest", help="allocate through every Gateway over UDP and TCP (helm test)"
+    )
+    selftest.add_argument("--cds-url", required=True, help="the config discovery service URL")
+    selftest.add_argument("--peer", default="", metavar="IP:PORT", help="an echo peer to relay to")
+    selftest.add_argument("--timeout", type=float, default=10.0)
+    auth = sub.add_parser(
+        "auth-server", help="serve GET / and GET /ice (TURN credentials) over the CDS's configs"
+    )
+    auth.add_argument("--cds-url", required=True, help="the config discovery service URL")
+    auth.add_argument("--address", default="0.0.0.0", help="listen address")
+    auth.add_argument("--port", type=int, default=8088, help="listen port (8088)")
+    auth.add_argument(
+        "--public-address", default="", help="the address in the URIs (STUNNER_PUBLIC_ADDR)"
+    )
+    auth.add_argument("-l", "--log", default="INFO", help="log level")
+    return parser
+
+
+# --- presentation ------------------------------------------------------------------------------
+
+
+def summary(config: StunnerConfig) -> str:
+    auth = config.auth
+    creds = auth.credentials
+    if auth.type == "ephemeral":
+        shown = f"shared-secret: {creds.get('secret', '')}"
+    else:
+        shown = f"username/password: {creds.get('username', '')}/{creds.get('password', '')}"
+    lines = [
+        f"Gateway: {config.admin.name} (loglevel: {json.dumps(config.admin.loglevel)})",
+        f"Authentication type: {auth.type}, {shown}",
+    ]
+    clusters = {c.name: c for c in config.clusters}
+    for listener in config.listeners:
+        endpoints = [e for r in listener.routes if r in clusters for e in clusters[r].endpoints]
+        public = f"{listener.public_address or '-'}:{listener.public_port or '-'}"
+        lines += [
+            f"Listener: {listener.name}",
+            f"  Protocol: {listener.protocol}",
+            f"  Relay address: {listener.address}:{listener.port}",
+            f"  Public address: {public}",
+            f"  Routes: [{', '.join(listener.routes)}]",
+            f"  Endpoints: [{', '.join(endpoints)}]",
+        ]
+    return "\n".join(lines)
+
+
+def show_config(configs: list[StunnerConfig], output: str, show_secrets: bool) -> str:
+    shown = configs if show_secrets else [redacted(c) for c in configs]
+    if output == "summary":
+        return "\n".join(summary(c) for c in shown) or "no dataplane configs"
+    dicts = [c.to_dict() for c in shown]
+    if output == "json":
+        return json.dumps(dicts if len(dicts) != 1 else dicts[0], indent=2)
+    return yaml.safe_dump_all(dicts, sort_keys=False)
+
+
+def status_line(entry: dict[str, Any]) -> str:
+    status = entry["status"]
+    if "error" in status:
+        return f"{entry['pod']}: unreachable: {status['error']}"
+    listeners = ", ".join(
+        f"{listener.get('name')}={listener.get('protocol')}"
+        for listener in status.get("listeners", [])
+    )
+    return (
+        f"{entry['pod']}: {status.get('admin', {}).get('name', '-')}: "
+        f"allocs:{status.get('allocationCount', 0)}/status={status.get('status', '?')} "
+        f"listeners: [{listeners}]"
+    )
+
+
+# --- commands ----------------------------------------------------------------------------------
+
+
+def _target(args: argparse.Namespace) -> Any:
+    from stunner_cli.cluster import Target
+
+    ns, name = args.gateway or ("", "")
+    return Target(args.namespace, ns, name)
+
+
+def run_cluster(args: argparse.Namespace) -> int:
+    from stunner_cli import cluster
+
+    client = cluster.connect(args.kubeconfig, args.kube_context)
+    try:
+        target = _target(args)
+        if args.command == "diff":
+            from reconciler.files import ManifestError
+            from stunner_cli import offline
+            from stunner_cli.diff import report
+
+            try:
+                objects = offline.load(args.filename)
+            except ManifestError as e:
+                raise cluster.ClusterError(str(e)) from None
+            _out("\n".join(report(client, target, objects)))
+            return OK
+        if args.command == "status":
+            entries = cluster.dataplane_status(client, target)
+            _out("\n".join(status_line(e) for e in entries) or "no stunnerd pods")
+            return OK if all("error" not in e["status"] for e in entries) else FAILED
+        configs = cluster.cds_configs(client, target)
+        if args.command == "ice":
+            query = IceQuery(
+                username=args.username,
+                ttl=args.ttl,
+                namespace=target.gateway_namespace,
+                gateway=target.gateway,
+            )
+            try:
+                answer = ice_config({c.admin.name: c for c in configs}, query, now=int(time.time()))
+            except IceError as e:
+                raise cluster.ClusterError(e.message) from None
+            _out(json.dumps(answer, indent=2))
+            return OK
+        last = show_config(configs, args.output, args.show_secrets)
+        _out(last)
+        while args.watch:
+            time.sleep(args.interval)
+            now = show_config(cluster.cds_configs(client, target), args.output, args.show_secrets)
+            if now != last:
+                _out(now)
+                last = now
+        return OK
+    finally:
+        client.close()  # type: ignore[no-untyped-call]
+
+
+def run_offline(args: argparse.Namespace) -> int:
+    from reconciler.files import ManifestError
+    from stunner_cli import offline
+
+    try:
+        objects = offline.load(args.filename)
+    except ManifestError as e:
+        _err(str(e))
+        return FAILED
+    if args.command == "check":
+        findings = offline.check(objects)
+        for finding in findings:
+            _out(str(finding))
+        errors = sum(1 for f in findings if f.severity == "Error")
+        _err(f"{len(objects)} objects, {errors} errors, {len(findings) - errors} warnings")
+        return FAILED if errors else OK
+    plan = offline.plan(objects)
+    for skipped in plan.findings:
+        _err(str(skipped))
+    configs = [plan.configs[k] for k in sorted(plan.configs)]
+    _out(show_config(configs, args.output, args.show_secrets))
+    return OK
+
+
+def run_selftest(args: argparse.Namespace) -> int:
+    from stunner_cli.selftest import selftest
+
+    return selftest(args.cds_url, args.peer, args.timeout)
+
+
+def run_auth_server(args: argparse.Namespace) -> int:
+    import asyncio
+    import logging
+
+    from stunner_cli.authserver import run
+
+    logging.basicConfig(
+        level=args.log.upper(), format="%(asctime)s %(name)s %(levelname)s: %(message)s"
+    )
+    public = args.public_address or os.environ.get("STUNNER_PUBLIC_ADDR", "")
+    asyncio.run(run(args.cds_url, args.address, args.port, public))
+    return OK
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as e:
+        return int(e.code or 0)
+    try:
+        if args.command in ("render", "check"):
+            return run_offline(args)
+        if args.command == "selftest":
+            return run_selftest(args)
+        if args.command == "auth-server":
+            return run_auth_server(args)
+        return run_cluster(args)
+    except KeyboardInterrupt:
+        return OK
+    except Exception as e:
+        from stunner_cli.cluster import ClusterError
+
+        if isinstance(e, ClusterError):
+            _err(str(e))
+            return FAILED
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())

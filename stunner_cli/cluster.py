@@ -1,0 +1,144 @@
+"""The cluster side of `helm stunner`: everything goes through the Kubernetes API server (the
+service proxy to the CDS, the pod proxy to stunnerd's /status), never to a pod IP."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import kubernetes.client
+import kubernetes.config
+
+from stunner_api.cds import CONFIGS_PATH, DEFAULT_PORT, NAMESPACE_PATH, config_path
+from stunner_api.dataplane import StunnerConfig, validate_config
+from stunner_api.vocabulary import APP_LABEL, APP_VALUE
+
+CDS_SERVICE = "stunner-config-discovery"
+CDS_LABEL = "stunner.l7mp.io/config-discovery-service=true"
+STATUS_PORT = 8086
+TIMEOUT = 10.0
+
+
+class ClusterError(Exception):
+    """The cluster, the CDS or a pod could not be reached; the message says what to do."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where to look: the namespace STUNner runs in, and an optional Gateway `ns/name`."""
+
+    namespace: str
+    gateway_namespace: str = ""
+    gateway: str = ""
+
+
+def connect(kubeconfig: str | None, context: str | None) -> kubernetes.client.ApiClient:
+    try:
+        client: kubernetes.client.ApiClient = kubernetes.config.new_client_from_config(  # type: ignore[no-untyped-call]
+            config_file=kubeconfig, context=context
+        )
+        return client
+    except Exception as e:  # ConfigException, OSError, YAML errors
+        raise ClusterError(
+            f"no usable Kubernetes configuration ({e}); pass --kubeconfig or set KUBECONFIG"
+        ) from None
+
+
+def _proxy_get(call: Any, what: str, *args: Any) -> Any:
+    try:
+        response = call(*args, _preload_content=False, _request_timeout=TIMEOUT)
+        return json.loads(response.data)
+    except kubernetes.client.exceptions.ApiException as e:
+        raise ClusterError(f"{what}: HTTP {e.status} {e.reason}: {_message(e.body)}") from None
+    except (OSError, ValueError) as e:
+        raise ClusterError(f"{what}: {e}") from None
+    except Exception as e:  # urllib3's MaxRetryError and friends
+        raise ClusterError(f"{what}: cannot reach the Kubernetes API: {e}") from None
+
+
+def _message(body: Any) -> str:
+    try:
+        return str(json.loads(body).get("message", body))
+    except (TypeError, ValueError, AttributeError):
+        return str(body or "")
+
+
+def cds_namespace(client: kubernetes.client.ApiClient, namespace: str) -> str:
+    """Where the CDS Service runs: `namespace` if it is there, else the one namespace that has
+    one (found by its label); `namespace` when Services cannot be listed cluster-wide."""
+    core = kubernetes.client.CoreV1Api(client)
+    try:
+        found = core.list_service_for_all_namespaces(
+            label_selector=CDS_LABEL, _request_timeout=TIMEOUT
+        )
+    except kubernetes.client.exceptions.ApiException as e:
+        if e.status == 403:
+            return namespace
+        raise ClusterError(f"listing Services: HTTP {e.status} {e.reason}") from None
+    except Exception as e:
+        raise ClusterError(f"cannot reach the Kubernetes API: {e}") from None
+    items: list[Any] = found.items
+    namespaces = sorted({str(item.metadata.namespace) for item in items})
+    if namespace in namespaces or len(namespaces) > 1:
+        return namespace
+    if not namespaces:
+        raise ClusterError(
+            f"no config discovery service (a Service labelled {CDS_LABEL}) in the cluster: "
+            "install STUNner with helm install stunner charts/stunner -n stunner-system"
+        )
+    return namespaces[0]
+
+
+def cds_configs(client: kubernetes.client.ApiClient, target: Target) -> list[StunnerConfig]:
+    """The running dataplane configs, from the CDS Service through the API server's proxy."""
+    namespace = cds_namespace(client, target.namespace)
+    if target.gateway:
+        path = config_path(target.gateway_namespace, target.gateway)
+    elif target.gateway_namespace:
+        path = NAMESPACE_PATH.format(namespace=target.gateway_namespace)
+    else:
+        path = CONFIGS_PATH
+    core = kubernetes.client.CoreV1Api(client)
+    body = _proxy_get(
+        core.connect_get_namespaced_service_proxy_with_path,
+        f"the config discovery service {namespace}/{CDS_SERVICE}",
+        f"{CDS_SERVICE}:{DEFAULT_PORT}",
+        namespace,
+        path.lstrip("/"),
+    )
+    items = body.get("items", []) if "items" in body else [body]
+    return [validate_config(item) for item in items if isinstance(item, dict)]
+
+
+def dataplane_status(client: kubernetes.client.ApiClient, target: Target) -> list[dict[str, Any]]:
+    """Each stunnerd pod's /status, through the API server's pod proxy."""
+    core = kubernetes.client.CoreV1Api(client)
+    selector = f"{APP_LABEL}={APP_VALUE}"
+    if target.gateway:
+        selector += f",stunner.l7mp.io/related-gateway-name={target.gateway}"
+    try:
+        if target.gateway_namespace:
+            pods = core.list_namespaced_pod(target.gateway_namespace, label_selector=selector)
+        else:
+            pods = core.list_pod_for_all_namespaces(label_selector=selector)
+    except kubernetes.client.exceptions.ApiException as e:
+        raise ClusterError(f"listing stunnerd pods: HTTP {e.status} {e.reason}") from None
+    except Exception as e:
+        raise ClusterError(f"listing stunnerd pods: cannot reach the Kubernetes API: {e}") from None
+    out = []
+    for pod in pods.items:
+        metadata: Any = pod.metadata
+        name, namespace = metadata.name, metadata.namespace
+        try:
+            status = _proxy_get(
+                core.connect_get_namespaced_pod_proxy_with_path,
+                f"pod {namespace}/{name}",
+                f"{name}:{STATUS_PORT}",
+                namespace,
+                "status",
+            )
+        except ClusterError as e:
+            status = {"error": str(e)}
+        out.append({"pod": f"{namespace}/{name}", "status": status})
+    return out

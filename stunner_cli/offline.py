@@ -1,0 +1,126 @@
+"""`render -f` and `check -f`: the reconciler's own render and the admission rule table run over
+manifest files, with no cluster. Every finding says file, line and field."""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from reconciler.files import ManifestError, parse_manifest
+from reconciler.render import Plan, RenderSettings, render
+from reconciler.store import Snapshot
+from stunner_api.rules import Settings, validate
+
+
+@dataclass(frozen=True)
+class Located:
+    """An object and where it was written."""
+
+    path: Path
+    line: int  # of the document's first line
+    text: str
+    obj: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Finding:
+    path: Path
+    line: int
+    field: str
+    severity: str
+    message: str
+    reason: str
+
+    def __str__(self) -> str:
+        field = f" {self.field}:" if self.field else ""
+        return f"{self.path}:{self.line}:{field} {self.severity}: {self.message} ({self.reason})"
+
+
+def manifest_files(target: Path) -> list[Path]:
+    """The YAML/JSON files of a file or a directory (recursively, sorted)."""
+    if target.is_file():
+        return [target]
+    if not target.is_dir():
+        raise ManifestError(target, 0, "no such file or directory")
+    suffixes = {".yaml", ".yml", ".json"}
+    return sorted(p for p in target.rglob("*") if p.is_file() and p.suffix in suffixes)
+
+
+def load(target: Path) -> list[Located]:
+    """Every object of the manifests; ManifestError (file and line) on a malformed file."""
+    out = []
+    for path in manifest_files(target):
+        text = path.read_text(encoding="utf-8")
+        for line, obj in parse_manifest(path, text):
+            out.append(Located(path, line, text, dict(obj)))
+    return out
+
+
+def _segments(field: str) -> Iterator[str | int]:
+    for part in field.replace("]", "").split("."):
+        name, *indices = part.split("[")
+        if name:
+            yield name
+        for index in indices:
+            yield int(index) if index.isdigit() else index
+
+
+def field_line(located: Located, field: str) -> int:
+    """The line of `field` ("spec.listeners[1].port") in the object's document; the closest
+    existing parent's line when the field is absent."""
+    documents = list(yaml.compose_all(located.text))
+    node: Any = None
+    for document in documents:
+        if document is not None and document.start_mark.line + 1 == located.line:
+            node = document
+            break
+    if node is None:
+        return located.line
+    line = int(node.start_mark.line) + 1
+    for segment in _segments(field):
+        child = None
+        if isinstance(node, yaml.MappingNode) and isinstance(segment, str):
+            child = next((v for k, v in node.value if k.value == segment), None)
+            key_node = next((k for k, _ in node.value if k.value == segment), None)
+            if key_node is not None:
+                line = int(key_node.start_mark.line) + 1
+        elif isinstance(node, yaml.SequenceNode) and isinstance(segment, int):
+            if segment < len(node.value):
+                child = node.value[segment]
+                line = int(child.start_mark.line) + 1
+        if child is None:
+            break
+        node = child
+    return line
+
+
+def check(objects: list[Located], settings: Settings | None = None) -> list[Finding]:
+    """The admission rules' findings on every object, judged against all the others."""
+    settings = settings or Settings()
+    lookup = Snapshot.from_objects(o.obj for o in objects)
+    findings = []
+    for located in objects:
+        verdict = validate(located.obj, None, "CREATE", lookup, settings)
+        for problem in verdict.problems:
+            findings.append(
+                Finding(
+                    located.path,
+                    field_line(located, problem.path),
+                    problem.path,
+                    str(problem.severity),
+                    problem.message,
+                    str(problem.reason),
+                )
+            )
+    return findings
+
+
+def plan(objects: list[Located], now: datetime.datetime | None = None) -> Plan:
+    """What the reconciler would render of these objects."""
+    snapshot = Snapshot.from_objects(o.obj for o in objects)
+    return render(snapshot, RenderSettings(), now or datetime.datetime.now(datetime.UTC))

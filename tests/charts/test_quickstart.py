@@ -1,0 +1,81 @@
+"""The README's cluster quick start: at most four commands from `helm install` to a printed ICE
+config, each naming what exists, and what they apply renders to a Gateway `ice` can answer for."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from stunner_api.ice import IceQuery, ice_config
+from stunner_cli import offline
+from tests.charts.conftest import CHART, NAMESPACE, ROOT, chart_api, of_kind
+
+README = (ROOT / "README.md").read_text()
+
+
+def quick_start() -> list[str]:
+    section = README.split("## On a cluster", 1)[1]
+    block = re.search(r"```sh\n(.*?)```", section, re.S)
+    assert block is not None
+    return [line.split("#")[0].strip() for line in block.group(1).splitlines() if line.strip()]
+
+
+def test_at_most_four_commands_each_naming_what_exists() -> None:
+    commands = quick_start()
+    assert len(commands) <= 4
+    assert commands[0].startswith("helm install stunner charts/stunner")
+    assert commands[-1].startswith("helm stunner ice")
+    for command in commands:
+        for word in command.split():
+            if word.startswith(("charts/", "examples/", "./")):
+                assert (ROOT / word).exists(), f"{command}: {word} does not exist"
+
+
+def test_the_applied_example_renders_a_gateway_ice_answers_for(
+    default_manifests: list[dict[str, Any]],
+) -> None:
+    (apply,) = [c for c in quick_start() if c.startswith("kubectl apply -f")]
+    objects = offline.load(ROOT / apply.split()[-1])
+    assert offline.check(objects) == []
+    (dataplane,) = of_kind(default_manifests, "Dataplane")  # what the chart installed
+    chart = offline.Located(ROOT / "charts", 1, "", dataplane)
+    plan = offline.plan([*objects, chart])
+    gateway = quick_start()[-1].split()[-1]
+    assert gateway in plan.configs
+    namespace, name = gateway.split("/")
+    answer = ice_config(plan.configs, IceQuery(namespace=namespace, gateway=name), int(time.time()))
+    (server,) = answer["iceServers"]
+    assert len(server["urls"]) == 2  # the UDP and the TCP listener
+
+
+def test_notes_give_the_next_three_commands(helm: Path, tmp_path: Path) -> None:
+    with chart_api() as api:  # helm 3 asks a cluster for its version even on a dry run
+        done = subprocess.run(
+            [str(helm), "install", "stunner", str(CHART), "--dry-run=client", "-n", NAMESPACE]
+            + ["--disable-openapi-validation"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={
+                "KUBECONFIG": str(api.write_kubeconfig(tmp_path / "kubeconfig")),
+                "PATH": "/usr/bin:/bin",
+                "HOME": str(tmp_path),
+            },
+            check=False,
+        )
+    assert done.returncode == 0, done.stderr
+    notes = done.stdout.split("NOTES:", 1)[1]
+    steps = re.findall(r"^  (\d)\. .*\n\s+(\S.*)$", notes, re.M)
+    assert [n for n, _ in steps] == ["1", "2", "3"]
+    commands = [command for _, command in steps]
+    assert commands[0] == "kubectl apply -f examples/cluster/"
+    assert (ROOT / "examples" / "cluster").is_dir()
+    from stunner_cli.__main__ import build_parser
+
+    for command in commands[1:]:
+        assert command.startswith("helm stunner ")
+        args = build_parser().parse_args(command.split()[2:])
+        assert args.namespace == NAMESPACE

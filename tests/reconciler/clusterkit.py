@@ -1,0 +1,204 @@
+"""Shared pieces of the cluster-mode tests: a small world of objects seeded into the fake API
+server, and the reconciler running against it with test-sized timings."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from reconciler.cluster import ClusterSettings, Running, run_cluster
+from tests.support.fakeapi import FakeApiServer
+
+CONTROLLER = "stunner.l7mp.io/gateway-operator"
+NS = "stunner"
+GW = "gateway.networking.k8s.io/v1"
+Obj = dict[str, Any]
+
+FAST = ClusterSettings(
+    host="127.0.0.1",
+    cds_port=0,
+    metrics_address=("127.0.0.1", 0),
+    health_address=("127.0.0.1", 0),
+    throttle=0.05,
+    watch_timeout=5,
+    watch_backoff_initial=0.05,
+    watch_backoff_max=0.5,
+    stale_after=2.0,
+    write_backoff_initial=0.1,
+    write_backoff_max=1.0,
+)
+
+
+def gateway_class(name: str = "stunner", controller: str = CONTROLLER) -> Obj:
+    return {
+        "apiVersion": "gateway.networking.k8s.io/v1",
+        "kind": "GatewayClass",
+        "metadata": {"name": name},
+        "spec": {
+            "controllerName": controller,
+            "parametersRef": {
+                "group": "stunner.l7mp.io",
+                "kind": "GatewayConfig",
+                "name": "config",
+                "namespace": NS,
+            },
+        },
+    }
+
+
+def gateway_config(**spec: Any) -> Obj:
+    return {
+        "apiVersion": "stunner.l7mp.io/v1",
+        "kind": "GatewayConfig",
+        "metadata": {"name": "config", "namespace": NS},
+        "spec": {"authType": "static", "userName": "user", "password": "pass-word"} | spec,
+    }
+
+
+def dataplane(**spec: Any) -> Obj:
+    return {
+        "apiVersion": "stunner.l7mp.io/v1",
+        "kind": "Dataplane",
+        "metadata": {"name": "default"},
+        "spec": {"image": "l7mp/stunnerd:latest"} | spec,
+    }
+
+
+def listener(name: str = "udp", port: int = 3478, protocol: str = "TURN-UDP", **more: Any) -> Obj:
+    return {"name": name, "port": port, "protocol": protocol} | more
+
+
+def gateway(*listeners: Obj, name: str = "gw", gateway_class: str = "stunner", **meta: Any) -> Obj:
+    return {
+        "apiVersion": "gateway.networking.k8s.io/v1",
+        "kind": "Gateway",
+        "metadata": {"name": name, "namespace": NS} | meta,
+        "spec": {"gatewayClassName": gateway_class, "listeners": list(listeners) or [listener()]},
+    }
+
+
+def static_service(name: str = "peer", prefixes: tuple[str, ...] = ("10.0.0.1/32",)) -> Obj:
+    return {
+        "apiVersion": "stunner.l7mp.io/v1",
+        "kind": "StaticService",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"prefixes": list(prefixes)},
+    }
+
+
+def route(
+    *backends: Obj, name: str = "route", parents: tuple[str, ...] = ("gw",), **spec: Any
+) -> Obj:
+    refs = list(backends) or [{"group": "stunner.l7mp.io", "kind": "StaticService", "name": "peer"}]
+    return {
+        "apiVersion": "stunner.l7mp.io/v1",
+        "kind": "UDPRoute",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {
+            "parentRefs": [{"name": p} for p in parents],
+            "rules": [{"backendRefs": refs}],
+        }
+        | spec,
+    }
+
+
+def world(fake: FakeApiServer, *extra: Obj) -> None:
+    """A GatewayClass of ours, its GatewayConfig, the default Dataplane, Gateway stunner/gw
+    (one UDP listener) and a route to a StaticService; then `extra`."""
+    for obj in (
+        gateway_class(),
+        gateway_config(),
+        dataplane(),
+        static_service(),
+        gateway(),
+        route(),
+        *extra,
+    ):
+        fake.seed(obj)
+
+
+def get(fake: FakeApiServer, api_version: str, kind: str, name: str, ns: str = NS) -> Obj | None:
+    return fake.get_object(api_version, kind, ns, name)
+
+
+def update(
+    fake: FakeApiServer,
+    api_version: str,
+    kind: str,
+    name: str,
+    change: Callable[[Obj], None],
+    ns: str = NS,
+) -> Obj:  # noqa: E501
+    """Change an object as a user would (a PUT through the fake's store)."""
+    obj = fake.get_object(api_version, kind, ns, name)
+    assert obj is not None, f"{kind} {ns}/{name} missing"
+    change(obj)
+    rt = fake.resource_type(api_version, kind)
+    return fake.replace(rt, ns if rt.namespaced else "", name, obj)
+
+
+def set_peer(fake: FakeApiServer, prefix: str) -> Obj:
+    """A user's edit of the route's backend: the StaticService `peer` now admits `prefix`."""
+    return update(
+        fake,
+        "stunner.l7mp.io/v1",
+        "StaticService",
+        "peer",
+        lambda s: s["spec"].update({"prefixes": [prefix]}),
+    )
+
+
+def edit_gateway(fake: FakeApiServer, change: Callable[[Obj], Any], name: str = "gw") -> Obj:
+    """A user's edit of a Gateway."""
+    return update(fake, GW, "Gateway", name, change)
+
+
+def delete(fake: FakeApiServer, api_version: str, kind: str, name: str, ns: str = NS) -> None:
+    rt = fake.resource_type(api_version, kind)
+    fake.delete(rt, ns if rt.namespaced else "", name)
+
+
+async def eventually(
+    check: Callable[[], Any], timeout: float = 10.0, interval: float = 0.02, what: str = ""
+) -> Any:
+    """Poll `check` until it returns something truthy; fail after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what or check}")
+        await asyncio.sleep(interval)
+
+
+def object_writes(fake: FakeApiServer) -> list[tuple[str, str]]:
+    """The writes the fake received, the Lease's renewals left out."""
+    return [w for w in fake.writes() if "/leases" not in w[1]]
+
+
+async def settled(running: Running, fake: FakeApiServer, quiet: float = 0.4) -> None:
+    """Wait until the reconciler has rendered and the fake saw no write (but the Lease's) for
+    `quiet` seconds."""
+    await eventually(lambda: running.mode.rendered_once, what="first render")
+    count, since = len(object_writes(fake)), time.monotonic()
+    deadline = since + 15
+    while time.monotonic() - since < quiet:
+        await asyncio.sleep(0.05)
+        if len(object_writes(fake)) != count:
+            count, since = len(object_writes(fake)), time.monotonic()
+        assert time.monotonic() < deadline, "writes never stopped"
+
+
+@contextlib.asynccontextmanager
+async def reconciler(
+    fake: FakeApiServer, tmp_path: Path, **settings: Any
+) -> AsyncIterator[Running]:
+    kubeconfig = fake.write_kubeconfig(tmp_path / f"kubeconfig-{time.monotonic_ns()}")
+    async with run_cluster(replace(FAST, kubeconfig=str(kubeconfig), **settings)) as running:
+        yield running

@@ -1,0 +1,136 @@
+"""High availability: two reconcilers on one fake API server with a coordination.k8s.io/v1 Lease.
+
+Only the leader writes; both watch, render and serve CDS. When the leader dies (no release),
+the other takes over within the lease duration and a stunnerd-like CDS watcher on it sees no
+config change. On SIGTERM (`shutdown`) the Lease is released, so the other takes over at once,
+and the stopping replica writes nothing more but keeps serving CDS.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from reconciler.cluster import Running
+from tests.reconciler import clusterkit as k
+from tests.support.fakeapi import FakeApiServer
+
+LEASE = {"lease_duration": 1.5, "renew_deadline": 1.0, "retry_period": 0.2}
+
+
+def lease(fake: FakeApiServer) -> dict[str, Any]:
+    obj = fake.get_object("coordination.k8s.io/v1", "Lease", "stunner-system", "92062b70.l7mp.io")
+    assert obj is not None
+    return obj
+
+
+@contextlib.asynccontextmanager
+async def replica(fake: FakeApiServer, tmp_path: Path, name: str) -> AsyncIterator[Running]:
+    async with k.reconciler(fake, tmp_path, leader_elect=True, identity=name, **LEASE) as r:
+        yield r
+
+
+class CdsWatcher:
+    """What stunnerd does: one CDS watch, every frame kept."""
+
+    def __init__(self) -> None:
+        self.frames: list[dict[str, Any]] = []
+        self.task: asyncio.Task[None] | None = None
+
+    async def run(self, address: str, id: str) -> None:
+        url = address.replace("http://", "ws://") + f"/api/v1/configs/{id}?watch=true"
+        async with aiohttp.ClientSession() as session, session.ws_connect(url) as ws:
+            async for message in ws:
+                self.frames.append(json.loads(message.data))
+
+
+def test_only_the_leader_writes_and_a_dead_leaders_successor_changes_no_config(
+    tmp_path: Path,
+) -> None:
+    async def main() -> None:
+        with FakeApiServer() as fake:
+            k.world(fake)
+            async with contextlib.AsyncExitStack() as stack:
+                a = await stack.enter_async_context(replica(fake, tmp_path, "a"))
+                await k.eventually(lambda: a.mode.leading, what="a leads")
+                b = await stack.enter_async_context(replica(fake, tmp_path, "b"))
+                await k.settled(a, fake)
+                await k.eventually(lambda: "stunner/gw" in b.mode.store.configs)
+                assert a.mode.writes_sent == len(k.object_writes(fake)) > 0
+                assert not b.mode.leading and b.mode.writes_sent == 0
+                assert lease(fake)["spec"]["holderIdentity"] == "a"
+                watcher = CdsWatcher()
+                watcher.task = asyncio.create_task(watcher.run(b.cds_address, "stunner/gw"))
+                await k.eventually(lambda: watcher.frames, what="the first config")
+                # The leader dies: its tasks stop, the Lease is not released.
+                killed_at = time.monotonic()
+                await _kill(a)
+                await k.eventually(lambda: b.mode.leading, timeout=5, what="b takes over")
+                took = time.monotonic() - killed_at
+                await asyncio.sleep(0.3)
+                assert len(watcher.frames) == 1  # the leader change itself changed nothing
+                assert took <= LEASE["lease_duration"] + 2 * LEASE["retry_period"] + 0.5, took
+                spec = lease(fake)["spec"]
+                assert spec["holderIdentity"] == "b" and spec["leaseTransitions"] == 1
+                # b writes from now on: a Gateway edit reaches the cluster and the watcher.
+                k.edit_gateway(
+                    fake,
+                    lambda g: g["spec"]["listeners"][0].update({"port": 3490}),
+                )
+                await k.eventually(lambda: len(watcher.frames) == 2, what="the new config")
+                assert watcher.frames[1]["listeners"][0]["port"] == 3490
+                await k.eventually(
+                    lambda: k.get(fake, "v1", "Service", "gw")["spec"]["ports"][0]["port"] == 3490  # type: ignore[index]
+                )
+                await k.settled(b, fake)
+                assert b.mode.writes_sent >= 2  # the Service and the Gateway's status
+                watcher.task.cancel()
+                await asyncio.gather(watcher.task, return_exceptions=True)
+
+    asyncio.run(main())
+
+
+async def _kill(running: Running) -> None:
+    """Stop a replica as a crash would: no release, no more renewals, no more writes."""
+    mode = running.mode
+    mode.writing = False
+    assert mode.elector is not None
+    await mode.elector.stop(release=False)
+    mode.stop_watching()
+
+
+def test_sigterm_releases_the_lease_stops_writing_and_keeps_serving_cds(tmp_path: Path) -> None:
+    async def main() -> None:
+        with FakeApiServer() as fake:
+            k.world(fake)
+            async with replica(fake, tmp_path, "a") as a:
+                await k.eventually(lambda: a.mode.leading, what="a leads")
+                async with replica(fake, tmp_path, "b") as b:
+                    await k.settled(a, fake)
+                    sent = a.mode.writes_sent
+                    await a.mode.shutdown()
+                    assert lease(fake)["spec"]["holderIdentity"] in ("", "b")  # released
+                    assert not a.mode.leading
+                    released_at = time.monotonic()
+                    await k.eventually(lambda: b.mode.leading, timeout=5)
+                    assert time.monotonic() - released_at < LEASE["lease_duration"]
+                    # a still serves its configs, and writes nothing even when asked to.
+                    a.mode.reconciler.trigger()
+                    k.set_peer(fake, "10.0.0.8/32")
+                    await k.settled(b, fake)
+                    assert a.mode.writes_sent == sent
+                    async with (
+                        aiohttp.ClientSession() as session,
+                        session.get(a.cds_address + "/api/v1/configs/stunner/gw") as response,
+                    ):
+                        assert response.status == 200
+                        assert "10.0.0.8/32" in await response.text()
+
+    asyncio.run(main())

@@ -1,0 +1,109 @@
+"""`stunner auth-server` against the real CDS server: it follows every change (a Gateway added,
+edited, deleted) and answers GET /ice and GET / as the reconciler's auth endpoints do."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from typing import Any
+
+import aiohttp
+
+from reconciler.cds import ConfigStore, cds_app, serve
+from stunner_api.dataplane import StunnerConfig, validate_config
+from stunner_cli.authserver import follow, run
+
+
+def config(id: str, password: str) -> StunnerConfig:
+    return validate_config(
+        {
+            "version": "v1",
+            "admin": {"name": id},
+            "auth": {"type": "static", "credentials": {"username": "u", "password": password}},
+            "listeners": [
+                {
+                    "name": f"{id}/udp",
+                    "protocol": "TURN-UDP",
+                    "address": "10.0.0.1",
+                    "public_address": "192.0.2.1",
+                    "port": 3478,
+                }
+            ],
+        }
+    )
+
+
+async def get(url: str) -> tuple[int, Any]:
+    async with aiohttp.ClientSession() as session, session.get(url) as response:
+        return response.status, await response.json(content_type=None)
+
+
+async def eventually(check: Any) -> None:
+    for _ in range(250):
+        if await check():
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError("timed out")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_auth_server_follows_the_cds() -> None:
+    async def main() -> None:
+        cds_store = ConfigStore()
+        cds_store.set("media/gw", config("media/gw", "first"))
+        async with serve(cds_app(cds_store)) as cds:
+            port = free_port()
+            server = asyncio.create_task(run(cds.address, "127.0.0.1", port, ""))
+            ice = f"http://127.0.0.1:{port}/ice?service=turn"
+
+            async def password_is(value: str) -> bool:
+                with contextlib.suppress(aiohttp.ClientError):
+                    status, body = await get(ice)
+                    return status == 200 and body["iceServers"][0]["credential"] == value
+                return False
+
+            await eventually(lambda: password_is("first"))
+            status, body = await get(ice)
+            assert body["iceServers"][0]["urls"] == ["turn:192.0.2.1:3478?transport=udp"]
+            cds_store.set("media/gw", config("media/gw", "second"))
+            await eventually(lambda: password_is("second"))
+            cds_store.delete("media/gw")
+
+            async def gone() -> bool:
+                return (await get(ice))[0] == 500  # no configs left
+
+            await eventually(gone)
+            status, body = await get(f"http://127.0.0.1:{port}/?service=ice")
+            assert status == 400 and "turn" in body["message"]
+            server.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await server
+
+    asyncio.run(asyncio.wait_for(main(), 20))
+
+
+def test_a_cds_that_is_away_is_retried() -> None:
+    async def main() -> None:
+        store = ConfigStore()
+        port = free_port()
+        follower = asyncio.create_task(follow(store, f"http://127.0.0.1:{port}", retry=0.05))
+        await asyncio.sleep(0.2)  # nothing listens yet: refused, retried
+        cds_store = ConfigStore()
+        cds_store.set("media/gw", config("media/gw", "late"))
+        async with serve(cds_app(cds_store), port=port):
+
+            async def arrived() -> bool:
+                return "media/gw" in store.configs
+
+            await eventually(arrived)
+        follower.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await follower
+
+    asyncio.run(asyncio.wait_for(main(), 20))

@@ -1,0 +1,102 @@
+"""`stunner selftest` (the chart's `helm test` pod) against a real stunnerd whose config it reads
+from the real CDS: an allocation through each listener's public address over UDP and TCP, and an
+echo through the route; a peer no route admits fails it."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from reconciler.cds import ConfigStore, cds_app
+from stunner_api.dataplane import validate_config
+from stunnerd.demo import EchoPeer
+from tests.support.background import Background
+
+
+def free_port(kind: int) -> int:
+    with socket.socket(socket.AF_INET, kind) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def dataplane_config(udp: int, tcp: int, echo_port: int) -> dict[str, Any]:
+    listener = {"address": "127.0.0.1", "public_address": "127.0.0.1", "routes": ["t/echo"]}
+    return {
+        "version": "v1",
+        "admin": {"name": "t/gw", "healthcheck_endpoint": ""},
+        "auth": {"type": "static", "credentials": {"username": "u", "password": "p"}},
+        "listeners": [
+            listener | {"name": "t/gw/udp", "protocol": "TURN-UDP", "port": udp},
+            listener | {"name": "t/gw/tcp", "protocol": "TURN-TCP", "port": tcp},
+        ],
+        "clusters": [{"name": "t/echo", "endpoints": [f"127.0.0.1/32:<{echo_port}-{echo_port}>"]}],
+    }
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    background = Background()
+    _, echo_port = background.udp(EchoPeer)
+    udp, tcp = free_port(socket.SOCK_DGRAM), free_port(socket.SOCK_STREAM)
+    config = dataplane_config(udp, tcp, echo_port)
+    path = tmp_path_factory.mktemp("stunnerd") / "stunnerd.json"
+    path.write_text(json.dumps(config))
+    stunnerd = subprocess.Popen(
+        [sys.executable, "-m", "stunnerd", "-c", str(path)], stderr=subprocess.DEVNULL
+    )
+    store = ConfigStore()
+    store.set("t/gw", validate_config(config))
+    host, port = background.serve(cds_app(store))
+    try:
+        deadline = time.monotonic() + 10
+        while True:  # stunnerd listening on its TCP listener
+            with socket.socket() as probe:
+                if probe.connect_ex(("127.0.0.1", tcp)) == 0:
+                    break
+            assert time.monotonic() < deadline, "stunnerd did not start"
+            time.sleep(0.05)
+        yield {"cds": f"http://{host}:{port}", "echo": echo_port}
+    finally:
+        stunnerd.terminate()
+        stunnerd.wait(10)
+        background.close()
+
+
+def selftest(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "stunner_cli", "selftest", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_allocates_and_echoes_through_every_listener(world: dict[str, Any]) -> None:
+    done = selftest("--cds-url", world["cds"], "--peer", f"127.0.0.1:{world['echo']}")
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert [line.split(":")[0] for line in lines] == [
+        "ok   t/gw/udp udp 127.0.0.1",
+        "ok   t/gw/tcp tcp 127.0.0.1",
+    ]
+    assert all("echoed 5/5" in line for line in lines)
+
+
+def test_allocation_alone_without_a_peer(world: dict[str, Any]) -> None:
+    done = selftest("--cds-url", world["cds"])
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert all(" allocated " in line for line in done.stdout.splitlines())
+
+
+def test_a_peer_no_route_admits_fails(world: dict[str, Any]) -> None:
+    done = selftest("--cds-url", world["cds"], "--peer", "127.0.0.2:9", "--timeout", "1")
+    assert done.returncode == 1
+    assert done.stdout.count("FAIL") == 2

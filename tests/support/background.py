@@ -1,0 +1,62 @@
+"""An asyncio loop in a thread, serving aiohttp applications (a CDS, a pod's /status) and
+datagram endpoints for tests whose subject runs in another process (helm, the CLI)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import Any
+
+from aiohttp import web
+
+from reconciler.cds import serve
+
+
+class Background:
+    """An asyncio loop in a thread serving aiohttp apps (the CDS, a pod's /status)."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self._stops: list[asyncio.Event] = []
+        self._transports: list[asyncio.BaseTransport] = []
+
+    def serve(self, app: web.Application) -> tuple[str, int]:
+        ready: asyncio.Future[tuple[str, int]] = self.loop.create_future()
+        stop = asyncio.Event()
+        self._stops.append(stop)
+
+        async def run() -> None:
+            async with serve(app) as served:
+                ready.set_result((served.host, served.port))
+                await stop.wait()
+
+        asyncio.run_coroutine_threadsafe(run(), self.loop)
+        return asyncio.run_coroutine_threadsafe(
+            asyncio.wait_for(asyncio.shield(ready), 10), self.loop
+        ).result()
+
+    def close(self) -> None:
+        for stop in self._stops:
+            self.loop.call_soon_threadsafe(stop.set)
+        for transport in self._transports:
+            self.loop.call_soon_threadsafe(transport.close)
+        time.sleep(0.2)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
+        self.loop.close()
+
+    def udp(self, protocol: Any) -> tuple[str, int]:
+        """A datagram endpoint on 127.0.0.1 (any free port) served by `protocol()`."""
+
+        async def bind() -> tuple[str, int]:
+            transport, _ = await asyncio.get_running_loop().create_datagram_endpoint(
+                protocol, local_addr=("127.0.0.1", 0)
+            )
+            self._transports.append(transport)
+            host, port = transport.get_extra_info("sockname")[:2]
+            return str(host), int(port)
+
+        return asyncio.run_coroutine_threadsafe(bind(), self.loop).result(10)
