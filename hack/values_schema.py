@@ -60,7 +60,7 @@ CONSTRAINTS: dict[str, dict[str, Any]] = {
     "webhook.workers": {"type": "integer", "minimum": 1},
     "webhook.port": PORT,
     "webhook.failurePolicy": FAILURE_POLICY,
-    "webhook.gatewayFailurePolicy": FAILURE_POLICY,
+    "webhook.gatewayAPIFailurePolicy": FAILURE_POLICY,
     "webhook.timeoutSeconds": {"type": "integer", "minimum": 1, "maximum": 30},
     "webhook.nodePortRange": {"type": "string", "pattern": "^[0-9]+-[0-9]+$"},
     "webhook.certificate.validityDays": {"type": "integer", "minimum": 1},

@@ -83,12 +83,13 @@ def test_webhook_role_grants_exactly_what_its_code_asks(
     lookup = KubeLookup(client).for_user({"username": "alice", "groups": ["dev"]})
     # Every question the rule table can ask (stunner_api.rules.Lookup), then start-up discovery.
     assert lookup.gateway_class("stunner-gatewayclass") is not None
+    assert lookup.gateway("stunner", "absent") is None
     assert lookup.secret("stunner", "absent") is None
     assert lookup.reference_grants("stunner") == []
     assert lookup.may_read_secret("other", "turn-tls") is False
     networks = discover_cluster_networks(client)
     assert networks.problems == ()
-    lookup_methods = {"secret", "gateway_class", "reference_grants", "may_read_secret"}
+    lookup_methods = {"secret", "gateway_class", "gateway", "reference_grants", "may_read_secret"}
     asked_by_rules = {m for m in dir(KubeLookup) if not m.startswith("_")} - {"close", "for_user"}
     assert asked_by_rules == lookup_methods, "a new Lookup question: exercise it here"
 

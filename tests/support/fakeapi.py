@@ -583,6 +583,12 @@ class FakeApiServer:
 
     # --- the store ---------------------------------------------------------------------------
 
+    def _stored_type(self, storage_key: tuple[str, str], obj: JSON) -> ResourceType:
+        """The type an object is stored as: its own version where served, else its kind's first."""
+        of_kind = [rt for rt in self._types.values() if rt.storage_key == storage_key]
+        same = [rt for rt in of_kind if rt.api_version == obj.get("apiVersion")]
+        return (same or of_kind)[0]
+
     def _record(self, rt: ResourceType, type_: str, obj: JSON) -> None:
         self._events.append(_Event(self._rv, rt, type_, copy.deepcopy(obj)))
         if len(self._events) > self.history_limit:
@@ -911,7 +917,7 @@ class FakeApiServer:
                     obj = copy.deepcopy(o)
                     del self._objects[key]
                     self._bump(obj)
-                    self._record(self._types[key[0]], "DELETED", obj)
+                    self._record(self._stored_type(key[0], obj), "DELETED", obj)
                     deleted.append((obj["kind"], key[1], key[2]))
 
     def watch_events(

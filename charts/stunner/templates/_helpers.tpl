@@ -117,8 +117,9 @@ gateway.networking.k8s.io:
 {{- end -}}
 
 {{/*
-The webhooks of one configuration: (tuple . "validate"|"mutate"). Gateways get an entry of
-their own with webhook.gatewayFailurePolicy.
+The webhooks of one configuration: (tuple . "validate"|"mutate"). STUNner's own kinds get one
+entry with webhook.failurePolicy; the Gateway API kinds (which other controllers share) one of
+their own with webhook.gatewayAPIFailurePolicy.
 */}}
 {{- define "stunner.webhooks" -}}
 {{- $root := index . 0 -}}
@@ -128,13 +129,13 @@ their own with webhook.gatewayFailurePolicy.
 {{- if not $root.Values.webhook.certificate.certManager -}}
 {{- $caBundle = (include "stunner.webhookCertificate" $root | fromYaml).ca -}}
 {{- end -}}
-{{- range $entry := list "stunner" "gateways" }}
+{{- range $entry := list "stunner" "gateway-api" }}
 - name: {{ $path }}-{{ $entry }}.stunner.l7mp.io
   admissionReviewVersions: [v1]
   sideEffects: None
   matchPolicy: Equivalent
   timeoutSeconds: {{ $root.Values.webhook.timeoutSeconds }}
-  failurePolicy: {{ eq $entry "gateways" | ternary $root.Values.webhook.gatewayFailurePolicy $root.Values.webhook.failurePolicy }}
+  failurePolicy: {{ eq $entry "gateway-api" | ternary $root.Values.webhook.gatewayAPIFailurePolicy $root.Values.webhook.failurePolicy }}
   clientConfig:
     service:
       name: {{ include "stunner.webhookName" $root }}
@@ -153,7 +154,7 @@ their own with webhook.gatewayFailurePolicy.
   {{- range $group := keys $judged | sortAlpha }}
   {{- range $resource := keys (index $judged $group) | sortAlpha }}
   {{- $kind := index $judged $group $resource }}
-  {{- if eq (eq $resource "gateways") (eq $entry "gateways") }}
+  {{- if eq (eq $group "gateway.networking.k8s.io") (eq $entry "gateway-api") }}
     - apiGroups: [{{ $group }}]
       apiVersions: {{ $kind.versions | toJson }}
       resources: [{{ $resource }}]
