@@ -340,6 +340,7 @@ class Cache:
         self._lock = threading.Lock()
         self._kinds: dict[Watched, KindState] = {w: KindState() for w in self.watched}
         self.on_change: OnChange = lambda new, old: None
+        self.changes = 0  # objects put, removed or relisted so far
 
     def _state(self, api_version: str, kind: str) -> KindState | None:
         for watched, state in self._kinds.items():
@@ -357,6 +358,7 @@ class Cache:
             old = state.objects
             state.objects, state.synced, state.failing_since = new, True, None
             state.version = version
+            self.changes += len(new)
         for key in old.keys() - new.keys():
             self.on_change(None, old[key])
         for key, obj in new.items():
@@ -375,6 +377,7 @@ class Cache:
             if old is not None and _rv(old) >= _rv(obj):
                 return
             state.objects[_key(obj)] = obj
+            self.changes += 1
         self.on_change(obj, old)
 
     def remove(self, watched: Watched | None, obj: Object) -> None:
@@ -385,6 +388,7 @@ class Cache:
             if state is None:
                 return
             old = state.objects.pop(_key(obj), None)
+            self.changes += 1
         if old is not None:
             self.on_change(None, old)
 
