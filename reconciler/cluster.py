@@ -82,6 +82,7 @@ class ClusterSettings:
     watch_backoff_initial: float = kube.BACKOFF_INITIAL
     watch_backoff_max: float = kube.BACKOFF_MAX
     stale_after: float = kube.STALE_AFTER
+    not_served_retry: float = kube.NOT_SERVED_RETRY
     write_backoff_initial: float = WRITE_BACKOFF_INITIAL
     write_backoff_max: float = WRITE_BACKOFF_MAX
     gc_refreeze: float = GC_REFREEZE
@@ -129,6 +130,7 @@ class ClusterMode:
                 backoff_initial=settings.watch_backoff_initial,
                 backoff_max=settings.watch_backoff_max,
                 on_restart=self._watch_restarted,
+                not_served_retry=settings.not_served_retry,
             )
             for watched in self.cache.watched
         ]
