@@ -52,6 +52,9 @@ SERVICE_OWNED_SPEC: Mapping[str, str | None] = {
     "loadBalancerIP": None,
 }
 DEPLOYMENT = ("apps/v1", "Deployment")
+# A named item holding one of these (an env var: `value` or `valueFrom`) is the plan's as a
+# whole: merged with the stored one it could hold both, which the API server refuses.
+ONE_OF = frozenset({"value", "valueFrom"})
 SERVICE = ("v1", "Service")
 
 # (apiVersion, kind, namespace, name) -> the cached object, None if there is none.
@@ -130,7 +133,10 @@ def overlay(have: Any, want: Any) -> Any:
         return out
     if _named(want) and _named(have):
         by_name = {i["name"]: i for i in have}
-        return [overlay(by_name.get(i["name"]), i) for i in want]
+        return [
+            copy.deepcopy(i) if ONE_OF.intersection(i) else overlay(by_name.get(i["name"]), i)
+            for i in want
+        ]
     return copy.deepcopy(want)
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -47,6 +48,13 @@ WRITE_BACKOFF_INITIAL = 0.5
 WRITE_BACKOFF_MAX = 60.0
 DEFAULT_METRICS_PORT = 8080  # Go's --metrics-bind-address
 DEFAULT_HEALTH_PORT = 8081  # Go's --health-probe-bind-address
+# The cached objects are long-lived and acyclic: kept out of the cyclic garbage collector's
+# scans (gc.freeze), whose full collections otherwise cost more than the render itself with
+# 1,000 Gateways cached (bench/reconciler_bench.py). Every GC_REFREEZE seconds they are
+# unfrozen, collected once and frozen again, so cyclic garbage cannot pile up among them; in
+# between, a render after REFREEZE_CHANGES cache changes freezes the objects cached since.
+GC_REFREEZE = 600.0
+REFREEZE_CHANGES = 500  # cached changes after which a render freezes the new objects too
 
 
 class ClusterUnavailable(Exception):
@@ -74,8 +82,10 @@ class ClusterSettings:
     watch_backoff_initial: float = kube.BACKOFF_INITIAL
     watch_backoff_max: float = kube.BACKOFF_MAX
     stale_after: float = kube.STALE_AFTER
+    not_served_retry: float = kube.NOT_SERVED_RETRY
     write_backoff_initial: float = WRITE_BACKOFF_INITIAL
     write_backoff_max: float = WRITE_BACKOFF_MAX
+    gc_refreeze: float = GC_REFREEZE
 
 
 @dataclass
@@ -120,6 +130,7 @@ class ClusterMode:
                 backoff_initial=settings.watch_backoff_initial,
                 backoff_max=settings.watch_backoff_max,
                 on_restart=self._watch_restarted,
+                not_served_retry=settings.not_served_retry,
             )
             for watched in self.cache.watched
         ]
@@ -129,6 +140,7 @@ class ClusterMode:
         self.last_writes: list[Write] = []
         self._backoff: dict[tuple[str, str, str, str], _Backoff] = {}
         self.memo: Memo = {}
+        self._frozen_at: int | None = None  # cache.changes at the last gc.freeze()
         self._apply_wanted = asyncio.Event()
         self._retry_timer: asyncio.TimerHandle | None = None
         self._loop = asyncio.get_running_loop()
@@ -179,6 +191,9 @@ class ClusterMode:
         self.metrics.render_duration.observe(time.perf_counter() - started)
         self.rendered_once = True
         self._apply_wanted.set()
+        if self._frozen_at is not None and self.cache.changes - self._frozen_at > REFREEZE_CHANGES:
+            gc.freeze()  # the objects cached since the last freeze join the frozen ones
+            self._frozen_at = self.cache.changes
         return plan
 
     async def _first_render(self) -> None:
@@ -186,6 +201,17 @@ class ClusterMode:
             await asyncio.sleep(0.02)
         log.info("every watched kind listed: first render")
         self.reconciler.trigger()
+
+    async def _freeze_cache(self) -> None:
+        """Keep the long-lived objects out of the garbage collector's scans (GC_REFREEZE)."""
+        while not self.rendered_once:
+            await asyncio.sleep(0.05)
+        while True:
+            gc.unfreeze()
+            gc.collect()
+            gc.freeze()
+            self._frozen_at = self.cache.changes
+            await asyncio.sleep(self.settings.gc_refreeze)
 
     # --- writing -------------------------------------------------------------------------------
 
@@ -324,6 +350,7 @@ async def run_cluster(settings: ClusterSettings) -> AsyncIterator[Running]:
             asyncio.create_task(mode.reconciler.run()),
             asyncio.create_task(mode._first_render()),
             asyncio.create_task(mode._apply_loop()),
+            asyncio.create_task(mode._freeze_cache()),
         ]
         if mode.elector is not None:
             tasks.append(asyncio.create_task(mode.elector.run()))
@@ -338,6 +365,7 @@ async def run_cluster(settings: ClusterSettings) -> AsyncIterator[Running]:
             mode.stop_watching()
             await asyncio.to_thread(_join_all, mode.informers)
             mode.api.close()
+            gc.unfreeze()
 
 
 def _join_all(informers: Sequence[kube.Informer]) -> None:

@@ -72,6 +72,7 @@ BACKOFF_INITIAL = 0.2  # seconds before the first retry of a failed list/watch
 BACKOFF_MAX = 30.0
 WATCH_TIMEOUT = 300  # seconds a watch request lasts (the client then resumes it)
 STALE_AFTER = 60.0  # seconds a kind's watch may be failing before the cache is not fresh
+NOT_SERVED_RETRY = 30.0  # seconds between looks for a kind the API server does not serve
 REQUEST_TIMEOUT = 30.0  # seconds for a single non-watch request
 
 NAMESPACE = KindInfo("", "Namespace", "namespaces", ("v1",), False)
@@ -340,6 +341,7 @@ class Cache:
         self._lock = threading.Lock()
         self._kinds: dict[Watched, KindState] = {w: KindState() for w in self.watched}
         self.on_change: OnChange = lambda new, old: None
+        self.changes = 0  # objects put, removed or relisted so far
 
     def _state(self, api_version: str, kind: str) -> KindState | None:
         for watched, state in self._kinds.items():
@@ -357,6 +359,7 @@ class Cache:
             old = state.objects
             state.objects, state.synced, state.failing_since = new, True, None
             state.version = version
+            self.changes += len(new)
         for key in old.keys() - new.keys():
             self.on_change(None, old[key])
         for key, obj in new.items():
@@ -375,6 +378,7 @@ class Cache:
             if old is not None and _rv(old) >= _rv(obj):
                 return
             state.objects[_key(obj)] = obj
+            self.changes += 1
         self.on_change(obj, old)
 
     def remove(self, watched: Watched | None, obj: Object) -> None:
@@ -385,6 +389,7 @@ class Cache:
             if state is None:
                 return
             old = state.objects.pop(_key(obj), None)
+            self.changes += 1
         if old is not None:
             self.on_change(None, old)
 
@@ -462,7 +467,9 @@ class Informer:
         backoff_initial: float = BACKOFF_INITIAL,
         backoff_max: float = BACKOFF_MAX,
         on_restart: Callable[[str, str], None] = lambda kind, reason: None,
+        not_served_retry: float = NOT_SERVED_RETRY,
     ) -> None:
+        self.not_served_retry = not_served_retry
         self.api = api
         self.cache = cache
         self.watched = watched
@@ -515,6 +522,17 @@ class Informer:
                 if exc.status == 410:
                     log.info("watch of %s expired (410 Gone): relisting", self.watched.name)
                     self.on_restart(self.watched.name, "expired")
+                    continue
+                if exc.status == 404 and not self.version:
+                    # Not served (its CRD is not installed): none of them, and look again later.
+                    log.info(
+                        "%s is not served (versions %s): none cached; looking again in %.0f s",
+                        self.watched.name,
+                        ", ".join(self.watched.versions),
+                        self.not_served_retry,
+                    )
+                    self.cache.replace(self.watched, [], "")
+                    self._stop.wait(self.not_served_retry)
                     continue
                 backoff = self._failed(exc, backoff)
             except Exception as exc:  # the connection, a decode error: retried all the same

@@ -78,6 +78,13 @@ def test_overlay_keeps_others_fields_and_matches_named_items() -> None:
     }
 
 
+def test_an_env_var_changing_from_value_to_value_from_is_replaced_not_merged() -> None:
+    have = {"env": [{"name": "A", "value": "1"}, {"name": "B", "value": "2"}]}
+    want = {"env": [{"name": "A", "valueFrom": {"fieldRef": {"fieldPath": "x"}}},
+                    {"name": "B", "value": "3"}]}  # fmt: skip
+    assert overlay(have, want) == want
+
+
 def _service(spec: dict[str, Any], annotations: dict[str, str] | None = None) -> dict[str, Any]:
     return {
         "apiVersion": "v1",

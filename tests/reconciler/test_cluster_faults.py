@@ -197,3 +197,31 @@ def test_a_watch_resumes_with_bookmarks_and_relists_after_410(tmp_path: Path) ->
                 assert 'reason="expired"' in text
 
     asyncio.run(main())
+
+
+def test_a_kind_not_served_is_none_and_is_looked_for_again(tmp_path: Path) -> None:
+    """A cluster without the ReferenceGrant CRD or the Gateway API UDPRoute: the rest renders;
+    a CRD installed later is found."""
+    from tests.support.fakeapi import CORE_TYPES, GATEWAY_TYPES
+
+    missing = [t for t in GATEWAY_TYPES if t.kind in ("ReferenceGrant",) or (
+        t.kind == "UDPRoute" and t.group == "gateway.networking.k8s.io")]  # fmt: skip
+
+    async def main() -> None:
+        types = tuple(t for t in CORE_TYPES + GATEWAY_TYPES if t not in missing)
+        with FakeApiServer(types) as fake:
+            k.world(fake)
+            async with k.reconciler(fake, tmp_path, not_served_retry=0.3) as running:
+                await k.settled(running, fake)
+                assert k.get(fake, "apps/v1", "Deployment", "gw") is not None
+                assert running.mode.ready()[0]
+                for rt in missing:
+                    fake.register(rt)
+                masking = k.route(name="route") | {"apiVersion": "gateway.networking.k8s.io/v1"}
+                fake.seed(masking)
+                await k.eventually(
+                    lambda: (k.get(fake, GW, "UDPRoute", "route") or {}).get("status"),
+                    what="the Gateway API UDPRoute found and judged",
+                )
+
+    asyncio.run(main())
