@@ -19,6 +19,7 @@ from stunner_api.dataplane import StunnerConfig
 from . import logs
 from .auth import Authenticator, AuthError, NonceManager
 from .ledger import Reservations, UserAllocations
+from .limits import Limits
 from .listener import Listener
 from .router import DnsResolver, Router
 from .turn import ServerContext
@@ -52,7 +53,9 @@ class DataplaneCore:
         users: UserAllocations,
         reservations: Reservations,
         log_override: bool,
+        limits: Limits | None = None,
     ) -> None:
+        self.limits = limits or Limits()
         self.router = Router()
         self.nonces = nonces
         self.users = users
@@ -82,6 +85,7 @@ class DataplaneCore:
             self.nonces,
             users=self.users,
             reservations=self.reservations,
+            limits=self.limits,
         )
         previous = (context.authenticator, context.user_quota)
         context.authenticator = authenticator
@@ -116,7 +120,9 @@ class DataplaneCore:
         configs = {lc.name: lc for lc in config.listeners}
         for name, listener in self.listeners.items():
             listener.config = configs[name]  # routes, public address: in place
-        self.router.update({lc.name: lc.routes for lc in config.listeners}, config.clusters)
+        own = [(lc.address, lc.port) for lc in config.listeners]
+        own += [(lc.public_address, lc.public_port or lc.port) for lc in config.listeners]
+        self.router.update({lc.name: lc.routes for lc in config.listeners}, config.clusters, own)
         self.context = context
         self._resolver.follow()
 

@@ -154,7 +154,7 @@ class UdpTransport(Transport):
             sock = self._given
             sock.setblocking(False)
         else:
-            sock, *self.worker_sockets = _bound_udp_group(port, self._sockets)
+            sock, *self.worker_sockets = _bound_udp_group(self.server.relay_ip, port, self._sockets)
         _, self._protocol = await asyncio.get_running_loop().create_datagram_endpoint(
             lambda: UdpListenerProtocol(self.server), sock=sock
         )
@@ -178,7 +178,7 @@ class TcpTransport(Transport):
         self._connections: set[TcpConnectionProtocol] = set()
 
     async def start(self, port: int) -> None:
-        sock = _bound_socket(socket.SOCK_STREAM, port)
+        sock = _bound_socket(socket.SOCK_STREAM, self.server.relay_ip, port)
         self._server = await asyncio.get_running_loop().create_server(
             lambda: TcpConnectionProtocol(self.server, self._connections),
             sock=sock,
@@ -203,7 +203,7 @@ class DtlsTransport(Transport):
         self._started = False
 
     async def start(self, port: int) -> None:
-        sock = _bound_socket(socket.SOCK_DGRAM, port)
+        sock = _bound_socket(socket.SOCK_DGRAM, self.server.relay_ip, port)
         protocol = self.protocol
         await asyncio.get_running_loop().create_datagram_endpoint(lambda: protocol, sock=sock)
         self._started = True
@@ -234,20 +234,20 @@ def transport_for(
     raise ValueError(f"listener {config.name}: protocol {protocol} is not supported yet")
 
 
-def _bound_udp_group(port: int, count: int) -> list[socket.socket]:
+def _bound_udp_group(host: str, port: int, count: int) -> list[socket.socket]:
     """`count` UDP sockets on `port`, in one SO_REUSEPORT group when there are several: all
     bound before any is read, so the kernel's 5-tuple hash does not move as the group forms."""
     if count <= 1:
-        return [_bound_socket(socket.SOCK_DGRAM, port)]
+        return [_bound_socket(socket.SOCK_DGRAM, host, port)]
     if port != 0:
         # A port already held by another SO_REUSEPORT group of this user would quietly be
         # shared with it: try a plain bind first, so "address in use" is reported as always.
-        _bound_socket(socket.SOCK_DGRAM, port).close()
-    group = [_bound_socket(socket.SOCK_DGRAM, port, reuse_port=True)]
+        _bound_socket(socket.SOCK_DGRAM, host, port).close()
+    group = [_bound_socket(socket.SOCK_DGRAM, host, port, reuse_port=True)]
     try:
         port = group[0].getsockname()[1]  # port 0: the group shares the one the kernel chose
         for _ in range(count - 1):
-            group.append(_bound_socket(socket.SOCK_DGRAM, port, reuse_port=True))
+            group.append(_bound_socket(socket.SOCK_DGRAM, host, port, reuse_port=True))
     except OSError:
         for sock in group:
             sock.close()
@@ -255,12 +255,22 @@ def _bound_udp_group(port: int, count: int) -> list[socket.socket]:
     return group
 
 
-def _bound_socket(kind: socket.SocketKind, port: int, reuse_port: bool = False) -> socket.socket:
-    """A socket on the wildcard address and `port`: dual-stack where the host has IPv6.
+WILDCARDS = ("0.0.0.0", "::", "")
 
-    As in Go STUNner, the listener's `address` is the relay address it advertises, not the
-    address it binds.
+
+def _bound_socket(
+    kind: socket.SocketKind, host: str, port: int, reuse_port: bool = False
+) -> socket.socket:
+    """A socket on the listener's address `host` and `port`; for the wildcard address
+    (0.0.0.0 or ::) a dual-stack one where the host has IPv6.
+
+    Unlike Go STUNner, which binds the wildcard whatever the listener's `address` says, a
+    listener on 127.0.0.1 is not reachable on other interfaces (issue 15; in a pod the address
+    is the pod IP, so binding it costs nothing there).
     """
+    if host not in WILDCARDS:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        return _bind(socket.socket(family, kind), (host, port), kind, reuse_port)
     if socket.has_ipv6:
         try:
             sock = socket.socket(socket.AF_INET6, kind)

@@ -27,7 +27,8 @@ from .auth import NonceManager
 from .channel import Channel, Received
 from .core import ApplyError, Build, DataplaneCore, Plan
 from .counters import ClusterCounters
-from .ledger import Reservations, UserAllocations
+from .ledger import FULL, Reservations, UserAllocations
+from .limits import Limits
 from .listener import Listener
 from .runtime import cpu_seconds, event_loop_factory, rss_bytes
 from .turn import ServerContext
@@ -70,19 +71,18 @@ class PrimaryAnswers:
 
 
 class LedgerClient(UserAllocations):
-    """`admin.user_quota` held in the primary's ledger: with a quota, an Allocate waits for the
-    primary's answer; without one, the count is only reported."""
+    """`admin.user_quota`, --max-allocations and the drain held in the primary's ledger: an
+    Allocate waits for the primary's answer."""
 
     def __init__(self, answers: PrimaryAnswers) -> None:
         super().__init__()
         self.answers = answers
 
-    async def acquire(self, user_id: str, quota: int) -> bool:
-        if quota <= 0:
-            self.answers.channel.post({"op": "acquire", "id": 0, "user": user_id, "quota": 0})
-            return True
+    async def acquire(self, user_id: str, quota: int) -> str:
         answer = await self.answers.ask({"op": "acquire", "user": user_id, "quota": quota})
-        return answer is not None and bool(answer.body["granted"])
+        if answer is None:
+            return FULL
+        return str(answer.body["refusal"])
 
     def release(self, user_id: str) -> None:
         self.answers.channel.post({"op": "release", "user": user_id})
@@ -115,9 +115,10 @@ class WorkerDataplane:
         users: UserAllocations,
         log_override: bool,
         reservations: Reservations | None = None,
+        limits: Limits | None = None,
     ) -> None:
         reservations = reservations if reservations is not None else Reservations()
-        self.core = DataplaneCore(nonces, users, reservations, log_override)
+        self.core = DataplaneCore(nonces, users, reservations, log_override, limits)
         self.handed: dict[tuple[str, int], socket.socket] = {}  # sockets not yet served
 
     @property
@@ -204,6 +205,7 @@ async def serve(channel: Channel, log_override: bool) -> None:
         LedgerClient(answers),
         log_override,
         ReservationClient(answers),
+        Limits.from_dict(hello.body.get("limits", {})),
     )
     reporter = asyncio.get_running_loop().create_task(_report(channel, dataplane))
     try:
