@@ -223,7 +223,7 @@ class Server:
                 ],
                 "clusters": [
                     {"name": "allow-any", "type": "STATIC", "protocol": "UDP",
-                     "endpoints": ["0.0.0.0/0"]}
+                     "endpoints": ["127.0.0.0/8"]}
                 ],
             }  # fmt: skip
             path = self.workdir / f"stunnerd-{self.port}.json"

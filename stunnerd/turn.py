@@ -236,7 +236,7 @@ class TurnServer:
         request is dropped unanswered, so a spoofed flood is not reflected."""
         if self.context.error_answers.allow(downstream.address[0]):
             return True
-        self.stats.dropped += 1
+        self.stats.rate_limited += 1
         return False
 
     def _nonce_binding(self, downstream: Downstream) -> bytes:
