@@ -134,7 +134,7 @@ LIMIT_FLAGS: dict[str, tuple[str, str]] = {
     "max_channels": ("N", "channel bindings per allocation (508 past it)"),
     "max_allocations": ("N", "allocations in the whole stunnerd; 0: no cap (508 past it)"),
     "allocation_rate": ("PER_S", "new allocations per second per client IP and process"),
-    "error_rate": ("PER_S", "error answers per second per client IP; more are dropped"),
+    "error_rate": ("PER_S", "error answers per second per client address; more are dropped"),
     "error_rate_total": ("PER_S", "error answers per second per process; 0: no cap"),
 }
 

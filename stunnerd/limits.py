@@ -51,8 +51,10 @@ class Limits:
     # source IP (with a burst of twice that).
     max_allocations: int = 50000
     allocation_rate: float = 50.0
-    # Error answers (401, 400, ...) per second per source IP, and in total per process;
-    # past them requests are dropped unanswered (a 28-byte Allocate draws a 124-byte 401).
+    # Error answers (401, 400, ...) per second per client address and port (clients behind
+    # one NAT share the IP), and in total per process; past them requests are dropped
+    # unanswered (a 28-byte Allocate draws a 124-byte 401), and a UDP client over its limit
+    # is not even parsed.
     error_rate: float = 100.0
     error_rate_total: float = 5000.0
 
@@ -121,3 +123,11 @@ class RateLimiter:
             return False
         buckets[key] = (tokens - 1, now)
         return True
+
+    def exhausted(self, key: Any) -> bool:
+        """Whether `key` has no token left now (nothing is consumed): a cheap test before
+        any work is done for it."""
+        entry = self._buckets.get(key)
+        if entry is None:
+            return False
+        return entry[0] + (self._clock() - entry[1]) * self.rate < 1

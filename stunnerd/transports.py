@@ -52,8 +52,11 @@ class UdpListenerProtocol(asyncio.DatagramProtocol):
         allocation = self.server.allocations.get(addr)
         if allocation is not None:
             self.server.handle(data, allocation.downstream)
-        else:
-            self.server.handle(data, self._downstream(addr))
+        elif data[4:8] == stun.COOKIE_BYTES and not data[0] & 0xC0:
+            if self.server.welcomes(addr):
+                self.server.handle(data, self._downstream(addr))
+        else:  # garbage from a stranger: judged on its first bytes, nothing built for it
+            self.server.stats.dropped += 1
 
     def _downstream(self, addr: Any) -> Downstream:
         transport = self.transport

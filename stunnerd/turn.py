@@ -231,10 +231,20 @@ class TurnServer:
 
     # --- answering -----------------------------------------------------------------------------
 
+    def welcomes(self, remote: Any) -> bool:
+        """Whether a request from `remote`, a client without allocation, is worth parsing:
+        not while its error answers are over the limit (issue 15: a flood of requests from
+        one source costs a dict lookup each, not a parse)."""
+        if self.context.error_answers.exhausted(remote):
+            self.stats.rate_limited += 1
+            return False
+        return True
+
     def _may_answer_error(self, downstream: Downstream) -> bool:
-        """Error answers are rate-limited per source IP (--error-rate): past the limit the
+        """Error answers are rate-limited per client address (--error-rate; per address and
+        port, as clients behind one NAT share the IP) and per process: past the limit the
         request is dropped unanswered, so a spoofed flood is not reflected."""
-        if self.context.error_answers.allow(downstream.address[0]):
+        if self.context.error_answers.allow(downstream.remote):
             return True
         self.stats.rate_limited += 1
         return False
