@@ -11,6 +11,7 @@ serves the rest.
 from __future__ import annotations
 
 import logging
+import mmap
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -54,9 +55,10 @@ class DataplaneCore:
         reservations: Reservations,
         log_override: bool,
         limits: Limits | None = None,
+        relay_ports: mmap.mmap | None = None,
     ) -> None:
         self.limits = limits or Limits()
-        self.router = Router()
+        self.router = Router(relay_ports)
         self.nonces = nonces
         self.users = users
         self.reservations = reservations

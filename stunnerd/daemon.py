@@ -67,6 +67,7 @@ class Stunner:
             self.reservations,
             log_override is not None,
             self.limits,
+            workers.relay_ports if workers is not None else None,
         )
 
     @property

@@ -30,6 +30,8 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
+import mmap
+import os
 import socket
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -71,6 +73,19 @@ PEER_POLICY = (
     "inside such a range or a STRICT_DNS name resolves to one; IPv4 in IPv6 spellings "
     "(IPv4-mapped, NAT64, 6to4) is judged as its IPv4 address"
 )
+
+RELAY_PORTS = 65536  # one byte per UDP port
+
+
+def relay_port_map(fd: int | None = None) -> tuple[int, mmap.mmap]:
+    """The relay ports of every process of a stunnerd, one byte per port, in shared memory:
+    the primary creates it (`fd` None) and hands the fd to its UDP workers, which map it too,
+    so no process relays to another's relay socket."""
+    if fd is None:
+        fd = os.memfd_create("stunnerd-relay-ports")
+        os.ftruncate(fd, RELAY_PORTS)
+    return fd, mmap.mmap(fd, RELAY_PORTS)
+
 
 CACHE_LIMIT = 65536  # decisions cached per kind before the cache is dropped and refilled
 DNS_UPDATE_INTERVAL = 5.0  # Go STUNner's dnsUpdateInterval
@@ -160,7 +175,7 @@ def _build_matcher(cluster: ClusterSpec) -> _Matcher | None:
 class Router:
     """Decides which peers each listener may reach. Single-threaded (one asyncio loop)."""
 
-    def __init__(self) -> None:
+    def __init__(self, relay_ports: bytearray | mmap.mmap | None = None) -> None:
         self._routes: dict[str, tuple[_Matcher, ...]] = {}
         self._domains: set[str] = set()
         self._resolved: dict[str, frozenset[IPAddress]] = {}
@@ -168,10 +183,10 @@ class Router:
         self._permit_cache: dict[tuple[str, str], bool] = {}
         self.epoch = 0  # bumped whenever cached decisions are dropped
         # stunnerd's own sockets: its addresses, the ports of its listeners, and the ports
-        # of this process's relay sockets (a bitmap the allocations mark).
+        # of its relay sockets (a byte per port the allocations mark, `relay_port_map`).
         self.own_ips: frozenset[str] = frozenset()
         self.own_ports: frozenset[int] = frozenset()
-        self.relay_ports = bytearray(65536)
+        self.relay_ports = relay_ports if relay_ports is not None else bytearray(RELAY_PORTS)
 
     def _invalidate(self) -> None:
         self.epoch += 1

@@ -39,6 +39,7 @@ from .counters import ClusterCounters, ListenerCounters, merge
 from .ledger import GRANTED, Reservations, UserAllocations
 from .limits import Limits
 from .listener import Listener
+from .router import relay_port_map
 
 log = logging.getLogger("stunner.stunnerd")
 
@@ -147,6 +148,8 @@ class WorkerPool:
     ) -> None:
         self.size = size
         self.limits = limits or Limits()
+        # The relay ports of every process, shared (router.relay_port_map).
+        self.relay_ports_fd, self.relay_ports = relay_port_map()
         self.users = users
         self.reservations = Reservations()  # EVEN-PORT reservations of every process
         self.secret = secret  # the nonce key: the primary's NonceManager uses it too
@@ -175,7 +178,9 @@ class WorkerPool:
                 str(theirs.fileno()),
                 str(index + 1),
                 *self._log_args,
-                pass_fds=(theirs.fileno(),),
+                "--relay-ports-fd",
+                str(self.relay_ports_fd),
+                pass_fds=(theirs.fileno(), self.relay_ports_fd),
                 stdin=asyncio.subprocess.DEVNULL,
             )
         worker = Worker(index, process, Channel(ours))

@@ -130,3 +130,26 @@ def test_a_wildcard_listener_still_binds_dual_stack() -> None:
             await writer.wait_closed()
 
     asyncio.run(main())
+
+
+def test_no_process_relays_to_another_process_relay_socket() -> None:
+    """With a UDP worker, allocations live in two processes; none reaches any relay socket of
+    either (the relay ports are shared memory)."""
+    from .test_workers import pooled_stunner
+
+    async def main() -> None:
+        port = free_port()
+        async with pooled_stunner(make_config(port, [f"{HOST}/32"], protocols=("TURN-UDP",))):
+            clients = [await RawClient.connect((HOST, port)) for _ in range(10)]
+            relayed = []
+            for client in clients:
+                answer = await client.allocate()
+                assert answer.message_class == Class.SUCCESS, answer.attributes
+                relayed.append(answer.attributes["XOR-RELAYED-ADDRESS"])
+            for n, address in enumerate(relayed[1:]):
+                assert error_code(await clients[0].channel_bind(0x4000 + n, address)) == 403
+                assert error_code(await clients[-1].channel_bind(0x4000 + n, relayed[0])) == 403
+            for client in clients:
+                client.close()
+
+    asyncio.run(main())
