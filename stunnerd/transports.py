@@ -53,8 +53,7 @@ class UdpListenerProtocol(asyncio.DatagramProtocol):
         if allocation is not None:
             self.server.handle(data, allocation.downstream)
         elif data[4:8] == stun.COOKIE_BYTES and not data[0] & 0xC0:
-            if self.server.welcomes(addr):
-                self.server.handle(data, self._downstream(addr))
+            self.server.handle(data, self._downstream(addr))
         else:  # garbage from a stranger: judged on its first bytes, nothing built for it
             self.server.stats.dropped += 1
 

@@ -157,6 +157,13 @@ class TurnServer:
             if relay is not None:  # the hot path; anything unusual takes the full parser below
                 self._relay_send_indication(downstream, *relay)
                 return
+        if self.context.error_answers.exhausted(downstream.remote) and (
+            downstream.remote not in self.allocations
+        ):
+            # A client without allocation over its error budget is not even parsed (issue
+            # 15: a flood of requests from one source costs a dict lookup each).
+            self.stats.rate_limited += 1
+            return
         try:
             message = stun.parse_message(data, self.context.limits.max_attributes)
         except stun.UnknownMethodError as exc:
@@ -230,15 +237,6 @@ class TurnServer:
             self._delete(allocation)
 
     # --- answering -----------------------------------------------------------------------------
-
-    def welcomes(self, remote: Any) -> bool:
-        """Whether a request from `remote`, a client without allocation, is worth parsing:
-        not while its error answers are over the limit (issue 15: a flood of requests from
-        one source costs a dict lookup each, not a parse)."""
-        if self.context.error_answers.exhausted(remote):
-            self.stats.rate_limited += 1
-            return False
-        return True
 
     def _may_answer_error(self, downstream: Downstream) -> bool:
         """Error answers are rate-limited per client address (--error-rate; per address and

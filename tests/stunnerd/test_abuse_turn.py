@@ -18,6 +18,9 @@ import struct
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+import pytest
+
+from stunnerd import stun
 from stunnerd.daemon import Stunner
 from stunnerd.limits import Limits
 from stunnerd.stun import Class, Message, Method
@@ -226,7 +229,19 @@ def test_oversized_or_attribute_stuffed_udp_messages_are_dropped() -> None:
     run(scenario)
 
 
-def test_error_answers_are_rate_limited_per_source() -> None:
+def test_error_answers_are_rate_limited_and_floods_not_parsed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    parsed = []
+    parse = stun.parse_message
+
+    def counting_parse(data: bytes, max_attributes: int = 0) -> Message:
+        if bytes(data[:2]) == b"\x00\x03":  # an Allocate request: the server's parse
+            parsed.append(len(data))
+        return parse(data, max_attributes)
+
+    monkeypatch.setattr(stun, "parse_message", counting_parse)
+
     async def scenario(port: int, stunner: Stunner) -> None:
         client = await RawClient.connect((HOST, port))
         for _ in range(100):
@@ -236,6 +251,9 @@ def test_error_answers_are_rate_limited_per_source() -> None:
         await asyncio.sleep(0.3)
         answers = len(client.raw)
         assert 10 <= answers <= 14, answers  # a burst of 10, then 5 a second
+        assert len(parsed) <= answers + 3, len(parsed)  # the rest dropped before parsing
+        server = stunner.listeners["testns/gw/turn-udp"].server
+        assert server.stats.rate_limited >= 100 - answers - 3
         client.close()
 
     run(scenario, Limits(error_rate=5))
