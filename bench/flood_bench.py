@@ -37,10 +37,10 @@ from typing import Any, cast
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from turn_bench import REALM, Server, cpu_seconds  # noqa: E402
+from turn_bench import REALM, Server, cpu_seconds, reply_to  # noqa: E402
 
 from stunnerd.auth import long_term_key  # noqa: E402
-from stunnerd.stun import Class, Message, Method, StunError, parse_message  # noqa: E402
+from stunnerd.stun import Class, Message, Method  # noqa: E402
 
 USER, PASSWORD = "user", "pass"
 KEY = long_term_key(USER, REALM, PASSWORD)
@@ -147,19 +147,10 @@ async def transact(client: Endpoint, request: Message, key: bytes | None, limit:
     wait = 0.5
     while time.monotonic() < give_up:
         client.transport.sendto(data)
-        deadline = min(give_up, time.monotonic() + wait)
+        reply = await reply_to(client.replies, request, min(give_up, time.monotonic() + wait))
         wait *= 2
-        while (left := deadline - time.monotonic()) > 0:
-            try:
-                raw = await asyncio.wait_for(client.replies.get(), left)
-            except TimeoutError:
-                break
-            try:
-                reply = parse_message(raw)
-            except StunError:
-                continue
-            if reply.transaction_id == request.transaction_id:
-                return reply
+        if reply is not None:
+            return reply
     raise TimeoutError("no reply")
 
 

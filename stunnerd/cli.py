@@ -148,11 +148,14 @@ def limits_from(args: argparse.Namespace) -> Limits:
 
 
 def _non_negative_number(kind: type) -> Callable[[str], float | int]:
+    """An argparse type: a non-negative int or float."""
+    what = "an integer" if kind is int else "a number"
+
     def parse(text: str) -> float | int:
         try:
             value = kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+            raise argparse.ArgumentTypeError(f"not {what}: {text!r}") from None
         if value < 0:
             raise argparse.ArgumentTypeError(f"must not be negative: {value}")
         return value  # type: ignore[no-any-return]
@@ -168,13 +171,7 @@ def _version() -> str:
 
 
 def _non_negative(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must not be negative: {value}")
-    return value
+    return int(_non_negative_number(int)(text))
 
 
 def config_source(args: argparse.Namespace) -> ConfigSource | StunnerConfig:

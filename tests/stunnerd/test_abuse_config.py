@@ -38,3 +38,16 @@ def test_config_errors_never_echo_a_secret(tmp_path: Path, case: str, dry_run: b
     assert result.returncode == 1
     assert "invalid configuration" in result.stderr
     assert SECRET not in result.stderr + result.stdout
+
+
+def test_limit_flags_and_env_reach_the_limits(monkeypatch: pytest.MonkeyPatch) -> None:
+    from stunnerd.cli import build_parser, limits_from
+    from stunnerd.limits import Limits
+
+    monkeypatch.setenv("STUNNER_MAX_ALLOCATIONS", "7")
+    args = build_parser().parse_args(["--max-permissions", "3", "--idle-timeout", "2.5"])
+    limits = limits_from(args)
+    assert (limits.max_permissions, limits.idle_timeout, limits.max_allocations) == (3, 2.5, 7)
+    assert limits.max_channels == Limits().max_channels
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--max-channels", "-1"])
