@@ -52,10 +52,12 @@ class UdpListenerProtocol(asyncio.DatagramProtocol):
         allocation = self.server.allocations.get(addr)
         if allocation is not None:
             self.server.handle(data, allocation.downstream)
-        elif data[4:8] == stun.COOKIE_BYTES and not data[0] & 0xC0:
+        elif data[4:8] != stun.COOKIE_BYTES or data[0] & 0xC0:
+            self.server.stats.dropped += 1  # garbage from a stranger: judged on its first bytes
+        elif self.server.context.error_answers.exhausted(addr):
+            self.server.stats.rate_limited += 1  # a stranger over its error budget (turn.py)
+        else:
             self.server.handle(data, self._downstream(addr))
-        else:  # garbage from a stranger: judged on its first bytes, nothing built for it
-            self.server.stats.dropped += 1
 
     def _downstream(self, addr: Any) -> Downstream:
         transport = self.transport
