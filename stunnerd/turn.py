@@ -438,6 +438,7 @@ class TurnServer:
             allocation.close()
             raise RequestError(437)
         self.allocations[downstream.remote] = allocation
+        self.router.relay_ports[allocation.relayed_address[1]] = 1  # never a peer (router.py)
         self.stats.allocations_total += 1
         log.info(
             "listener %s: allocation created for %s: relay %s:%d, user %r, lifetime %ds",
@@ -493,7 +494,6 @@ class TurnServer:
 
     def _relay_bound(self, allocation: Allocation, transport: asyncio.BaseTransport) -> None:
         allocation.relayed_address = (self.relay_ip, transport.get_extra_info("sockname")[1])
-        self.router.relay_ports[allocation.relayed_address[1]] = 1  # never a peer (router.py)
         _grow_buffers(transport)
 
     def _refresh(self, exchange: Exchange) -> Message:
