@@ -81,7 +81,8 @@ class ServerContext:
 
     def __post_init__(self) -> None:
         limits = self.limits
-        # Per source IP, shared by the listeners of this process.
+        # Shared by the listeners of this process: error answers per client address (and in
+        # total), new allocations per client IP.
         self.error_answers = RateLimiter(limits.error_rate, limits.error_rate_total)
         self.new_allocations = RateLimiter(limits.allocation_rate)
 
