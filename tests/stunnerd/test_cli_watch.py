@@ -41,6 +41,13 @@ async def allocates(port: int) -> bool:
         client.close()
 
 
+async def is_ready(port: int) -> bool:
+    try:
+        return (await get(f"http://127.0.0.1:{port}/ready"))[0] == 200
+    except OSError:  # not listening yet (urllib's URLError is an OSError)
+        return False
+
+
 def test_watch_the_config_discovery_service(stunnerd: StartStunnerd) -> None:
     async def main() -> None:
         health = free_port()
@@ -54,7 +61,8 @@ def test_watch_the_config_discovery_service(stunnerd: StartStunnerd) -> None:
             assert not await allocates(port)
             cds.set_config("testns/gw", make_config(port, [f"{HOST}/32"], admin=admin))
             await wait_for(lambda: allocates(port))
-            assert (await get(f"http://127.0.0.1:{health}/ready"))[0] == 200
+            # The health server of the new config starts beside the listeners, not before them.
+            await wait_for(lambda: is_ready(health), timeout=5.0)
             moved = make_config(new_port, [f"{HOST}/32"], admin=admin)
             cds.set_config("testns/gw", moved)
             await wait_for(lambda: allocates(new_port))
