@@ -1,0 +1,25 @@
+"""The native relay core (stunnerd._relay, issue 16): an optional C extension.
+
+Everything else about the package is in pyproject.toml. The extension is optional: without a
+compiler or Python headers the install goes on with a warning and stunnerd relays in Python
+(`stunnerd.native.available()` says why). Linux only (epoll, recvmmsg, sendmmsg, eventfd).
+"""
+
+import sys
+
+from setuptools import Extension, setup
+
+extensions = []
+if sys.platform.startswith("linux"):
+    extensions.append(
+        Extension(
+            "stunnerd._relay",
+            sources=["stunnerd/relaycore/relay.c", "stunnerd/relaycore/pymodule.c"],
+            depends=["stunnerd/relaycore/relay.h"],
+            extra_compile_args=["-O2", "-std=gnu11", "-fvisibility=hidden"],
+            extra_link_args=["-pthread"],
+            optional=True,
+        )
+    )
+
+setup(ext_modules=extensions)

@@ -1,0 +1,261 @@
+"""The native relay path of a TURN-UDP listener (issue 16): a C engine carries the media, Python
+keeps the protocol.
+
+`NativeRelay` wraps one `stunnerd._relay.Engine` (stunnerd/relaycore/: relay.c is the core,
+pymodule.c its bindings). The engine owns the packet path of one TURN-UDP listener socket and of
+its allocations' relay sockets in its own thread, which never takes the GIL: epoll, batches of
+`recvmmsg`/`sendmmsg`, and per packet a decision from tables Python fills.
+
+- client -> peer: ChannelData on a bound channel, and Send indications of the plain shape
+  (XOR-PEER-ADDRESS + DATA [+ FINGERPRINT, verified]), for a permitted peer;
+- peer -> client: ChannelData where a channel is bound, else a Data indication (fresh random
+  transaction id, XOR-PEER-ADDRESS, DATA), for a peer with a live permission;
+- the peer policy, both directions, from a verdict table: peer (IP, port) -> cluster id, or
+  forbidden. On a miss the packet is handed up; Python's `Router` decides, `decide()` installs
+  the verdict and `reinject()` sends the packet on. `clear_verdicts()` on every reconcile.
+- everything else (every STUN request, any other message shape, unknown 5-tuples, an expired
+  channel) is handed up untouched through a bounded queue: `fileno()` is readable while it holds
+  packets (an eventfd for `loop.add_reader`), `drain()` returns them in batches. A full queue
+  drops (counted as "queue_full"), so a flood costs the event loop a bounded amount of work.
+- expiry is by monotonic timestamps (`time.monotonic()`), checked per packet: no timer per entry.
+- counters (packets and bytes per listener and per cluster, both directions; drops by cause;
+  packets handed up) are read under the engine's lock without stopping its thread.
+
+Safety: the C side parses only the ChannelData header and the plain Send indication, checks
+every length before reading it, and is fuzzed under ASan/UBSan by tests/stunnerd/
+test_native_fuzz.py (relaycore/fuzz.c drives relay_process with random and mutated datagrams).
+
+Integration plan (the next round, once issue 14 has reshaped turn.py and listener.py):
+
+- `Listener.start` (TURN-UDP): `if native.available()`, build `NativeRelay(sock)` on the
+  listener socket instead of a datagram endpoint, `attach()` it to the loop and start it. Python
+  still sends its STUN answers on that socket (`sock.sendto`); it never reads it again.
+- Allocate (success): the relay socket is a plain bound socket (no asyncio reader);
+  `add_allocation(downstream.remote, relay_sock, allocation.expires_at)` -> handle, kept on the
+  `Allocation`; the engine keeps a duplicate of the socket, so Python closes its own at once
+  (one descriptor per allocation, as today) and sends to peers through `send_to_peer`.
+  Refresh: `refresh_allocation(handle, expires_at)`; Refresh 0, `_delete` and the sweep's
+  expiry: `remove_allocation(handle)` (the engine closes its duplicate of the socket).
+- CreatePermission: `set_permission(handle, ip, expiry)` per peer. ChannelBind:
+  `bind_channel(handle, number, peer, expiry)` and `set_permission`. The sweep's expiries:
+  `remove_permission`/`remove_channel` (the engine already ignores expired entries; this only
+  frees them).
+- Reconcile: whenever `Router` drops its caches (`update`, `set_resolved`: its `epoch`
+  changes), `clear_verdicts()` on every engine of the process: a forbidden peer's packets stop
+  at the next packet, as the verdicts are refilled from the new routes.
+- Handed-up packets: SOURCE_CLIENT goes where `UdpListenerProtocol.datagram_received` sends
+  packets today (`TurnServer.handle`, `handle_channel_data`); when that path reaches
+  `relay_to_peer` for an allocation with a native handle, it calls `decide(peer,
+  router.cluster_of(...))` and `reinject(packet)` instead of sending itself; a Send indication
+  of another shape, which Python parses, goes out through `send_to_peer`. SOURCE_PEER:
+  the allocation by handle, `decide(peer, cluster)`, `reinject`.
+- Counters: `/status` and `/metrics` add `counters()` to the listener's `Stats` and, per
+  cluster name, to `ServerContext.cluster_counters` (the engine counts only the packets it
+  consumes; what it hands up is counted where Python consumes it).
+- Workers (`--udp-thread-num N`): every process builds its own `Listener` around its
+  SO_REUSEPORT socket, hence its own engine and relay thread; the kernel's 5-tuple hash keeps a
+  client on one socket, and an allocation's relay socket lives in the process that made it.
+  Workers push `counters()` with their Stats every second, as today.
+- Stays in Python: every STUN request, authentication and nonces, allocation lifetimes, the
+  quota, permissions and channels as decided state, the router and reconcile, TURN-TCP/TLS/DTLS
+  (stream framing) and any Send indication of another shape. `STUNNER_NATIVE=0` (or an install
+  without a compiler) keeps today's pure-Python path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+try:
+    from . import _relay
+except ImportError as exc:  # built without a compiler, or not on Linux
+    _relay = None  # type: ignore[assignment]
+    _IMPORT_ERROR: str | None = str(exc)
+else:
+    _IMPORT_ERROR = None
+
+SOURCE_CLIENT = 0  # from a client, on the listener socket
+SOURCE_PEER = 1  # from a peer, on an allocation's relay socket
+RELAYED, DROPPED, UP = 0, 1, 2  # what reinject() did
+FORBIDDEN = -1  # the verdict of a peer no routed cluster admits
+DRAIN_BATCH = 256
+MAX_CLUSTERS = 4096
+
+
+def unavailable_reason() -> str | None:
+    """Why the native path is off (STUNNER_NATIVE=0, or the extension did not build), or None."""
+    if os.environ.get("STUNNER_NATIVE", "1").strip().lower() in ("0", "false", "no", "off"):
+        return "disabled by STUNNER_NATIVE=0"
+    if _relay is None:
+        return f"the extension stunnerd._relay is not built ({_IMPORT_ERROR})"
+    return None
+
+
+def available() -> bool:
+    return unavailable_reason() is None
+
+
+class HandedUp(NamedTuple):
+    """A packet the engine did not own, exactly as received."""
+
+    source: int  # SOURCE_CLIENT or SOURCE_PEER
+    handle: int  # the allocation of a peer packet; 0 for a client packet
+    address: tuple[Any, ...]  # its sender, as the socket module reports it
+    data: bytes
+
+
+class ClusterIds:
+    """Cluster names <-> the small integers the engine counts by (stable for the process)."""
+
+    def __init__(self) -> None:
+        self._ids: dict[str, int] = {}
+        self._names: list[str] = []
+
+    def id_of(self, name: str) -> int:
+        found = self._ids.get(name)
+        if found is not None:
+            return found
+        if len(self._names) >= MAX_CLUSTERS:
+            raise ValueError(f"more than {MAX_CLUSTERS} cluster names")
+        self._ids[name] = len(self._names)
+        self._names.append(name)
+        return self._ids[name]
+
+    def name_of(self, cluster_id: int) -> str:
+        return self._names[cluster_id]
+
+
+@dataclass
+class NativeCounters:
+    """What the engine consumed: client-side packets, per-cluster peer-side payloads, drops."""
+
+    rx_packets: int = 0
+    rx_bytes: int = 0
+    tx_packets: int = 0
+    tx_bytes: int = 0
+    # cluster name -> [tx packets, tx bytes, rx packets, rx bytes] (ServerContext's layout)
+    clusters: dict[str, list[int]] = field(default_factory=dict)
+    drops: dict[str, int] = field(default_factory=dict)
+    handed_up: int = 0
+
+
+class NativeRelay:
+    """The native engine of one TURN-UDP listener socket (see the module docstring)."""
+
+    def __init__(
+        self,
+        listener: socket.socket,
+        clusters: ClusterIds | None = None,
+        queue_limit: int = 4096,
+        queue_bytes: int = 8 << 20,
+    ) -> None:
+        reason = unavailable_reason()
+        if reason is not None:
+            raise RuntimeError(f"the native relay is not available: {reason}")
+        assert _relay is not None
+        self.clusters = clusters or ClusterIds()
+        self._engine = _relay.Engine(listener.fileno(), queue_limit, queue_bytes)
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    # --- lifecycle --------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._engine.start()
+
+    def attach(
+        self, loop: asyncio.AbstractEventLoop, on_packets: Callable[[list[HandedUp]], None]
+    ) -> None:
+        """Call `on_packets` from `loop` with every batch of handed-up packets."""
+
+        def readable() -> None:
+            batch = self.drain()
+            if batch:
+                on_packets(batch)
+
+        loop.add_reader(self._engine.fileno(), readable)
+        self._loop = loop
+
+    def close(self) -> None:
+        if self._loop is not None:
+            self._loop.remove_reader(self._engine.fileno())
+            self._loop = None
+        self._engine.close()
+
+    def fileno(self) -> int:
+        return self._engine.fileno()
+
+    def drain(self, limit: int = DRAIN_BATCH) -> list[HandedUp]:
+        return [HandedUp(*item) for item in self._engine.drain(limit)]
+
+    def thread_cpu(self) -> float:
+        """CPU seconds the relay thread has used."""
+        return self._engine.thread_cpu()
+
+    # --- state Python decides ---------------------------------------------------------------
+
+    def add_allocation(
+        self, client: tuple[Any, ...], relay: socket.socket, expires_at: float
+    ) -> int:
+        """Mirror a new allocation; the engine reads (a duplicate of) `relay` from now on."""
+        return self._engine.add_allocation(client, relay.fileno(), expires_at)
+
+    def refresh_allocation(self, handle: int, expires_at: float) -> None:
+        self._engine.refresh_allocation(handle, expires_at)
+
+    def remove_allocation(self, handle: int) -> None:
+        self._engine.remove_allocation(handle)
+
+    def set_permission(self, handle: int, peer_ip: str, expires_at: float) -> None:
+        self._engine.set_permission(handle, peer_ip, expires_at)
+
+    def remove_permission(self, handle: int, peer_ip: str) -> None:
+        self._engine.remove_permission(handle, peer_ip)
+
+    def bind_channel(
+        self, handle: int, number: int, peer: tuple[str, int], expires_at: float
+    ) -> None:
+        self._engine.bind_channel(handle, number, peer, expires_at)
+
+    def remove_channel(self, handle: int, number: int) -> None:
+        self._engine.remove_channel(handle, number)
+
+    def decide(self, peer: tuple[str, int], cluster: str | None) -> None:
+        """Install the router's verdict for `peer`: admitted by `cluster`, or None: forbidden."""
+        verdict = FORBIDDEN if cluster is None else self.clusters.id_of(cluster)
+        self._engine.set_verdict(peer, verdict)
+
+    def clear_verdicts(self) -> None:
+        self._engine.clear_verdicts()
+
+    def reinject(self, packet: HandedUp) -> int:
+        """Decide a handed-up packet again (after `decide`): RELAYED, DROPPED, or UP when the
+        engine still does not own it (the caller handles it in Python)."""
+        return self._engine.inject(packet.source, packet.handle, packet.address, packet.data)
+
+    def send_to_peer(
+        self, handle: int, peer: tuple[str, int], payload: bytes, datagram_len: int
+    ) -> int:
+        """Relay a payload Python parsed from a client's datagram of `datagram_len` bytes (a Send
+        indication of another shape) on the allocation's relay socket, decided and counted as
+        the engine's own packets: RELAYED, DROPPED, or UP (no verdict for the peer yet)."""
+        return self._engine.send_to_peer(handle, peer, payload, datagram_len)
+
+    # --- counters ---------------------------------------------------------------------------
+
+    def counters(self) -> NativeCounters:
+        raw = self._engine.counters()
+        rx_packets, rx_bytes, tx_packets, tx_bytes = raw["listener"]
+        return NativeCounters(
+            rx_packets=rx_packets,
+            rx_bytes=rx_bytes,
+            tx_packets=tx_packets,
+            tx_bytes=tx_bytes,
+            clusters={self.clusters.name_of(i): list(v) for i, v in raw["clusters"].items()},
+            drops=dict(raw["drops"]),
+            handed_up=raw["handed_up"],
+        )

@@ -1,0 +1,277 @@
+/* A fuzz driver for the relay core, built with -fsanitize=address,undefined by
+ * tests/stunnerd/test_native_fuzz.py (never part of the extension).
+ *
+ *   fuzz ITERATIONS SEED
+ *   fuzz canary        (reads one byte past a buffer: proves the sanitizers are on)
+ *
+ * Sets up an engine on a loopback listener with allocations (IPv4 and IPv6 relay sockets),
+ * permissions, channels and verdicts, starts its thread, then per iteration builds a datagram
+ * (a valid ChannelData or Send indication, mutated, or random bytes) in a heap buffer of exactly
+ * its size, and either decides it directly (relay_process, as a client or a peer packet) or sends
+ * it through the real sockets to the thread. The tables change under it meanwhile. Prints the
+ * outcomes; any memory or undefined-behaviour error aborts with the sanitizer's report.
+ */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "relay.h"
+
+#define ALLOCS 4
+#define SEEDS 8
+
+static uint64_t state;
+
+static uint32_t rnd(void) { /* splitmix64 */
+    uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return (uint32_t)((z ^ (z >> 31)) >> 16);
+}
+
+static int udp_socket(int family, const char *host) {
+    int fd = socket(family, SOCK_DGRAM | SOCK_NONBLOCK, 0);
+    struct sockaddr_storage ss;
+    memset(&ss, 0, sizeof ss);
+    socklen_t len;
+    if (family == AF_INET) {
+        struct sockaddr_in *in = (struct sockaddr_in *)&ss;
+        in->sin_family = AF_INET;
+        inet_pton(AF_INET, host, &in->sin_addr);
+        len = sizeof *in;
+    } else {
+        struct sockaddr_in6 *in6 = (struct sockaddr_in6 *)&ss;
+        in6->sin6_family = AF_INET6;
+        inet_pton(AF_INET6, host, &in6->sin6_addr);
+        len = sizeof *in6;
+    }
+    if (fd < 0 || bind(fd, (struct sockaddr *)&ss, len) < 0) return -1;
+    return fd;
+}
+
+static void local(int fd, struct sockaddr_storage *ss, relay_addr *a) {
+    socklen_t len = sizeof *ss;
+    getsockname(fd, (struct sockaddr *)ss, &len);
+    relay_addr_from_sockaddr(a, (struct sockaddr *)ss);
+}
+
+static size_t put_send(uint8_t *b, const relay_addr *peer, const uint8_t *payload, size_t plen,
+                       int fingerprint) {
+    int v4 = peer->ip[10] == 0xff && peer->ip[0] == 0;
+    size_t alen = v4 ? 8 : 20, off = 20;
+    b[0] = 0x00, b[1] = 0x16;
+    uint32_t cookie = htonl(0x2112A442);
+    memcpy(b + 4, &cookie, 4);
+    for (int i = 0; i < 12; i++) b[8 + i] = (uint8_t)rnd();
+    b[off] = 0x00, b[off + 1] = 0x12, b[off + 2] = 0, b[off + 3] = (uint8_t)alen;
+    b[off + 4] = 0, b[off + 5] = v4 ? 1 : 2;
+    uint16_t port = peer->port ^ 0x2112;
+    b[off + 6] = (uint8_t)(port >> 8), b[off + 7] = (uint8_t)port;
+    const uint8_t *ip = v4 ? peer->ip + 12 : peer->ip;
+    for (size_t i = 0; i < alen - 4; i++) b[off + 8 + i] = ip[i] ^ b[4 + i];
+    off += 4 + alen;
+    b[off] = 0x00, b[off + 1] = 0x13, b[off + 2] = (uint8_t)(plen >> 8), b[off + 3] = (uint8_t)plen;
+    memcpy(b + off + 4, payload, plen);
+    off += 4 + plen;
+    while (off % 4) b[off++] = 0;
+    size_t length = off - 20 + (fingerprint ? 8 : 0);
+    b[2] = (uint8_t)(length >> 8), b[3] = (uint8_t)length;
+    if (fingerprint) {
+        uint32_t crc = relay_crc32(b, off) ^ 0x5354554Eu;
+        b[off] = 0x80, b[off + 1] = 0x28, b[off + 2] = 0, b[off + 3] = 4;
+        crc = htonl(crc);
+        memcpy(b + off + 4, &crc, 4);
+        off += 8;
+    }
+    return off;
+}
+
+static size_t mutate(uint8_t *b, size_t len, size_t cap) {
+    int rounds = 1 + (int)(rnd() % 4);
+    for (int r = 0; r < rounds; r++) {
+        switch (rnd() % 7) {
+        case 0: /* flip a bit */
+            if (len) b[rnd() % len] ^= (uint8_t)(1u << (rnd() % 8));
+            break;
+        case 1: /* an interesting byte */
+            if (len) b[rnd() % len] = (uint8_t[]){0, 0xff, 0x40, 0x7f, 0x80, 0x12, 0x13, 0x28}[rnd() % 8];
+            break;
+        case 2: /* truncate */
+            len = len ? rnd() % (len + 1) : 0;
+            break;
+        case 3: /* extend with random bytes */
+        {
+            size_t extra = rnd() % 64;
+            if (len + extra > cap) extra = cap - len;
+            for (size_t i = 0; i < extra; i++) b[len + i] = (uint8_t)rnd();
+            len += extra;
+            break;
+        }
+        case 4: /* a length field: the message's or an attribute's */
+            if (len >= 4) {
+                size_t at = (rnd() % 2 || len < 24) ? 2 : 20 + 4 * (rnd() % ((len - 20) / 4));
+                if (at + 1 < len) b[at] = (uint8_t)rnd(), b[at + 1] = (uint8_t)rnd();
+            }
+            break;
+        case 5: /* an attribute type */
+            if (len >= 24) {
+                size_t at = 20 + 4 * (rnd() % ((len - 20) / 4));
+                if (at + 1 < len) b[at] = (uint8_t)(rnd() % 2 ? 0x80 : 0), b[at + 1] = (uint8_t)rnd();
+            }
+            break;
+        default: /* random bytes throughout */
+            for (size_t i = 0; i < len; i++)
+                if (rnd() % 16 == 0) b[i] = (uint8_t)rnd();
+        }
+    }
+    return len;
+}
+
+int main(int argc, char **argv) {
+    if (argc > 1 && strcmp(argv[1], "canary") == 0) {
+        size_t n = strlen(argv[1]);
+        char *buffer = malloc(n);
+        memcpy(buffer, argv[1], n);
+        int past = ((volatile char *)buffer)[n];
+        free(buffer);
+        return past == 'x';
+    }
+    long iterations = argc > 1 ? atol(argv[1]) : 100000;
+    state = argc > 2 ? strtoull(argv[2], NULL, 10) : 1;
+    int listener = udp_socket(AF_INET, "127.0.0.1");
+    int client = udp_socket(AF_INET, "127.0.0.1");
+    int peer4 = udp_socket(AF_INET, "127.0.0.1");
+    int peer6 = udp_socket(AF_INET6, "::1");
+    if (listener < 0 || client < 0 || peer4 < 0) {
+        perror("sockets");
+        return 2;
+    }
+    relay_engine *e = calloc(1, sizeof *e);
+    if (relay_new(e, listener, 256, 1 << 20) < 0) {
+        perror("relay_new");
+        return 2;
+    }
+    struct sockaddr_storage listen_ss, client_ss, peer_ss[2];
+    relay_addr listen_addr, clients[ALLOCS], peers[2];
+    local(listener, &listen_ss, &listen_addr);
+    local(client, &client_ss, &clients[0]);
+    local(peer4, &peer_ss[0], &peers[0]);
+    int npeers = 1;
+    if (peer6 >= 0) local(peer6, &peer_ss[1], &peers[npeers++]);
+    int relays[ALLOCS];
+    uint64_t handles[ALLOCS];
+    double now = relay_now();
+    for (int i = 0; i < ALLOCS; i++) {
+        relays[i] = (i % 2 && peer6 >= 0) ? udp_socket(AF_INET6, "::1") : udp_socket(AF_INET, "127.0.0.1");
+        if (i > 0) {
+            clients[i] = clients[0];
+            clients[i].port = (uint16_t)(clients[0].port + i);
+        }
+        if (relay_add_allocation(e, &clients[i], relays[i], now + 3600, &handles[i]) < 0) {
+            perror("relay_add_allocation");
+            return 2;
+        }
+        for (int p = 0; p < npeers; p++) {
+            relay_set_permission(e, handles[i], &peers[p], now + 3600);
+            relay_bind_channel(e, handles[i], (uint16_t)(0x4000 + p), &peers[p], now + 3600);
+        }
+    }
+    for (int p = 0; p < npeers; p++) relay_set_verdict(e, &peers[p], p);
+    relay_start(e);
+
+    long outcomes[3] = {0}, sent = 0;
+    uint8_t scratch[2048];
+    uint8_t payload[1200];
+    for (size_t i = 0; i < sizeof payload; i++) payload[i] = (uint8_t)i;
+    for (long it = 0; it < iterations; it++) {
+        /* the tables change under the traffic */
+        uint32_t change = rnd() % 64;
+        int which = (int)(rnd() % ALLOCS), p = (int)(rnd() % (uint32_t)npeers);
+        double t = relay_now() + ((rnd() % 4) ? 3600 : -1);
+        if (change == 0) relay_clear_verdicts(e);
+        else if (change == 1) relay_set_verdict(e, &peers[p], (int)(rnd() % 3) - 1);
+        else if (change == 2) relay_set_permission(e, handles[which], &peers[p], t);
+        else if (change == 3) relay_remove_permission(e, handles[which], &peers[p]);
+        else if (change == 4) relay_bind_channel(e, handles[which], (uint16_t)(0x4000 + rnd() % 3), &peers[p], t);
+        else if (change == 5) relay_remove_channel(e, handles[which], (uint16_t)(0x4000 + rnd() % 3));
+        else if (change == 6) relay_refresh_allocation(e, handles[which], t);
+        else if (change == 7 && which > 0) { /* replace an allocation */
+            relay_remove_allocation(e, handles[which]);
+            relay_add_allocation(e, &clients[which], relays[which], relay_now() + 3600, &handles[which]);
+            relay_set_permission(e, handles[which], &peers[p], relay_now() + 3600);
+        }
+        /* a datagram */
+        size_t len, plen = rnd() % 4 ? rnd() % 200 : rnd() % sizeof payload;
+        uint32_t kind = rnd() % 8;
+        if (kind < 3) {
+            scratch[0] = 0x40, scratch[1] = (uint8_t)(rnd() % 3);
+            scratch[2] = (uint8_t)(plen >> 8), scratch[3] = (uint8_t)plen;
+            memcpy(scratch + 4, payload, plen);
+            len = 4 + plen;
+        } else if (kind < 6) {
+            len = put_send(scratch, &peers[p], payload, plen, (int)(rnd() % 2));
+        } else if (kind < 7) {
+            len = plen;
+            memcpy(scratch, payload, plen);
+        } else {
+            len = rnd() % 64;
+            for (size_t i = 0; i < len; i++) scratch[i] = (uint8_t)rnd();
+        }
+        if (rnd() % 4) len = mutate(scratch, len, sizeof scratch);
+        uint8_t *data = malloc(len ? len : 1); /* exactly len: ASan sees any over-read */
+        memcpy(data, scratch, len);
+        int source = rnd() % 3 ? RELAY_SRC_CLIENT : RELAY_SRC_PEER;
+        if (rnd() % 8 == 0) { /* through the sockets, to the thread */
+            if (source == RELAY_SRC_CLIENT)
+                sendto(client, data, len, 0, (struct sockaddr *)&listen_ss, sizeof(struct sockaddr_in));
+            else {
+                struct sockaddr_storage ss;
+                socklen_t sl = sizeof ss;
+                getsockname(relays[which], (struct sockaddr *)&ss, &sl);
+                sendto(ss.ss_family == AF_INET6 ? peer6 : peer4, data, len, 0, (struct sockaddr *)&ss, sl);
+            }
+            sent++;
+        } else {
+            struct sockaddr_storage from;
+            relay_addr from_addr = source == RELAY_SRC_CLIENT ? clients[rnd() % ALLOCS] : peers[p];
+            if (rnd() % 8 == 0) from_addr.port ^= 1; /* a stranger */
+            relay_sockaddr_from_addr(&from, rnd() % 2 ? AF_INET6 : AF_INET, &from_addr);
+            if (from.ss_family == 0) relay_sockaddr_from_addr(&from, AF_INET6, &from_addr);
+            uint64_t handle = handles[which] ^ (rnd() % 16 == 0 ? (uint64_t)rnd() << 20 : 0);
+            relay_send out;
+            struct mmsghdr hdr;
+            pthread_mutex_lock(&e->lock);
+            int outcome = rnd() % 16 == 0 /* a payload Python parsed, to a peer */
+                              ? relay_payload_to_peer(e, handle, &peers[p], data, len, len + 36,
+                                                      relay_now(), &out)
+                              : relay_process(e, source, handle, (struct sockaddr *)&from, data,
+                                              len, relay_now(), &out);
+            if (outcome == RELAY_UP)
+                relay_hand_up(e, source, handle, (struct sockaddr *)&from, sizeof from, data, len);
+            pthread_mutex_unlock(&e->lock);
+            if (outcome == RELAY_RELAYED) relay_flush(e, &out, 1, &hdr);
+            outcomes[outcome]++;
+        }
+        free(data);
+        if (it % 64 == 0) {
+            relay_up *ups[128];
+            uint32_t n = relay_drain(e, ups, 128);
+            for (uint32_t i = 0; i < n; i++) free(ups[i]);
+        }
+        if (it % 256 == 0) { /* keep the peers' buffers from filling */
+            uint8_t sink[65536];
+            while (recv(peer4, sink, sizeof sink, MSG_DONTWAIT) > 0) {}
+            while (peer6 >= 0 && recv(peer6, sink, sizeof sink, MSG_DONTWAIT) > 0) {}
+            while (recv(client, sink, sizeof sink, MSG_DONTWAIT) > 0) {}
+        }
+    }
+    usleep(100000); /* let the thread take what was sent through the sockets */
+    relay_free(e);
+    free(e);
+    printf("relayed %ld dropped %ld up %ld through-sockets %ld\n", outcomes[RELAY_RELAYED],
+           outcomes[RELAY_DROPPED], outcomes[RELAY_UP], sent);
+    return 0;
+}

@@ -1,0 +1,449 @@
+/* stunnerd._relay: the CPython bindings of the relay core (relay.c). See stunnerd/native.py. */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <arpa/inet.h>
+#include <string.h>
+#include <time.h>
+
+#include "relay.h"
+
+typedef struct {
+    PyObject_HEAD relay_engine engine;
+    int ready;
+} EngineObject;
+
+static int engine_check(EngineObject *self) {
+    if (!self->ready) {
+        PyErr_SetString(PyExc_ValueError, "the relay engine is closed");
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *raise_errno(int rc) {
+    errno = -rc;
+    return PyErr_SetFromErrno(PyExc_OSError);
+}
+
+/* (host, port[, flowinfo, scope_id]) -> sockaddr; -1 with an exception if not an IP address. */
+static int parse_address(PyObject *tuple, struct sockaddr_storage *ss, relay_addr *out) {
+    const char *host;
+    int port;
+    if (!PyTuple_Check(tuple) || PyTuple_GET_SIZE(tuple) < 2) {
+        PyErr_SetString(PyExc_TypeError, "an address is a (host, port, ...) tuple");
+        return -1;
+    }
+    PyObject *head = PyTuple_GetSlice(tuple, 0, 2);
+    if (!head) return -1;
+    int ok = PyArg_ParseTuple(head, "si", &host, &port);
+    Py_DECREF(head);
+    if (!ok) return -1;
+    if (port < 0 || port > 65535) {
+        PyErr_Format(PyExc_ValueError, "port %d is out of range", port);
+        return -1;
+    }
+    memset(ss, 0, sizeof *ss);
+    struct sockaddr_in *in = (struct sockaddr_in *)ss;
+    struct sockaddr_in6 *in6 = (struct sockaddr_in6 *)ss;
+    if (inet_pton(AF_INET, host, &in->sin_addr) == 1) {
+        in->sin_family = AF_INET;
+        in->sin_port = htons((uint16_t)port);
+    } else if (inet_pton(AF_INET6, host, &in6->sin6_addr) == 1) {
+        in6->sin6_family = AF_INET6;
+        in6->sin6_port = htons((uint16_t)port);
+    } else {
+        PyErr_Format(PyExc_ValueError, "%R is not an IP address", PyTuple_GET_ITEM(tuple, 0));
+        return -1;
+    }
+    relay_addr_from_sockaddr(out, (struct sockaddr *)ss);
+    return 0;
+}
+
+static int parse_ip(PyObject *text, relay_addr *out) {
+    struct sockaddr_storage ss;
+    PyObject *tuple = Py_BuildValue("(Oi)", text, 0);
+    if (!tuple) return -1;
+    int rc = parse_address(tuple, &ss, out);
+    Py_DECREF(tuple);
+    return rc;
+}
+
+/* A socket address as the socket module reports it. */
+static PyObject *format_address(const struct sockaddr_storage *ss) {
+    char text[INET6_ADDRSTRLEN];
+    if (ss->ss_family == AF_INET) {
+        const struct sockaddr_in *in = (const struct sockaddr_in *)ss;
+        inet_ntop(AF_INET, &in->sin_addr, text, sizeof text);
+        return Py_BuildValue("(si)", text, ntohs(in->sin_port));
+    }
+    const struct sockaddr_in6 *in6 = (const struct sockaddr_in6 *)ss;
+    inet_ntop(AF_INET6, &in6->sin6_addr, text, sizeof text);
+    return Py_BuildValue("(siII)", text, ntohs(in6->sin6_port), ntohl(in6->sin6_flowinfo),
+                         in6->sin6_scope_id);
+}
+
+static int Engine_init(EngineObject *self, PyObject *args, PyObject *kwargs) {
+    static char *names[] = {"listener_fd", "queue_limit", "queue_bytes", NULL};
+    int fd;
+    unsigned int queue_limit = 4096;
+    Py_ssize_t queue_bytes = 8 << 20;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "i|In", names, &fd, &queue_limit,
+                                     &queue_bytes))
+        return -1;
+    if (self->ready) {
+        PyErr_SetString(PyExc_RuntimeError, "the relay engine is already initialised");
+        return -1;
+    }
+    if (queue_limit == 0 || queue_bytes <= 0) {
+        PyErr_SetString(PyExc_ValueError, "queue_limit and queue_bytes must be positive");
+        return -1;
+    }
+    int rc = relay_new(&self->engine, fd, queue_limit, (size_t)queue_bytes);
+    if (rc < 0) {
+        relay_free(&self->engine);
+        raise_errno(rc);
+        return -1;
+    }
+    self->ready = 1;
+    return 0;
+}
+
+static PyObject *Engine_close(EngineObject *self, PyObject *unused) {
+    if (self->ready) {
+        Py_BEGIN_ALLOW_THREADS relay_stop(&self->engine);
+        Py_END_ALLOW_THREADS relay_free(&self->engine);
+        self->ready = 0;
+    }
+    Py_RETURN_NONE;
+}
+
+static void Engine_dealloc(EngineObject *self) {
+    PyObject *rc = Engine_close(self, NULL);
+    Py_XDECREF(rc);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *Engine_start(EngineObject *self, PyObject *unused) {
+    if (engine_check(self) < 0) return NULL;
+    int rc = relay_start(&self->engine);
+    if (rc < 0) return raise_errno(rc);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Engine_stop(EngineObject *self, PyObject *unused) {
+    if (engine_check(self) < 0) return NULL;
+    Py_BEGIN_ALLOW_THREADS relay_stop(&self->engine);
+    Py_END_ALLOW_THREADS Py_RETURN_NONE;
+}
+
+static PyObject *Engine_fileno(EngineObject *self, PyObject *unused) {
+    if (engine_check(self) < 0) return NULL;
+    return PyLong_FromLong(self->engine.up_fd);
+}
+
+static PyObject *Engine_drain(EngineObject *self, PyObject *args) {
+    unsigned int max = 256;
+    if (!PyArg_ParseTuple(args, "|I", &max)) return NULL;
+    if (engine_check(self) < 0) return NULL;
+    if (max > 4096) max = 4096;
+    relay_up *ups[4096];
+    uint32_t n = relay_drain(&self->engine, ups, max);
+    PyObject *list = PyList_New(n);
+    for (uint32_t i = 0; i < n; i++) {
+        relay_up *up = ups[i];
+        if (list) {
+            PyObject *addr = format_address(&up->from);
+            PyObject *item = addr ? Py_BuildValue("(iKNy#)", up->source,
+                                                  (unsigned long long)up->handle, addr,
+                                                  (const char *)up->data, (Py_ssize_t)up->len)
+                                  : NULL;
+            if (!item) Py_CLEAR(list);
+            else PyList_SET_ITEM(list, i, item);
+        }
+        free(up);
+    }
+    return list;
+}
+
+static PyObject *Engine_add_allocation(EngineObject *self, PyObject *args) {
+    PyObject *client;
+    int fd;
+    double expires;
+    if (!PyArg_ParseTuple(args, "O!id", &PyTuple_Type, &client, &fd, &expires)) return NULL;
+    if (engine_check(self) < 0) return NULL;
+    struct sockaddr_storage ss;
+    relay_addr addr;
+    if (parse_address(client, &ss, &addr) < 0) return NULL;
+    uint64_t handle;
+    int rc = relay_add_allocation(&self->engine, &addr, fd, expires, &handle);
+    if (rc == -EEXIST) {
+        PyErr_Format(PyExc_ValueError, "client %R already has an allocation", client);
+        return NULL;
+    }
+    if (rc < 0) return raise_errno(rc);
+    return PyLong_FromUnsignedLongLong(handle);
+}
+
+static PyObject *result(int rc) {
+    if (rc == -ENOENT) {
+        PyErr_SetString(PyExc_KeyError, "no such allocation");
+        return NULL;
+    }
+    if (rc < 0) return raise_errno(rc);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Engine_refresh_allocation(EngineObject *self, PyObject *args) {
+    unsigned long long handle;
+    double expires;
+    if (!PyArg_ParseTuple(args, "Kd", &handle, &expires) || engine_check(self) < 0) return NULL;
+    return result(relay_refresh_allocation(&self->engine, handle, expires));
+}
+
+static PyObject *Engine_remove_allocation(EngineObject *self, PyObject *args) {
+    unsigned long long handle;
+    if (!PyArg_ParseTuple(args, "K", &handle) || engine_check(self) < 0) return NULL;
+    return result(relay_remove_allocation(&self->engine, handle));
+}
+
+static PyObject *Engine_set_permission(EngineObject *self, PyObject *args) {
+    unsigned long long handle;
+    PyObject *ip;
+    double expires;
+    relay_addr addr;
+    if (!PyArg_ParseTuple(args, "KOd", &handle, &ip, &expires) || engine_check(self) < 0 ||
+        parse_ip(ip, &addr) < 0)
+        return NULL;
+    return result(relay_set_permission(&self->engine, handle, &addr, expires));
+}
+
+static PyObject *Engine_remove_permission(EngineObject *self, PyObject *args) {
+    unsigned long long handle;
+    PyObject *ip;
+    relay_addr addr;
+    if (!PyArg_ParseTuple(args, "KO", &handle, &ip) || engine_check(self) < 0 ||
+        parse_ip(ip, &addr) < 0)
+        return NULL;
+    return result(relay_remove_permission(&self->engine, handle, &addr));
+}
+
+static PyObject *Engine_bind_channel(EngineObject *self, PyObject *args) {
+    unsigned long long handle;
+    int number;
+    PyObject *peer;
+    double expires;
+    struct sockaddr_storage ss;
+    relay_addr addr;
+    if (!PyArg_ParseTuple(args, "KiO!d", &handle, &number, &PyTuple_Type, &peer, &expires) ||
+        engine_check(self) < 0 || parse_address(peer, &ss, &addr) < 0)
+        return NULL;
+    if (number < 0x4000 || number > 0x7FFF) {
+        PyErr_Format(PyExc_ValueError, "channel number 0x%x is out of range", number);
+        return NULL;
+    }
+    return result(relay_bind_channel(&self->engine, handle, (uint16_t)number, &addr, expires));
+}
+
+static PyObject *Engine_remove_channel(EngineObject *self, PyObject *args) {
+    unsigned long long handle;
+    int number;
+    if (!PyArg_ParseTuple(args, "Ki", &handle, &number) || engine_check(self) < 0) return NULL;
+    if (number < 0 || number > 0xFFFF) {
+        PyErr_Format(PyExc_ValueError, "channel number %d is out of range", number);
+        return NULL;
+    }
+    return result(relay_remove_channel(&self->engine, handle, (uint16_t)number));
+}
+
+static PyObject *Engine_set_verdict(EngineObject *self, PyObject *args) {
+    PyObject *peer;
+    int cluster;
+    struct sockaddr_storage ss;
+    relay_addr addr;
+    if (!PyArg_ParseTuple(args, "O!i", &PyTuple_Type, &peer, &cluster) ||
+        engine_check(self) < 0 || parse_address(peer, &ss, &addr) < 0)
+        return NULL;
+    if (cluster >= RELAY_MAX_CLUSTERS) {
+        PyErr_Format(PyExc_ValueError, "cluster id %d is above %d", cluster,
+                     RELAY_MAX_CLUSTERS - 1);
+        return NULL;
+    }
+    return result(relay_set_verdict(&self->engine, &addr, cluster));
+}
+
+static PyObject *Engine_clear_verdicts(EngineObject *self, PyObject *unused) {
+    if (engine_check(self) < 0) return NULL;
+    relay_clear_verdicts(&self->engine);
+    Py_RETURN_NONE;
+}
+
+/* Send what was decided (outside the lock) and return the outcome. */
+static PyObject *finish(relay_engine *e, int outcome, relay_send *send) {
+    struct mmsghdr scratch;
+    if (outcome == RELAY_RELAYED) relay_flush(e, send, 1, &scratch);
+    return PyLong_FromLong(outcome);
+}
+
+static PyObject *Engine_inject(EngineObject *self, PyObject *args) {
+    int source;
+    unsigned long long handle;
+    PyObject *from;
+    Py_buffer data;
+    if (!PyArg_ParseTuple(args, "iKO!y*", &source, &handle, &PyTuple_Type, &from, &data))
+        return NULL;
+    struct sockaddr_storage ss;
+    relay_addr addr;
+    PyObject *ret = NULL;
+    if (engine_check(self) < 0 || parse_address(from, &ss, &addr) < 0) goto done;
+    if (source != RELAY_SRC_CLIENT && source != RELAY_SRC_PEER) {
+        PyErr_SetString(PyExc_ValueError, "source is SOURCE_CLIENT or SOURCE_PEER");
+        goto done;
+    }
+    relay_engine *e = &self->engine;
+    relay_send send;
+    pthread_mutex_lock(&e->lock);
+    int outcome = relay_process(e, source, handle, (struct sockaddr *)&ss, data.buf,
+                                (size_t)data.len, relay_now(), &send);
+    pthread_mutex_unlock(&e->lock);
+    ret = finish(e, outcome, &send);
+done:
+    PyBuffer_Release(&data);
+    return ret;
+}
+
+static PyObject *Engine_send_to_peer(EngineObject *self, PyObject *args) {
+    unsigned long long handle;
+    PyObject *peer;
+    Py_buffer payload;
+    Py_ssize_t datagram_len;
+    if (!PyArg_ParseTuple(args, "KO!y*n", &handle, &PyTuple_Type, &peer, &payload,
+                          &datagram_len))
+        return NULL;
+    struct sockaddr_storage ss;
+    relay_addr addr;
+    PyObject *ret = NULL;
+    if (engine_check(self) < 0 || parse_address(peer, &ss, &addr) < 0) goto done;
+    if (datagram_len < payload.len) {
+        PyErr_SetString(PyExc_ValueError, "the datagram is shorter than its payload");
+        goto done;
+    }
+    relay_engine *e = &self->engine;
+    relay_send send;
+    pthread_mutex_lock(&e->lock);
+    int outcome = relay_payload_to_peer(e, handle, &addr, payload.buf, (size_t)payload.len,
+                                        (size_t)datagram_len, relay_now(), &send);
+    pthread_mutex_unlock(&e->lock);
+    ret = finish(e, outcome, &send);
+done:
+    PyBuffer_Release(&payload);
+    return ret;
+}
+
+static PyObject *Engine_counters(EngineObject *self, PyObject *unused) {
+    if (engine_check(self) < 0) return NULL;
+    relay_engine *e = &self->engine;
+    uint64_t listener[4], drops[DROP_COUNT], handed_up;
+    uint32_t n;
+    pthread_mutex_lock(&e->lock);
+    memcpy(listener, e->listener, sizeof listener);
+    memcpy(drops, e->drops, sizeof drops);
+    handed_up = e->handed_up;
+    n = e->nclusters;
+    uint64_t(*clusters)[4] = n ? malloc(n * sizeof *clusters) : NULL;
+    if (clusters) memcpy(clusters, e->clusters, n * sizeof *clusters);
+    pthread_mutex_unlock(&e->lock);
+    if (n && !clusters) return PyErr_NoMemory();
+    PyObject *by_cluster = PyDict_New(), *by_cause = PyDict_New();
+    for (uint32_t i = 0; by_cluster && i < n; i++) {
+        uint64_t *c = clusters[i];
+        if (!(c[0] | c[1] | c[2] | c[3])) continue;
+        PyObject *key = PyLong_FromUnsignedLong(i);
+        PyObject *value = Py_BuildValue("(KKKK)", c[0], c[1], c[2], c[3]);
+        if (!key || !value || PyDict_SetItem(by_cluster, key, value) < 0) Py_CLEAR(by_cluster);
+        Py_XDECREF(key);
+        Py_XDECREF(value);
+    }
+    free(clusters);
+    for (int i = 0; by_cause && i < DROP_COUNT; i++) {
+        PyObject *value = PyLong_FromUnsignedLongLong(drops[i]);
+        if (!value || PyDict_SetItemString(by_cause, relay_drop_names[i], value) < 0)
+            Py_CLEAR(by_cause);
+        Py_XDECREF(value);
+    }
+    if (!by_cluster || !by_cause) {
+        Py_XDECREF(by_cluster);
+        Py_XDECREF(by_cause);
+        return NULL;
+    }
+    return Py_BuildValue("{s(KKKK)sNsNsK}", "listener", listener[0], listener[1], listener[2],
+                         listener[3], "clusters", by_cluster, "drops", by_cause, "handed_up",
+                         handed_up);
+}
+
+static PyObject *Engine_thread_cpu(EngineObject *self, PyObject *unused) {
+    if (engine_check(self) < 0) return NULL;
+    if (!self->engine.running) return PyFloat_FromDouble(0.0);
+    clockid_t clock;
+    struct timespec ts;
+    if (pthread_getcpuclockid(self->engine.thread, &clock) != 0 || clock_gettime(clock, &ts) < 0)
+        return PyErr_SetFromErrno(PyExc_OSError);
+    return PyFloat_FromDouble((double)ts.tv_sec + (double)ts.tv_nsec * 1e-9);
+}
+
+static PyMethodDef Engine_methods[] = {
+    {"start", (PyCFunction)Engine_start, METH_NOARGS, "Start the relay thread."},
+    {"stop", (PyCFunction)Engine_stop, METH_NOARGS, "Stop the relay thread (tables stay)."},
+    {"close", (PyCFunction)Engine_close, METH_NOARGS, "Stop and free everything."},
+    {"fileno", (PyCFunction)Engine_fileno, METH_NOARGS, "Readable while packets wait in drain."},
+    {"drain", (PyCFunction)Engine_drain, METH_VARARGS, "Handed-up packets, oldest first."},
+    {"add_allocation", (PyCFunction)Engine_add_allocation, METH_VARARGS, "-> handle"},
+    {"refresh_allocation", (PyCFunction)Engine_refresh_allocation, METH_VARARGS, NULL},
+    {"remove_allocation", (PyCFunction)Engine_remove_allocation, METH_VARARGS, NULL},
+    {"set_permission", (PyCFunction)Engine_set_permission, METH_VARARGS, NULL},
+    {"remove_permission", (PyCFunction)Engine_remove_permission, METH_VARARGS, NULL},
+    {"bind_channel", (PyCFunction)Engine_bind_channel, METH_VARARGS, NULL},
+    {"remove_channel", (PyCFunction)Engine_remove_channel, METH_VARARGS, NULL},
+    {"set_verdict", (PyCFunction)Engine_set_verdict, METH_VARARGS, NULL},
+    {"clear_verdicts", (PyCFunction)Engine_clear_verdicts, METH_NOARGS, NULL},
+    {"inject", (PyCFunction)Engine_inject, METH_VARARGS, "Decide a handed-up packet again."},
+    {"send_to_peer", (PyCFunction)Engine_send_to_peer, METH_VARARGS,
+     "Relay a payload Python parsed to a peer, decided as a native packet."},
+    {"counters", (PyCFunction)Engine_counters, METH_NOARGS, NULL},
+    {"thread_cpu", (PyCFunction)Engine_thread_cpu, METH_NOARGS, "CPU seconds of the thread."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject EngineType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "stunnerd._relay.Engine",
+    .tp_basicsize = sizeof(EngineObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "The native relay engine of one TURN-UDP listener.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Engine_init,
+    .tp_dealloc = (destructor)Engine_dealloc,
+    .tp_methods = Engine_methods,
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "stunnerd._relay", "The native TURN-UDP relay core (relay.c).", -1,
+    NULL,
+};
+
+PyMODINIT_FUNC PyInit__relay(void) {
+    if (PyType_Ready(&EngineType) < 0) return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (!m) return NULL;
+    Py_INCREF(&EngineType);
+    if (PyModule_AddObject(m, "Engine", (PyObject *)&EngineType) < 0 ||
+        PyModule_AddIntConstant(m, "SOURCE_CLIENT", RELAY_SRC_CLIENT) < 0 ||
+        PyModule_AddIntConstant(m, "SOURCE_PEER", RELAY_SRC_PEER) < 0 ||
+        PyModule_AddIntConstant(m, "RELAYED", RELAY_RELAYED) < 0 ||
+        PyModule_AddIntConstant(m, "DROPPED", RELAY_DROPPED) < 0 ||
+        PyModule_AddIntConstant(m, "UP", RELAY_UP) < 0) {
+        Py_DECREF(&EngineType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

@@ -1,0 +1,184 @@
+/* The native TURN-UDP relay core of stunnerd (issue 16): no Python in here.
+ *
+ * One engine owns the packet path of one TURN-UDP listener socket and the relay sockets of its
+ * allocations. Its thread (relay_start) waits in epoll, reads batches with recvmmsg, decides
+ * every packet from tables the Python server fills (allocations, permissions, channels, peer
+ * verdicts), writes with sendmmsg, and hands every packet it does not own up through a bounded
+ * queue (relay_drain; relay_up_fd is readable while the queue holds packets).
+ *
+ * Locking: `lock` guards the tables and counters; the thread holds it only while deciding a
+ * batch (never during a syscall). `qlock` guards the hand-up queue and nests inside `lock`.
+ * Only the engine's thread closes relay descriptors (removed allocations wait in a graveyard),
+ * so a descriptor is never reused under a read in progress.
+ */
+#ifndef STUNNER_RELAY_H
+#define STUNNER_RELAY_H
+
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+
+/* An address as a table key: IPv4 as IPv4-mapped IPv6, port in host order, zero padding. */
+typedef struct {
+    uint8_t ip[16];
+    uint16_t port;
+    uint16_t zero;
+} relay_addr;
+
+typedef struct {
+    relay_addr key;
+    uint8_t state; /* 0 empty, 1 used, 2 deleted */
+    int32_t value; /* cluster id, channel number or allocation slot */
+    double expiry;
+    relay_addr peer; /* a channel's peer */
+} relay_entry;
+
+typedef struct {
+    relay_entry *slots;
+    uint32_t cap, used, deleted;
+} relay_table;
+
+typedef struct relay_alloc {
+    uint32_t slot, gen;
+    int fd, family; /* the relay socket (a duplicate the engine owns) and its family */
+    relay_addr client;
+    double expires;
+    relay_table perms;     /* peer IP (port 0) -> expiry */
+    relay_table chan_num;  /* channel number (in .port) -> peer, expiry */
+    relay_table chan_peer; /* peer address -> channel number, expiry */
+    struct relay_alloc *next_dead;
+} relay_alloc;
+
+enum { RELAY_SRC_CLIENT = 0, RELAY_SRC_PEER = 1 };
+
+enum relay_outcome {
+    RELAY_RELAYED = 0,
+    RELAY_DROPPED = 1,
+    RELAY_UP = 2, /* not ours: the caller hands it up (or, for inject, reports it) */
+};
+
+enum relay_drop {
+    DROP_NO_PERMISSION,
+    DROP_FORBIDDEN,
+    DROP_EXPIRED,
+    DROP_TOO_BIG,
+    DROP_SEND_ERROR,
+    DROP_QUEUE_FULL,
+    DROP_COUNT
+};
+extern const char *const relay_drop_names[DROP_COUNT];
+
+enum { CTR_RX_PACKETS, CTR_RX_BYTES, CTR_TX_PACKETS, CTR_TX_BYTES };          /* listener */
+enum { CL_TX_PACKETS, CL_TX_BYTES, CL_RX_PACKETS, CL_RX_BYTES };               /* cluster */
+
+#define RELAY_MAX_CLUSTERS 4096
+#define RELAY_VERDICT_LIMIT 65536
+#define RELAY_BATCH 32
+#define RELAY_BUFFER 65536
+
+/* One packet handed up: where it came from and its bytes, exactly as received. */
+typedef struct relay_up {
+    int source;      /* RELAY_SRC_CLIENT (listener socket) or RELAY_SRC_PEER (a relay socket) */
+    uint64_t handle; /* the allocation of a peer packet; 0 for a client packet */
+    struct sockaddr_storage from;
+    socklen_t fromlen;
+    uint32_t len;
+    uint8_t data[];
+} relay_up;
+
+/* One send decided for a received packet. */
+typedef struct {
+    int fd;
+    struct sockaddr_storage dst;
+    socklen_t dstlen;
+    struct iovec iov[3];
+    int iovcnt;
+    uint8_t header[48];
+    int cluster;      /* the cluster counted, or -1 */
+    int to_client;    /* 1: peer -> client, counted on the listener's tx */
+    uint32_t payload; /* bytes counted on the cluster */
+    uint32_t total;   /* bytes sent */
+} relay_send;
+
+typedef struct relay_engine {
+    int listen_fd, listen_family, epfd, wake_fd, up_fd;
+    pthread_mutex_t lock;
+    relay_alloc **allocs;
+    uint32_t nslots, *free_slots, nfree, next_gen;
+    relay_table by_client; /* client address -> allocation slot */
+    relay_table verdicts;  /* peer address -> cluster id (>= 0) or forbidden (-1) */
+    uint64_t listener[4];
+    uint64_t (*clusters)[4];
+    uint32_t nclusters;
+    uint64_t drops[DROP_COUNT];
+    uint64_t handed_up;
+    relay_alloc *graveyard;
+    uint64_t rng[2];
+    /* the hand-up queue */
+    pthread_mutex_t qlock;
+    relay_up **queue;
+    uint32_t qcap, qhead, qlen;
+    size_t qbytes, qbytes_limit;
+    /* the thread */
+    pthread_t thread;
+    int running;
+    int stopping;
+    /* batch buffers (the thread's own) */
+    uint8_t *buffers;
+    struct mmsghdr *msgs;
+    struct iovec *iovs;
+    struct sockaddr_storage *names;
+    relay_send *sends;
+    struct mmsghdr *out;
+} relay_engine;
+
+/* Lifecycle. relay_new duplicates listen_fd; 0 on success, else -errno. */
+int relay_new(relay_engine *e, int listen_fd, uint32_t queue_limit, size_t queue_bytes);
+int relay_start(relay_engine *e);
+void relay_stop(relay_engine *e);
+void relay_free(relay_engine *e);
+
+/* State Python decides (call with `lock` not held). Handles are 64-bit: generation << 32 | slot.
+ * relay_add_allocation duplicates relay_fd; returns 0 and sets *handle, or -errno. */
+int relay_add_allocation(relay_engine *e, const relay_addr *client, int relay_fd, double expires,
+                         uint64_t *handle);
+int relay_refresh_allocation(relay_engine *e, uint64_t handle, double expires);
+int relay_remove_allocation(relay_engine *e, uint64_t handle);
+int relay_set_permission(relay_engine *e, uint64_t handle, const relay_addr *peer_ip,
+                         double expires);
+int relay_remove_permission(relay_engine *e, uint64_t handle, const relay_addr *peer_ip);
+int relay_bind_channel(relay_engine *e, uint64_t handle, uint16_t number, const relay_addr *peer,
+                       double expires);
+int relay_remove_channel(relay_engine *e, uint64_t handle, uint16_t number);
+int relay_set_verdict(relay_engine *e, const relay_addr *peer, int cluster);
+void relay_clear_verdicts(relay_engine *e);
+
+/* The packet path. relay_process decides one packet (lock held) and fills *out on RELAYED;
+ * relay_flush sends decided packets (scratch: `count` headers of the caller's) and counts
+ * them (takes the lock itself). */
+int relay_process(relay_engine *e, int source, uint64_t handle, const struct sockaddr *from,
+                  uint8_t *data, size_t len, double now, relay_send *out);
+void relay_flush(relay_engine *e, relay_send *sends, int count, struct mmsghdr *scratch);
+/* A payload Python parsed from a client's message (a Send indication of another shape) for
+ * the allocation's peer: decided and counted as relay_process would (lock held). */
+int relay_payload_to_peer(relay_engine *e, uint64_t handle, const relay_addr *peer,
+                          uint8_t *payload, size_t plen, size_t len, double now,
+                          relay_send *out);
+/* Hand one packet up; drops it (counted) when the queue is full. Call with `lock` held. */
+void relay_hand_up(relay_engine *e, int source, uint64_t handle, const struct sockaddr *from,
+                   socklen_t fromlen, const uint8_t *data, size_t len);
+/* Up to `max` queued packets, oldest first; the caller frees each. Returns the count. */
+uint32_t relay_drain(relay_engine *e, relay_up **out, uint32_t max);
+
+/* Helpers shared with the bindings and the fuzz harness. */
+double relay_now(void);
+void relay_addr_from_sockaddr(relay_addr *a, const struct sockaddr *sa);
+socklen_t relay_sockaddr_from_addr(struct sockaddr_storage *ss, int family, const relay_addr *a);
+int relay_parse_send(const uint8_t *b, size_t len, relay_addr *peer, const uint8_t **payload,
+                     size_t *plen);
+uint32_t relay_crc32(const uint8_t *b, size_t len);
+
+#endif

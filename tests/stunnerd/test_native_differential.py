@@ -1,0 +1,122 @@
+"""The native engine parses exactly what the Python path parses (stunnerd.stun, turn.py).
+
+Mutated Send indications and ChannelData are decided by the engine (`reinject`, synchronous)
+and by the Python codec; the engine must relay exactly the datagrams Python would relay, with
+the same payload to the same peer, and hand up the rest.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from stunnerd import native, stun
+from stunnerd.stun import Class, Message, Method
+
+from .test_native_relay import CHANNEL, CLUSTER, Rig
+
+pytestmark = pytest.mark.skipif(
+    not native.available(), reason=f"native relay: {native.unavailable_reason()}"
+)
+
+
+@pytest.fixture(scope="module")
+def rig() -> Iterator[Rig]:
+    rig = Rig()
+    rig.bind()
+    rig.admit()
+    rig.peer.setblocking(False)
+    yield rig
+    rig.close()
+
+
+def _decide(rig: Rig, data: bytes) -> tuple[int, bytes | None]:
+    """The engine's outcome for `data` from the client, and what the peer got (if anything)."""
+    client = ("::ffff:127.0.0.1", rig.client.getsockname()[1], 0, 0)
+    outcome = rig.engine.reinject(native.HandedUp(native.SOURCE_CLIENT, 0, client, data))
+    if outcome != native.RELAYED:
+        return outcome, None
+    rig.peer.settimeout(2.0)
+    got, _ = rig.peer.recvfrom(65536)
+    return outcome, got
+
+
+def _mutations() -> st.SearchStrategy[list[tuple[int, int]]]:
+    return st.lists(st.tuples(st.integers(0, 200), st.integers(0, 255)), max_size=4)
+
+
+def _apply(data: bytes, mutations: list[tuple[int, int]], cut: int | None) -> bytes:
+    buffer = bytearray(data)
+    for position, value in mutations:
+        if buffer:
+            buffer[position % len(buffer)] = value
+    return bytes(buffer if cut is None else buffer[:cut])
+
+
+@settings(
+    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    payload=st.binary(max_size=40),
+    fingerprint=st.booleans(),
+    mutations=_mutations(),
+    cut=st.none() | st.integers(0, 100),
+)
+def test_send_indications_like_the_python_parser(
+    rig: Rig, payload: bytes, fingerprint: bool, mutations: list[tuple[int, int]], cut: int | None
+) -> None:
+    message = Message(Method.SEND, Class.INDICATION)
+    message.attributes["XOR-PEER-ADDRESS"] = rig.peer_address
+    message.attributes["DATA"] = payload
+    data = _apply(message.encode(fingerprint=fingerprint), mutations, cut)
+    parsed = stun.parse_send_indication(data)
+    outcome, got = _decide(rig, data)
+    if parsed is None:
+        assert outcome == native.UP
+    elif parsed[0] == rig.peer_address:
+        assert (outcome, got) == (native.RELAYED, parsed[1])
+    else:  # another peer: not permitted (dropped) or no verdict yet (handed up)
+        assert outcome in (native.DROPPED, native.UP)
+
+
+@settings(
+    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    payload=st.binary(max_size=40),
+    mutations=_mutations(),
+    cut=st.none() | st.integers(0, 50),
+    padding=st.binary(max_size=5),
+)
+def test_channel_data_like_the_python_path(
+    rig: Rig, payload: bytes, mutations: list[tuple[int, int]], cut: int | None, padding: bytes
+) -> None:
+    data = _apply(stun.pack_channel_data(CHANNEL, payload) + padding, mutations, cut)
+    outcome, got = _decide(rig, data)
+    # turn.Allocation.relay_channel_data: a bound channel and a length that fits are relayed.
+    relayed = len(data) >= 4 and data[0] & 0xC0 == 0x40
+    if relayed:
+        channel, length = struct.unpack_from("!HH", data)
+        relayed = channel == CHANNEL and len(data) >= 4 + length
+    if relayed:
+        assert (outcome, got) == (native.RELAYED, data[4 : 4 + length])
+    else:
+        assert outcome == native.UP
+
+
+def test_data_indications_match_the_python_encoder(rig: Rig) -> None:
+    rig.engine.remove_channel(rig.handle, CHANNEL)
+    try:
+        for payload in (b"", b"1", b"12", b"123", b"1234", b"12345" * 100):
+            rig.peer.sendto(payload, rig.relay_address)
+            native_packet = rig.received()
+            python_packet = stun.data_indication(rig.peer_address, payload)
+            # Identical but for the random transaction id (bytes 8-20).
+            assert native_packet[:8] + native_packet[20:] == python_packet[:8] + python_packet[20:]
+    finally:
+        rig.bind()
+        rig.engine.decide(rig.peer_address, CLUSTER)
