@@ -245,6 +245,11 @@ class NativeRelay:
         the engine's own packets: RELAYED, DROPPED, or UP (no verdict for the peer yet)."""
         return self._engine.send_to_peer(handle, peer, payload, datagram_len)
 
+    def send(self, handle: int, peer: tuple[str, int], payload: bytes) -> bool:
+        """Send a payload Python decided and counted itself (the Python relay path of a native
+        allocation) on the allocation's relay socket; False when the datagram was lost."""
+        return self._engine.send(handle, peer, payload)
+
     # --- counters ---------------------------------------------------------------------------
 
     def counters(self) -> NativeCounters:

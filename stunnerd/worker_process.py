@@ -16,7 +16,7 @@ import logging
 import signal
 import socket
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from functools import partial
 from typing import Any
 
@@ -26,7 +26,6 @@ from . import logs
 from .auth import NonceManager
 from .channel import Channel, Received
 from .core import ApplyError, Build, DataplaneCore, Plan
-from .counters import ClusterCounters
 from .ledger import Reservations, UserAllocations
 from .listener import Listener
 from .runtime import cpu_seconds, event_loop_factory, rss_bytes
@@ -165,20 +164,17 @@ class WorkerDataplane:
             "listeners": {
                 name: {
                     "generation": listener.generation,
-                    "stats": listener.server.stats.to_dict(),
+                    "stats": listener.stats().to_dict(),
                     "active": len(listener.server.allocations),
                 }
                 for name, listener in self.listeners.items()
             },
             "clusters": {
-                name: counters.to_dict() for name, counters in self._cluster_counters().items()
+                name: counters.to_dict() for name, counters in self.core.cluster_counters().items()
             },
             "cpu": cpu_seconds(),
             "rss": rss_bytes(),
         }
-
-    def _cluster_counters(self) -> Mapping[str, ClusterCounters]:
-        return self.context.cluster_counters if self.context is not None else {}
 
     async def close(self) -> None:
         await self.core.close()

@@ -340,6 +340,44 @@ done:
     return ret;
 }
 
+/* Send a payload Python decided and counted itself on the allocation's relay socket: no
+ * decision, no counting (the pure-Python relay path of a native allocation). */
+static PyObject *Engine_send(EngineObject *self, PyObject *args) {
+    unsigned long long handle;
+    PyObject *peer;
+    Py_buffer payload;
+    if (!PyArg_ParseTuple(args, "KO!y*", &handle, &PyTuple_Type, &peer, &payload)) return NULL;
+    struct sockaddr_storage ss, dst;
+    relay_addr addr;
+    PyObject *ret = NULL;
+    if (engine_check(self) < 0 || parse_address(peer, &ss, &addr) < 0) goto done;
+    relay_engine *e = &self->engine;
+    int fd = -1;
+    socklen_t dstlen = 0;
+    pthread_mutex_lock(&e->lock);
+    uint32_t slot = (uint32_t)handle, gen = (uint32_t)(handle >> 32);
+    relay_alloc *a = slot < e->nslots ? e->allocs[slot] : NULL;
+    if (a && a->gen == gen) {
+        fd = a->fd; /* only the thread closes it, and only after Python removed it */
+        dstlen = relay_sockaddr_from_addr(&dst, a->family, &addr);
+    }
+    pthread_mutex_unlock(&e->lock);
+    if (fd < 0) {
+        PyErr_SetString(PyExc_KeyError, "no such allocation");
+        goto done;
+    }
+    if (dstlen == 0) {
+        ret = Py_NewRef(Py_False); /* a peer of the other family: unreachable */
+        goto done;
+    }
+    ssize_t n = sendto(fd, payload.buf, (size_t)payload.len, MSG_DONTWAIT,
+                       (struct sockaddr *)&dst, dstlen);
+    ret = Py_NewRef(n >= 0 ? Py_True : Py_False); /* UDP: a full buffer loses the datagram */
+done:
+    PyBuffer_Release(&payload);
+    return ret;
+}
+
 static PyObject *Engine_counters(EngineObject *self, PyObject *unused) {
     if (engine_check(self) < 0) return NULL;
     relay_engine *e = &self->engine;
@@ -409,6 +447,8 @@ static PyMethodDef Engine_methods[] = {
     {"inject", (PyCFunction)Engine_inject, METH_VARARGS, "Decide a handed-up packet again."},
     {"send_to_peer", (PyCFunction)Engine_send_to_peer, METH_VARARGS,
      "Relay a payload Python parsed to a peer, decided as a native packet."},
+    {"send", (PyCFunction)Engine_send, METH_VARARGS,
+     "Send a payload Python decided and counted on an allocation's relay socket."},
     {"counters", (PyCFunction)Engine_counters, METH_NOARGS, NULL},
     {"thread_cpu", (PyCFunction)Engine_thread_cpu, METH_NOARGS, "CPU seconds of the thread."},
     {NULL, NULL, 0, NULL},

@@ -26,6 +26,8 @@ from tests.support.turnclient import (
     start_peer,
 )
 
+pytestmark = pytest.mark.usefixtures("relay_path")  # both relay paths: conftest.py
+
 
 class Receiver(asyncio.DatagramProtocol):
     def __init__(self) -> None:
@@ -215,7 +217,7 @@ def test_peer_port_outside_range_is_dropped_per_packet() -> None:
             received = await relay_through(port, "udp", (HOST, outside.port), 10)
             assert received == []
             assert outside.received == []
-            assert stunner.listeners["testns/gw/turn-udp"].server.stats.dropped >= 10
+            assert stunner.listeners["testns/gw/turn-udp"].stats().dropped >= 10
             received = await relay_through(port, "udp", (HOST, admitted.port), 10)
             assert len(received) == 10
         admitted.close()

@@ -43,6 +43,8 @@ from tests.support.turnclient import (
 
 from .conftest import StartStunnerd
 
+pytestmark = pytest.mark.usefixtures("relay_path")  # both relay paths: conftest.py
+
 CLIENTS = 20  # 2 processes: all on one side by chance with probability 2**-19
 LISTENER = "testns/gw/turn-udp"
 
