@@ -13,7 +13,9 @@ listener) and N-1 workers (`stunnerd.worker_process`).
 - `sync` is level-based: the worker is told the whole current config and which listener
   generations to run, and answers once it runs exactly those.
 - Nonces are stateless and keyed by a secret the primary shares, so they verify in any process.
-  `admin.user_quota` is counted in the primary's ledger; workers ask it (`acquire`).
+  `admin.user_quota` is counted in the primary's ledger; workers ask it (`acquire`). Relay
+  ports reserved by EVEN-PORT are held by the primary too (`reserve` hands the socket over,
+  `claim` hands it to the process that got the token's Allocate): see `ledger.py`.
 - Workers push their counters every second; `/status` and the metrics add them up.
 """
 

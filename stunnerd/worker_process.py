@@ -146,11 +146,10 @@ class WorkerDataplane:
         for name, generation in wanted.items():
             if (name in self.listeners and name not in stopping) or name not in configs:
                 continue
-            sock = self.handed.pop((name, generation), None)
-            if sock is None:
+            if (name, generation) not in self.handed:
                 log.error("listener %s: no socket for generation %d", name, generation)
                 continue
-            builds[name] = partial(_handed_listener, configs[name], sock, generation)
+            builds[name] = partial(self._on_handed_socket, configs[name], generation)
         try:
             await self.core.apply(config, Plan(to_stop, builds, rollback=False))
         except ApplyError as exc:  # the primary applied it, so this is not expected
@@ -176,17 +175,19 @@ class WorkerDataplane:
             "rss": rss_bytes(),
         }
 
+    def _on_handed_socket(
+        self, config: ListenerConfig, generation: int, context: ServerContext
+    ) -> Listener:
+        """The worker's copy of a listener, on the socket the primary handed for it (taken
+        only now: a sync refused before it leaves the socket for the next one)."""
+        sock = self.handed.pop((config.name, generation))
+        return Listener(config, context, sock=sock, generation=generation)
+
     async def close(self) -> None:
         await self.core.close()
         for sock in self.handed.values():
             sock.close()
         self.handed.clear()
-
-
-def _handed_listener(
-    config: ListenerConfig, sock: socket.socket, generation: int, context: ServerContext
-) -> Listener:
-    return Listener(config, context, sock=sock, generation=generation)
 
 
 async def serve(channel: Channel, log_override: bool) -> None:

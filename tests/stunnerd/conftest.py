@@ -1,8 +1,9 @@
 """The repeated bring-up of stunnerd's tests: a real `stunnerd` process, always taken down.
 
-`stunnerd(*args)` starts `python -m stunnerd ARGS` with its stderr captured; `stop()` sends a
-signal and returns the log; whatever a test leaves running is killed at teardown, so a failing
-assertion never leaks a process holding a port.
+`stunnerd(*args)` starts `python -m stunnerd ARGS` with its stderr in a file (a pipe nobody
+reads could fill and stall it); `stop()` sends a signal and returns the log; whatever a test
+leaves running is killed at teardown, so a failing assertion never leaks a process holding a
+port.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -22,13 +24,19 @@ STUNNERD = [sys.executable, "-m", "stunnerd"]
 
 class StunnerdProcess:
     def __init__(self, args: tuple[str, ...], env: dict[str, str] | None) -> None:
+        self._log = tempfile.TemporaryFile("w+")
         self.proc = subprocess.Popen(
             [*STUNNERD, *args],
-            stderr=subprocess.PIPE,
+            stderr=self._log,
             text=True,
             env={**os.environ, **(env or {})},
         )
-        self.stderr = ""
+
+    @property
+    def stderr(self) -> str:
+        """The log so far."""
+        self._log.seek(0)
+        return self._log.read()
 
     def send(self, sig: int) -> None:
         self.proc.send_signal(sig)
@@ -36,22 +44,18 @@ class StunnerdProcess:
     def running(self) -> bool:
         return self.proc.poll() is None
 
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 10) -> str:
-        """Send `sig` (if still running), wait for the exit and return the whole log."""
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 10, at_once: bool = False) -> str:
+        """Send `sig` (if still running; `at_once`: and a second signal, which ends the drain),
+        wait for the exit and return the whole log."""
         if self.running():
             self.proc.send_signal(sig)
-        self.collect(timeout)
+            if at_once:
+                self.proc.send_signal(signal.SIGINT)
+        self.proc.wait(timeout)
         return self.stderr
 
     def wait(self, timeout: float) -> int:
-        self.collect(timeout)
-        return self.proc.returncode
-
-    def collect(self, timeout: float) -> None:
-        if self.proc.stderr is not None and not self.proc.stderr.closed:
-            self.stderr += self.proc.communicate(timeout=timeout)[1]
-        else:
-            self.proc.wait(timeout)
+        return self.proc.wait(timeout)
 
     @property
     def returncode(self) -> int | None:
@@ -60,7 +64,8 @@ class StunnerdProcess:
     def kill(self) -> None:
         if self.running():
             self.proc.kill()
-        self.collect(10)
+        self.proc.wait(10)
+        self._log.close()
 
 
 StartStunnerd = Callable[..., StunnerdProcess]

@@ -10,10 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -21,9 +17,11 @@ from stunnerd.stun import Class
 from tests.cds_server import run_cds_server
 from tests.support.turnclient import HOST, RawClient, free_port, make_config
 
+from .conftest import StartStunnerd
 from .test_admin import get
 
-STUNNERD = [sys.executable, "-m", "stunnerd", "-w", "--grace-period", "5"]
+WATCH = ("-w", "--grace-period", "5")
+NO_NODE_NAME = {"STUNNER_NODENAME": ""}
 
 
 async def wait_for(predicate, timeout: float = 15.0) -> None:  # type: ignore[no-untyped-def]
@@ -43,68 +41,47 @@ async def allocates(port: int) -> bool:
         client.close()
 
 
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-def test_watch_the_config_discovery_service() -> None:
+def test_watch_the_config_discovery_service(stunnerd: StartStunnerd) -> None:
     async def main() -> None:
         health = free_port()
         port, new_port = free_port(), free_port()
         admin = {"healthcheck_endpoint": f"http://127.0.0.1:{health}"}
         async with run_cds_server() as cds:
-            proc = subprocess.Popen(
-                [*STUNNERD, "-c", cds.address, "-i", "testns/gw"],
-                env={**os.environ, "STUNNER_NODENAME": ""},
-            )
-            try:
-                # Not ready until the first real config arrives. The bootstrap's health server
-                # is the default one (:8086), so probe the TURN port instead.
-                await asyncio.sleep(1.0)
-                assert not await allocates(port)
-                cds.set_config("testns/gw", make_config(port, [f"{HOST}/32"], admin=admin))
-                await wait_for(lambda: allocates(port))
-                assert (await get(f"http://127.0.0.1:{health}/ready"))[0] == 200
-                moved = make_config(new_port, [f"{HOST}/32"], admin=admin)
-                cds.set_config("testns/gw", moved)
-                await wait_for(lambda: allocates(new_port))
-                cds.delete("testns/gw")  # the zero config: ignored
-                await asyncio.sleep(1.0)
-                assert await allocates(new_port)
-                assert (await get(f"http://127.0.0.1:{health}/ready"))[0] == 200
-            finally:
-                await asyncio.to_thread(stop, proc)
-            assert proc.returncode == 0
+            process = stunnerd(*WATCH, "-c", cds.address, "-i", "testns/gw", env=NO_NODE_NAME)
+            # Not ready until the first real config arrives. The bootstrap's health server
+            # is the default one (:8086), so probe the TURN port instead.
+            await asyncio.sleep(1.0)
+            assert not await allocates(port)
+            cds.set_config("testns/gw", make_config(port, [f"{HOST}/32"], admin=admin))
+            await wait_for(lambda: allocates(port))
+            assert (await get(f"http://127.0.0.1:{health}/ready"))[0] == 200
+            moved = make_config(new_port, [f"{HOST}/32"], admin=admin)
+            cds.set_config("testns/gw", moved)
+            await wait_for(lambda: allocates(new_port))
+            cds.delete("testns/gw")  # the zero config: ignored
+            await asyncio.sleep(1.0)
+            assert await allocates(new_port)
+            assert (await get(f"http://127.0.0.1:{health}/ready"))[0] == 200
+            await asyncio.to_thread(process.stop, at_once=True)
+            assert process.returncode == 0
 
     asyncio.run(main())
 
 
-def test_watch_a_config_file(tmp_path: Path) -> None:
+def test_watch_a_config_file(tmp_path: Path, stunnerd: StartStunnerd) -> None:
     async def main() -> None:
         port, new_port = free_port(), free_port()
         path = tmp_path / "stunnerd.conf"
         path.write_text(make_config(port, [f"{HOST}/32"]).to_json())
-        log = (tmp_path / "stderr").open("wb")
-        proc = subprocess.Popen([*STUNNERD, "-c", str(path)], stderr=log)
-        try:
-            await wait_for(lambda: allocates(port))
-            path.write_text(json.dumps({"version": "v1", "listeners": [{"port": 70000}]}))
-            await asyncio.sleep(1.0)
-            assert await allocates(port)  # the invalid rewrite was refused
-            path.write_text(make_config(new_port, [f"{HOST}/32"]).to_json())
-            await wait_for(lambda: allocates(new_port))
-        finally:
-            await asyncio.to_thread(stop, proc)
-            log.close()
-        stderr = (tmp_path / "stderr").read_text()
+        process = stunnerd(*WATCH, "-c", str(path))
+        await wait_for(lambda: allocates(port))
+        path.write_text(json.dumps({"version": "v1", "listeners": [{"port": 70000}]}))
+        await asyncio.sleep(1.0)
+        assert await allocates(port)  # the invalid rewrite was refused
+        path.write_text(make_config(new_port, [f"{HOST}/32"]).to_json())
+        await wait_for(lambda: allocates(new_port))
+        stderr = await asyncio.to_thread(process.stop, at_once=True)
         assert "listeners[0]" in stderr  # the refusal names the field
-        assert proc.returncode == 0
+        assert process.returncode == 0
 
     asyncio.run(main())
