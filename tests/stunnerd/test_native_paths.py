@@ -5,17 +5,21 @@ We test: one scripted client session (STUN requests and their errors, Send and D
 indications of both shapes, ChannelData both ways, unpermitted and forbidden peers, an unbound
 channel, Refresh 0) gives the same answers, the same packets and the same counters on both
 paths, and on the native path the engine relayed the media; a route change that forbids a peer
-stops its packets in both directions at the next packet after the reconcile; without the
-extension, TURN-UDP keeps the Python path.
+stops its packets in both directions at the next packet after the reconcile; a compiler that
+fails makes the build of the extension a warning, not a failed install; without the extension,
+TURN-UDP keeps the Python path.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import runpy
+from pathlib import Path
 from typing import Any
 
 import pytest
+from setuptools import Distribution
 
 from stunnerd import native
 from stunnerd.daemon import Stunner
@@ -34,8 +38,9 @@ from tests.support.turnclient import (
     start_peer,
 )
 
+_REASON = native.unavailable_reason()
 needs_native = pytest.mark.skipif(
-    native._relay is None, reason=f"native relay: {native.unavailable_reason()}"
+    _REASON is not None and "STUNNER_NATIVE" not in _REASON, reason=f"native relay: {_REASON}"
 )
 UDP = "testns/gw/turn-udp"
 CLUSTER = "testns/backend"
@@ -191,13 +196,31 @@ def test_a_route_change_that_forbids_a_peer_stops_its_packets_at_once() -> None:
     asyncio.run(main())
 
 
+def test_a_compiler_that_fails_makes_the_extension_a_warning(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """setup.py's extension is optional: `pip install` goes on without it (CC=false here)."""
+    repo = Path(__file__).resolve().parents[2]
+    monkeypatch.chdir(repo)  # the extension's sources are relative to the project
+    monkeypatch.setenv("CC", "false")
+    extensions = runpy.run_path(str(repo / "setup.py"), run_name="setup_py")["extensions"]
+    assert [e.name for e in extensions] == ["stunnerd._relay"]
+    build = Distribution({"name": "build-test", "ext_modules": extensions})
+    command = build.get_command_obj("build_ext")
+    command.build_lib, command.build_temp = str(tmp_path / "lib"), str(tmp_path / "tmp")
+    command.ensure_finalized()
+    command.run()  # no exception: the build goes on
+    assert not list(tmp_path.rglob("*.so"))
+    assert 'building extension "stunnerd._relay" failed' in capfd.readouterr().err
+
+
 def test_without_the_extension_turn_udp_relays_in_python(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """An install where the extension did not build keeps today's path, with a warning."""
     monkeypatch.delenv("STUNNER_NATIVE", raising=False)
-    monkeypatch.setattr(native, "_relay", None)
-    monkeypatch.setattr(native, "_IMPORT_ERROR", "No module named 'stunnerd._relay'")
+    monkeypatch.setattr("stunnerd.native._relay", None)
+    monkeypatch.setattr("stunnerd.native._IMPORT_ERROR", "No module named 'stunnerd._relay'")
     monkeypatch.setattr("stunnerd.listener._told", set())
 
     async def main() -> None:
