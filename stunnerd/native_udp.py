@@ -111,9 +111,11 @@ class NativeUdpTransport(UdpTransport):
         try:
             relay = native.NativeRelay(sock)
             relay.start()
-        except (OSError, RuntimeError):
-            sock.close()
-            raise
+        except (OSError, RuntimeError) as exc:
+            for held in (sock, *self.worker_sockets):
+                held.close()
+            self.worker_sockets = []
+            raise OSError(f"the native relay engine cannot start: {exc}") from None
         self._sock, self.relay = sock, relay
         self._python.connection_made(_ListenerSocket(sock))
         relay.attach(asyncio.get_running_loop(), self._handed_up)
