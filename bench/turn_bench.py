@@ -227,7 +227,7 @@ class Server:
                 ],
                 "clusters": [
                     {"name": "allow-any", "type": "STATIC", "protocol": "UDP",
-                     "endpoints": ["0.0.0.0/0"]}
+                     "endpoints": ["127.0.0.0/8"]}
                 ],
             }  # fmt: skip
             path = self.workdir / f"stunnerd-{self.port}.json"
@@ -398,19 +398,28 @@ async def _transact(client: _AllocClient, request: Message, key: bytes | None) -
     data = request.encode(integrity_key=key)
     for attempt in range(5):
         client.transport.sendto(data)
-        deadline = time.monotonic() + 0.5 * (2**attempt)
-        while (left := deadline - time.monotonic()) > 0:
-            try:
-                raw = await asyncio.wait_for(client.replies.get(), left)
-            except TimeoutError:
-                break
-            try:
-                reply = parse_message(raw)
-            except StunError:
-                continue
-            if reply.transaction_id == request.transaction_id:
-                return reply
+        reply = await reply_to(client.replies, request, time.monotonic() + 0.5 * (2**attempt))
+        if reply is not None:
+            return reply
     raise TimeoutError("no reply")
+
+
+async def reply_to(
+    replies: asyncio.Queue[bytes], request: Message, deadline: float
+) -> Message | None:
+    """The answer to `request` among `replies` before `deadline` (monotonic), or None."""
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            raw = await asyncio.wait_for(replies.get(), left)
+        except TimeoutError:
+            return None
+        try:
+            reply = parse_message(raw)
+        except StunError:
+            continue
+        if reply.transaction_id == request.transaction_id:
+            return reply
+    return None
 
 
 async def _allocate(client: _AllocClient, key: bytes) -> bool:

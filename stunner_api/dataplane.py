@@ -616,11 +616,19 @@ def _error_path(error: ErrorDetails) -> str:
 
 def _error_message(error: ErrorDetails) -> str:
     path = _error_path(error)
-    if error["type"] == "stunner_config":
-        reason = error["msg"]
+    if error["type"] == "stunner_config" or _is_secret_path(path):
+        reason = error["msg"]  # a secret's value is never echoed, as `redacted` hides it
     else:  # pydantic's own type errors: show what was given
         reason = f"{error['msg']}, got {error['input']!r}"
     return f"{path}: {reason}" if path else reason
+
+
+_SECRET_PATH = re.compile(r"auth\.credentials\b|listeners\[\d+\]\.(cert|key)$|.*\.hmac$")
+
+
+def _is_secret_path(path: str) -> bool:
+    """A field `redacted` hides (credentials, TLS cert/key, license HMAC), or one inside it."""
+    return _SECRET_PATH.match(path) is not None
 
 
 def _config_error(exc: ValidationError) -> ConfigError:

@@ -26,6 +26,7 @@ from stunner_api.dataplane import StunnerConfig, redacted
 
 from .counters import ListenerCounters
 from .metrics import CONTENT_TYPE, MetricsView, render_metrics
+from .router import PEER_POLICY
 
 log = logging.getLogger("stunner.admin")
 
@@ -186,6 +187,7 @@ def status_of(view: AdminView) -> dict[str, Any]:
                 }
     status["allocationCount"] = view.allocation_count
     status["status"] = view.status
+    status["peerPolicy"] = PEER_POLICY  # what no route can open (router.py)
     return status
 
 

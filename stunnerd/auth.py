@@ -169,7 +169,9 @@ _NONCE_FORMAT = re.compile(f"[0-9a-f]{{{_NONCE_EXPIRY_HEX + _NONCE_MAC_HEX}}}")
 
 
 class NonceManager:
-    """Stateless nonces: hex(expiry in ms) followed by a truncated HMAC-SHA256 over that text.
+    """Stateless nonces: hex(expiry in ms) followed by a truncated HMAC-SHA256 over that text
+    and what the nonce is bound to (`binding`: the turn server passes its listener and the
+    client's address, so a nonce is good on one 5-tuple only, yet nothing is stored).
 
     Workers that share `secret` verify each other's nonces. A nonce is 48 lowercase hex
     characters: printable, safe inside a quoted-string, well under RFC 8489's 128 characters.
@@ -191,21 +193,23 @@ class NonceManager:
         self.lifetime = lifetime
         self._clock = clock
 
-    def _mac(self, expiry_hex: str) -> str:
-        digest = hmac.new(self._secret, expiry_hex.encode("ascii"), hashlib.sha256).hexdigest()
+    def _mac(self, expiry_hex: str, binding: bytes) -> str:
+        text = expiry_hex.encode("ascii") + b"\0" + binding
+        digest = hmac.new(self._secret, text, hashlib.sha256).hexdigest()
         return digest[:_NONCE_MAC_HEX]
 
-    def issue(self) -> str:
-        """A fresh nonce, valid for `lifetime` seconds from now."""
+    def issue(self, binding: bytes = b"") -> str:
+        """A fresh nonce for `binding`, valid for `lifetime` seconds from now."""
         expiry_ms = int((self._clock() + self.lifetime) * 1000)
         expiry_hex = f"{expiry_ms:0{_NONCE_EXPIRY_HEX}x}"
-        return expiry_hex + self._mac(expiry_hex)
+        return expiry_hex + self._mac(expiry_hex, binding)
 
-    def is_valid(self, nonce: object) -> bool:
-        """Whether `nonce` was issued with this secret and has not expired; never raises."""
+    def is_valid(self, nonce: object, binding: bytes = b"") -> bool:
+        """Whether `nonce` was issued with this secret for `binding` and has not expired;
+        never raises."""
         if not isinstance(nonce, str) or not _NONCE_FORMAT.fullmatch(nonce):
             return False
         expiry_hex, mac = nonce[:_NONCE_EXPIRY_HEX], nonce[_NONCE_EXPIRY_HEX:]
-        if not hmac.compare_digest(mac, self._mac(expiry_hex)):
+        if not hmac.compare_digest(mac, self._mac(expiry_hex, binding)):
             return False
         return self._clock() * 1000 < int(expiry_hex, 16)

@@ -9,7 +9,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from stunner_api.dataplane import (
     ConfigError,
@@ -24,6 +24,7 @@ from .auth import NonceManager
 from .certificates import self_signed_certificate
 from .daemon import ApplyError, Stunner
 from .ledger import UserAllocations
+from .limits import Limits
 from .runtime import event_loop_factory
 from .sources import DEFAULT_CDS_ADDRESS, ConfigSource, SourceError, source_for
 from .worker_pool import WorkerPool, udp_process_count, usable_cpus
@@ -101,7 +102,66 @@ def build_parser() -> argparse.ArgumentParser:
         help="after SIGTERM, exit when the last allocation is gone or after this long "
         "(default 3600, the operator's terminationGracePeriodSeconds)",
     )
+    limits = parser.add_argument_group(
+        "abuse limits", "bounds Go STUNner's config has no key for; each flag's env is shown"
+    )
+    for name, (metavar, text) in LIMIT_FLAGS.items():
+        default = getattr(Limits, name)
+        env = limit_env(name)
+        limits.add_argument(
+            "--" + name.replace("_", "-"),
+            dest=name,
+            type=_non_negative_number(type(default)),
+            default=os.environ.get(env, default),
+            metavar=metavar,
+            help=f"{text} (default {default}; env {env})",
+        )
     return parser
+
+
+LIMIT_FLAGS: dict[str, tuple[str, str]] = {
+    "stream_deadline": ("SECONDS", "TCP/TLS: time for the first message, and for each frame"),
+    "idle_timeout": ("SECONDS", "TCP/TLS: close a connection without allocation this idle"),
+    "connections_per_source": ("N", "TCP/TLS connections per client IP"),
+    "connections": ("N", "TCP/TLS connections per process (also capped by --fd-reserve)"),
+    "fd_reserve": ("N", "file descriptors kept for relay sockets, never used by TCP/TLS"),
+    "dtls_pending_per_source": ("N", "DTLS handshakes in progress per client IP"),
+    "dtls_pending": ("N", "DTLS handshakes in progress per listener"),
+    "stream_high_water": ("BYTES", "output queued per TCP/TLS client before drops"),
+    "max_udp_message": ("BYTES", "STUN messages over UDP above this are dropped unparsed"),
+    "max_attributes": ("N", "STUN attributes per message"),
+    "max_peers_per_request": ("N", "XOR-PEER-ADDRESS per CreatePermission (508 past it)"),
+    "max_permissions": ("N", "permissions per allocation (508 past it)"),
+    "max_channels": ("N", "channel bindings per allocation (508 past it)"),
+    "max_allocations": ("N", "allocations in the whole stunnerd; 0: no cap (508 past it)"),
+    "allocation_rate": ("PER_S", "new allocations per second per client IP and process"),
+    "error_rate": ("PER_S", "error answers per second per client address; more are dropped"),
+    "error_rate_total": ("PER_S", "error answers per second per process; 0: no cap"),
+}
+
+
+def limit_env(name: str) -> str:
+    return "STUNNER_" + name.upper()
+
+
+def limits_from(args: argparse.Namespace) -> Limits:
+    return Limits(**{name: getattr(args, name) for name in LIMIT_FLAGS})
+
+
+def _non_negative_number(kind: type) -> Callable[[str], float | int]:
+    """An argparse type: a non-negative int or float."""
+    what = "an integer" if kind is int else "a number"
+
+    def parse(text: str) -> float | int:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not {what}: {text!r}") from None
+        if value < 0:
+            raise argparse.ArgumentTypeError(f"must not be negative: {value}")
+        return value  # type: ignore[no-any-return]
+
+    return parse
 
 
 def _version() -> str:
@@ -112,13 +172,7 @@ def _version() -> str:
 
 
 def _non_negative(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must not be negative: {value}")
-    return value
+    return int(_non_negative_number(int)(text))
 
 
 def config_source(args: argparse.Namespace) -> ConfigSource | StunnerConfig:
@@ -269,10 +323,11 @@ def udp_workers(args: argparse.Namespace, override: str | None) -> WorkerPool | 
     return WorkerPool(
         processes - 1,
         secret=os.urandom(32),
-        users=UserAllocations(),
+        users=UserAllocations(limits_from(args).max_allocations),
         log_spec=override or logs.DEFAULT_LEVEL_SPEC,
         log_format=args.log_format,
         log_override=override is not None,
+        limits=limits_from(args),
     )
 
 
@@ -305,6 +360,7 @@ async def _main(args: argparse.Namespace, override: str | None) -> int:
         log_override=override,
         force_ready=args.force_ready_status,
         workers=workers,
+        limits=limits_from(args),
     )
     return await run_with_workers(args, stunner)
 

@@ -11,6 +11,7 @@ serves the rest.
 from __future__ import annotations
 
 import logging
+import mmap
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -20,6 +21,7 @@ from . import logs
 from .auth import Authenticator, AuthError, NonceManager
 from .counters import ClusterCounters, merge
 from .ledger import Reservations, UserAllocations
+from .limits import Limits
 from .listener import Listener
 from .router import DnsResolver, Router
 from .turn import ServerContext
@@ -53,8 +55,11 @@ class DataplaneCore:
         users: UserAllocations,
         reservations: Reservations,
         log_override: bool,
+        limits: Limits | None = None,
+        relay_ports: mmap.mmap | None = None,
     ) -> None:
-        self.router = Router()
+        self.limits = limits or Limits()
+        self.router = Router(relay_ports)
         self.nonces = nonces
         self.users = users
         self.reservations = reservations
@@ -83,6 +88,7 @@ class DataplaneCore:
             self.nonces,
             users=self.users,
             reservations=self.reservations,
+            limits=self.limits,
         )
         previous = (context.authenticator, context.user_quota)
         context.authenticator = authenticator
@@ -117,7 +123,9 @@ class DataplaneCore:
         configs = {lc.name: lc for lc in config.listeners}
         for name, listener in self.listeners.items():
             listener.config = configs[name]  # routes, public address: in place
-        self.router.update({lc.name: lc.routes for lc in config.listeners}, config.clusters)
+        own = [(lc.address, lc.port) for lc in config.listeners]
+        own += [(lc.public_address, lc.public_port or lc.port) for lc in config.listeners]
+        self.router.update({lc.name: lc.routes for lc in config.listeners}, config.clusters, own)
         self.context = context
         self._resolver.follow()
 

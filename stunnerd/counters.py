@@ -44,6 +44,8 @@ class ListenerCounters(Counters):
     tx_bytes: int = 0
     dropped: int = 0
     allocations_total: int = 0
+    backpressure_dropped: int = 0  # sent to a stream client past its output high-water mark
+    rate_limited: int = 0  # error answers not sent past --error-rate
 
 
 @dataclass(slots=True)

@@ -24,6 +24,7 @@ from .core import ApplyError as ApplyError
 from .core import DataplaneCore, Plan
 from .counters import ClusterCounters, ListenerCounters, merge
 from .ledger import Reservations, UserAllocations
+from .limits import Limits
 from .listener import Listener
 from .router import Router
 from .turn import ServerContext
@@ -45,21 +46,39 @@ class Stunner:
         log_override: str | None = None,
         force_ready: bool = False,
         workers: WorkerPool | None = None,
+        limits: Limits | None = None,
     ) -> None:
         self.config: StunnerConfig | None = None
         self.force_ready = force_ready  # --force-ready-status: stay ready while draining
-        self.terminating = False
         self._configured = False  # a real (non-zero) config has been applied
         # Fixed paths, as Go STUNner's; the metrics path comes from metrics_endpoint.
         self.health = HttpServer("health-check", lambda _path: health_routes(self))
         self.metrics = HttpServer("metrics", lambda path: metrics_routes(self, path))
         self.workers = workers  # --udp-thread-num: they serve the other sockets of UDP listeners
         self._udp_sockets = 1 + (workers.size if workers is not None else 0)
-        self.users = workers.users if workers is not None else UserAllocations()
+        self.limits = limits or (workers.limits if workers is not None else Limits())
+        self.users = (
+            workers.users if workers is not None else UserAllocations(self.limits.max_allocations)
+        )
         self.reservations = workers.reservations if workers is not None else Reservations()
         self.core = DataplaneCore(
-            nonces or NonceManager(), self.users, self.reservations, log_override is not None
+            nonces or NonceManager(),
+            self.users,
+            self.reservations,
+            log_override is not None,
+            self.limits,
+            workers.relay_ports if workers is not None else None,
         )
+
+    @property
+    def terminating(self) -> bool:
+        """Draining after SIGTERM: not ready, and new allocations are refused with 508 in
+        every process (the ledger answers them all), so the drain is not stretched."""
+        return self.users.draining
+
+    @terminating.setter
+    def terminating(self, value: bool) -> None:
+        self.users.draining = value
 
     @property
     def listeners(self) -> dict[str, Listener]:

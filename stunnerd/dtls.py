@@ -19,7 +19,7 @@ from typing import Any, cast
 
 from OpenSSL import SSL
 
-from .allocation import Downstream
+from .allocation import Downstream, canonical_address
 from .certificates import load_certificate
 from .turn import TurnServer
 
@@ -115,6 +115,8 @@ class DtlsSession:
         self.conn = conn
         self.hello_random = client_hello_random(hello)
         self.established = False
+        self.pending = True  # counted in the listener's pending handshakes until established
+        self.source = canonical_address(remote)[0]
         self.closed = False
         self.created = self.last_seen = time.monotonic()
         self.downstream = Downstream(remote, self.send, stream=False)
@@ -151,6 +153,7 @@ class DtlsSession:
             return
         self.flush()
         self.established = True
+        self.protocol.handshake_over(self)
         self._cancel_timer()
         log.debug("listener %s: DTLS session with %s established", self.protocol.name, self.remote)
 
@@ -233,6 +236,10 @@ class DtlsListenerProtocol(asyncio.DatagramProtocol):
         self.cookies = CookieJar()
         self.context = dtls_context(cert_b64, key_b64, self.cookies)
         self.sessions: dict[Any, DtlsSession] = {}
+        # Handshakes in progress (cookie echoed, not finished), in total and per source IP:
+        # capped by --dtls-pending and --dtls-pending-per-source (issue 15).
+        self.pending = 0
+        self.pending_by_source: dict[str, int] = {}
         self._listener: SSL.Connection | None = None
         self.transport: asyncio.DatagramTransport | None = None
         self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -290,8 +297,30 @@ class DtlsListenerProtocol(asyncio.DatagramProtocol):
         if previous is not None:  # the client restarted behind the same address
             self.close_session(previous, notify=False)
         session = DtlsSession(self, addr, listener, data)
+        limits = self.server.context.limits
+        if (
+            self.pending >= limits.dtls_pending
+            or self.pending_by_source.get(session.source, 0) >= limits.dtls_pending_per_source
+        ):
+            log.debug("listener %s: DTLS handshake from %s dropped: cap", self.name, addr)
+            self.server.stats.dropped += 1
+            return
+        self.pending += 1
+        self.pending_by_source[session.source] = self.pending_by_source.get(session.source, 0) + 1
         self.sessions[addr] = session
         session.handshake()
+
+    def handshake_over(self, session: DtlsSession) -> None:
+        """A session left the pending handshakes: established, or closed before."""
+        if not session.pending:
+            return
+        session.pending = False
+        self.pending -= 1
+        left = self.pending_by_source.get(session.source, 1) - 1
+        if left > 0:
+            self.pending_by_source[session.source] = left
+        else:
+            self.pending_by_source.pop(session.source, None)
 
     def _answer(self, listener: SSL.Connection, addr: Any) -> None:
         try:
@@ -303,6 +332,7 @@ class DtlsListenerProtocol(asyncio.DatagramProtocol):
 
     def close_session(self, session: DtlsSession, notify: bool = True) -> None:
         session.close(notify)
+        self.handshake_over(session)
         if self.sessions.get(session.remote) is session:
             del self.sessions[session.remote]
         self.server.connection_lost(session.remote)

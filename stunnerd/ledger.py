@@ -15,29 +15,48 @@ import time
 RESERVATION_LIFETIME = 30.0  # RFC 8656 §7.2: a reserved port is held for about 30 seconds
 
 
+GRANTED = ""
+OVER_QUOTA = "quota"  # admin.user_quota: 486
+FULL = "full"  # --max-allocations: 508
+DRAINING = "draining"  # SIGTERM received: 508, the client tries another server
+
+
 class UserAllocations:
-    """Allocations per user id, for `admin.user_quota`: one ledger per stunnerd."""
+    """Allocations per user id, for `admin.user_quota`, and in total, for --max-allocations:
+    one ledger per stunnerd. While `draining`, no allocation is granted."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_total: int = 0) -> None:
         self.counts: dict[str, int] = {}
+        self.max_total = max_total  # 0: no cap
+        self.total = 0
+        self.draining = False
 
-    def try_acquire(self, user_id: str, quota: int) -> bool:
-        """Count one more allocation of `user_id`, unless that would exceed `quota` (0: none)."""
+    def try_acquire(self, user_id: str, quota: int) -> str:
+        """Count one more allocation of `user_id`; GRANTED, or why not (OVER_QUOTA, FULL,
+        DRAINING). A `quota` of 0 means none."""
+        if self.draining:
+            return DRAINING
+        if self.max_total > 0 and self.total >= self.max_total:
+            return FULL
         count = self.counts.get(user_id, 0)
         if quota > 0 and count >= quota:
-            return False
+            return OVER_QUOTA
         self.counts[user_id] = count + 1
-        return True
+        self.total += 1
+        return GRANTED
 
-    async def acquire(self, user_id: str, quota: int) -> bool:
+    async def acquire(self, user_id: str, quota: int) -> str:
         return self.try_acquire(user_id, quota)
 
     def release(self, user_id: str) -> None:
-        left = self.counts.get(user_id, 1) - 1
-        if left > 0:
-            self.counts[user_id] = left
+        count = self.counts.get(user_id, 0)
+        if count <= 0:
+            return
+        self.total -= 1
+        if count > 1:
+            self.counts[user_id] = count - 1
         else:
-            self.counts.pop(user_id, None)
+            del self.counts[user_id]
 
 
 class Reservations:

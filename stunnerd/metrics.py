@@ -64,6 +64,16 @@ def stunner_families(view: MetricsView) -> Iterator[Metric]:
         total.add_metric([name], counters.allocations_total)
     yield connections
     yield total
+    dropped = CounterMetricFamily(
+        "stunner_listener_dropped_packets",
+        "Number of packets dropped on the listener, by reason.",
+        labels=["name", "reason"],
+    )
+    for name, counters in stats:
+        dropped.add_metric([name, "backpressure"], counters.backpressure_dropped)
+        dropped.add_metric([name, "rate_limit"], counters.rate_limited)
+        dropped.add_metric([name, "invalid"], counters.dropped)
+    yield dropped
     yield from _by_direction("listener", "on the listener", stats, ("rx", "tx"))
     clusters = sorted(view.cluster_counters().items())
     yield from _by_direction("cluster", "to and from the cluster", clusters, ("tx", "rx"))

@@ -197,10 +197,19 @@ class NativeRelay:
     def remove_channel(self, handle: int, number: int) -> None:
         self._engine.remove_channel(handle, number)
 
-    def decide(self, peer: tuple[str, int], cluster: str | None) -> None:
-        """Install the router's verdict for `peer`: admitted by `cluster`, or None: forbidden."""
+    def decide(self, peer: tuple[str, int], cluster: str | None, own: bool = False) -> None:
+        """Install the router's verdict for `peer`: admitted by `cluster`, or None: forbidden.
+        `own`: the peer's IP is stunnerd's, so it stays admitted only while its port is not a
+        relay port (`watch_relay_ports`), checked per packet."""
         verdict = FORBIDDEN if cluster is None else self.clusters.id_of(cluster)
+        if own and _relay is not None and verdict >= 0:
+            verdict |= _relay.VERDICT_OWN
         self._engine.set_verdict(peer, verdict)
+
+    def watch_relay_ports(self, relay_ports: Any) -> None:
+        """The relay-port map (`router.relay_port_map`: a byte per port, shared by every
+        process), before `start`."""
+        self._engine.watch_relay_ports(relay_ports)
 
     def clear_verdicts(self) -> None:
         self._engine.clear_verdicts()

@@ -45,12 +45,16 @@ log = logging.getLogger("stunner.listener")
 class NativeAllocation:
     """An allocation's relay socket inside the engine, and the mirror of its state."""
 
-    __slots__ = ("engine", "handle", "_forget")
+    __slots__ = ("engine", "handle", "sockname", "_forget")
 
-    def __init__(self, engine: native.NativeRelay, handle: int, forget: Any) -> None:
+    def __init__(self, engine: native.NativeRelay, handle: int, sockname: Any, forget: Any) -> None:
         self.engine = engine
         self.handle = handle
+        self.sockname = sockname  # the relay socket's address (as an asyncio transport says)
         self._forget = forget
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return self.sockname if name == "sockname" else default
 
     # RelaySocket: what Python relays itself, already decided and counted
     def sendto(self, data: bytes, addr: Address) -> None:
@@ -110,6 +114,7 @@ class NativeUdpTransport(UdpTransport):
         sock = self.listener_socket(port)
         try:
             relay = native.NativeRelay(sock)
+            relay.watch_relay_ports(self.server.router.relay_ports)
             relay.start()
         except (OSError, RuntimeError) as exc:
             for held in (sock, *self.worker_sockets):
@@ -147,12 +152,13 @@ class NativeUdpTransport(UdpTransport):
             raise OSError("the listener is stopping")
         try:
             with sock:  # the engine keeps a duplicate: one descriptor per allocation
+                sockname = sock.getsockname()
                 handle = relay.add_allocation(
                     allocation.downstream.remote, sock, allocation.expires_at
                 )
         except ValueError as exc:  # this client has an allocation in the engine already
             raise OSError(str(exc)) from None
-        relayed = NativeAllocation(relay, handle, self._forget)
+        relayed = NativeAllocation(relay, handle, sockname, self._forget)
         allocation.mirror = relayed
         self._allocations[handle] = allocation
         return relayed
@@ -191,9 +197,10 @@ class NativeUdpTransport(UdpTransport):
 
     def _decided(self, peer: Address, packet: native.HandedUp) -> int:
         """Install the router's verdict for `peer` and let the engine decide `packet` again."""
-        relay = self.relay
+        relay, router = self.relay, self.server.router
         assert relay is not None
-        relay.decide(peer, self.server.router.cluster_of(self.server.name, *peer))
+        own = peer[0] in router.own_ips  # not a relay socket of ours: checked per packet
+        relay.decide(peer, router.cluster_of(self.server.name, *peer), own)
         return relay.reinject(packet)
 
     # --- counters ----------------------------------------------------------------------------

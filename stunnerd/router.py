@@ -12,6 +12,15 @@ a route naming no configured cluster admits no peer.
 This dataplane relays UDP only, so only UDP clusters admit peers; TCP clusters are accepted in
 the config and admit nothing (a warning says so).
 
+Whatever the routes say (issue 15), no peer is ever: unspecified (0.0.0.0/8, ::), multicast,
+the limited broadcast address, or one of stunnerd's own listener or relay sockets (its listener
+and public addresses with a listener's port or a relay port). Loopback (127.0.0.0/8, ::1) and
+link-local (169.254.0.0/16, the cloud metadata address included; fe80::/10) peers are admitted
+only by a STATIC endpoint inside such a range (the demo's 127.0.0.1/32) or a STRICT_DNS name
+resolving to one, never by a wider range such as 0.0.0.0/0. An IPv4 address written as IPv6
+(IPv4-mapped, IPv4-compatible, NAT64 64:ff9b::/96 and 64:ff9b:1::/48, 6to4 2002::/16) is judged
+as the IPv4 address it carries. `PEER_POLICY` says so in words (`/status`).
+
 `Router` is pure: the resolver pushes addresses in with `set_resolved`. Decisions are cached per
 (listener, peer) and the caches are dropped whenever the configuration or a resolution changes.
 """
@@ -21,6 +30,8 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
+import mmap
+import os
 import socket
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -35,6 +46,47 @@ from stunner_api.endpoints import (
 
 log = logging.getLogger("stunner.router")
 
+_net = ipaddress.ip_network
+NEVER_PEERS = (  # whatever the routes say
+    (_net("0.0.0.0/8"), "unspecified"),
+    (_net("::/128"), "unspecified"),
+    (_net("224.0.0.0/4"), "multicast"),
+    (_net("ff00::/8"), "multicast"),
+    (_net("255.255.255.255/32"), "broadcast"),
+)
+GUARDED_PEERS = (  # only where a cluster names such a range explicitly
+    _net("127.0.0.0/8"),
+    _net("::1/128"),
+    _net("169.254.0.0/16"),
+    _net("fe80::/10"),
+)
+_EMBEDDING_V4 = (  # IPv6 prefixes that carry an IPv4 address, and the bit offset of it
+    (_net("::/96"), 96),  # IPv4-compatible (deprecated)
+    (_net("64:ff9b::/96"), 96),  # NAT64 well-known prefix
+    (_net("64:ff9b:1::/48"), 96),  # NAT64 local use (RFC 8215)
+    (_net("2002::/16"), 16),  # 6to4
+)
+PEER_POLICY = (
+    "never relayed to, whatever the routes say: unspecified (0.0.0.0/8, ::), multicast, "
+    "broadcast, and stunnerd's own listener and relay addresses; loopback (127.0.0.0/8, ::1) "
+    "and link-local (169.254.0.0/16, fe80::/10) only where a STATIC cluster endpoint lies "
+    "inside such a range or a STRICT_DNS name resolves to one; IPv4 in IPv6 spellings "
+    "(IPv4-mapped, NAT64, 6to4) is judged as its IPv4 address"
+)
+
+RELAY_PORTS = 65536  # one byte per UDP port
+
+
+def relay_port_map(fd: int | None = None) -> tuple[int, mmap.mmap]:
+    """The relay ports of every process of a stunnerd, one byte per port, in shared memory:
+    the primary creates it (`fd` None) and hands the fd to its UDP workers, which map it too,
+    so no process relays to another's relay socket."""
+    if fd is None:
+        fd = os.memfd_create("stunnerd-relay-ports")
+        os.ftruncate(fd, RELAY_PORTS)
+    return fd, mmap.mmap(fd, RELAY_PORTS)
+
+
 CACHE_LIMIT = 65536  # decisions cached per kind before the cache is dropped and refilled
 DNS_UPDATE_INTERVAL = 5.0  # Go STUNner's dnsUpdateInterval
 
@@ -46,6 +98,32 @@ def parse_peer_ip(text: str) -> IPAddress | None:
         return normalize_ip(ipaddress.ip_address(text))
     except (ValueError, TypeError):
         return None
+
+
+def embedded_ipv4(ip: IPAddress) -> ipaddress.IPv4Address | None:
+    """The IPv4 address an IPv6 address carries (IPv4-compatible, NAT64, 6to4), or None."""
+    if isinstance(ip, ipaddress.IPv4Address) or ip == ipaddress.IPv6Address("::1"):
+        return None
+    for prefix, offset in _EMBEDDING_V4:
+        if ip in prefix:
+            return ipaddress.IPv4Address((int(ip) >> (128 - offset - 32)) & 0xFFFFFFFF)
+    return None
+
+
+def never_peer(ip: IPAddress) -> str | None:
+    """Why `ip` is never a peer ("multicast", ...), or None."""
+    for network, reason in NEVER_PEERS:
+        if ip in network:
+            return reason
+    return None
+
+
+def guarded(ip: IPAddress) -> ipaddress.IPv4Network | ipaddress.IPv6Network | None:
+    """The loopback or link-local range `ip` is in, or None."""
+    for network in GUARDED_PEERS:
+        if ip in network:
+            return network
+    return None
 
 
 class ClusterSpec(Protocol):
@@ -97,7 +175,7 @@ def _build_matcher(cluster: ClusterSpec) -> _Matcher | None:
 class Router:
     """Decides which peers each listener may reach. Single-threaded (one asyncio loop)."""
 
-    def __init__(self) -> None:
+    def __init__(self, relay_ports: bytearray | mmap.mmap | None = None) -> None:
         self._routes: dict[str, tuple[_Matcher, ...]] = {}
         self._domains: set[str] = set()
         self._resolved: dict[str, frozenset[IPAddress]] = {}
@@ -105,6 +183,11 @@ class Router:
         self._permit_cache: dict[tuple[str, str], bool] = {}
         self.epoch = 0  # bumped whenever cached decisions are dropped
         self._watchers: list[Callable[[], None]] = []
+        # stunnerd's own sockets: its addresses, the ports of its listeners, and the ports
+        # of its relay sockets (a byte per port the allocations mark, `relay_port_map`).
+        self.own_ips: frozenset[str] = frozenset()
+        self.own_ports: frozenset[int] = frozenset()
+        self.relay_ports = relay_ports if relay_ports is not None else bytearray(RELAY_PORTS)
 
     def _invalidate(self) -> None:
         self.epoch += 1
@@ -119,11 +202,27 @@ class Router:
         self._watchers.append(dropped)
         return lambda: self._watchers.remove(dropped)
 
-    def update(self, routes: Mapping[str, Sequence[str]], clusters: Sequence[ClusterSpec]) -> None:
-        """Install a new configuration: listener name -> routed cluster names, and clusters.
+    def update(
+        self,
+        routes: Mapping[str, Sequence[str]],
+        clusters: Sequence[ClusterSpec],
+        own: Iterable[tuple[str, int]] = (),
+    ) -> None:
+        """Install a new configuration: listener name -> routed cluster names, clusters, and
+        stunnerd's own (address, port) pairs (its listeners', public ones included).
 
         Resolved addresses are kept for domains that stay configured.
         """
+        own = list(own)
+        own_ips: set[str] = set()
+        for text, _ in own:
+            ip = parse_peer_ip(text)
+            if ip is not None:  # every spelling a socket may report
+                own_ips.update((str(ip), text))
+                if isinstance(ip, ipaddress.IPv4Address):
+                    own_ips.add(f"::ffff:{ip}")
+        self.own_ips = frozenset(own_ips)
+        self.own_ports = frozenset(port for _, port in own)
         matchers: dict[str, _Matcher | None] = {c.name: _build_matcher(c) for c in clusters}
         table: dict[str, tuple[_Matcher, ...]] = {}
         for listener, names in routes.items():
@@ -169,15 +268,36 @@ class Router:
         for domain in matcher.domains:
             if ip in self._resolved.get(domain, ()):
                 return True
-        if port is None:
-            return any(endpoint.contains(ip) for endpoint in matcher.endpoints)
-        return any(endpoint.admits(ip, port) for endpoint in matcher.endpoints)
+        guard = guarded(ip)
+        for endpoint in matcher.endpoints:
+            network = endpoint.network
+            if guard is not None and not (
+                network.version == guard.version and network.subnet_of(guard)  # type: ignore[arg-type]
+            ):
+                continue  # a loopback or link-local peer needs an endpoint naming its range
+            if endpoint.contains(ip) if port is None else endpoint.admits(ip, port):
+                return True
+        return False
 
     def _decide(self, listener: str, peer_ip: str, peer_port: int | None) -> str | None:
         """The name of the first routed cluster that admits the peer, or None."""
         ip = parse_peer_ip(peer_ip)
         if ip is None:
             log.debug("listener %s: peer %r is not an IP address", listener, peer_ip)
+            return None
+        carried = embedded_ipv4(ip)
+        refusal = never_peer(ip)
+        if carried is not None:  # an IPv4 address in an IPv6 spelling: never loopback etc.
+            refusal = (
+                refusal
+                or never_peer(carried)
+                or ("embedded loopback" if guarded(carried) else None)
+            )
+        if refusal:
+            log.debug("listener %s: peer %s refused: %s", listener, peer_ip, refusal)
+            return None
+        if peer_port is not None and peer_port in self.own_ports and str(ip) in self.own_ips:
+            log.debug("listener %s: peer %s:%d is stunnerd itself", listener, peer_ip, peer_port)
             return None
         for matcher in self._routes.get(listener, ()):
             if self._matches(matcher, ip, peer_port):
@@ -204,14 +324,21 @@ class Router:
         Cached; the cache is cleared by every update."""
         key = (listener, peer_ip, peer_port)
         try:
-            return self._admit_cache[key]
+            cluster = self._admit_cache[key]
         except KeyError:
             pass
+        else:
+            # Relay ports come and go between reconciles: checked per packet, not cached.
+            if cluster is not None and self.relay_ports[peer_port] and peer_ip in self.own_ips:
+                return None
+            return cluster
         valid_port = isinstance(peer_port, int) and 0 <= peer_port <= 65535
         cluster = self._decide(listener, peer_ip, peer_port) if valid_port else None
         if len(self._admit_cache) >= CACHE_LIMIT:
             self._admit_cache.clear()
         self._admit_cache[key] = cluster
+        if cluster is not None and self.relay_ports[peer_port] and peer_ip in self.own_ips:
+            return None
         return cluster
 
 

@@ -43,7 +43,7 @@ _HEADER = struct.Struct("!HHI12s")
 _ATTRIBUTE_HEADER = struct.Struct("!HH")
 _CHANNEL_HEADER = struct.Struct("!HH")
 _ADDRESS_HEADER = struct.Struct("!BBH")
-_COOKIE_BYTES = COOKIE.to_bytes(4, "big")
+COOKIE_BYTES = _COOKIE_BYTES = COOKIE.to_bytes(4, "big")
 _PADDING = (b"", b"\x00", b"\x00\x00", b"\x00\x00\x00")
 
 # Attribute types the message walk itself acts on (RFC 8489 §14.5-14.7).
@@ -495,12 +495,14 @@ class Message:
         return _HEADER.pack(message_type, len(body), COOKIE, tid) + body
 
 
-def parse_message(data: bytes | bytearray | memoryview) -> Message:
+def parse_message(data: bytes | bytearray | memoryview, max_attributes: int = 0) -> Message:
     """Parse and validate one STUN message; raise `StunError` if it is malformed.
 
     FINGERPRINT, when present, must be last and must match. Attributes after MESSAGE-INTEGRITY
     other than MESSAGE-INTEGRITY-SHA256 and FINGERPRINT are ignored (RFC 8489 §14.5).
-    Unknown comprehension-required types (< 0x8000) are listed in `unknown_required`."""
+    Unknown comprehension-required types (< 0x8000) are listed in `unknown_required`.
+    With `max_attributes`, a message with more attributes is refused when the walk reaches
+    the first one too many, before it is decoded."""
     raw = bytes(data)
     if len(raw) < HEADER_LENGTH:
         raise StunError("STUN message is shorter than 20 bytes")
@@ -530,8 +532,12 @@ def parse_message(data: bytes | bytearray | memoryview) -> Message:
     fingerprinted = False
     offset = HEADER_LENGTH
     end = len(raw)
+    budget = max_attributes or -1
     # `end - offset` stays a multiple of 4, so an attribute header always fits.
     while offset < end:
+        budget -= 1
+        if budget == -1:
+            raise StunError(f"STUN message has more than {max_attributes} attributes")
         attr_type, attr_length = _ATTRIBUTE_HEADER.unpack_from(raw, offset)
         start = offset + 4
         stop = start + attr_length

@@ -52,6 +52,10 @@ class UdpListenerProtocol(asyncio.DatagramProtocol):
         allocation = self.server.allocations.get(addr)
         if allocation is not None:
             self.server.handle(data, allocation.downstream)
+        elif data[4:8] != stun.COOKIE_BYTES or data[0] & 0xC0:
+            self.server.stats.dropped += 1  # garbage from a stranger: judged on its first bytes
+        elif self.server.context.error_answers.exhausted(addr):
+            self.server.stats.rate_limited += 1  # a stranger over its error budget (turn.py)
         else:
             self.server.handle(data, self._downstream(addr))
 
@@ -73,26 +77,113 @@ class UdpListenerProtocol(asyncio.DatagramProtocol):
 
 
 class TcpConnectionProtocol(asyncio.Protocol):
-    """One TURN-over-TCP client connection: RFC 8656 framing, padded ChannelData."""
+    """One TURN-over-TCP client connection: RFC 8656 framing, padded ChannelData.
 
-    def __init__(self, server: TurnServer, connections: set[TcpConnectionProtocol]) -> None:
+    Bounded (issue 15): the connection is refused past the per-source or total cap; it is
+    closed when its first complete message, or any frame once begun, takes longer than
+    `stream_deadline`, and when it has no allocation and sent no message for `idle_timeout`;
+    past `stream_high_water` bytes queued toward a client that does not read, what is sent
+    to it is dropped and counted (`backpressure_dropped`) until the queue drains to half.
+    One timer per connection, re-armed only when it fires, keeps the per-packet cost at a
+    clock read."""
+
+    def __init__(self, server: TurnServer, owner: TcpTransport) -> None:
         self.server = server
-        self.connections = connections
+        self.owner = owner
         self.buffer = bytearray()
         self.transport: asyncio.Transport | None = None
         self.downstream: Downstream | None = None
+        self.source = ""
+        self.paused = False  # the client is not reading: drop what is sent to it
+        self._deadline: float | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._first_done = False
+        self._frame_started = 0.0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
-        self.connections.add(self)
         remote = transport.get_extra_info("peername")
-        self.downstream = Downstream(remote, self.transport.write, stream=True)
+        self.downstream = Downstream(remote, self._send, stream=True)
+        self.source = self.downstream.address[0]
+        if not self.owner.admit(self):
+            self.transport.abort()
+            return
+        limits = self.server.context.limits
+        self.transport.set_write_buffer_limits(
+            high=limits.stream_high_water, low=limits.stream_high_water // 2
+        )
+        self._set_deadline(self._now() + limits.stream_deadline)
+
+    def _now(self) -> float:
+        return asyncio.get_running_loop().time()
+
+    def _send(self, data: bytes) -> None:
+        if self.paused:
+            self.server.stats.backpressure_dropped += 1
+            return
+        assert self.transport is not None
+        self.transport.write(data)
+
+    def pause_writing(self) -> None:
+        self.paused = True
+
+    def resume_writing(self) -> None:
+        self.paused = False
+
+    def _set_deadline(self, deadline: float | None) -> None:
+        self._deadline = deadline
+        if deadline is not None and self._timer is None:
+            self._timer = asyncio.get_running_loop().call_at(deadline, self._check_deadline)
+
+    def _check_deadline(self) -> None:
+        self._timer = None
+        deadline = self._deadline
+        if deadline is None:
+            return
+        downstream = self.downstream
+        if self._first_done and not self.buffer and downstream is not None:
+            if downstream.remote in self.server.allocations:
+                self._deadline = None  # allocated since the deadline was set: no idle limit
+                return
+        if self._now() < deadline:
+            self._set_deadline(deadline)
+            return
+        log.debug(
+            "listener %s: closing %s: %s",
+            self.server.name,
+            self.source,
+            "idle" if self._first_done and not self.buffer else "deadline passed",
+        )
+        self.close()
+
+    def _after_data(self, received: bool) -> None:
+        """Move the deadline after data came in: a frame in progress has `stream_deadline`
+        from its first byte (the first message from the connection's start), an idle
+        connection without allocation `idle_timeout`, one with an allocation none."""
+        limits = self.server.context.limits
+        if received:
+            self._first_done = True
+        if not self._first_done:
+            return  # the first message's deadline runs from connection_made
+        now = self._now()
+        if self.buffer:
+            if received or self._frame_started == 0.0:
+                self._frame_started = now
+            self._set_deadline(self._frame_started + limits.stream_deadline)
+            return
+        self._frame_started = 0.0
+        assert self.downstream is not None
+        if self.downstream.remote in self.server.allocations:
+            self._set_deadline(None)
+        else:
+            self._set_deadline(now + limits.idle_timeout)
 
     def data_received(self, data: bytes) -> None:
         buffer = self.buffer
         buffer += data
         server, downstream = self.server, self.downstream
         assert downstream is not None
+        received = False
         while True:
             try:
                 length = stun.stream_frame_length(buffer)
@@ -104,21 +195,30 @@ class TcpConnectionProtocol(asyncio.Protocol):
                 break
             frame = bytes(buffer[:length])
             del buffer[:length]
+            received = True
             if (frame[0] & 0xC0) == 0x40:
                 server.handle_channel_data(frame, downstream.remote)
             else:
                 server.handle(frame, downstream)
         if len(buffer) > MAX_STREAM_BUFFER:
             self.close()
+            return
+        self._after_data(received)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.connections.discard(self)
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self.owner.release(self)
         if self.downstream is not None:
             self.server.connection_lost(self.downstream.remote)
 
     def close(self) -> None:
         if self.transport is not None:
-            self.transport.close()
+            if self.paused:
+                self.transport.abort()  # a client that does not read gets no flush either
+            else:
+                self.transport.close()
 
 
 class Transport:
@@ -162,7 +262,7 @@ class UdpTransport(Transport):
             sock = self._given
             sock.setblocking(False)
         else:
-            sock, *self.worker_sockets = _bound_udp_group(port, self._sockets)
+            sock, *self.worker_sockets = _bound_udp_group(self.server.relay_ip, port, self._sockets)
         return sock
 
     async def stop(self) -> None:
@@ -182,11 +282,37 @@ class TcpTransport(Transport):
         self._ssl = ssl_context
         self._server: asyncio.Server | None = None
         self._connections: set[TcpConnectionProtocol] = set()
+        self._per_source: dict[str, int] = {}
+        limits = server.context.limits
+        self._cap = limits.stream_connection_cap()
+        self._cap_per_source = limits.connections_per_source
+
+    def admit(self, connection: TcpConnectionProtocol) -> bool:
+        """Count a new connection, or refuse it past the per-source or total cap."""
+        count = self._per_source.get(connection.source, 0)
+        if len(self._connections) >= self._cap or count >= self._cap_per_source:
+            log.debug(
+                "listener %s: connection from %s refused: cap", self.server.name, connection.source
+            )
+            self.server.stats.dropped += 1
+            return False
+        self._connections.add(connection)
+        self._per_source[connection.source] = count + 1
+        return True
+
+    def release(self, connection: TcpConnectionProtocol) -> None:
+        if connection in self._connections:
+            self._connections.discard(connection)
+            left = self._per_source.get(connection.source, 1) - 1
+            if left > 0:
+                self._per_source[connection.source] = left
+            else:
+                self._per_source.pop(connection.source, None)
 
     async def start(self, port: int) -> None:
-        sock = _bound_socket(socket.SOCK_STREAM, port)
+        sock = _bound_socket(socket.SOCK_STREAM, self.server.relay_ip, port)
         self._server = await asyncio.get_running_loop().create_server(
-            lambda: TcpConnectionProtocol(self.server, self._connections),
+            lambda: TcpConnectionProtocol(self.server, self),
             sock=sock,
             ssl=self._ssl,
             ssl_handshake_timeout=HANDSHAKE_TIMEOUT if self._ssl is not None else None,
@@ -209,7 +335,7 @@ class DtlsTransport(Transport):
         self._started = False
 
     async def start(self, port: int) -> None:
-        sock = _bound_socket(socket.SOCK_DGRAM, port)
+        sock = _bound_socket(socket.SOCK_DGRAM, self.server.relay_ip, port)
         protocol = self.protocol
         await asyncio.get_running_loop().create_datagram_endpoint(lambda: protocol, sock=sock)
         self._started = True
@@ -240,20 +366,20 @@ def transport_for(
     raise ValueError(f"listener {config.name}: protocol {protocol} is not supported yet")
 
 
-def _bound_udp_group(port: int, count: int) -> list[socket.socket]:
+def _bound_udp_group(host: str, port: int, count: int) -> list[socket.socket]:
     """`count` UDP sockets on `port`, in one SO_REUSEPORT group when there are several: all
     bound before any is read, so the kernel's 5-tuple hash does not move as the group forms."""
     if count <= 1:
-        return [_bound_socket(socket.SOCK_DGRAM, port)]
+        return [_bound_socket(socket.SOCK_DGRAM, host, port)]
     if port != 0:
         # A port already held by another SO_REUSEPORT group of this user would quietly be
         # shared with it: try a plain bind first, so "address in use" is reported as always.
-        _bound_socket(socket.SOCK_DGRAM, port).close()
-    group = [_bound_socket(socket.SOCK_DGRAM, port, reuse_port=True)]
+        _bound_socket(socket.SOCK_DGRAM, host, port).close()
+    group = [_bound_socket(socket.SOCK_DGRAM, host, port, reuse_port=True)]
     try:
         port = group[0].getsockname()[1]  # port 0: the group shares the one the kernel chose
         for _ in range(count - 1):
-            group.append(_bound_socket(socket.SOCK_DGRAM, port, reuse_port=True))
+            group.append(_bound_socket(socket.SOCK_DGRAM, host, port, reuse_port=True))
     except OSError:
         for sock in group:
             sock.close()
@@ -261,12 +387,22 @@ def _bound_udp_group(port: int, count: int) -> list[socket.socket]:
     return group
 
 
-def _bound_socket(kind: socket.SocketKind, port: int, reuse_port: bool = False) -> socket.socket:
-    """A socket on the wildcard address and `port`: dual-stack where the host has IPv6.
+WILDCARDS = ("0.0.0.0", "::", "")
 
-    As in Go STUNner, the listener's `address` is the relay address it advertises, not the
-    address it binds.
+
+def _bound_socket(
+    kind: socket.SocketKind, host: str, port: int, reuse_port: bool = False
+) -> socket.socket:
+    """A socket on the listener's address `host` and `port`; for the wildcard address
+    (0.0.0.0 or ::) a dual-stack one where the host has IPv6.
+
+    Unlike Go STUNner, which binds the wildcard whatever the listener's `address` says, a
+    listener on 127.0.0.1 is not reachable on other interfaces (issue 15; in a pod the address
+    is the pod IP, so binding it costs nothing there).
     """
+    if host not in WILDCARDS:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        return _bind(socket.socket(family, kind), (host, port), kind, reuse_port)
     if socket.has_ipv6:
         try:
             sock = socket.socket(socket.AF_INET6, kind)

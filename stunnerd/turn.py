@@ -33,7 +33,8 @@ from .allocation import (
 )
 from .auth import Authenticator, NonceManager
 from .counters import ClusterCounters, ListenerCounters
-from .ledger import Reservations, UserAllocations
+from .ledger import DRAINING, FULL, GRANTED, Reservations, UserAllocations
+from .limits import Limits, RateLimiter
 from .router import Router
 from .stun import Address, Class, Message, Method
 
@@ -76,6 +77,13 @@ class ServerContext:
     cluster_counters: defaultdict[str, ClusterCounters] = field(
         default_factory=lambda: defaultdict(ClusterCounters)
     )
+    limits: Limits = field(default_factory=Limits)
+
+    def __post_init__(self) -> None:
+        limits = self.limits
+        # Per source IP, shared by the listeners of this process.
+        self.error_answers = RateLimiter(limits.error_rate, limits.error_rate_total)
+        self.new_allocations = RateLimiter(limits.allocation_rate)
 
     @property
     def realm(self) -> str:
@@ -134,15 +142,32 @@ class TurnServer:
         """A STUN message (not ChannelData) from a client. Never raises on bad input."""
         self.stats.rx_packets += 1
         self.stats.rx_bytes += len(data)
+        # Garbage costs no more than its first bytes: the two zero bits and the magic cookie,
+        # and over UDP a bounded size (issue 15: a flood of random or oversized datagrams).
+        if (
+            len(data) < stun.HEADER_LENGTH
+            or data[0] & 0xC0
+            or data[4:8] != stun.COOKIE_BYTES
+            or (not downstream.stream and len(data) > self.context.limits.max_udp_message)
+        ):
+            self.stats.dropped += 1
+            return
         if data[:2] == stun.SEND_INDICATION_PREFIX:
             relay = stun.parse_send_indication(data)
             if relay is not None:  # the hot path; anything unusual takes the full parser below
                 self._relay_send_indication(downstream, *relay)
                 return
+        if self.context.error_answers.exhausted(downstream.remote) and (
+            downstream.remote not in self.allocations
+        ):
+            # A client without allocation over its error budget is not even parsed (issue
+            # 15: a flood of requests from one source costs a dict lookup each).
+            self.stats.rate_limited += 1
+            return
         try:
-            message = stun.parse_message(data)
+            message = stun.parse_message(data, self.context.limits.max_attributes)
         except stun.UnknownMethodError as exc:
-            if exc.message_class == Class.REQUEST:
+            if exc.message_class == Class.REQUEST and self._may_answer_error(downstream):
                 self._send(downstream, _unknown_method_error(bytes(data[:20])))
             return
         except stun.StunError as exc:
@@ -164,6 +189,9 @@ class TurnServer:
             return  # the first copy is still being served (an Allocate binding its socket)
         exchange = Exchange(message, downstream)
         if message.method == Method.ALLOCATE and message.message_class == Class.REQUEST:
+            if "MESSAGE-INTEGRITY" not in message.attributes:
+                self._answer(exchange, RequestError(401))  # at once: no task for a stranger
+                return
             self._pending.add(key)
             task = asyncio.get_running_loop().create_task(self._allocate(exchange))
             task.add_done_callback(lambda _: self._pending.discard(key))
@@ -210,9 +238,27 @@ class TurnServer:
 
     # --- answering -----------------------------------------------------------------------------
 
+    def _may_answer_error(self, downstream: Downstream) -> bool:
+        """Error answers are rate-limited per client address (--error-rate; per address and
+        port, as clients behind one NAT share the IP) and per process: past the limit the
+        request is dropped unanswered, so a spoofed flood is not reflected."""
+        if self.context.error_answers.allow(downstream.remote):
+            return True
+        self.stats.rate_limited += 1
+        return False
+
+    def _nonce_binding(self, downstream: Downstream) -> bytes:
+        """What a nonce is bound to: this listener (its address, port and protocol) and the
+        client's address and port, i.e. the 5-tuple (issue 15: a captured request replayed
+        from another port gets 438)."""
+        ip, port = downstream.address
+        return f"{self.name}\0{ip}\0{port}".encode()
+
     def _answer(self, exchange: Exchange, outcome: Message | RequestError) -> None:
         request, downstream, key = exchange.request, exchange.downstream, exchange.key
         if isinstance(outcome, RequestError):
+            if not self._may_answer_error(downstream):
+                return
             log.log(
                 logging.INFO if outcome.code >= 500 else logging.DEBUG,  # ours, not the client's
                 "listener %s: %s from %s: %d %s",
@@ -225,7 +271,8 @@ class TurnServer:
             response = _error_for(request.transaction_id, request.method, outcome)
             if outcome.code in (401, 438):
                 response.attributes["REALM"] = self.context.realm
-                response.attributes["NONCE"] = self.context.nonces.issue()
+                nonces = self.context.nonces
+                response.attributes["NONCE"] = nonces.issue(self._nonce_binding(downstream))
                 key = None  # RFC 8489 §9.2.4: these are not integrity-protected
         else:
             response = outcome
@@ -258,7 +305,9 @@ class TurnServer:
         if username is None or "REALM" not in attrs or "NONCE" not in attrs:
             raise RequestError(400, "Bad Request: missing USERNAME, REALM or NONCE")
         # 3. A NONCE that is no longer valid: 438 with a new one.
-        if not self.context.nonces.is_valid(attrs["NONCE"]):
+        if not self.context.nonces.is_valid(
+            attrs["NONCE"], self._nonce_binding(exchange.downstream)
+        ):
             raise RequestError(438)
         # 4. An unknown username, or a wrong key: 401.
         key = self.context.authenticator.key_for(username)
@@ -363,14 +412,18 @@ class TurnServer:
             extra["ADDRESS-ERROR-CODE"] = (FAMILY_IPV6, 440, stun.ERROR_REASONS[440])
         if family not in (FAMILY_IPV4, FAMILY_IPV6) or family != self.relay_family:
             raise RequestError(440)
-        # 8. Quota (admin.user_quota): 486 once the user has that many allocations.
+        # 8. Quota (admin.user_quota): 486 once the user has that many allocations. 508 while
+        #    draining (RFC 8656 §7.2: the client may try another server, which is what a
+        #    terminating pod wants), past --max-allocations, or past the source's rate.
+        if not self.context.new_allocations.allow(downstream.address[0]):
+            raise RequestError(508, "Insufficient Capacity: too many allocations from this address")
         user_id = self.context.authenticator.user_id(username)
         users = self.context.users
-        if not await users.acquire(user_id, self.context.user_quota):
-            raise RequestError(486)
+        refusal = await users.acquire(user_id, self.context.user_quota)
+        if refusal != GRANTED:
+            raise RequestError(*_REFUSALS.get(refusal, (486, None)))
         # 9. The lifetime: at least the default, at most the maximum.
-        requested = attrs.get("LIFETIME", DEFAULT_ALLOCATION_LIFETIME)
-        lifetime = max(DEFAULT_ALLOCATION_LIFETIME, min(requested, MAX_ALLOCATION_LIFETIME))
+        lifetime = _allocation_lifetime(attrs.get("LIFETIME", DEFAULT_ALLOCATION_LIFETIME))
         # 10. The relay socket.
         allocation = Allocation(self.scope, downstream, username, user_id, family, lifetime)
         # EVEN-PORT (RFC 8656 §14.6): an even port; with the R bit, the next one is reserved.
@@ -408,7 +461,8 @@ class TurnServer:
     ) -> bytes | None:
         """Open the allocation's relay socket: the reserved one, an even port (and, with the R
         bit, the next port reserved under the token returned), or any port. 508 if none."""
-        wildcard = "::" if allocation.family == FAMILY_IPV6 else "0.0.0.0"
+        # The relay socket binds the listener's address (the wildcard only where that is one).
+        wildcard = self.relay_ip
         if reserved is not None:
             await self._open_relay(allocation, reserved.dup())
             return None
@@ -448,6 +502,7 @@ class TurnServer:
         except OSError as exc:
             sock.close()
             raise RequestError(508, f"Insufficient Capacity: no relay socket: {exc}") from None
+        self.router.relay_ports[allocation.relayed_address[1]] = 1  # never a peer (router.py)
 
     def _refresh(self, exchange: Exchange) -> Message:
         """RFC 8656 §7.3."""
@@ -457,7 +512,8 @@ class TurnServer:
         if family is not None and family != allocation.family:
             raise RequestError(443)
         requested = request.attributes.get("LIFETIME", DEFAULT_ALLOCATION_LIFETIME)
-        lifetime = min(requested, MAX_ALLOCATION_LIFETIME)
+        # RFC 8656 §7.3: 0 deletes; below the default, the default; above the maximum, that.
+        lifetime = 0 if requested == 0 else _allocation_lifetime(requested)
         if lifetime == 0:
             self._delete(allocation)
             log.info("listener %s: allocation deleted by %s", self.name, _fmt(downstream.address))
@@ -471,8 +527,12 @@ class TurnServer:
         peers = [value for name, value in request.attribute_list if name == "XOR-PEER-ADDRESS"]
         if not peers:
             raise RequestError(400, "Bad Request: missing XOR-PEER-ADDRESS")
+        if len(peers) > self.context.limits.max_peers_per_request:
+            raise RequestError(508, "Insufficient Capacity: too many XOR-PEER-ADDRESS")
         for ip, _ in peers:
-            if address_family(ip) != allocation.family:
+            # An IPv4-mapped IPv6 peer is an IPv4 peer: not on an IPv6 allocation (RFC 8656
+            # §10.2, §12.2: the peer's family must be the allocation's).
+            if address_family(ip) != allocation.family or _is_v4_mapped(ip):
                 raise RequestError(443)
         for ip, _ in peers:
             if not self.router.permits(self.name, ip):
@@ -491,7 +551,11 @@ class TurnServer:
         request = exchange.request
         allocation = self._allocation_of(exchange)
         expiry = time.monotonic() + PERMISSION_LIFETIME
-        for ip, _ in self._peer_addresses(request, allocation):
+        peers = self._peer_addresses(request, allocation)
+        new = {ip for ip, _ in peers if ip not in allocation.permissions}
+        if len(allocation.permissions) + len(new) > self.context.limits.max_permissions:
+            raise RequestError(508, "Insufficient Capacity: too many permissions")
+        for ip, _ in peers:
             allocation.permit(ip, expiry)
         return _response_to(request)
 
@@ -503,6 +567,16 @@ class TurnServer:
         if channel is None or not stun.is_valid_channel_number(channel):
             raise RequestError(400, "Bad Request: missing or invalid CHANNEL-NUMBER")
         ip, port = peer = self._peer_addresses(request, allocation)[0]
+        if not self.router.admits(self.name, ip, port):
+            # The address is permitted but not this port: every packet would be dropped.
+            raise RequestError(403, "Forbidden: peer port not admitted")
+        limits = self.context.limits
+        if channel not in allocation.channels and len(allocation.channels) >= limits.max_channels:
+            raise RequestError(508, "Insufficient Capacity: too many channels")
+        if ip not in allocation.permissions and len(allocation.permissions) >= (
+            limits.max_permissions
+        ):
+            raise RequestError(508, "Insufficient Capacity: too many permissions")
         bound = allocation.channels.get(channel)
         if bound is not None and bound[0] != peer:
             raise RequestError(400, "Bad Request: channel bound to another peer")
@@ -537,6 +611,7 @@ class TurnServer:
         if self.allocations.get(allocation.downstream.remote) is allocation:
             del self.allocations[allocation.downstream.remote]
             self.context.users.release(allocation.user_id)
+            self.router.relay_ports[allocation.relayed_address[1]] = 0
         allocation.close()
 
     def sweep(self) -> None:
@@ -562,6 +637,16 @@ class TurnServer:
 
 _FAMILY_ATTRIBUTES = ("REQUESTED-ADDRESS-FAMILY", "ADDITIONAL-ADDRESS-FAMILY")
 
+_REFUSALS: dict[str, tuple[int, str | None]] = {
+    DRAINING: (508, "Insufficient Capacity: this server is shutting down, try another"),
+    FULL: (508, "Insufficient Capacity: allocation limit reached"),
+}
+
+
+def _allocation_lifetime(requested: int) -> int:
+    """At least the default, at most the maximum (RFC 8656 §7.2 step 9, §7.3)."""
+    return max(DEFAULT_ALLOCATION_LIFETIME, min(requested, MAX_ALLOCATION_LIFETIME))
+
 
 def _bound_udp(host: str, port: int) -> socket.socket | None:
     """A UDP socket bound to (host, port), or None if the port is taken."""
@@ -573,6 +658,14 @@ def _bound_udp(host: str, port: int) -> socket.socket | None:
         sock.close()
         return None
     return sock
+
+
+def _is_v4_mapped(ip: str) -> bool:
+    try:
+        address = ipaddress.ip_address(ip)
+    except ValueError:
+        return False
+    return isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None
 
 
 def _ignore(exchange: Exchange) -> None:

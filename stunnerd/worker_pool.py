@@ -36,8 +36,10 @@ from stunner_api.dataplane import StunnerConfig
 
 from .channel import Channel, Received
 from .counters import ClusterCounters, ListenerCounters, merge
-from .ledger import Reservations, UserAllocations
+from .ledger import GRANTED, Reservations, UserAllocations
+from .limits import Limits
 from .listener import Listener
+from .router import relay_port_map
 
 log = logging.getLogger("stunner.stunnerd")
 
@@ -144,8 +146,12 @@ class WorkerPool:
         log_spec: str,
         log_format: str = "text",
         log_override: bool = False,
+        limits: Limits | None = None,
     ) -> None:
         self.size = size
+        self.limits = limits or Limits()
+        # The relay ports of every process, shared (router.relay_port_map).
+        self.relay_ports_fd, self.relay_ports = relay_port_map()
         self.users = users
         self.reservations = Reservations()  # EVEN-PORT reservations of every process
         self.secret = secret  # the nonce key: the primary's NonceManager uses it too
@@ -174,11 +180,15 @@ class WorkerPool:
                 str(theirs.fileno()),
                 str(index + 1),
                 *self._log_args,
-                pass_fds=(theirs.fileno(),),
+                "--relay-ports-fd",
+                str(self.relay_ports_fd),
+                pass_fds=(theirs.fileno(), self.relay_ports_fd),
                 stdin=asyncio.subprocess.DEVNULL,
             )
         worker = Worker(index, process, Channel(ours))
-        worker.channel.post({"op": "hello", "secret": self.secret.hex()})
+        worker.channel.post(
+            {"op": "hello", "secret": self.secret.hex(), "limits": self.limits.to_dict()}
+        )
         self.workers[index] = worker
         self._keep(self._serve(worker))
 
@@ -251,11 +261,11 @@ class WorkerPool:
             worker.acked.set()
         elif op == "acquire":
             user, request_id = str(body["user"]), int(body["id"])
-            granted = self.users.try_acquire(user, int(body["quota"]))
-            if granted:
+            refusal = self.users.try_acquire(user, int(body["quota"]))
+            if refusal == GRANTED:
                 worker.users[user] += 1
             if request_id:
-                worker.channel.post({"op": "acquired", "id": request_id, "granted": granted})
+                worker.channel.post({"op": "acquired", "id": request_id, "refusal": refusal})
         elif op == "release":
             user = str(body["user"])
             if worker.users[user] > 0:

@@ -13,6 +13,7 @@ import argparse
 import asyncio
 import itertools
 import logging
+import mmap
 import signal
 import socket
 import sys
@@ -26,8 +27,10 @@ from . import logs
 from .auth import NonceManager
 from .channel import Channel, Received
 from .core import ApplyError, Build, DataplaneCore, Plan
-from .ledger import Reservations, UserAllocations
+from .ledger import FULL, Reservations, UserAllocations
+from .limits import Limits
 from .listener import Listener
+from .router import relay_port_map
 from .runtime import cpu_seconds, event_loop_factory, rss_bytes
 from .turn import ServerContext
 
@@ -69,19 +72,18 @@ class PrimaryAnswers:
 
 
 class LedgerClient(UserAllocations):
-    """`admin.user_quota` held in the primary's ledger: with a quota, an Allocate waits for the
-    primary's answer; without one, the count is only reported."""
+    """`admin.user_quota`, --max-allocations and the drain held in the primary's ledger: an
+    Allocate waits for the primary's answer."""
 
     def __init__(self, answers: PrimaryAnswers) -> None:
         super().__init__()
         self.answers = answers
 
-    async def acquire(self, user_id: str, quota: int) -> bool:
-        if quota <= 0:
-            self.answers.channel.post({"op": "acquire", "id": 0, "user": user_id, "quota": 0})
-            return True
+    async def acquire(self, user_id: str, quota: int) -> str:
         answer = await self.answers.ask({"op": "acquire", "user": user_id, "quota": quota})
-        return answer is not None and bool(answer.body["granted"])
+        if answer is None:
+            return FULL
+        return str(answer.body["refusal"])
 
     def release(self, user_id: str) -> None:
         self.answers.channel.post({"op": "release", "user": user_id})
@@ -114,9 +116,11 @@ class WorkerDataplane:
         users: UserAllocations,
         log_override: bool,
         reservations: Reservations | None = None,
+        limits: Limits | None = None,
+        relay_ports: mmap.mmap | None = None,
     ) -> None:
         reservations = reservations if reservations is not None else Reservations()
-        self.core = DataplaneCore(nonces, users, reservations, log_override)
+        self.core = DataplaneCore(nonces, users, reservations, log_override, limits, relay_ports)
         self.handed: dict[tuple[str, int], socket.socket] = {}  # sockets not yet served
 
     @property
@@ -190,7 +194,7 @@ class WorkerDataplane:
         self.handed.clear()
 
 
-async def serve(channel: Channel, log_override: bool) -> None:
+async def serve(channel: Channel, log_override: bool, relay_ports: mmap.mmap | None = None) -> None:
     hello = await channel.receive()
     if hello is None or hello.body.get("op") != "hello":
         log.error("UDP worker: no hello from the primary")
@@ -201,6 +205,8 @@ async def serve(channel: Channel, log_override: bool) -> None:
         LedgerClient(answers),
         log_override,
         ReservationClient(answers),
+        Limits.from_dict(hello.body.get("limits", {})),
+        relay_ports,
     )
     reporter = asyncio.get_running_loop().create_task(_report(channel, dataplane))
     try:
@@ -245,13 +251,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--log", default=logs.DEFAULT_LEVEL_SPEC)
     parser.add_argument("--log-format", choices=("text", "json"), default="text")
     parser.add_argument("--log-override", action="store_true")
+    parser.add_argument("--relay-ports-fd", type=int)
     args = parser.parse_args(argv)
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)
     logs.setup(args.log, args.log_format)
 
     async def run() -> None:
-        await serve(Channel(socket.socket(fileno=args.control_fd)), args.log_override)
+        relay_ports = None
+        if args.relay_ports_fd is not None:
+            relay_ports = relay_port_map(args.relay_ports_fd)[1]
+        await serve(Channel(socket.socket(fileno=args.control_fd)), args.log_override, relay_ports)
 
     with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
         runner.run(run())

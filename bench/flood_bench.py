@@ -1,0 +1,337 @@
+"""Flood benchmark: a legitimate TURN session while one source floods the server, stunnerd
+side by side with coturn in one run (issue 15 item 12).
+
+For each flood and server: a flooder process sends from one UDP source port on 127.0.0.1,
+bounded in rate and time, either random bytes (`garbage`) or unauthenticated 28-byte Allocate
+requests, each with a new transaction id (`allocate`); meanwhile a client that allocated
+before the flood relays ChannelData through a channel to an echo peer every 20 ms (loss and
+RTT), and a new client tries an allocation every 250 ms, each on its own socket with RFC 8489
+retransmissions for at most 3 s (allocations that succeed / tried). The flooder counts what it
+gets back (reflection: bytes answered per byte sent). stunnerd runs at `-u 1` and at its
+default process count; coturn with its defaults (one relay thread per CPU).
+
+    .venv/bin/python bench/flood_bench.py                      # both floods, 4 s each
+    .venv/bin/python bench/flood_bench.py --rate 160000 --duration 6 --json out.json
+
+Needs coturn's `turnserver` (`apt-get install -y coturn`). Loopback only; the flood lasts
+`--duration` seconds at most `--rate` datagrams per second.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import shutil
+import socket
+import statistics
+import struct
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, cast
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from turn_bench import REALM, Server, cpu_seconds, reply_to  # noqa: E402
+
+from stunnerd.auth import long_term_key  # noqa: E402
+from stunnerd.stun import Class, Message, Method  # noqa: E402
+
+USER, PASSWORD = "user", "pass"
+KEY = long_term_key(USER, REALM, PASSWORD)
+FLOODS = ("garbage", "allocate")
+SEND_INTERVAL = 0.02  # the session's ChannelData: 50 packets/s
+ALLOCATION_INTERVAL = 0.25
+ALLOCATION_TIMEOUT = 3.0
+CHANNEL = 0x4000
+
+
+# --- the flooder (a separate process) --------------------------------------------------------
+
+
+def flood(kind: str, port: int, rate: int, duration: float) -> None:
+    """Send `kind` datagrams to 127.0.0.1:port for `duration` s at most `rate`/s; print what
+    was sent and received as JSON."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.setblocking(False)
+    rng = random.Random(15)
+    if kind == "garbage":
+        pool = [rng.randbytes(rng.randint(20, 200)) for _ in range(4096)]
+    else:
+        transport = struct.pack("!HHI", 0x0019, 4, 17 << 24)
+        pool = [
+            struct.pack("!HHI", 0x0003, len(transport), 0x2112A442) + rng.randbytes(12) + transport
+            for _ in range(4096)
+        ]
+    target = ("127.0.0.1", port)
+    sent = sent_bytes = received = received_bytes = 0
+    start = time.monotonic()
+    end = start + duration
+    burst = max(1, rate // 1000)
+    while (now := time.monotonic()) < end:
+        for data in pool[sent % 4096 : sent % 4096 + burst]:
+            try:
+                sock.sendto(data, target)
+            except BlockingIOError:
+                continue
+            sent += 1
+            sent_bytes += len(data)
+        while True:
+            try:
+                reply = sock.recv(2048)
+            except BlockingIOError:
+                break
+            received += 1
+            received_bytes += len(reply)
+        ahead = start + sent / rate - now
+        if ahead > 0:
+            time.sleep(ahead)
+    seconds = time.monotonic() - start
+    sys.stdout.write(
+        json.dumps(
+            {
+                "sent": sent,
+                "sent_bytes": sent_bytes,
+                "received": received,
+                "received_bytes": received_bytes,
+                "seconds": seconds,
+            }  # fmt: skip
+        )
+    )
+
+
+# --- the legitimate client -------------------------------------------------------------------
+
+
+class Echo(asyncio.DatagramProtocol):
+    def __init__(self) -> None:
+        self.transport: asyncio.DatagramTransport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.DatagramTransport, transport)
+
+    def datagram_received(self, data: bytes, addr: Any) -> None:
+        assert self.transport is not None
+        self.transport.sendto(data, addr)
+
+
+class Endpoint(asyncio.DatagramProtocol):
+    def __init__(self) -> None:
+        self.transport: asyncio.DatagramTransport | None = None
+        self.replies: asyncio.Queue[bytes] = asyncio.Queue()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.DatagramTransport, transport)
+
+    def datagram_received(self, data: bytes, addr: Any) -> None:
+        self.replies.put_nowait(data)
+
+
+async def endpoint(**kwargs: Any) -> Endpoint:
+    loop = asyncio.get_running_loop()
+    _, proto = await loop.create_datagram_endpoint(Endpoint, **kwargs)
+    return proto
+
+
+async def transact(client: Endpoint, request: Message, key: bytes | None, limit: float) -> Message:
+    """RFC 8489 retransmissions (500 ms, doubling) until `limit` seconds have passed."""
+    assert client.transport is not None
+    data = request.encode(integrity_key=key)
+    give_up = time.monotonic() + limit
+    wait = 0.5
+    while time.monotonic() < give_up:
+        client.transport.sendto(data)
+        reply = await reply_to(client.replies, request, min(give_up, time.monotonic() + wait))
+        wait *= 2
+        if reply is not None:
+            return reply
+    raise TimeoutError("no reply")
+
+
+async def signed(
+    client: Endpoint, method: Method, attrs: dict[str, Any], limit: float
+) -> Message | None:
+    """A request with long-term credentials after the 401 dance; None on failure."""
+    try:
+        first = await transact(
+            client, Message(method, Class.REQUEST, attributes=attrs), None, limit
+        )
+        nonce = first.attributes.get("NONCE")
+        if first.message_class == Class.SUCCESS or nonce is None:
+            return first
+        auth = {"USERNAME": USER, "REALM": first.attributes.get("REALM", REALM), "NONCE": nonce}
+        request = Message(method, Class.REQUEST, attributes={**auth, **attrs})
+        return await transact(client, request, KEY, limit)
+    except TimeoutError:
+        return None
+
+
+async def allocate(port: int, limit: float = ALLOCATION_TIMEOUT) -> Endpoint | None:
+    client = await endpoint(remote_addr=("127.0.0.1", port))
+    answer = await signed(client, Method.ALLOCATE, {"REQUESTED-TRANSPORT": 17}, limit)
+    if answer is None or answer.message_class != Class.SUCCESS:
+        assert client.transport is not None
+        client.transport.close()
+        return None
+    return client
+
+
+async def session(port: int, duration: float, flood_started: asyncio.Event) -> dict[str, Any]:
+    """An allocation made before the flood relays ChannelData to an echo peer while it lasts;
+    new allocations are tried every ALLOCATION_INTERVAL."""
+    loop = asyncio.get_running_loop()
+    _, peer = await loop.create_datagram_endpoint(Echo, local_addr=("127.0.0.1", 0))
+    assert peer.transport is not None
+    peer_address = peer.transport.get_extra_info("sockname")
+    client = await allocate(port, 10.0)
+    if client is None:
+        raise RuntimeError("the session's allocation failed before the flood")
+    # Permission and channel, then echo everything the peer receives.
+    bind = await signed(
+        client,
+        Method.CHANNEL_BIND,
+        {"CHANNEL-NUMBER": CHANNEL, "XOR-PEER-ADDRESS": peer_address},
+        10.0,
+    )
+    if bind is None or bind.message_class != Class.SUCCESS:
+        raise RuntimeError("the session's ChannelBind failed before the flood")
+
+    rtts: list[float] = []
+    sent = 0
+
+    async def receive() -> None:
+        while True:
+            data = await client.replies.get()
+            if len(data) >= 12 and data[:2] == CHANNEL.to_bytes(2, "big"):
+                stamp = struct.unpack_from("!d", data, 4)[0]
+                rtts.append(time.monotonic() - stamp)
+
+    receiver = loop.create_task(receive())
+    attempts: list[asyncio.Task[Endpoint | None]] = []
+    await flood_started.wait()
+    start = time.monotonic()
+    next_allocation = start
+    assert client.transport is not None
+    while (now := time.monotonic()) < start + duration:
+        payload = struct.pack("!d", now) + bytes(92)
+        client.transport.sendto(struct.pack("!HH", CHANNEL, len(payload)) + payload)
+        sent += 1
+        if now >= next_allocation:
+            attempts.append(loop.create_task(allocate(port)))
+            next_allocation += ALLOCATION_INTERVAL
+        await asyncio.sleep(SEND_INTERVAL)
+    results = await asyncio.gather(*attempts)
+    await asyncio.sleep(0.5)  # stragglers
+    receiver.cancel()
+    for made in [client, peer, *results]:
+        if made is not None and made.transport is not None:
+            made.transport.close()
+    received = len(rtts)
+    return {
+        "sent": sent,
+        "received": received,
+        "loss_pct": 100.0 * (sent - received) / sent if sent else None,
+        "rtt_median_ms": 1000 * statistics.median(rtts) if rtts else None,
+        "rtt_p95_ms": 1000 * sorted(rtts)[int(0.95 * (received - 1))] if rtts else None,
+        "allocations_ok": sum(1 for r in results if r is not None),
+        "allocations_tried": len(results),
+    }
+
+
+# --- one run ---------------------------------------------------------------------------------
+
+
+def run(server: Server, label: str, kind: str, rate: int, duration: float) -> dict[str, Any]:
+    async def main() -> dict[str, Any]:
+        started = asyncio.Event()
+        measuring = asyncio.get_running_loop().create_task(session(server.port, duration, started))
+        await asyncio.sleep(1.0)  # the session is set up before the flood
+        cpu0 = cpu_seconds(server.pid)
+        flooder = await asyncio.create_subprocess_exec(
+            sys.executable, __file__, "--flood-worker", kind, "--port", str(server.port),
+            "--rate", str(rate), "--duration", str(duration),
+            stdout=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        started.set()
+        out, _ = await flooder.communicate()
+        result = await measuring
+        flood_stats = json.loads(out)
+        result.update(
+            server=label, flood=kind, cpu_s=cpu_seconds(server.pid) - cpu0,
+            flood_pps=flood_stats["sent"] / flood_stats["seconds"],
+            reflection=flood_stats["received_bytes"] / max(1, flood_stats["sent_bytes"]),
+            load1=os.getloadavg()[0],
+        )  # fmt: skip
+        return result
+
+    return asyncio.run(main())
+
+
+def fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    lines = [
+        "| flood | server | flood pps | session loss % | RTT median ms | RTT p95 ms "
+        "| allocations ok/tried | reflection B/B | server CPU s | load1 |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['flood']} | {r['server']} | {r['flood_pps']:.0f} | {fmt(r['loss_pct'], '.1f')} "
+            f"| {fmt(r['rtt_median_ms'], '.2f')} | {fmt(r['rtt_p95_ms'], '.2f')} "
+            f"| {r['allocations_ok']}/{r['allocations_tried']} | {r['reflection']:.3f} "
+            f"| {r['cpu_s']:.2f} | {r['load1']:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--floods", default=",".join(FLOODS), help="garbage,allocate")
+    parser.add_argument("--servers", default="stunnerd-u1,stunnerd,coturn")
+    parser.add_argument("--rate", type=int, default=160000, help="flood datagrams/s at most")
+    parser.add_argument("--duration", type=float, default=4.0, help="seconds of flood per run")
+    parser.add_argument("--json", type=Path, help="write the rows here too")
+    parser.add_argument("--flood-worker", choices=FLOODS, help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.flood_worker:
+        flood(args.flood_worker, args.port, args.rate, min(args.duration, 60.0))
+        return 0
+    servers = args.servers.split(",")
+    if "coturn" in servers and shutil.which("turnserver") is None:
+        sys.stderr.write("turnserver not found: apt-get install -y coturn (or --servers)\n")
+        return 2
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="flood-bench-") as tmp:
+        for kind in args.floods.split(","):
+            for label in servers:
+                name = "coturn" if label == "coturn" else "stunnerd"
+                server = Server(name, Path(tmp), 1 if label == "stunnerd-u1" else None)
+                server.start()
+                try:
+                    rows.append(run(server, label, kind, args.rate, args.duration))
+                finally:
+                    server.stop()
+                sys.stderr.write(table(rows[-1:]).splitlines()[-1] + "\n")
+    print(f"load average at the end: {os.getloadavg()}, {os.cpu_count()} CPUs")  # noqa: T201
+    print(table(rows))  # noqa: T201
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,133 @@
+"""The bounds stunnerd keeps under abuse (issue 15), and the per-source rate limiter.
+
+Go STUNner's dataplane config has no key for any of these, so they are stunnerd flags (`cli.py`,
+the README's flag table) and the config stays wire-compatible. Each default is far beyond what
+a real WebRTC session reaches, and each says why: a browser's PeerConnection makes one
+allocation per TURN URL and ICE restart, installs one permission per remote candidate address
+(a few, rarely dozens), binds one channel per remote candidate pair, and keeps one or two
+TURN-TCP/TLS connections, each sending its first Allocate within milliseconds.
+
+Pure code: the clock is injected.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import resource
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Limits:
+    # TCP/TLS: a connection has `stream_deadline` seconds to deliver its first complete
+    # message, and each frame once begun; without an allocation it is closed after
+    # `idle_timeout` seconds without a message (coturn's 60 s).
+    stream_deadline: float = 10.0
+    idle_timeout: float = 60.0
+    # TCP/TLS connections from one source IP (a NAT with a hundred browsers fits) and in total
+    # per process (further capped so that `fd_reserve` descriptors stay for relay sockets).
+    connections_per_source: int = 256
+    connections: int = 20000
+    fd_reserve: int = 1024
+    # DTLS handshakes in progress (cookie echoed, not finished), per source IP and in total.
+    dtls_pending_per_source: int = 16
+    dtls_pending: int = 1024
+    # Bytes queued toward one TCP/TLS client before relayed packets to it are dropped (and
+    # counted): ~1 s of a 4 Mbit/s video call.
+    stream_high_water: int = 512 * 1024
+    # STUN over UDP: bigger messages are dropped unparsed (a Send indication of a 1500-byte
+    # datagram is ~1550 bytes); at most `max_attributes` attributes per message (a signed
+    # ChannelBind has 6).
+    max_udp_message: int = 4096
+    max_attributes: int = 64
+    # Per request, per allocation: XOR-PEER-ADDRESS attributes, permissions, channels.
+    max_peers_per_request: int = 32
+    max_permissions: int = 512
+    max_channels: int = 512
+    # Allocations in the whole stunnerd (every process), and new allocations per second per
+    # source IP (with a burst of twice that).
+    max_allocations: int = 50000
+    allocation_rate: float = 50.0
+    # Error answers (401, 400, ...) per second per client address and port (clients behind
+    # one NAT share the IP), and in total per process; past them requests are dropped
+    # unanswered (a 28-byte Allocate draws a 124-byte 401), and a UDP client over its limit
+    # is not even parsed.
+    error_rate: float = 100.0
+    error_rate_total: float = 5000.0
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> Limits:
+        """From a worker's hello: unknown keys are ignored, missing ones keep the default."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in values.items() if k in names})
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def stream_connection_cap(self) -> int:
+        """TCP/TLS connections one process may hold: `connections`, and never so many that
+        fewer than `fd_reserve` descriptors (at most half the limit) stay for relay sockets."""
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft == resource.RLIM_INFINITY:
+            return self.connections
+        reserve = min(self.fd_reserve, soft // 2)
+        return max(0, min(self.connections, soft - reserve))
+
+
+class RateLimiter:
+    """Token buckets: `rate` per second per key (bursts of twice that) and `total_rate` for
+    all keys together. A rate of 0 means no limit. At most `max_keys` keys are tracked; past
+    that the table starts afresh (a spoofed flood cannot grow it)."""
+
+    def __init__(
+        self,
+        rate: float,
+        total_rate: float = 0.0,
+        clock: Callable[[], float] = time.monotonic,
+        max_keys: int = 65536,
+    ) -> None:
+        self.rate = rate
+        self.total_rate = total_rate
+        self._clock = clock
+        self._max_keys = max_keys
+        self._buckets: dict[Any, tuple[float, float]] = {}  # key -> (tokens, when)
+        self._total = (2 * total_rate, clock())
+        self.refused = 0
+
+    def allow(self, key: Any) -> bool:
+        now = self._clock()
+        if self.total_rate > 0:
+            tokens, when = self._total
+            tokens = min(2 * self.total_rate, tokens + (now - when) * self.total_rate)
+            if tokens < 1:
+                self._total = (tokens, now)
+                self.refused += 1
+                return False
+            self._total = (tokens - 1, now)
+        if self.rate <= 0:
+            return True
+        buckets = self._buckets
+        entry = buckets.get(key)
+        if entry is None:
+            if len(buckets) >= self._max_keys:
+                buckets.clear()
+            tokens = 2 * self.rate
+        else:
+            tokens = min(2 * self.rate, entry[0] + (now - entry[1]) * self.rate)
+        if tokens < 1:
+            buckets[key] = (tokens, now)
+            self.refused += 1
+            return False
+        buckets[key] = (tokens - 1, now)
+        return True
+
+    def exhausted(self, key: Any) -> bool:
+        """Whether `key` has no token left now (nothing is consumed): a cheap test before
+        any work is done for it."""
+        entry = self._buckets.get(key)
+        if entry is None:
+            return False
+        return entry[0] + (self._clock() - entry[1]) * self.rate < 1

@@ -1,0 +1,265 @@
+"""Issue 15: stunnerd's TURN server under a hostile client, request by request, on loopback.
+
+We test: a nonce is good on the 5-tuple it was issued to only (a replay from another port gets
+438); XOR-PEER-ADDRESS per request, permissions and channels per allocation are bounded (508);
+allocations are capped in total and rate-limited per source address; a Refresh below the
+default lifetime gets the default; a draining stunnerd refuses new allocations with 508 while
+the old ones keep working; an IPv4-mapped peer on an IPv6 allocation gets 443; ChannelBind to
+a permitted address on a port no cluster admits gets 403; an oversized UDP message or one with
+too many attributes is dropped unanswered; error answers are rate-limited per source address.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import struct
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import pytest
+
+from stunnerd import stun
+from stunnerd.daemon import Stunner
+from stunnerd.limits import Limits
+from stunnerd.stun import Class, Message, Method
+from tests.support.turnclient import (
+    HOST,
+    RawClient,
+    error_code,
+    free_port,
+    make_config,
+    start_peer,
+)
+
+Scenario = Callable[[int, Stunner], Awaitable[None]]
+
+
+@contextlib.asynccontextmanager
+async def stunner_with(
+    port: int, endpoints: list[str], limits: Limits, **config: Any
+) -> AsyncIterator[Stunner]:
+    stunner = Stunner(limits=limits)
+    await stunner.apply(make_config(port, endpoints, **config))
+    try:
+        yield stunner
+    finally:
+        await stunner.close()
+
+
+def run(
+    scenario: Scenario,
+    limits: Limits | None = None,
+    endpoints: list[str] | None = None,
+    **config: Any,
+) -> None:
+    async def main() -> None:
+        port = free_port()
+        async with stunner_with(
+            port, endpoints or [f"{HOST}/32"], limits or Limits(), **config
+        ) as s:
+            await scenario(port, s)
+
+    asyncio.run(main())
+
+
+async def allocated(port: int) -> RawClient:
+    client = await RawClient.connect((HOST, port))
+    response = await client.allocate()
+    assert response.message_class == Class.SUCCESS, response.attributes
+    return client
+
+
+def test_a_nonce_replayed_from_another_port_gets_438() -> None:
+    async def scenario(port: int, stunner: Stunner) -> None:
+        victim = await allocated(port)
+        replayer = await RawClient.connect((HOST, port))
+        # The replayer resends the victim's signed requests byte for byte from its own port.
+        request = Message(Method.ALLOCATE, Class.REQUEST)
+        request.attributes["REQUESTED-TRANSPORT"] = 17
+        request.attributes.update(USERNAME=victim.username, REALM=victim.realm, NONCE=victim.nonce)
+        captured = request.encode(integrity_key=victim.key)
+        answer = await replayer.request(request, data=captured)
+        assert error_code(answer) == 438
+        permission = Message(Method.CREATE_PERMISSION, Class.REQUEST)
+        permission.attributes["XOR-PEER-ADDRESS"] = (HOST, 9)
+        permission.attributes.update(
+            USERNAME=victim.username, REALM=victim.realm, NONCE=victim.nonce
+        )
+        answer = await replayer.request(
+            permission, data=permission.encode(integrity_key=victim.key)
+        )
+        assert error_code(answer) == 438
+        assert stunner.allocation_count == 1
+        # The victim's own nonce still works on its own 5-tuple.
+        assert (await victim.create_permission((HOST, 9))).message_class == Class.SUCCESS
+        victim.close()
+        replayer.close()
+
+    run(scenario)
+
+
+def test_peers_permissions_and_channels_are_bounded_with_508() -> None:
+    limits = Limits(max_peers_per_request=3, max_permissions=4, max_channels=2)
+
+    async def scenario(port: int, stunner: Stunner) -> None:
+        client = await allocated(port)
+        peers = [(f"127.0.0.{n}", 9) for n in range(1, 5)]
+        assert error_code(await client.create_permission(*peers)) == 508  # 4 in one request
+        assert (await client.create_permission(*peers[:3])).message_class == Class.SUCCESS
+        assert (await client.create_permission(peers[3])).message_class == Class.SUCCESS
+        assert (await client.create_permission(peers[0])).message_class == Class.SUCCESS  # again
+        assert error_code(await client.create_permission(("127.0.0.5", 9))) == 508
+        assert (await client.channel_bind(0x4000, peers[0])).message_class == Class.SUCCESS
+        assert (await client.channel_bind(0x4001, peers[1])).message_class == Class.SUCCESS
+        assert (await client.channel_bind(0x4001, peers[1])).message_class == Class.SUCCESS
+        assert error_code(await client.channel_bind(0x4002, peers[2])) == 508
+        client.close()
+
+    run(scenario, limits, endpoints=["127.0.0.0/8"])
+
+
+def test_allocations_are_capped_in_total_and_per_source_rate() -> None:
+    async def capped(port: int, stunner: Stunner) -> None:
+        clients = [await allocated(port) for _ in range(3)]
+        extra = await RawClient.connect((HOST, port))
+        assert error_code(await extra.allocate()) == 508
+        await clients[0].refresh(0)  # one goes, one more may come
+        await asyncio.sleep(0.05)
+        assert (await extra.allocate()).message_class == Class.SUCCESS
+        for client in [*clients, extra]:
+            client.close()
+
+    run(capped, Limits(max_allocations=3))
+
+    async def rated(port: int, stunner: Stunner) -> None:
+        clients = [await RawClient.connect((HOST, port)) for _ in range(8)]
+        codes = [error_code(await client.allocate()) for client in clients]
+        assert codes[:4] == [None] * 4  # a burst of twice the rate
+        assert 508 in codes[4:]
+        for client in clients:
+            client.close()
+
+    run(rated, Limits(allocation_rate=2))
+
+
+def test_refresh_below_the_default_lifetime_gets_the_default() -> None:
+    async def scenario(port: int, stunner: Stunner) -> None:
+        client = await allocated(port)
+        response = await client.refresh(1)
+        assert response.attributes["LIFETIME"] == 600
+        await asyncio.sleep(1.5)
+        assert stunner.allocation_count == 1  # not expired after a second
+        assert (await client.refresh(0)).attributes["LIFETIME"] == 0
+        client.close()
+
+    run(scenario)
+
+
+def test_a_draining_stunnerd_refuses_new_allocations_with_508() -> None:
+    async def scenario(port: int, stunner: Stunner) -> None:
+        old = await allocated(port)
+        stunner.terminating = True
+        new = await RawClient.connect((HOST, port))
+        answer = await new.allocate()
+        assert error_code(answer) == 508
+        assert "shutting down" in answer.attributes["ERROR-CODE"][1]
+        assert (await old.refresh(600)).message_class == Class.SUCCESS  # the old ones stay
+        assert stunner.allocation_count == 1
+        old.close()
+        new.close()
+
+    run(scenario)
+
+
+def test_an_ipv4_mapped_peer_on_an_ipv6_allocation_gets_443() -> None:
+    async def main() -> None:
+        port = free_port()
+        async with stunner_with(
+            port, ["::/0", "0.0.0.0/0"], Limits(), address="::1", protocols=("TURN-UDP",)
+        ):
+            client = await RawClient.connect(("::1", port))
+            response = await client.allocate(**{"REQUESTED-ADDRESS-FAMILY": 2})
+            assert response.message_class == Class.SUCCESS, response.attributes
+            assert error_code(await client.create_permission(("::ffff:127.0.0.5", 9))) == 443
+            assert error_code(await client.channel_bind(0x4000, ("::ffff:127.0.0.5", 9))) == 443
+            client.close()
+
+    asyncio.run(main())
+
+
+def test_channel_bind_to_a_forbidden_port_gets_403() -> None:
+    async def scenario(port: int, stunner: Stunner) -> None:
+        peer = await start_peer()
+        client = await allocated(port)
+        assert error_code(await client.channel_bind(0x4000, (HOST, 5009))) == 403
+        assert (await client.channel_bind(0x4000, (HOST, 5001))).message_class == Class.SUCCESS
+        client.close()
+        peer.close()
+
+    run(scenario, endpoints=[f"{HOST}/32:<5000-5005>"])
+
+
+def _binding_with(attributes: int, size: int = 0) -> tuple[Message, bytes]:
+    """A Binding request padded with `attributes` empty comprehension-optional attributes
+    and one of `size` bytes."""
+    request = Message(Method.BINDING, Class.REQUEST)
+    body = b"".join(struct.pack("!HH", 0x8888, 0) for _ in range(attributes))
+    if size:
+        body += struct.pack("!HH", 0x8889, size) + bytes(size)
+    return request, struct.pack(
+        "!HHI", 0x0001, len(body), 0x2112A442
+    ) + request.transaction_id + body
+
+
+def test_oversized_or_attribute_stuffed_udp_messages_are_dropped() -> None:
+    async def scenario(port: int, stunner: Stunner) -> None:
+        client = await RawClient.connect((HOST, port))
+        request, data = _binding_with(10)
+        assert (await client.request(request, sign=False, data=data)).message_class == Class.SUCCESS
+        for request, data in (_binding_with(65), _binding_with(0, 5000), _binding_with(16000)):
+            try:
+                await client.request(request, sign=False, data=data, timeout=0.3)
+            except TimeoutError:
+                continue
+            raise AssertionError(f"a {len(data)}-byte Binding was answered")
+        client.close()
+
+    run(scenario)
+
+
+def test_error_answers_are_rate_limited_and_floods_not_parsed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    parsed = []
+    parse = stun.parse_message
+
+    def counting_parse(data: bytes, max_attributes: int = 0) -> Message:
+        if bytes(data[:2]) == b"\x00\x03":  # an Allocate request: the server's parse
+            parsed.append(len(data))
+        return parse(data, max_attributes)
+
+    monkeypatch.setattr(stun, "parse_message", counting_parse)
+
+    async def scenario(port: int, stunner: Stunner) -> None:
+        client = await RawClient.connect((HOST, port))
+        for _ in range(100):
+            request = Message(Method.ALLOCATE, Class.REQUEST)
+            request.attributes["REQUESTED-TRANSPORT"] = 17
+            client.send_raw(request.encode())
+        await asyncio.sleep(0.3)
+        answers = len(client.raw)
+        assert 10 <= answers <= 14, answers  # a burst of 10, then 5 a second
+        assert len(parsed) <= answers + 3, len(parsed)  # the rest dropped before parsing
+        server = stunner.listeners["testns/gw/turn-udp"].server
+        assert server.stats.rate_limited >= 100 - answers - 3
+        client.close()
+
+    run(scenario, Limits(error_rate=5))
+
+
+def test_limits_reach_the_worker_processes() -> None:
+    limits = Limits(max_channels=7)
+    assert Limits.from_dict({**limits.to_dict(), "unknown": 1}) == limits
+    assert dataclasses.replace(limits, max_channels=512) == Limits()
