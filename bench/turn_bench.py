@@ -6,6 +6,8 @@ loss, RTT, server CPU-seconds (utime+stime from /proc, the server process and it
 relayed packets per server CPU-second (each echoed packet counted twice: client->peer and
 peer->client) and the stunnerd/coturn ratio of that figure. Then the allocation setup rate
 (allocations/s, long-term auth, our own asyncio client) and the RSS per idle allocation.
+`stunnerd` runs its native relay path (STUNNER_NATIVE=1); `--servers stunnerd,stunnerd-py,coturn`
+adds the pure-Python path (STUNNER_NATIVE=0) to the same run.
 
     .venv/bin/python bench/turn_bench.py            # default matrix, < 5 minutes
     .venv/bin/python bench/turn_bench.py --quick    # 3 cases
@@ -233,7 +235,9 @@ class Server:
             path = self.workdir / f"stunnerd-{self.port}.json"
             path.write_text(json.dumps(config))
             stunnerd = shutil.which("stunnerd", path=str(Path(sys.executable).parent))
-            argv = [stunnerd or "stunnerd", "-c", str(path)]
+            # One source IP makes every allocation here: lift the per-source abuse limits.
+            argv = [stunnerd or "stunnerd", "-c", str(path), "--allocation-rate=1000000",
+                    "--error-rate=1000000", "--error-rate-total=0"]  # fmt: skip
             if self.udp_threads is not None:
                 argv.append(f"--udp-thread-num={self.udp_threads}")
         else:
