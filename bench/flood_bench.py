@@ -38,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from turn_bench import REALM, Server, cpu_seconds, reply_to  # noqa: E402
+from turn_bench import _AllocClient as Endpoint  # noqa: E402  (a socket and its replies)
 
 from stunnerd.auth import long_term_key  # noqa: E402
 from stunnerd.stun import Class, Message, Method  # noqa: E402
@@ -119,18 +120,6 @@ class Echo(asyncio.DatagramProtocol):
     def datagram_received(self, data: bytes, addr: Any) -> None:
         assert self.transport is not None
         self.transport.sendto(data, addr)
-
-
-class Endpoint(asyncio.DatagramProtocol):
-    def __init__(self) -> None:
-        self.transport: asyncio.DatagramTransport | None = None
-        self.replies: asyncio.Queue[bytes] = asyncio.Queue()
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.DatagramTransport, transport)
-
-    def datagram_received(self, data: bytes, addr: Any) -> None:
-        self.replies.put_nowait(data)
 
 
 async def endpoint(**kwargs: Any) -> Endpoint:

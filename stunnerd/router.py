@@ -177,17 +177,17 @@ class Router:
 
     def __init__(self, relay_ports: bytearray | mmap.mmap | None = None) -> None:
         self._routes: dict[str, tuple[_Matcher, ...]] = {}
+        # stunnerd's own sockets: its addresses, the ports of its listeners, and the ports
+        # of its relay sockets (a byte per port the allocations mark, `relay_port_map`).
+        self.own_ips: frozenset[str] = frozenset()
+        self.own_ports: frozenset[int] = frozenset()
+        self.relay_ports = relay_ports if relay_ports is not None else bytearray(RELAY_PORTS)
         self._domains: set[str] = set()
         self._resolved: dict[str, frozenset[IPAddress]] = {}
         self._admit_cache: dict[tuple[str, str, int], str | None] = {}
         self._permit_cache: dict[tuple[str, str], bool] = {}
         self.epoch = 0  # bumped whenever cached decisions are dropped
         self._watchers: list[Callable[[], None]] = []
-        # stunnerd's own sockets: its addresses, the ports of its listeners, and the ports
-        # of its relay sockets (a byte per port the allocations mark, `relay_port_map`).
-        self.own_ips: frozenset[str] = frozenset()
-        self.own_ports: frozenset[int] = frozenset()
-        self.relay_ports = relay_ports if relay_ports is not None else bytearray(RELAY_PORTS)
 
     def _invalidate(self) -> None:
         self.epoch += 1

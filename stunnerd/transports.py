@@ -34,6 +34,7 @@ class UdpListenerProtocol(asyncio.DatagramProtocol):
         self.server = server
         self.transport: asyncio.DatagramTransport | None = None
         self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.pins: ClientPins | None = None  # one process per listener: see ClientPins
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.DatagramTransport, transport)
@@ -52,6 +53,8 @@ class UdpListenerProtocol(asyncio.DatagramProtocol):
         allocation = self.server.allocations.get(addr)
         if allocation is not None:
             self.server.handle(data, allocation.downstream)
+            if self.pins is not None:
+                self.pins.pin(addr)
         elif data[4:8] != stun.COOKIE_BYTES or data[0] & 0xC0:
             self.server.stats.dropped += 1  # garbage from a stranger: judged on its first bytes
         elif self.server.context.error_answers.exhausted(addr):
@@ -74,6 +77,93 @@ class UdpListenerProtocol(asyncio.DatagramProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         if not self.closed.done():
             self.closed.set_result(None)
+
+
+class ClientPins:
+    """Established clients' traffic ahead of strangers' (issue 15), where one process serves
+    the listener: a client with an allocation gets a UDP socket connected to it on the
+    listener's address and port (SO_REUSEPORT), as coturn does. The kernel steers the client's
+    5-tuple to that socket, so its packets queue apart from a flood of strangers filling the
+    listener socket, and the event loop serves both. Replies still leave by the listener
+    socket (the same address and port). Pinned when the client's first STUN message after its
+    Allocate arrives; let go within a second of the allocation; skipped when no descriptor is
+    free. Not used with UDP worker processes, where a connected socket in the SO_REUSEPORT
+    group could move strangers' 5-tuples between processes mid-handshake."""
+
+    SWEEP_INTERVAL = 1.0
+
+    def __init__(self, listener: UdpListenerProtocol, sock: socket.socket) -> None:
+        self.listener = listener
+        self.family = sock.family
+        self.local = sock.getsockname()
+        self.pinned: dict[Any, asyncio.DatagramTransport | None] = {}
+        loop = asyncio.get_running_loop()
+        self._sweeper = loop.call_later(self.SWEEP_INTERVAL, self._sweep)
+
+    def pin(self, addr: Any) -> None:
+        if addr in self.pinned:
+            return
+        self.pinned[addr] = None  # one attempt per allocation
+        sock = socket.socket(self.family, socket.SOCK_DGRAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            if self.family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+            sock.bind(self.local)
+            sock.connect(addr)
+            sock.setblocking(False)
+        except OSError as exc:
+            log.debug("listener %s: no socket of its own for %s: %s", self.name, addr, exc)
+            sock.close()
+            return
+        asyncio.get_running_loop().create_task(self._serve(addr, sock))
+
+    @property
+    def name(self) -> str:
+        return self.listener.server.name
+
+    async def _serve(self, addr: Any, sock: socket.socket) -> None:
+        listener = self.listener
+        try:
+            transport, _ = await asyncio.get_running_loop().create_datagram_endpoint(
+                lambda: _PinnedClient(listener, addr), sock=sock
+            )
+        except OSError:
+            sock.close()
+            return
+        if addr in self.pinned:
+            self.pinned[addr] = transport
+        else:
+            transport.close()  # the allocation went while the socket was being set up
+
+    def _sweep(self) -> None:
+        allocations = self.listener.server.allocations
+        for addr in [a for a in self.pinned if a not in allocations]:
+            transport = self.pinned.pop(addr)
+            if transport is not None:
+                transport.close()
+        self._sweeper = asyncio.get_running_loop().call_later(self.SWEEP_INTERVAL, self._sweep)
+
+    def close(self) -> None:
+        self._sweeper.cancel()
+        for transport in self.pinned.values():
+            if transport is not None:
+                transport.close()
+        self.pinned.clear()
+
+
+class _PinnedClient(asyncio.DatagramProtocol):
+    """What a pinned client's own socket receives goes the listener's way."""
+
+    def __init__(self, listener: UdpListenerProtocol, addr: Any) -> None:
+        self.listener = listener
+        self.addr = addr  # as the listener socket reports it: the allocation key
+
+    def datagram_received(self, data: bytes, addr: Any) -> None:
+        self.listener.datagram_received(data, self.addr)
+
+    def error_received(self, exc: Exception) -> None:
+        log.debug("listener %s: %s", self.listener.server.name, exc)
 
 
 class TcpConnectionProtocol(asyncio.Protocol):
@@ -254,6 +344,8 @@ class UdpTransport(Transport):
         _, self._protocol = await asyncio.get_running_loop().create_datagram_endpoint(
             lambda: UdpListenerProtocol(self.server), sock=sock
         )
+        if self._given is None and not self.worker_sockets:
+            self._protocol.pins = ClientPins(self._protocol, sock)
 
     def listener_socket(self, port: int) -> socket.socket:
         """The socket this process reads: the one handed to a worker, or the first of a newly
@@ -266,6 +358,8 @@ class UdpTransport(Transport):
         return sock
 
     async def stop(self) -> None:
+        if self._protocol is not None and self._protocol.pins is not None:
+            self._protocol.pins.close()
         if self._protocol is not None and self._protocol.transport is not None:
             self._protocol.transport.close()
             await self._protocol.closed  # the port is free once the socket is really closed
@@ -369,13 +463,13 @@ def transport_for(
 def _bound_udp_group(host: str, port: int, count: int) -> list[socket.socket]:
     """`count` UDP sockets on `port`, in one SO_REUSEPORT group when there are several: all
     bound before any is read, so the kernel's 5-tuple hash does not move as the group forms."""
-    if count <= 1:
-        return [_bound_socket(socket.SOCK_DGRAM, host, port)]
     if port != 0:
         # A port already held by another SO_REUSEPORT group of this user would quietly be
         # shared with it: try a plain bind first, so "address in use" is reported as always.
         _bound_socket(socket.SOCK_DGRAM, host, port).close()
     group = [_bound_socket(socket.SOCK_DGRAM, host, port, reuse_port=True)]
+    if count <= 1:
+        return group  # SO_REUSEPORT all the same: ClientPins binds the port again
     try:
         port = group[0].getsockname()[1]  # port 0: the group shares the one the kernel chose
         for _ in range(count - 1):

@@ -81,7 +81,8 @@ class ServerContext:
 
     def __post_init__(self) -> None:
         limits = self.limits
-        # Per source IP, shared by the listeners of this process.
+        # Shared by the listeners of this process: error answers per client address (and in
+        # total), new allocations per client IP.
         self.error_answers = RateLimiter(limits.error_rate, limits.error_rate_total)
         self.new_allocations = RateLimiter(limits.allocation_rate)
 
@@ -438,6 +439,7 @@ class TurnServer:
             allocation.close()
             raise RequestError(437)
         self.allocations[downstream.remote] = allocation
+        self.router.relay_ports[allocation.relayed_address[1]] = 1  # never a peer (router.py)
         self.stats.allocations_total += 1
         log.info(
             "listener %s: allocation created for %s: relay %s:%d, user %r, lifetime %ds",
@@ -502,7 +504,6 @@ class TurnServer:
         except OSError as exc:
             sock.close()
             raise RequestError(508, f"Insufficient Capacity: no relay socket: {exc}") from None
-        self.router.relay_ports[allocation.relayed_address[1]] = 1  # never a peer (router.py)
 
     def _refresh(self, exchange: Exchange) -> Message:
         """RFC 8656 §7.3."""

@@ -7,6 +7,8 @@ listener's key) are reported with the field and position, at the default log lev
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from pathlib import Path
 
 import pytest
@@ -51,3 +53,27 @@ def test_limit_flags_and_env_reach_the_limits(monkeypatch: pytest.MonkeyPatch) -
     assert limits.max_channels == Limits().max_channels
     with pytest.raises(SystemExit):
         build_parser().parse_args(["--max-channels", "-1"])
+
+
+@pytest.mark.parametrize("case", sorted(BROKEN))
+def test_watch_mode_ignores_a_broken_config_without_echoing_a_secret(
+    tmp_path: Path, case: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    from stunnerd.sources import FileSource
+
+    config = tmp_path / "stunnerd.yaml"
+    config.write_text(BROKEN[case])
+
+    async def main() -> None:
+        async def first() -> None:
+            async for _ in FileSource(config, poll_interval=0.05).watch():
+                pass
+
+        task = asyncio.get_running_loop().create_task(first())
+        await asyncio.sleep(0.3)
+        task.cancel()
+
+    with caplog.at_level(logging.INFO):
+        asyncio.run(main())
+    assert "ignoring invalid config" in caplog.text
+    assert SECRET not in caplog.text

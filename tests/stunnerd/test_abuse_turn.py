@@ -14,6 +14,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import os
+import socket
 import struct
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -263,3 +265,42 @@ def test_limits_reach_the_worker_processes() -> None:
     limits = Limits(max_channels=7)
     assert Limits.from_dict({**limits.to_dict(), "unknown": 1}) == limits
     assert dataclasses.replace(limits, max_channels=512) == Limits()
+
+
+def test_an_established_client_keeps_its_packets_while_strangers_flood_the_listener(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One process per listener: a client with an allocation gets a socket of its own (issue
+    15), so while the event loop is stalled and a flood overflows the listener socket's queue,
+    the client's ChannelData still queues, and all of it reaches the peer. The pure-Python
+    relay path's feature: the native engine (STUNNER_NATIVE=1) has no per-client socket yet."""
+    monkeypatch.setenv("STUNNER_NATIVE", "0")
+
+    async def scenario(port: int, stunner: Stunner) -> None:
+        peer = await start_peer(echo=False)
+        client = await allocated(port)
+        assert (await client.channel_bind(0x4000, (HOST, peer.port))).message_class == (
+            Class.SUCCESS
+        )
+        await asyncio.sleep(0.2)  # the client's own socket is set up
+        assert client.transport is not None
+        fileno = client.transport.get_extra_info("socket").fileno()
+        junk = Message(Method.BINDING, Class.REQUEST).encode()
+        with (
+            socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as flooder,
+            socket.socket(fileno=os.dup(fileno)) as client_socket,
+        ):
+            # The loop is stalled (this thread): the flood and the session queue in the kernel.
+            for n in range(20000):
+                flooder.sendto(junk, (HOST, port))
+                if n % 1000 == 0:
+                    client_socket.sendto(
+                        stun.pack_channel_data(0x4000, b"media %d" % n), (HOST, port)
+                    )
+        await asyncio.sleep(0.5)
+        media = [data for data, _ in peer.received if data.startswith(b"media")]
+        assert len(media) == 20, len(media)
+        client.close()
+        peer.close()
+
+    run(scenario)
