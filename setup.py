@@ -22,4 +22,5 @@ if sys.platform.startswith("linux"):
         )
     )
 
-setup(ext_modules=extensions)
+if __name__ == "__main__":  # as setuptools runs it; tests import `extensions` alone
+    setup(ext_modules=extensions)

@@ -6,6 +6,8 @@ loss, RTT, server CPU-seconds (utime+stime from /proc, the server process and it
 relayed packets per server CPU-second (each echoed packet counted twice: client->peer and
 peer->client) and the stunnerd/coturn ratio of that figure. Then the allocation setup rate
 (allocations/s, long-term auth, our own asyncio client) and the RSS per idle allocation.
+`stunnerd` runs its native relay path (STUNNER_NATIVE=1); `--servers stunnerd,stunnerd-py,coturn`
+adds the pure-Python path (STUNNER_NATIVE=0) to the same run.
 
     .venv/bin/python bench/turn_bench.py            # default matrix, < 5 minutes
     .venv/bin/python bench/turn_bench.py --quick    # 3 cases
@@ -46,7 +48,9 @@ USER = "user"
 PASSWORD = "pass"
 REALM = "stunner.l7mp.io"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
-SERVERS = ("stunnerd", "coturn")
+SERVERS = ("stunnerd", "stunnerd-py", "coturn")
+STUNNERDS = ("stunnerd", "stunnerd-py")  # the native relay path (STUNNER_NATIVE=1), and Python
+DEFAULT_SERVERS = "stunnerd,coturn"
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -181,7 +185,7 @@ def stop(proc: subprocess.Popen[bytes], name: str) -> None:
         return
     with contextlib.suppress(ProcessLookupError):
         proc.send_signal(signal.SIGTERM)
-    if name == "stunnerd":
+    if name in STUNNERDS:
         time.sleep(0.2)
         with contextlib.suppress(ProcessLookupError):
             proc.send_signal(signal.SIGINT)
@@ -202,7 +206,9 @@ class Server:
 
     def start(self) -> None:
         logfile = (self.workdir / f"{self.name}-{self.port}.log").open("wb")
-        if self.name == "stunnerd":
+        env = None
+        if self.name in STUNNERDS:
+            env = {**os.environ, "STUNNER_NATIVE": "0" if self.name == "stunnerd-py" else "1"}
             config = {
                 "version": "v1",
                 "admin": {"name": "bench", "loglevel": "all:WARN", "healthcheck_endpoint": ""},
@@ -229,7 +235,9 @@ class Server:
             path = self.workdir / f"stunnerd-{self.port}.json"
             path.write_text(json.dumps(config))
             stunnerd = shutil.which("stunnerd", path=str(Path(sys.executable).parent))
-            argv = [stunnerd or "stunnerd", "-c", str(path)]
+            # One source IP makes every allocation here: lift the per-source abuse limits.
+            argv = [stunnerd or "stunnerd", "-c", str(path), "--allocation-rate=1000000",
+                    "--error-rate=1000000", "--error-rate-total=0"]  # fmt: skip
             if self.udp_threads is not None:
                 argv.append(f"--udp-thread-num={self.udp_threads}")
         else:
@@ -241,7 +249,7 @@ class Server:
                 "--no-stdout-log", "--log-file", "/dev/null", "--simple-log",
                 "--pidfile", str(self.workdir / f"turnserver-{self.port}.pid"),
             ]  # fmt: skip
-        self.proc = subprocess.Popen(argv, stdout=logfile, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(argv, stdout=logfile, stderr=subprocess.STDOUT, env=env)
         logfile.close()
         self._wait_ready()
 
@@ -508,50 +516,53 @@ def max_loss(by_repeat: dict[int, dict[str, dict[str, Any]]], server: str) -> st
 
 
 def repeat_table(rows: list[dict[str, Any]]) -> str:
-    """Per case over its repeats: the stunnerd/coturn ratios, their median, the worst loss."""
+    """Per case and stunnerd path over its repeats: the ratios to coturn, their median, the
+    worst loss."""
     out = [
-        "| case | runs | stunnerd/coturn per run | median | stunnerd max loss % "
+        "| case | server | runs | ratio to coturn per run | median | max loss % "
         "| coturn max loss % |",
-        "|---|---:|---|---:|---:|---:|",
+        "|---|---|---:|---|---:|---:|---:|",
     ]
     runs: dict[str, dict[int, dict[str, dict[str, Any]]]] = {}
     for row in rows:
         runs.setdefault(row["case"], {}).setdefault(row["repeat"], {})[row["server"]] = row
     for case, by_repeat in runs.items():
-        each = [
-            ratio(
-                servers.get("stunnerd", {}).get("relayed_per_cpu_s"),
-                servers.get("coturn", {}).get("relayed_per_cpu_s"),
+        for name in STUNNERDS:
+            each = [
+                ratio(
+                    servers.get(name, {}).get("relayed_per_cpu_s"),
+                    servers.get("coturn", {}).get("relayed_per_cpu_s"),
+                )
+                for servers in by_repeat.values()
+            ]
+            ratios = [r for r in each if r is not None]
+            if not ratios:
+                continue
+            out.append(
+                f"| {case} | {name} | {len(by_repeat)} "
+                f"| {', '.join(format(r, '.2f') + 'x' for r in ratios)} "
+                f"| {fmt(statistics.median(ratios), '.2f') + 'x'} "
+                f"| {max_loss(by_repeat, name)} | {max_loss(by_repeat, 'coturn')} |"
             )
-            for servers in by_repeat.values()
-        ]
-        ratios = [r for r in each if r is not None]
-        out.append(
-            f"| {case} | {len(by_repeat)} | {', '.join(format(r, '.2f') + 'x' for r in ratios)} "
-            f"| {fmt(statistics.median(ratios), '.2f') + 'x' if ratios else '-'} "
-            f"| {max_loss(by_repeat, 'stunnerd')} | {max_loss(by_repeat, 'coturn')} |"
-        )
     return "\n".join(out)
 
 
 def relay_table(rows: list[dict[str, Any]]) -> str:
     out = [
         "| case | server | sent/s | peak sent/s | recv/s | loss % | RTT ms | CPU-s | sys % "
-        "| relayed pkt/CPU-s | stunnerd/coturn |",
+        "| relayed pkt/CPU-s | ratio to coturn |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     by_case: dict[str, dict[str, dict[str, Any]]] = {}
     for row in rows:
         by_case.setdefault(run_label(row), {})[row["server"]] = row
     for case, servers in by_case.items():
-        r = ratio(
-            servers.get("stunnerd", {}).get("relayed_per_cpu_s"),
-            servers.get("coturn", {}).get("relayed_per_cpu_s"),
-        )
+        anchor = servers.get("coturn", {}).get("relayed_per_cpu_s")
         for name in SERVERS:
             if name not in servers:
                 continue
             row = servers[name]
+            r = ratio(row["relayed_per_cpu_s"], anchor) if name in STUNNERDS else None
             status = " (timeout)" if row["timed_out"] else ""
             out.append(
                 f"| {case} | {name}{status} | {fmt(row['sent_pps'], '.0f')} "
@@ -559,7 +570,7 @@ def relay_table(rows: list[dict[str, Any]]) -> str:
                 f"| {fmt(row['recv_pps'], '.0f')} | {fmt(row['loss_pct'], '.2f')} "
                 f"| {fmt(row['rtt_ms'], '.3f')} | {fmt(row['cpu_s'], '.2f')} "
                 f"| {fmt(row['sys_pct'], '.0f')} | {fmt(row['relayed_per_cpu_s'], '.0f')} "
-                f"| {fmt(r, '.2f') + 'x' if name == 'stunnerd' and r else ''} |"
+                f"| {fmt(r, '.2f') + 'x' if r else ''} |"
             )
     return "\n".join(out)
 
@@ -579,12 +590,14 @@ def alloc_table(rows: list[dict[str, Any]]) -> str:
             f"| {fmt(row['rss_per_alloc_kib'], '.1f')} |"
         )
     by = {row["server"]: row for row in rows}
-    if "stunnerd" in by and "coturn" in by:
-        a = ratio(by["stunnerd"]["alloc_per_s"], by["coturn"]["alloc_per_s"])
-        c = ratio(by["stunnerd"]["alloc_per_cpu_s"], by["coturn"]["alloc_per_cpu_s"])
-        m = ratio(by["stunnerd"]["rss_per_alloc_kib"], by["coturn"]["rss_per_alloc_kib"])
+    for name in STUNNERDS:
+        if name not in by or "coturn" not in by:
+            continue
+        a = ratio(by[name]["alloc_per_s"], by["coturn"]["alloc_per_s"])
+        c = ratio(by[name]["alloc_per_cpu_s"], by["coturn"]["alloc_per_cpu_s"])
+        m = ratio(by[name]["rss_per_alloc_kib"], by["coturn"]["rss_per_alloc_kib"])
         out.append(
-            f"| stunnerd/coturn | | {fmt(a, '.2f')}x | | {fmt(c, '.2f')}x | | | {fmt(m, '.2f')}x |"
+            f"| {name}/coturn | | {fmt(a, '.2f')}x | | {fmt(c, '.2f')}x | | | {fmt(m, '.2f')}x |"
         )
     return "\n".join(out)
 
@@ -645,7 +658,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--concurrency", type=int, default=50, help="allocations in flight (default 50)"
     )
     parser.add_argument(
-        "--servers", default=",".join(SERVERS), help="comma-separated subset of stunnerd,coturn"
+        "--servers",
+        default=DEFAULT_SERVERS,
+        help="comma-separated subset of stunnerd (the native relay path), stunnerd-py "
+        "(STUNNER_NATIVE=0: the pure-Python path) and coturn (default stunnerd,coturn)",
     )
     parser.add_argument(
         "--udp-threads",

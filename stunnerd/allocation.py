@@ -4,12 +4,17 @@ An allocation knows its listener only through a narrow handle (`ListenerScope`):
 peer policy is keyed by, the policy, and the counters it adds to. Both directions of relayed
 traffic are checked here against the policy, packet by packet, and counted; the requests that
 create and change allocations are `turn.TurnServer`'s.
+
+Where an allocation's relay socket is served is the listener's `RelayPath`: an asyncio datagram
+endpoint here, or the native engine of a TURN-UDP listener (`native_udp`), which also mirrors
+the allocation's state through the one observer interface `AllocationMirror`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import struct
 import time
 from collections.abc import Callable, MutableMapping
@@ -57,10 +62,46 @@ class PeerPolicy(Protocol):
     def cluster_of(self, listener: str, ip: str, port: int) -> str | None: ...
 
 
+class RelaySocket(Protocol):
+    """An allocation's relay socket as the allocation uses it: an asyncio datagram transport,
+    or the native engine's allocation (`native_udp.NativeAllocation`)."""
+
+    def sendto(self, data: bytes, addr: Address) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class AllocationMirror(Protocol):
+    """Told of every change to an allocation's relay state (the native engine mirrors it)."""
+
+    def refreshed(self, expires_at: float) -> None: ...
+
+    def permitted(self, ip: str, expires_at: float) -> None: ...
+
+    def bound(self, channel: int, peer: Address, expires_at: float) -> None: ...
+
+    def forgotten(self, ips: list[str], channels: list[int]) -> None: ...
+
+
+class RelayPath(Protocol):
+    """Serves a new allocation's bound relay socket (taking it over) and returns it."""
+
+    async def open(self, allocation: Allocation, sock: socket.socket) -> RelaySocket: ...
+
+
+class AsyncioRelayPath:
+    """The pure-Python path: the allocation reads its relay socket through asyncio."""
+
+    async def open(self, allocation: Allocation, sock: socket.socket) -> RelaySocket:
+        loop = asyncio.get_running_loop()
+        transport, _ = await loop.create_datagram_endpoint(lambda: allocation, sock=sock)
+        return transport
+
+
 class ListenerScope:
     """What an allocation needs of its listener; no way back to the server."""
 
-    __slots__ = ("name", "policy", "stats", "cluster_counters")
+    __slots__ = ("name", "policy", "stats", "cluster_counters", "relay_path")
 
     def __init__(
         self,
@@ -73,6 +114,7 @@ class ListenerScope:
         self.policy = policy
         self.stats = stats  # the listener's counters
         self.cluster_counters = cluster_counters  # shared by every listener of the process
+        self.relay_path: RelayPath = AsyncioRelayPath()  # the native transport swaps it
 
 
 class Allocation(asyncio.DatagramProtocol):
@@ -96,7 +138,8 @@ class Allocation(asyncio.DatagramProtocol):
         self.permissions: dict[str, float] = {}  # peer IP -> expiry
         self.channels: dict[int, tuple[Address, float]] = {}  # channel -> (peer, expiry)
         self.channel_by_peer: dict[Address, int] = {}
-        self.relay: asyncio.DatagramTransport | None = None
+        self.relay: RelaySocket | None = None
+        self.mirror: AllocationMirror | None = None  # set by a RelayPath that mirrors state
         self.relayed_address: Address = ("", 0)
 
     # --- relay socket events: data from peers -------------------------------------------
@@ -156,17 +199,37 @@ class Allocation(asyncio.DatagramProtocol):
             return
         self.relay_to_peer(binding[0], data[4 : 4 + length])
 
-    # --- state -----------------------------------------------------------------------------
+    # --- state (every change is told to the mirror, if any) ---------------------------------
+
+    def refresh(self, lifetime: int) -> None:
+        self.expires_at = time.monotonic() + lifetime
+        if self.mirror is not None:
+            self.mirror.refreshed(self.expires_at)
+
+    def permit(self, ip: str, expires_at: float) -> None:
+        self.permissions[ip] = expires_at
+        if self.mirror is not None:
+            self.mirror.permitted(ip, expires_at)
+
+    def bind(self, channel: int, peer: Address, expires_at: float) -> None:
+        self.channels[channel] = (peer, expires_at)
+        self.channel_by_peer[peer] = channel
+        if self.mirror is not None:
+            self.mirror.bound(channel, peer, expires_at)
 
     def expire(self, now: float) -> bool:
         """Drop expired permissions and channels; True if the allocation itself expired."""
         if now >= self.expires_at:
             return True
-        for ip in [ip for ip, expiry in self.permissions.items() if expiry <= now]:
+        ips = [ip for ip, expiry in self.permissions.items() if expiry <= now]
+        for ip in ips:
             del self.permissions[ip]
-        for channel in [c for c, (_, expiry) in self.channels.items() if expiry <= now]:
+        channels = [c for c, (_, expiry) in self.channels.items() if expiry <= now]
+        for channel in channels:
             peer, _ = self.channels.pop(channel)
             self.channel_by_peer.pop(peer, None)
+        if self.mirror is not None and (ips or channels):
+            self.mirror.forgotten(ips, channels)
         return False
 
     def close(self) -> None:

@@ -19,7 +19,7 @@ from stunner_api.dataplane import (
     zero_config,
 )
 
-from . import logs
+from . import logs, native
 from .auth import NonceManager
 from .certificates import self_signed_certificate
 from .daemon import ApplyError, Stunner
@@ -86,7 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="N",
         help="processes serving each UDP listener, one SO_REUSEPORT socket each (default: one "
-        "per usable CPU; 0 or 1: this process alone; capped at the usable CPUs)",
+        "per usable CPU, or one where the native relay path is on; 0 or 1: this process alone; "
+        "capped at the usable CPUs)",
     )
     parser.add_argument(
         "--force-ready-status",
@@ -310,7 +311,7 @@ async def run(args: argparse.Namespace, stunner: Stunner) -> int:
 def udp_workers(args: argparse.Namespace, override: str | None) -> WorkerPool | None:
     """The worker pool -u asks for (processes beyond this one), or None for one process."""
     cpus = usable_cpus()
-    processes = udp_process_count(args.udp_thread_num, cpus)
+    processes = udp_process_count(args.udp_thread_num, cpus, native.available())
     if args.udp_thread_num is not None and args.udp_thread_num > processes:
         log.info(
             "--udp-thread-num=%d: using %d process(es), one per usable CPU",

@@ -19,6 +19,7 @@ from stunner_api.dataplane import StunnerConfig
 
 from . import logs
 from .auth import Authenticator, AuthError, NonceManager
+from .counters import ClusterCounters, merge
 from .ledger import Reservations, UserAllocations
 from .limits import Limits
 from .listener import Listener
@@ -139,6 +140,15 @@ class DataplaneCore:
                 self.listeners.pop(listener.name, None)
                 continue
             self.listeners[listener.name] = listener
+
+    def cluster_counters(self) -> dict[str, ClusterCounters]:
+        """cluster -> its traffic in this process: Python's count and the native engines'."""
+        totals: dict[str, ClusterCounters] = {}
+        if self.context is not None:
+            merge(totals, self.context.cluster_counters, ClusterCounters)
+        for listener in self.listeners.values():
+            merge(totals, listener.cluster_counters(), ClusterCounters)
+        return totals
 
     async def close(self) -> None:
         self._resolver.close()

@@ -118,7 +118,7 @@ class Stunner:
         reports = self._worker_reports()
         for name, listener in self.listeners.items():
             totals[name] = stats = ListenerCounters()
-            stats.add(listener.server.stats)
+            stats.add(listener.stats())
             for report in reports:
                 entry = report.listeners.get(name)
                 if entry is not None and entry[0] == listener.generation:
@@ -137,9 +137,7 @@ class Stunner:
 
     def cluster_counters(self) -> dict[str, ClusterCounters]:
         """cluster -> its traffic to and from its peers, in every process."""
-        totals: dict[str, ClusterCounters] = {}
-        if self.context is not None:
-            merge(totals, self.context.cluster_counters, ClusterCounters)
+        totals = self.core.cluster_counters()
         for report in self._worker_reports():
             merge(totals, report.clusters, ClusterCounters)
         return totals

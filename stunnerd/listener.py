@@ -13,9 +13,13 @@ import errno
 import itertools
 import logging
 import socket
+from collections.abc import Mapping
 
 from stunner_api.dataplane import ListenerConfig
 
+from . import native
+from .counters import ClusterCounters, ListenerCounters
+from .native_udp import NativeUdpTransport
 from .runtime import port_holders
 from .transports import Transport, transport_for
 from .turn import ServerContext, TurnServer
@@ -61,9 +65,7 @@ class Listener:
 
     async def start(self) -> None:
         try:
-            transport = transport_for(
-                self.config, self.server, self._udp_sockets, self._given_socket
-            )
+            transport = self._transport()
             await transport.start(self.config.port)
         except (OSError, ValueError) as exc:
             if self._given_socket is not None:
@@ -88,6 +90,30 @@ class Listener:
             self.config.address,
         )
 
+    def _transport(self) -> Transport:
+        """TURN-UDP on the native relay engine where it is available, else `transport_for`."""
+        if self.config.protocol == "TURN-UDP":
+            reason = native.unavailable_reason()
+            if reason is None:
+                return NativeUdpTransport(self.server, self._udp_sockets, self._given_socket)
+            _tell_python_relay(reason)
+        return transport_for(self.config, self.server, self._udp_sockets, self._given_socket)
+
+    def stats(self) -> ListenerCounters:
+        """The listener's counters: the TURN server's plus what the native engine relayed."""
+        transport = self.transport
+        if not isinstance(transport, NativeUdpTransport):
+            return self.server.stats
+        total = ListenerCounters()
+        total.add(self.server.stats)
+        total.add(transport.listener_counters())
+        return total
+
+    def cluster_counters(self) -> Mapping[str, ClusterCounters]:
+        """Per cluster, what the native engine relayed (Python's count is the context's)."""
+        transport = self.transport
+        return transport.cluster_counters() if isinstance(transport, NativeUdpTransport) else {}
+
     @property
     def _log_level(self) -> int:
         return logging.DEBUG if self._given_socket is not None else logging.INFO
@@ -103,3 +129,16 @@ class Listener:
             await self.transport.stop()
         self.server.close()
         log.log(self._log_level, "listener %s stopped", self.name)
+
+
+_told: set[str] = set()
+
+
+def _tell_python_relay(reason: str) -> None:
+    """Say once per process why TURN-UDP relays in Python: a warning if the extension did not
+    build, an info line when STUNNER_NATIVE=0 asked for it."""
+    if reason in _told:
+        return
+    _told.add(reason)
+    level = logging.INFO if "STUNNER_NATIVE" in reason else logging.WARNING
+    log.log(level, "TURN-UDP relays in Python: %s", reason)

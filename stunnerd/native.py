@@ -25,41 +25,14 @@ Safety: the C side parses only the ChannelData header and the plain Send indicat
 every length before reading it, and is fuzzed under ASan/UBSan by tests/stunnerd/
 test_native_fuzz.py (relaycore/fuzz.c drives relay_process with random and mutated datagrams).
 
-Integration plan (the next round, once issue 14 has reshaped turn.py and listener.py):
-
-- `Listener.start` (TURN-UDP): `if native.available()`, build `NativeRelay(sock)` on the
-  listener socket instead of a datagram endpoint, `attach()` it to the loop and start it. Python
-  still sends its STUN answers on that socket (`sock.sendto`); it never reads it again.
-- Allocate (success): the relay socket is a plain bound socket (no asyncio reader);
-  `add_allocation(downstream.remote, relay_sock, allocation.expires_at)` -> handle, kept on the
-  `Allocation`; the engine keeps a duplicate of the socket, so Python closes its own at once
-  (one descriptor per allocation, as today) and sends to peers through `send_to_peer`.
-  Refresh: `refresh_allocation(handle, expires_at)`; Refresh 0, `_delete` and the sweep's
-  expiry: `remove_allocation(handle)` (the engine closes its duplicate of the socket).
-- CreatePermission: `set_permission(handle, ip, expiry)` per peer. ChannelBind:
-  `bind_channel(handle, number, peer, expiry)` and `set_permission`. The sweep's expiries:
-  `remove_permission`/`remove_channel` (the engine already ignores expired entries; this only
-  frees them).
-- Reconcile: whenever `Router` drops its caches (`update`, `set_resolved`: its `epoch`
-  changes), `clear_verdicts()` on every engine of the process: a forbidden peer's packets stop
-  at the next packet, as the verdicts are refilled from the new routes.
-- Handed-up packets: SOURCE_CLIENT goes where `UdpListenerProtocol.datagram_received` sends
-  packets today (`TurnServer.handle`, `handle_channel_data`); when that path reaches
-  `relay_to_peer` for an allocation with a native handle, it calls `decide(peer,
-  router.cluster_of(...))` and `reinject(packet)` instead of sending itself; a Send indication
-  of another shape, which Python parses, goes out through `send_to_peer`. SOURCE_PEER:
-  the allocation by handle, `decide(peer, cluster)`, `reinject`.
-- Counters: `/status` and `/metrics` add `counters()` to the listener's `Stats` and, per
-  cluster name, to `ServerContext.cluster_counters` (the engine counts only the packets it
-  consumes; what it hands up is counted where Python consumes it).
-- Workers (`--udp-thread-num N`): every process builds its own `Listener` around its
-  SO_REUSEPORT socket, hence its own engine and relay thread; the kernel's 5-tuple hash keeps a
-  client on one socket, and an allocation's relay socket lives in the process that made it.
-  Workers push `counters()` with their Stats every second, as today.
-- Stays in Python: every STUN request, authentication and nonces, allocation lifetimes, the
-  quota, permissions and channels as decided state, the router and reconcile, TURN-TCP/TLS/DTLS
-  (stream framing) and any Send indication of another shape. `STUNNER_NATIVE=0` (or an install
-  without a compiler) keeps today's pure-Python path.
+How stunnerd uses it (`stunnerd/native_udp.py`, `NativeUdpTransport`): every TURN-UDP listener
+(the primary's and each UDP worker's socket: one engine per process) runs on an engine when
+`available()`; allocations are added with their relay socket (the engine keeps a duplicate,
+Python closes its own), permissions and channels are mirrored through the allocation's
+`AllocationMirror`, handed-up packets go through the Python path, verdicts come from the
+router and are cleared whenever it drops its caches, and the engine's counters are added to
+Python's once (`Listener.stats`, `DataplaneCore.cluster_counters`). TURN-TCP/TLS/DTLS stay in
+Python. `STUNNER_NATIVE=0` (or an install without a compiler) keeps the pure-Python path.
 """
 
 from __future__ import annotations
@@ -224,10 +197,19 @@ class NativeRelay:
     def remove_channel(self, handle: int, number: int) -> None:
         self._engine.remove_channel(handle, number)
 
-    def decide(self, peer: tuple[str, int], cluster: str | None) -> None:
-        """Install the router's verdict for `peer`: admitted by `cluster`, or None: forbidden."""
+    def decide(self, peer: tuple[str, int], cluster: str | None, own: bool = False) -> None:
+        """Install the router's verdict for `peer`: admitted by `cluster`, or None: forbidden.
+        `own`: the peer's IP is stunnerd's, so it stays admitted only while its port is not a
+        relay port (`watch_relay_ports`), checked per packet."""
         verdict = FORBIDDEN if cluster is None else self.clusters.id_of(cluster)
+        if own and _relay is not None and verdict >= 0:
+            verdict |= _relay.VERDICT_OWN
         self._engine.set_verdict(peer, verdict)
+
+    def watch_relay_ports(self, relay_ports: Any) -> None:
+        """The relay-port map (`router.relay_port_map`: a byte per port, shared by every
+        process), before `start`."""
+        self._engine.watch_relay_ports(relay_ports)
 
     def clear_verdicts(self) -> None:
         self._engine.clear_verdicts()
@@ -244,6 +226,11 @@ class NativeRelay:
         indication of another shape) on the allocation's relay socket, decided and counted as
         the engine's own packets: RELAYED, DROPPED, or UP (no verdict for the peer yet)."""
         return self._engine.send_to_peer(handle, peer, payload, datagram_len)
+
+    def send(self, handle: int, peer: tuple[str, int], payload: bytes) -> bool:
+        """Send a payload Python decided and counted itself (the Python relay path of a native
+        allocation) on the allocation's relay socket; False when the datagram was lost."""
+        return self._engine.send(handle, peer, payload)
 
     # --- counters ---------------------------------------------------------------------------
 

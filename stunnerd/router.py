@@ -187,11 +187,20 @@ class Router:
         self._admit_cache: dict[tuple[str, str, int], str | None] = {}
         self._permit_cache: dict[tuple[str, str], bool] = {}
         self.epoch = 0  # bumped whenever cached decisions are dropped
+        self._watchers: list[Callable[[], None]] = []
 
     def _invalidate(self) -> None:
         self.epoch += 1
         self._admit_cache.clear()
         self._permit_cache.clear()
+        for dropped in list(self._watchers):
+            dropped()
+
+    def watch(self, dropped: Callable[[], None]) -> Callable[[], None]:
+        """Call `dropped` whenever cached decisions are dropped (a native relay engine clears
+        the verdicts it cached); returns the call that stops watching."""
+        self._watchers.append(dropped)
+        return lambda: self._watchers.remove(dropped)
 
     def update(
         self,

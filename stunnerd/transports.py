@@ -340,16 +340,22 @@ class UdpTransport(Transport):
         self._protocol: UdpListenerProtocol | None = None
 
     async def start(self, port: int) -> None:
-        if self._given is not None:
-            sock = self._given
-            sock.setblocking(False)
-        else:
-            sock, *self.worker_sockets = _bound_udp_group(self.server.relay_ip, port, self._sockets)
+        sock = self.listener_socket(port)
         _, self._protocol = await asyncio.get_running_loop().create_datagram_endpoint(
             lambda: UdpListenerProtocol(self.server), sock=sock
         )
         if self._given is None and not self.worker_sockets:
             self._protocol.pins = ClientPins(self._protocol, sock)
+
+    def listener_socket(self, port: int) -> socket.socket:
+        """The socket this process reads: the one handed to a worker, or the first of a newly
+        bound group (the others go to `worker_sockets`)."""
+        if self._given is not None:
+            sock = self._given
+            sock.setblocking(False)
+        else:
+            sock, *self.worker_sockets = _bound_udp_group(self.server.relay_ip, port, self._sockets)
+        return sock
 
     async def stop(self) -> None:
         if self._protocol is not None and self._protocol.pins is not None:

@@ -463,39 +463,47 @@ class TurnServer:
     ) -> bytes | None:
         """Open the allocation's relay socket: the reserved one, an even port (and, with the R
         bit, the next port reserved under the token returned), or any port. 508 if none."""
-        loop = asyncio.get_running_loop()
         # The relay socket binds the listener's address (the wildcard only where that is one).
         wildcard = self.relay_ip
         if reserved is not None:
-            sock = reserved.dup()
-            sock.setblocking(False)
-            transport, _ = await loop.create_datagram_endpoint(lambda: allocation, sock=sock)
-            self._relay_bound(allocation, transport)
+            await self._open_relay(allocation, reserved.dup())
             return None
         for _ in range(EVEN_PORT_ATTEMPTS if even_port is not None else 1):
+            family = socket.AF_INET6 if allocation.family == FAMILY_IPV6 else socket.AF_INET
+            sock = socket.socket(family, socket.SOCK_DGRAM)
             try:
-                transport, _ = await loop.create_datagram_endpoint(
-                    lambda: allocation, local_addr=(wildcard, 0)
-                )
+                sock.bind((wildcard, 0))
             except OSError as exc:
+                sock.close()
                 raise RequestError(508, f"Insufficient Capacity: no relay socket: {exc}") from None
-            port = transport.get_extra_info("sockname")[1]
+            port = sock.getsockname()[1]
             if even_port is None or (port % 2 == 0 and not even_port):
-                self._relay_bound(allocation, transport)
+                await self._open_relay(allocation, sock)
                 return None
             if port % 2 == 0 and port < 65535:
                 next_port = _bound_udp(wildcard, port + 1)
                 if next_port is not None:
                     token = secrets.token_bytes(8)
                     await self.context.reservations.reserve(token, next_port)
-                    self._relay_bound(allocation, transport)
+                    await self._open_relay(allocation, sock)
                     return token
-            transport.close()
+            sock.close()
         raise RequestError(508, "Insufficient Capacity: no even relay port free")
 
-    def _relay_bound(self, allocation: Allocation, transport: asyncio.BaseTransport) -> None:
-        allocation.relayed_address = (self.relay_ip, transport.get_extra_info("sockname")[1])
-        _grow_buffers(transport)
+    async def _open_relay(self, allocation: Allocation, sock: socket.socket) -> None:
+        """Serve a bound relay socket on the listener's relay path (which takes it over)."""
+        sock.setblocking(False)
+        for option in (socket.SO_RCVBUF, socket.SO_SNDBUF):
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, option, 1 << 20)
+            except OSError:
+                pass
+        allocation.relayed_address = (self.relay_ip, sock.getsockname()[1])
+        try:
+            allocation.relay = await self.scope.relay_path.open(allocation, sock)
+        except OSError as exc:
+            sock.close()
+            raise RequestError(508, f"Insufficient Capacity: no relay socket: {exc}") from None
 
     def _refresh(self, exchange: Exchange) -> Message:
         """RFC 8656 §7.3."""
@@ -511,7 +519,7 @@ class TurnServer:
             self._delete(allocation)
             log.info("listener %s: allocation deleted by %s", self.name, _fmt(downstream.address))
         else:
-            allocation.expires_at = time.monotonic() + lifetime
+            allocation.refresh(lifetime)
         response = _response_to(request)
         response.attributes["LIFETIME"] = lifetime
         return response
@@ -549,7 +557,7 @@ class TurnServer:
         if len(allocation.permissions) + len(new) > self.context.limits.max_permissions:
             raise RequestError(508, "Insufficient Capacity: too many permissions")
         for ip, _ in peers:
-            allocation.permissions[ip] = expiry
+            allocation.permit(ip, expiry)
         return _response_to(request)
 
     def _channel_bind(self, exchange: Exchange) -> Message:
@@ -576,9 +584,8 @@ class TurnServer:
         if allocation.channel_by_peer.get(peer, channel) != channel:
             raise RequestError(400, "Bad Request: peer bound to another channel")
         now = time.monotonic()
-        allocation.channels[channel] = (peer, now + CHANNEL_LIFETIME)
-        allocation.channel_by_peer[peer] = channel
-        allocation.permissions[ip] = now + PERMISSION_LIFETIME  # a binding refreshes it
+        allocation.bind(channel, peer, now + CHANNEL_LIFETIME)
+        allocation.permit(ip, now + PERMISSION_LIFETIME)  # a binding refreshes it
         return _response_to(request)
 
     def _send_indication(self, exchange: Exchange) -> None:
@@ -690,14 +697,3 @@ def _unknown_method_error(header: bytes) -> bytes:
 def _fmt(address: Address) -> str:
     ip, port = address
     return f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
-
-
-def _grow_buffers(transport: asyncio.BaseTransport) -> None:
-    sock = transport.get_extra_info("socket")
-    if sock is None:
-        return
-    for option in (socket.SO_RCVBUF, socket.SO_SNDBUF):
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, option, 1 << 20)
-        except OSError:
-            pass

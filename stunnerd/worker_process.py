@@ -17,7 +17,7 @@ import mmap
 import signal
 import socket
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from functools import partial
 from typing import Any
 
@@ -27,7 +27,6 @@ from . import logs
 from .auth import NonceManager
 from .channel import Channel, Received
 from .core import ApplyError, Build, DataplaneCore, Plan
-from .counters import ClusterCounters
 from .ledger import FULL, Reservations, UserAllocations
 from .limits import Limits
 from .listener import Listener
@@ -168,13 +167,13 @@ class WorkerDataplane:
             "listeners": {
                 name: {
                     "generation": listener.generation,
-                    "stats": listener.server.stats.to_dict(),
+                    "stats": listener.stats().to_dict(),
                     "active": len(listener.server.allocations),
                 }
                 for name, listener in self.listeners.items()
             },
             "clusters": {
-                name: counters.to_dict() for name, counters in self._cluster_counters().items()
+                name: counters.to_dict() for name, counters in self.core.cluster_counters().items()
             },
             "cpu": cpu_seconds(),
             "rss": rss_bytes(),
@@ -187,9 +186,6 @@ class WorkerDataplane:
         only now: a sync refused before it leaves the socket for the next one)."""
         sock = self.handed.pop((config.name, generation))
         return Listener(config, context, sock=sock, generation=generation)
-
-    def _cluster_counters(self) -> Mapping[str, ClusterCounters]:
-        return self.context.cluster_counters if self.context is not None else {}
 
     async def close(self) -> None:
         await self.core.close()

@@ -11,6 +11,7 @@
 typedef struct {
     PyObject_HEAD relay_engine engine;
     int ready;
+    Py_buffer relay_ports; /* held while the engine reads it; .obj NULL when none */
 } EngineObject;
 
 static int engine_check(EngineObject *self) {
@@ -115,6 +116,7 @@ static PyObject *Engine_close(EngineObject *self, PyObject *unused) {
         Py_END_ALLOW_THREADS relay_free(&self->engine);
         self->ready = 0;
     }
+    if (self->relay_ports.obj) PyBuffer_Release(&self->relay_ports);
     Py_RETURN_NONE;
 }
 
@@ -264,12 +266,31 @@ static PyObject *Engine_set_verdict(EngineObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "O!i", &PyTuple_Type, &peer, &cluster) ||
         engine_check(self) < 0 || parse_address(peer, &ss, &addr) < 0)
         return NULL;
-    if (cluster >= RELAY_MAX_CLUSTERS) {
+    if ((cluster >= 0 ? cluster & ~RELAY_VERDICT_OWN : cluster) >= RELAY_MAX_CLUSTERS) {
         PyErr_Format(PyExc_ValueError, "cluster id %d is above %d", cluster,
                      RELAY_MAX_CLUSTERS - 1);
         return NULL;
     }
     return result(relay_set_verdict(&self->engine, &addr, cluster));
+}
+
+/* The relay-port map (65536 bytes, shared memory): a verdict with RELAY_VERDICT_OWN admits its
+ * peer only while the map marks its port 0. Set once, before start. */
+static PyObject *Engine_watch_relay_ports(EngineObject *self, PyObject *args) {
+    PyObject *map;
+    if (!PyArg_ParseTuple(args, "O", &map) || engine_check(self) < 0) return NULL;
+    if (self->engine.running || self->relay_ports.obj) {
+        PyErr_SetString(PyExc_RuntimeError, "set the relay-port map once, before start()");
+        return NULL;
+    }
+    if (PyObject_GetBuffer(map, &self->relay_ports, PyBUF_SIMPLE) < 0) return NULL;
+    if (self->relay_ports.len < 65536) {
+        PyBuffer_Release(&self->relay_ports);
+        PyErr_SetString(PyExc_ValueError, "the relay-port map has one byte per port (65536)");
+        return NULL;
+    }
+    self->engine.relay_ports = self->relay_ports.buf;
+    Py_RETURN_NONE;
 }
 
 static PyObject *Engine_clear_verdicts(EngineObject *self, PyObject *unused) {
@@ -335,6 +356,44 @@ static PyObject *Engine_send_to_peer(EngineObject *self, PyObject *args) {
                                         (size_t)datagram_len, relay_now(), &send);
     pthread_mutex_unlock(&e->lock);
     ret = finish(e, outcome, &send);
+done:
+    PyBuffer_Release(&payload);
+    return ret;
+}
+
+/* Send a payload Python decided and counted itself on the allocation's relay socket: no
+ * decision, no counting (the pure-Python relay path of a native allocation). */
+static PyObject *Engine_send(EngineObject *self, PyObject *args) {
+    unsigned long long handle;
+    PyObject *peer;
+    Py_buffer payload;
+    if (!PyArg_ParseTuple(args, "KO!y*", &handle, &PyTuple_Type, &peer, &payload)) return NULL;
+    struct sockaddr_storage ss, dst;
+    relay_addr addr;
+    PyObject *ret = NULL;
+    if (engine_check(self) < 0 || parse_address(peer, &ss, &addr) < 0) goto done;
+    relay_engine *e = &self->engine;
+    int fd = -1;
+    socklen_t dstlen = 0;
+    pthread_mutex_lock(&e->lock);
+    uint32_t slot = (uint32_t)handle, gen = (uint32_t)(handle >> 32);
+    relay_alloc *a = slot < e->nslots ? e->allocs[slot] : NULL;
+    if (a && a->gen == gen) {
+        fd = a->fd; /* only the thread closes it, and only after Python removed it */
+        dstlen = relay_sockaddr_from_addr(&dst, a->family, &addr);
+    }
+    pthread_mutex_unlock(&e->lock);
+    if (fd < 0) {
+        PyErr_SetString(PyExc_KeyError, "no such allocation");
+        goto done;
+    }
+    if (dstlen == 0) {
+        ret = Py_NewRef(Py_False); /* a peer of the other family: unreachable */
+        goto done;
+    }
+    ssize_t n = sendto(fd, payload.buf, (size_t)payload.len, MSG_DONTWAIT,
+                       (struct sockaddr *)&dst, dstlen);
+    ret = Py_NewRef(n >= 0 ? Py_True : Py_False); /* UDP: a full buffer loses the datagram */
 done:
     PyBuffer_Release(&payload);
     return ret;
@@ -406,9 +465,13 @@ static PyMethodDef Engine_methods[] = {
     {"remove_channel", (PyCFunction)Engine_remove_channel, METH_VARARGS, NULL},
     {"set_verdict", (PyCFunction)Engine_set_verdict, METH_VARARGS, NULL},
     {"clear_verdicts", (PyCFunction)Engine_clear_verdicts, METH_NOARGS, NULL},
+    {"watch_relay_ports", (PyCFunction)Engine_watch_relay_ports, METH_VARARGS,
+     "Check own-address verdicts against this relay-port map per packet."},
     {"inject", (PyCFunction)Engine_inject, METH_VARARGS, "Decide a handed-up packet again."},
     {"send_to_peer", (PyCFunction)Engine_send_to_peer, METH_VARARGS,
      "Relay a payload Python parsed to a peer, decided as a native packet."},
+    {"send", (PyCFunction)Engine_send, METH_VARARGS,
+     "Send a payload Python decided and counted on an allocation's relay socket."},
     {"counters", (PyCFunction)Engine_counters, METH_NOARGS, NULL},
     {"thread_cpu", (PyCFunction)Engine_thread_cpu, METH_NOARGS, "CPU seconds of the thread."},
     {NULL, NULL, 0, NULL},
@@ -440,7 +503,8 @@ PyMODINIT_FUNC PyInit__relay(void) {
         PyModule_AddIntConstant(m, "SOURCE_PEER", RELAY_SRC_PEER) < 0 ||
         PyModule_AddIntConstant(m, "RELAYED", RELAY_RELAYED) < 0 ||
         PyModule_AddIntConstant(m, "DROPPED", RELAY_DROPPED) < 0 ||
-        PyModule_AddIntConstant(m, "UP", RELAY_UP) < 0) {
+        PyModule_AddIntConstant(m, "UP", RELAY_UP) < 0 ||
+        PyModule_AddIntConstant(m, "VERDICT_OWN", RELAY_VERDICT_OWN) < 0) {
         Py_DECREF(&EngineType);
         Py_DECREF(m);
         return NULL;

@@ -467,6 +467,8 @@ int relay_remove_channel(relay_engine *e, uint64_t handle, uint16_t number) {
 }
 
 int relay_set_verdict(relay_engine *e, const relay_addr *peer, int cluster) {
+    int flags = cluster >= 0 ? cluster & RELAY_VERDICT_OWN : 0;
+    cluster = cluster >= 0 ? cluster & ~RELAY_VERDICT_OWN : cluster;
     if (cluster >= RELAY_MAX_CLUSTERS) return -EINVAL;
     int rc = 0;
     pthread_mutex_lock(&e->lock);
@@ -486,7 +488,7 @@ int relay_set_verdict(relay_engine *e, const relay_addr *peer, int cluster) {
     }
     relay_entry *s = rc == 0 ? table_put(&e->verdicts, peer) : NULL;
     if (s)
-        s->value = cluster < 0 ? -1 : cluster;
+        s->value = cluster < 0 ? -1 : cluster | flags;
     else
         rc = -ENOMEM;
     pthread_mutex_unlock(&e->lock);
@@ -564,7 +566,13 @@ static relay_alloc *alloc_of_client(relay_engine *e, const relay_addr *client) {
 /* The verdict for a peer: >= 0 a cluster, -1 forbidden, -2 unknown (hand the packet up). */
 static int verdict_of(relay_engine *e, const relay_addr *peer) {
     relay_entry *s = table_find(&e->verdicts, peer);
-    return s ? s->value : -2;
+    if (!s) return -2;
+    int v = s->value;
+    if (v >= 0 && (v & RELAY_VERDICT_OWN)) {
+        v &= ~RELAY_VERDICT_OWN;
+        if (e->relay_ports && e->relay_ports[peer->port]) return -1; /* stunnerd's relay socket */
+    }
+    return v;
 }
 
 static int drop(relay_engine *e, int cause) {

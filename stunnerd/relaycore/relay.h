@@ -75,6 +75,9 @@ enum { CTR_RX_PACKETS, CTR_RX_BYTES, CTR_TX_PACKETS, CTR_TX_BYTES };          /*
 enum { CL_TX_PACKETS, CL_TX_BYTES, CL_RX_PACKETS, CL_RX_BYTES };               /* cluster */
 
 #define RELAY_MAX_CLUSTERS 4096
+/* A verdict for one of stunnerd's own addresses: admitted only while its port is not a relay
+ * port (relay_ports, one byte per port, shared by every process; checked per packet). */
+#define RELAY_VERDICT_OWN 0x40000000
 #define RELAY_VERDICT_LIMIT 65536
 #define RELAY_BATCH 32
 #define RELAY_BUFFER 65536
@@ -109,7 +112,8 @@ typedef struct relay_engine {
     relay_alloc **allocs;
     uint32_t nslots, *free_slots, nfree, next_gen;
     relay_table by_client; /* client address -> allocation slot */
-    relay_table verdicts;  /* peer address -> cluster id (>= 0) or forbidden (-1) */
+    relay_table verdicts;  /* peer address -> cluster id (>= 0, maybe | OWN) or forbidden (-1) */
+    const volatile uint8_t *relay_ports; /* 65536 bytes or NULL (Python keeps it alive) */
     uint64_t listener[4];
     uint64_t (*clusters)[4];
     uint32_t nclusters;

@@ -17,6 +17,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from stunnerd import native
+
 STUNNERD = [sys.executable, "-m", "stunnerd"]
 
 
@@ -81,3 +83,18 @@ def stunnerd() -> Iterator[StartStunnerd]:
     yield start
     for process in started:
         process.kill()
+
+
+@pytest.fixture(params=["python", "native"])
+def relay_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run a test on both TURN-UDP relay paths: STUNNER_NATIVE=0 (pure Python) and =1 (the
+    native engine; skipped where the extension is not built). The variable is read when a
+    listener starts, in this process and in the UDP workers and stunnerd processes it starts."""
+    if request.param == "native":
+        reason = native.unavailable_reason()
+        if reason is not None and "STUNNER_NATIVE" not in reason:
+            pytest.skip(f"native relay: {reason}")
+        monkeypatch.setenv("STUNNER_NATIVE", "1")
+    else:
+        monkeypatch.setenv("STUNNER_NATIVE", "0")
+    return str(request.param)

@@ -24,6 +24,8 @@ from tests.support.turnclient import (
     start_peer,
 )
 
+pytestmark = pytest.mark.usefixtures("relay_path")  # both relay paths: conftest.py
+
 
 def with_listeners(config: StunnerConfig, *extra: tuple[str, int]) -> StunnerConfig:
     listeners = list(config.listeners)

@@ -51,7 +51,7 @@ def udp(family: socket.AddressFamily = socket.AF_INET, host: str = HOST) -> sock
 class Rig:
     """A dual-stack listener socket with its engine, one client, one relay socket, one peer."""
 
-    def __init__(self, queue_limit: int = 4096) -> None:
+    def __init__(self, queue_limit: int = 4096, relay_ports: bytearray | None = None) -> None:
         self.listener = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
         self.listener.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
         self.listener.bind(("::", 0))
@@ -61,6 +61,8 @@ class Rig:
         self.relay = udp()
         self.relay_address = self.relay.getsockname()
         self.engine = native.NativeRelay(self.listener, queue_limit=queue_limit)
+        if relay_ports is not None:
+            self.engine.watch_relay_ports(relay_ports)
         self.engine.start()
         self.handle = self.engine.add_allocation(
             self.client.getsockname(), self.relay, time.monotonic() + 60
@@ -493,6 +495,7 @@ def test_a_send_indication_python_parses_goes_out_through_the_engine(rig: Rig) -
     rig.engine.decide(peer, CLUSTER)
     assert send(rig.handle, peer, payload, len(datagram)) == native.RELAYED
     assert rig.echo() == b"parsed"
+    rig.received()  # the echo is relayed back before the verdict changes (else it is dropped)
     counters = rig.engine.counters()
     assert (counters.rx_packets, counters.rx_bytes) == (1, len(datagram))
     assert counters.clusters[CLUSTER][:2] == [1, len(b"parsed")]
@@ -564,3 +567,27 @@ def test_closing_is_idempotent_and_the_engine_refuses_use_after(rig: Rig) -> Non
     rig.engine.close()
     with pytest.raises(ValueError, match="closed"):
         rig.engine.drain()
+
+
+def test_an_own_address_verdict_holds_only_while_its_port_is_no_relay_port() -> None:
+    """A peer on stunnerd's own address (`decide(..., own=True)`) is checked against the shared
+    relay-port map per packet: a port that became a relay socket is refused at once."""
+    relay_ports = bytearray(65536)
+    rig = Rig(relay_ports=relay_ports)
+    try:
+        rig.bind()
+        rig.engine.decide(rig.peer_address, CLUSTER, own=True)
+        rig.send(stun.pack_channel_data(CHANNEL, b"while free"))
+        assert rig.echo() == b"while free"
+        assert rig.received() == stun.pack_channel_data(CHANNEL, b"while free")
+        relay_ports[rig.peer_address[1]] = 1  # another allocation's relay socket now
+        rig.send(stun.pack_channel_data(CHANNEL, b"to a relay socket"))
+        rig.peer.sendto(b"from a relay socket", rig.relay_address)
+        nothing_arrives(rig.peer)
+        nothing_arrives(rig.client)
+        drops(rig, forbidden=2)
+        relay_ports[rig.peer_address[1]] = 0
+        rig.send(stun.pack_channel_data(CHANNEL, b"free again"))
+        assert rig.echo() == b"free again"
+    finally:
+        rig.close()

@@ -26,6 +26,8 @@ from tests.support.turnclient import (
     start_peer,
 )
 
+pytestmark = pytest.mark.usefixtures("relay_path")  # both relay paths: conftest.py
+
 
 class Receiver(asyncio.DatagramProtocol):
     def __init__(self) -> None:

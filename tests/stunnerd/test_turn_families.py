@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from stunnerd.stun import Class
 from tests.support.turnclient import (
     RawClient,
@@ -18,6 +20,8 @@ from tests.support.turnclient import (
     running_stunner,
     start_peer,
 )
+
+pytestmark = pytest.mark.usefixtures("relay_path")  # both relay paths: conftest.py
 
 
 def test_ipv6_relay_to_an_ipv6_peer() -> None:

@@ -35,6 +35,8 @@ from tests.support.turnclient import (
     start_peer,
 )
 
+pytestmark = pytest.mark.usefixtures("relay_path")  # both relay paths: conftest.py
+
 Scenario = Callable[[int, RawClient], Awaitable[None]]
 
 

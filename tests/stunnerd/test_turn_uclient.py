@@ -26,6 +26,8 @@ from tests.support.turnclient import (
     start_peer,
 )
 
+pytestmark = pytest.mark.usefixtures("relay_path")  # both relay paths: conftest.py
+
 UCLIENT = shutil.which("turnutils_uclient")
 MESSAGES = 5
 

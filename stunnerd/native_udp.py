@@ -1,0 +1,246 @@
+"""TURN-UDP on the native relay engine (issue 16): the engine carries the media, Python keeps
+the protocol.
+
+`NativeUdpTransport` is the TURN-UDP transport when `stunnerd.native` is available (built, and
+STUNNER_NATIVE is not 0). Its engine (`native.NativeRelay`) owns the receive path of the
+listener socket and of every allocation's relay socket, in its own thread:
+
+- it relays ChannelData and plain Send indications from clients, and peers' datagrams back as
+  ChannelData or Data indications, deciding each packet from tables this module mirrors into
+  it: allocations (`NativeRelayPath.open`), permissions and channels (`NativeAllocation`, the
+  allocation's `AllocationMirror`), and the router's per-peer verdicts;
+- every other packet is handed up and goes through today's Python path unchanged
+  (`UdpListenerProtocol.datagram_received`: every STUN request, authentication, lifetimes,
+  permissions, channels, quota). A relayed packet is handed up when the engine has no verdict
+  for its peer yet: the router decides here, the verdict is installed and the packet
+  re-injected; the router's cache drops (`Router.watch`, on every reconcile and DNS change)
+  clear the engine's verdicts, so a route change that forbids a peer stops its packets at the
+  next one.
+- Python still sends its answers on the listener socket; a packet Python relays itself (a
+  Send indication of another shape, a channel the engine saw expire first) goes out through
+  `NativeRelay.send` on the engine's duplicate of the relay socket.
+- Counting: the engine counts the packets it consumes, Python the ones it handles; `counters()`
+  gives the engine's share, which `Listener` adds to the TURN server's once.
+
+TURN-TCP, -TLS and -DTLS stay in Python (stream framing, TLS and DTLS sessions).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from typing import Any
+
+from . import native, stun
+from .allocation import Allocation, RelaySocket
+from .counters import ClusterCounters, ListenerCounters
+from .stun import Address
+from .transports import UdpListenerProtocol, UdpTransport
+from .turn import TurnServer
+
+log = logging.getLogger("stunner.listener")
+
+
+class NativeAllocation:
+    """An allocation's relay socket inside the engine, and the mirror of its state."""
+
+    __slots__ = ("engine", "handle", "sockname", "_forget")
+
+    def __init__(self, engine: native.NativeRelay, handle: int, sockname: Any, forget: Any) -> None:
+        self.engine = engine
+        self.handle = handle
+        self.sockname = sockname  # the relay socket's address (as an asyncio transport says)
+        self._forget = forget
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return self.sockname if name == "sockname" else default
+
+    # RelaySocket: what Python relays itself, already decided and counted
+    def sendto(self, data: bytes, addr: Address) -> None:
+        self.engine.send(self.handle, addr, data)
+
+    def close(self) -> None:
+        self._forget(self.handle)
+        try:
+            self.engine.remove_allocation(self.handle)
+        except (KeyError, ValueError):  # already gone, or the engine closed with its listener
+            pass
+
+    # AllocationMirror
+    def refreshed(self, expires_at: float) -> None:
+        self.engine.refresh_allocation(self.handle, expires_at)
+
+    def permitted(self, ip: str, expires_at: float) -> None:
+        self.engine.set_permission(self.handle, ip, expires_at)
+
+    def bound(self, channel: int, peer: Address, expires_at: float) -> None:
+        self.engine.bind_channel(self.handle, channel, peer, expires_at)
+
+    def forgotten(self, ips: list[str], channels: list[int]) -> None:
+        for ip in ips:
+            self.engine.remove_permission(self.handle, ip)
+        for channel in channels:
+            self.engine.remove_channel(self.handle, channel)
+
+
+class _ListenerSocket(asyncio.DatagramTransport):
+    """Python's side of the listener socket: it sends answers; the engine reads."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        super().__init__()
+        self._sock = sock
+
+    def sendto(self, data: Any, addr: Any = None) -> None:
+        try:
+            self._sock.sendto(data, addr)
+        except OSError as exc:  # a full buffer or an ICMP error: a UDP answer is lost
+            log.debug("listener socket: %s", exc)
+
+
+class NativeUdpTransport(UdpTransport):
+    """TURN-UDP with the native relay engine (see the module docstring)."""
+
+    def __init__(self, server: TurnServer, sockets: int, given: socket.socket | None) -> None:
+        super().__init__(server, sockets, given)
+        self.relay: native.NativeRelay | None = None
+        self._sock: socket.socket | None = None
+        self._python = UdpListenerProtocol(server)  # today's path, for what is handed up
+        self._allocations: dict[int, Allocation] = {}  # engine handle -> allocation
+        self._unwatch: Any = None
+        self._final: native.NativeCounters | None = None  # after stop
+
+    async def start(self, port: int) -> None:
+        sock = self.listener_socket(port)
+        try:
+            relay = native.NativeRelay(sock)
+            relay.watch_relay_ports(self.server.router.relay_ports)
+            relay.start()
+        except (OSError, RuntimeError) as exc:
+            for held in (sock, *self.worker_sockets):
+                held.close()
+            self.worker_sockets = []
+            raise OSError(f"the native relay engine cannot start: {exc}") from None
+        self._sock, self.relay = sock, relay
+        self._python.connection_made(_ListenerSocket(sock))
+        relay.attach(asyncio.get_running_loop(), self._handed_up)
+        self.server.scope.relay_path = self
+        self._unwatch = self.server.router.watch(relay.clear_verdicts)
+
+    async def stop(self) -> None:
+        relay, self.relay = self.relay, None
+        if relay is not None:
+            self._unwatch()
+            self._final = relay.counters()
+            relay.close()
+            # The engine's cluster counters outlive it in the process's, as Python's do.
+            for name, values in self._final.clusters.items():
+                self.server.scope.cluster_counters[name].add(_cluster(values))
+            self._final.clusters = {}
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+        for sock in self.worker_sockets:
+            sock.close()
+        self.worker_sockets = []
+
+    # --- RelayPath ----------------------------------------------------------------------------
+
+    async def open(self, allocation: Allocation, sock: socket.socket) -> RelaySocket:
+        relay = self.relay
+        if relay is None:
+            raise OSError("the listener is stopping")
+        try:
+            with sock:  # the engine keeps a duplicate: one descriptor per allocation
+                sockname = sock.getsockname()
+                handle = relay.add_allocation(
+                    allocation.downstream.remote, sock, allocation.expires_at
+                )
+        except ValueError as exc:  # this client has an allocation in the engine already
+            raise OSError(str(exc)) from None
+        relayed = NativeAllocation(relay, handle, sockname, self._forget)
+        allocation.mirror = relayed
+        self._allocations[handle] = allocation
+        return relayed
+
+    def _forget(self, handle: int) -> None:
+        self._allocations.pop(handle, None)
+
+    # --- packets the engine handed up --------------------------------------------------------
+
+    def _handed_up(self, batch: list[native.HandedUp]) -> None:
+        for packet in batch:
+            try:
+                if packet.source == native.SOURCE_CLIENT:
+                    self._from_client(packet)
+                else:
+                    self._from_peer(packet)
+            except Exception:  # a bug must not take the listener down
+                log.exception("listener %s: error handling a packet", self.server.name)
+
+    def _from_client(self, packet: native.HandedUp) -> None:
+        data, addr = packet.data, packet.address
+        allocation = self.server.allocations.get(addr)
+        if allocation is not None and allocation.mirror is not None:
+            peer = _relayed_peer(allocation, data)
+            if peer is not None and self._decided(peer, packet) != native.UP:
+                return
+        self._python.datagram_received(data, addr)
+
+    def _from_peer(self, packet: native.HandedUp) -> None:
+        allocation = self._allocations.get(packet.handle)
+        if allocation is None:
+            return  # removed while its packet waited
+        if self._decided((packet.address[0], packet.address[1]), packet) != native.UP:
+            return
+        allocation.datagram_received(packet.data, packet.address)
+
+    def _decided(self, peer: Address, packet: native.HandedUp) -> int:
+        """Install the router's verdict for `peer` and let the engine decide `packet` again."""
+        relay, router = self.relay, self.server.router
+        assert relay is not None
+        own = peer[0] in router.own_ips  # not a relay socket of ours: checked per packet
+        relay.decide(peer, router.cluster_of(self.server.name, *peer), own)
+        return relay.reinject(packet)
+
+    # --- counters ----------------------------------------------------------------------------
+
+    def listener_counters(self) -> ListenerCounters:
+        """What the engine consumed of the listener's traffic (Python's is the server's)."""
+        counted = self._counters()
+        if counted is None:
+            return ListenerCounters()
+        return ListenerCounters(
+            rx_packets=counted.rx_packets,
+            rx_bytes=counted.rx_bytes,
+            tx_packets=counted.tx_packets,
+            tx_bytes=counted.tx_bytes,
+            dropped=sum(counted.drops.values()),
+        )
+
+    def cluster_counters(self) -> dict[str, ClusterCounters]:
+        """The engine's per-cluster counters while it runs (then they are in the process's)."""
+        counted = self._counters()
+        if counted is None:
+            return {}
+        return {name: _cluster(values) for name, values in counted.clusters.items()}
+
+    def _counters(self) -> native.NativeCounters | None:
+        return self.relay.counters() if self.relay is not None else self._final
+
+
+def _cluster(values: list[int]) -> ClusterCounters:
+    tx_packets, tx_bytes, rx_packets, rx_bytes = values
+    return ClusterCounters(tx_packets, tx_bytes, rx_packets, rx_bytes)
+
+
+def _relayed_peer(allocation: Allocation, data: bytes) -> Address | None:
+    """The peer a client's ChannelData or Send indication is for, as Python's state says."""
+    if len(data) >= 4 and (data[0] & 0xC0) == 0x40:
+        binding = allocation.channels.get(int.from_bytes(data[:2], "big"))
+        return binding[0] if binding is not None else None
+    if data[:2] == stun.SEND_INDICATION_PREFIX:
+        relay = stun.parse_send_indication(data)
+        if relay is not None:
+            return relay[0]
+    return None
