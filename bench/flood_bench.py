@@ -285,7 +285,12 @@ def table(rows: list[dict[str, Any]]) -> str:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--floods", default=",".join(FLOODS), help="garbage,allocate")
-    parser.add_argument("--servers", default="stunnerd-u1,stunnerd,coturn")
+    parser.add_argument(
+        "--servers",
+        default="stunnerd,stunnerd-py,stunnerd-py-u1,coturn",
+        help="stunnerd (native relay path), stunnerd-py (STUNNER_NATIVE=0), a -u1 suffix for one "
+        "UDP process, coturn",
+    )
     parser.add_argument("--rate", type=int, default=160000, help="flood datagrams/s at most")
     parser.add_argument("--duration", type=float, default=4.0, help="seconds of flood per run")
     parser.add_argument("--json", type=Path, help="write the rows here too")
@@ -307,8 +312,9 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="flood-bench-") as tmp:
         for kind in args.floods.split(","):
             for label in servers:
-                name = "coturn" if label == "coturn" else "stunnerd"
-                server = Server(name, Path(tmp), 1 if label == "stunnerd-u1" else None)
+                name = label.removesuffix("-u1")
+                udp_threads = 1 if label.endswith("-u1") else None
+                server = Server(name, Path(tmp), udp_threads, abuse_limits=True)
                 server.start()
                 try:
                     rows.append(run(server, label, kind, args.rate, args.duration))
