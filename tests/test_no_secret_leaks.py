@@ -30,6 +30,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from reconciler.cds import ConfigStore, cds_app
 from reconciler.local import LocalSettings, run_local
 from reconciler.render import RenderSettings, render
+from reconciler.render import config as render_config
 from reconciler.store import Snapshot
 from stunner_api.rules import Settings
 from stunner_cli.__main__ import main as stunner
@@ -345,3 +346,18 @@ def _admit(client: Any) -> list[str]:
         for path in ("/validate", "/mutate"):
             answers.append(json.dumps(answer(client, path, admission_review(obj))))
     return answers
+
+
+def test_render_auth_error_does_not_echo_the_secrets_type_value() -> None:
+    """Render's own check of the authRef Secret (the rules catch a bad type first; render must
+    not rely on it): the message names the Secret, not what it holds."""
+    objects = world()
+    (config,) = [
+        o for o in objects if o["kind"] == "GatewayConfig" and o["metadata"]["name"] == "badref"
+    ]
+    with pytest.raises(render_config.AuthError) as error:
+        render_config.auth(config, Snapshot.from_objects(objects))
+    assert str(error.value) == "invalid authentication type in Secret stunner/badauth"
+    inline = k.gateway_config(authType="nosuch")
+    with pytest.raises(render_config.AuthError, match="invalid authentication type 'nosuch'"):
+        render_config.auth(inline, Snapshot.from_objects(objects))
