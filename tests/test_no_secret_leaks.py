@@ -37,6 +37,7 @@ from stunner_cli.__main__ import main as stunner
 from tests.reconciler import clusterkit as k
 from tests.support.background import Background
 from tests.support.fakeapi import FakeApiServer
+from tests.support.objects import secret
 from tests.support.pki import key_pem, self_signed
 from tests.webhook.conftest import admission_review, answer
 from webhook import create_app
@@ -70,16 +71,6 @@ def leaks(texts: Iterable[str], *derived: str) -> list[str]:
     return found
 
 
-def _secret(name: str, secret_type: str = "Opaque", **data: bytes | str) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "metadata": {"name": name, "namespace": k.NS},
-        "type": secret_type,
-        "data": {key: _b64(value) for key, value in data.items()},
-    }
-
-
 def _class_and_config(name: str, **spec: Any) -> list[dict[str, Any]]:
     gateway_class = k.gateway_class(name)
     gateway_class["spec"]["parametersRef"]["name"] = name
@@ -100,9 +91,9 @@ def world() -> list[dict[str, Any]]:
         *_class_and_config("ephemeral", authType="ephemeral", sharedSecret=SHARED_SECRET),
         *_class_and_config("byref", authRef={"name": "auth"}),
         *_class_and_config("badref", authRef={"name": "badauth"}),
-        _secret("auth", type="static", username=STATIC_USER, password=REF_PASSWORD),
-        _secret("badauth", type=TYPE_IN_SECRET, secret=SHARED_SECRET),
-        _secret("tls", "kubernetes.io/tls", **{"tls.crt": CERT_PEM, "tls.key": KEY_PEM}),
+        secret("auth", type="static", username=STATIC_USER, password=REF_PASSWORD),
+        secret("badauth", type=TYPE_IN_SECRET, secret=SHARED_SECRET),
+        secret("tls", "kubernetes.io/tls", **{"tls.crt": CERT_PEM, "tls.key": KEY_PEM}),
         k.dataplane(),
         k.static_service(),
         k.gateway(k.listener(), tls, name="gw"),
@@ -128,7 +119,7 @@ def everything(caplog: pytest.LogCaptureFixture) -> Iterator[pytest.LogCaptureFi
 # --- render -------------------------------------------------------------------------------------
 
 
-def test_render_statuses_and_findings_hold_no_secret() -> None:
+def test_render_statuses_and_findings_hold_nosecret() -> None:
     plan = render(
         Snapshot.from_objects(world()), RenderSettings(), datetime.datetime.now(datetime.UTC)
     )
@@ -156,7 +147,7 @@ def _get(url: str) -> str:
         return str(response.read().decode())
 
 
-def test_cluster_mode_logs_statuses_and_metrics_hold_no_secret(
+def test_cluster_mode_logs_statuses_and_metrics_hold_nosecret(
     everything: pytest.LogCaptureFixture, tmp_path: Path
 ) -> None:
     async def main() -> list[str]:
@@ -321,7 +312,7 @@ def test_cli_cluster_commands_hide_secrets_unless_asked(
 # --- the webhook --------------------------------------------------------------------------------
 
 
-def test_webhook_answers_and_logs_hold_no_secret(everything: pytest.LogCaptureFixture) -> None:
+def test_webhook_answers_and_logs_hold_nosecret(everything: pytest.LogCaptureFixture) -> None:
     with FakeApiServer() as fake:
         for obj in world():
             if obj["kind"] == "Secret":
