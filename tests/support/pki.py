@@ -18,18 +18,27 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 def self_signed(key: CertificateIssuerPrivateKeyTypes, name: str = "turn.example.com") -> bytes:
     """A PEM certificate for key's public key, signed by key, valid for a day."""
     subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+    cert = _builder(subject, subject, key, datetime.timedelta(days=1)).sign(key, hashes.SHA256())
+    return cert.public_bytes(serialization.Encoding.PEM)
+
+
+def _builder(
+    subject: x509.Name,
+    issuer: x509.Name,
+    key: CertificateIssuerPrivateKeyTypes,
+    lifetime: datetime.timedelta,
+) -> x509.CertificateBuilder:
+    """A certificate of key's public key from 5 minutes ago (a skewed clock) for `lifetime`."""
     now = datetime.datetime.now(datetime.UTC)
-    cert = (
+    return (
         x509.CertificateBuilder()
         .subject_name(subject)
-        .issuer_name(subject)
+        .issuer_name(issuer)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
-        .not_valid_before(now)
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .sign(key, hashes.SHA256())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + lifetime)
     )
-    return cert.public_bytes(serialization.Encoding.PEM)
 
 
 def key_pem(key: CertificateIssuerPrivateKeyTypes) -> bytes:
@@ -39,6 +48,9 @@ def key_pem(key: CertificateIssuerPrivateKeyTypes) -> bytes:
         serialization.PrivateFormat.PKCS8,
         serialization.NoEncryption(),
     )
+
+
+LIFETIME = datetime.timedelta(hours=6)  # of an Authority's certificates
 
 
 def _general_name(name: str) -> x509.GeneralName:
@@ -63,15 +75,8 @@ class Authority:
     def new(cls, name: str) -> Authority:
         key = ec.generate_private_key(ec.SECP256R1())
         subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
-        now = datetime.datetime.now(datetime.UTC)
         cert = (
-            x509.CertificateBuilder()
-            .subject_name(subject)
-            .issuer_name(subject)
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(hours=6))
+            _builder(subject, subject, key, LIFETIME)
             .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
             .add_extension(
                 x509.KeyUsage(
@@ -109,17 +114,9 @@ class Authority:
         key = ec.generate_private_key(ec.SECP256R1())
         attributes = [x509.NameAttribute(NameOID.COMMON_NAME, common_name)]
         attributes += [x509.NameAttribute(NameOID.ORGANIZATION_NAME, o) for o in organizations]
-        now = datetime.datetime.now(datetime.UTC)
         usage = ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH
-        builder = (
-            x509.CertificateBuilder()
-            .subject_name(x509.Name(attributes))
-            .issuer_name(self.cert.subject)
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(hours=6))
-            .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+        builder = _builder(x509.Name(attributes), self.cert.subject, key, LIFETIME).add_extension(
+            x509.ExtendedKeyUsage([usage]), critical=False
         )
         if server:
             alternatives = [_general_name(name) for name in names]
