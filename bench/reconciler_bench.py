@@ -38,9 +38,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from cds_bench import percentiles, say  # noqa: E402  (bench/ is on the path: run as a script)
 
+from tests.reconciler import clusterkit as k  # noqa: E402
 from tests.support.fakeapi import FakeApiServer  # noqa: E402
 
-NS = "bench"
+NS = k.NS
 TARGET = 1.0
 
 
@@ -51,82 +52,21 @@ def free_port() -> int:
 
 
 def seed(fake: FakeApiServer, gateways: int) -> None:
-    fake.seed(
-        {
-            "apiVersion": "gateway.networking.k8s.io/v1",
-            "kind": "GatewayClass",
-            "metadata": {"name": "stunner"},
-            "spec": {
-                "controllerName": "stunner.l7mp.io/gateway-operator",
-                "parametersRef": {
-                    "group": "stunner.l7mp.io",
-                    "kind": "GatewayConfig",
-                    "name": "config",
-                    "namespace": NS,
-                },
-            },
-        }
-    )
-    fake.seed(
-        {
-            "apiVersion": "stunner.l7mp.io/v1",
-            "kind": "GatewayConfig",
-            "metadata": {"name": "config", "namespace": NS},
-            "spec": {"authType": "static", "userName": "user", "password": "pass"},
-        }
-    )
-    for name in ("default", "unused"):
-        fake.seed(
-            {
-                "apiVersion": "stunner.l7mp.io/v1",
-                "kind": "Dataplane",
-                "metadata": {"name": name},
-                "spec": {"image": "l7mp/stunnerd:latest"},
-            }
-        )
+    """The GatewayClass, its GatewayConfig, the default and an unused Dataplane, and per Gateway
+    one UDP listener routed to its own StaticService (the cluster-mode tests' builders)."""
+    unused = k.dataplane()
+    unused["metadata"]["name"] = "unused"
+    for obj in (k.gateway_class(), k.gateway_config(), k.dataplane(), unused):
+        fake.seed(obj)
     for i in range(gateways):
-        fake.seed(
-            {
-                "apiVersion": "gateway.networking.k8s.io/v1",
-                "kind": "Gateway",
-                "metadata": {"name": f"gw-{i}", "namespace": NS},
-                "spec": {
-                    "gatewayClassName": "stunner",
-                    "listeners": [{"name": "udp", "port": 3478, "protocol": "TURN-UDP"}],
-                },
-            }
-        )
+        fake.seed(k.gateway(name=f"gw-{i}"))
         fake.seed(static_service(i, 0))
-        fake.seed(
-            {
-                "apiVersion": "stunner.l7mp.io/v1",
-                "kind": "UDPRoute",
-                "metadata": {"name": f"route-{i}", "namespace": NS},
-                "spec": {
-                    "parentRefs": [{"name": f"gw-{i}"}],
-                    "rules": [
-                        {
-                            "backendRefs": [
-                                {
-                                    "group": "stunner.l7mp.io",
-                                    "kind": "StaticService",
-                                    "name": f"peer-{i}",
-                                }
-                            ]
-                        }
-                    ],
-                },
-            }
-        )
+        peer = {"group": "stunner.l7mp.io", "kind": "StaticService", "name": f"peer-{i}"}
+        fake.seed(k.route(peer, name=f"route-{i}", parents=(f"gw-{i}",)))
 
 
 def static_service(i: int, edit: int) -> dict[str, Any]:
-    return {
-        "apiVersion": "stunner.l7mp.io/v1",
-        "kind": "StaticService",
-        "metadata": {"name": f"peer-{i}", "namespace": NS},
-        "spec": {"prefixes": [f"10.{edit // 256 % 256}.{edit % 256}.1/32"]},
-    }
+    return k.static_service(f"peer-{i}", (f"10.{edit // 256 % 256}.{edit % 256}.1/32",))
 
 
 def edit_static_service(fake: FakeApiServer, i: int, edit: int) -> str:

@@ -225,15 +225,21 @@ def cluster_settings(args: argparse.Namespace) -> ClusterSettings:
     )
 
 
+def _stop_on_signals() -> asyncio.Event:
+    """An event SIGINT and SIGTERM set (in the running loop)."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    return stop
+
+
 async def serve_cluster(settings: ClusterSettings) -> None:
     """Run cluster mode until SIGINT or SIGTERM; then release the Lease and stop writing, and
     keep the CDS serving until the process ends."""
     from .cluster import run_cluster
 
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+    stop = _stop_on_signals()
     async with run_cluster(settings) as running:
         log.info(
             "cluster mode: CDS on %s, health on %s, metrics on %s",
@@ -248,10 +254,7 @@ async def serve_cluster(settings: ClusterSettings) -> None:
 
 async def serve_local(settings: LocalSettings) -> None:
     """Run local mode until SIGINT or SIGTERM."""
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+    stop = _stop_on_signals()
     async with run_local(settings) as local:
         log.info(
             "local mode: manifests in %s, CDS on %s, auth service on %s",

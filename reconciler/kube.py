@@ -349,6 +349,12 @@ class Cache:
                 return state
         return None
 
+    def _state_of(self, watched: Watched | None, obj: Object) -> KindState | None:
+        """The state of `watched`, or (None: a write's answer) of the object's own kind."""
+        if watched is not None:
+            return self._kinds.get(watched)
+        return self._state(str(obj.get("apiVersion")), str(obj.get("kind")))
+
     # --- writes from the watch threads (and from the API server's answers) --------------------
 
     def replace(self, watched: Watched, items: Sequence[Object], version: str) -> None:
@@ -369,9 +375,7 @@ class Cache:
     def put(self, watched: Watched | None, obj: Object) -> None:
         """An object as the API server has it now (older versions than the cached are ignored)."""
         with self._lock:
-            state = self._kinds.get(watched) if watched else self._state(
-                str(obj.get("apiVersion")), str(obj.get("kind"))
-            )  # fmt: skip
+            state = self._state_of(watched, obj)
             if state is None:
                 return
             old = state.objects.get(_key(obj))
@@ -383,9 +387,7 @@ class Cache:
 
     def remove(self, watched: Watched | None, obj: Object) -> None:
         with self._lock:
-            state = self._kinds.get(watched) if watched else self._state(
-                str(obj.get("apiVersion")), str(obj.get("kind"))
-            )  # fmt: skip
+            state = self._state_of(watched, obj)
             if state is None:
                 return
             old = state.objects.pop(_key(obj), None)

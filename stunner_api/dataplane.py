@@ -616,14 +616,22 @@ def _error_path(error: ErrorDetails) -> str:
 
 def _error_message(error: ErrorDetails) -> str:
     path = _error_path(error)
+    given = error["input"]
     if error["type"] == "stunner_config" or _is_secret_path(path):
         reason = error["msg"]  # a secret's value is never echoed, as `redacted` hides it
-    else:  # pydantic's own type errors: show what was given
-        reason = f"{error['msg']}, got {error['input']!r}"
+    elif error["type"] in _SECTION_ERRORS or isinstance(given, Mapping | list | tuple):
+        reason = f"{error['msg']}, got {type(given).__name__}"  # it may hold credentials, a key
+    else:  # pydantic's own type errors on a scalar field: show what was given
+        reason = f"{error['msg']}, got {given!r}"
     return f"{path}: {reason}" if path else reason
 
 
 _SECRET_PATH = re.compile(r"auth\.credentials\b|listeners\[\d+\]\.(cert|key)$|.*\.hmac$")
+
+
+# pydantic's errors where a section (a model, a list or map of them) was wanted: what came in
+# place of one that holds credentials or a TLS key is named by its type only.
+_SECTION_ERRORS = frozenset({"model_type", "model_attributes_type", "dict_type", "list_type"})
 
 
 def _is_secret_path(path: str) -> bool:

@@ -132,6 +132,7 @@ def auth(gateway_config: Object, snapshot: Snapshot) -> dict[str, Any]:
             )
         data = _decoded(secret)
         raw_type = data.get(AUTH_SECRET_TYPE_KEY) or DEFAULT_AUTH_TYPE
+        shown_type = f"in Secret {namespace}/{name}"  # Secret data is never echoed
         username = _secret_value(data, AUTH_SECRET_USERNAME_KEYS)
         password = _secret_value(data, AUTH_SECRET_PASSWORD_KEYS)
         shared = _secret_value(data, AUTH_SECRET_SHARED_SECRET_KEYS)
@@ -139,10 +140,11 @@ def auth(gateway_config: Object, snapshot: Snapshot) -> dict[str, Any]:
         raw_type = str(spec.get("authType") or DEFAULT_AUTH_TYPE)
         username, password = spec.get("userName"), spec.get("password")
         shared = spec.get("sharedSecret")
+        shown_type = repr(str(raw_type))
     spelling = str(raw_type).lower()
     auth_type = AUTH_TYPE_ALIASES.get(spelling) if spelling in GATEWAY_CONFIG_AUTH_TYPES else None
     if auth_type is None:
-        raise AuthError(f"invalid authentication type {str(raw_type)!r}")
+        raise AuthError(f"invalid authentication type {shown_type}")
     if auth_type == AuthType.STATIC:
         if not username or not password:
             raise AuthError("missing username and/or password for plaintext authentication")

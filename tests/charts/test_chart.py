@@ -4,6 +4,7 @@ the webhook registration against what webhook/ judges, the webhook's certificate
 from __future__ import annotations
 
 import base64
+import json
 import re
 import subprocess
 import sys
@@ -254,6 +255,23 @@ def test_webhook_certificate_is_one_ca_shared_by_secret_and_registrations(helm: 
     ]
     volumes = deployment["spec"]["template"]["spec"]["volumes"]
     assert {"name": "certs", "secret": {"secretName": secret["metadata"]["name"]}} in volumes
+
+
+def test_the_webhooks_private_key_is_only_in_its_secret(
+    default_manifests: list[dict[str, Any]],
+) -> None:
+    """The key the chart generates shows in the webhook Secret's data, in no other object (an
+    annotation, an env var, a ConfigMap, a registration) and in no other field of the Secret."""
+    (secret,) = [
+        s for s in of_kind(default_manifests, "Secret") if s["type"] == "kubernetes.io/tls"
+    ]
+    key_b64 = secret["data"]["tls.key"]
+    key_line = base64.b64decode(key_b64).decode().splitlines()[1]
+    assert "PRIVATE KEY" in base64.b64decode(key_b64).decode()
+    without_key = {**secret, "data": {k: v for k, v in secret["data"].items() if k != "tls.key"}}
+    others = [o for o in default_manifests if o is not secret] + [without_key]
+    text = json.dumps(others)
+    assert key_b64[40:100] not in text and key_line not in text
 
 
 def test_cert_manager_replaces_the_charts_own_ca(helm: Path) -> None:

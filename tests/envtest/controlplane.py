@@ -14,8 +14,6 @@ the assets and asked for): pods never run; namespaces, RBAC, CRDs and admission 
 from __future__ import annotations
 
 import base64
-import datetime
-import ipaddress
 import json
 import os
 import shutil
@@ -27,21 +25,19 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec, rsa
-from cryptography.x509.oid import NameOID
+from cryptography.hazmat.primitives.asymmetric import rsa
 
-from tests.support.pki import key_pem
+from tests.support.pki import Authority, key_pem
 
 ASSETS_VARIABLE = "KUBEBUILDER_ASSETS"
 SERVICE_CLUSTER_IP_RANGE = "10.0.0.0/24"
 ADMIN_GROUPS = ("system:masters",)
+# The serving certificate's names: loopback, and the kubernetes Service in-cluster clients use.
+API_SERVER_NAMES = ("localhost", "kubernetes.default.svc", "127.0.0.1", "10.0.0.1")
 
 
 def free_port() -> int:
@@ -49,91 +45,6 @@ def free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
-
-
-def _pem(cert: x509.Certificate) -> bytes:
-    return cert.public_bytes(serialization.Encoding.PEM)
-
-
-@dataclass(frozen=True)
-class Authority:
-    """A CA that signs certificates for this control plane."""
-
-    cert: x509.Certificate
-    key: ec.EllipticCurvePrivateKey
-
-    @classmethod
-    def new(cls, name: str) -> Authority:
-        key = ec.generate_private_key(ec.SECP256R1())
-        subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
-        now = datetime.datetime.now(datetime.UTC)
-        cert = (
-            x509.CertificateBuilder()
-            .subject_name(subject)
-            .issuer_name(subject)
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(hours=6))
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .add_extension(
-                x509.KeyUsage(
-                    digital_signature=True,
-                    content_commitment=False,
-                    key_encipherment=False,
-                    data_encipherment=False,
-                    key_agreement=False,
-                    key_cert_sign=True,
-                    crl_sign=True,
-                    encipher_only=False,
-                    decipher_only=False,
-                ),
-                critical=True,
-            )
-            .sign(key, hashes.SHA256())
-        )
-        return cls(cert, key)
-
-    @property
-    def pem(self) -> bytes:
-        return _pem(self.cert)
-
-    def issue(
-        self,
-        common_name: str,
-        organizations: Iterable[str] = (),
-        *,
-        server: bool = False,
-    ) -> tuple[bytes, bytes]:
-        """(certificate PEM, key PEM): a client certificate whose CN is the user name and whose
-        O entries are its groups, or (server=True) a serving certificate for 127.0.0.1."""
-        key = ec.generate_private_key(ec.SECP256R1())
-        attributes = [x509.NameAttribute(NameOID.COMMON_NAME, common_name)]
-        attributes += [x509.NameAttribute(NameOID.ORGANIZATION_NAME, o) for o in organizations]
-        now = datetime.datetime.now(datetime.UTC)
-        usage = (
-            x509.ExtendedKeyUsageOID.SERVER_AUTH if server else x509.ExtendedKeyUsageOID.CLIENT_AUTH
-        )
-        builder = (
-            x509.CertificateBuilder()
-            .subject_name(x509.Name(attributes))
-            .issuer_name(self.cert.subject)
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(hours=6))
-            .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
-        )
-        if server:
-            names: list[x509.GeneralName] = [
-                x509.DNSName("localhost"),
-                x509.DNSName("kubernetes.default.svc"),
-                x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
-                x509.IPAddress(ipaddress.ip_address("10.0.0.1")),  # the kubernetes Service
-            ]
-            builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
-        cert = builder.sign(self.key, hashes.SHA256())
-        return _pem(cert), key_pem(key)
 
 
 def binary_versions(assets: Path) -> dict[str, str]:
@@ -293,7 +204,9 @@ class ControlPlane:
 
     def _start_apiserver(self, within: float) -> None:
         self.port = free_port()
-        serving_cert, serving_key = self.serving_ca.issue("kube-apiserver", server=True)
+        serving_cert, serving_key = self.serving_ca.issue(
+            "kube-apiserver", server=True, names=API_SERVER_NAMES
+        )
         sa_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
         files = {
             "client-ca.crt": self.client_ca.pem,

@@ -17,58 +17,21 @@ import pytest
 from reconciler.render import Plan, RenderSettings, render
 from reconciler.store import Snapshot
 from stunnerd.certificates import self_signed_certificate
+from tests.reconciler import clusterkit as k
+from tests.reconciler.clusterkit import Obj, dataplane, gateway_config, listener
+from tests.support.objects import secret
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
-CONTROLLER = "stunner.l7mp.io/gateway-operator"
-Obj = dict[str, Any]
 
 
-def gateway_class(name: str = "stunner", controller: str = CONTROLLER) -> Obj:
-    return {
-        "apiVersion": "gateway.networking.k8s.io/v1",
-        "kind": "GatewayClass",
-        "metadata": {"name": name, "generation": 1},
-        "spec": {
-            "controllerName": controller,
-            "parametersRef": {
-                "group": "stunner.l7mp.io",
-                "kind": "GatewayConfig",
-                "name": "config",
-                "namespace": "stunner",
-            },
-        },
-    }
-
-
-def gateway_config(**spec: Any) -> Obj:
-    return {
-        "apiVersion": "stunner.l7mp.io/v1",
-        "kind": "GatewayConfig",
-        "metadata": {"name": "config", "namespace": "stunner"},
-        "spec": {"authType": "static", "userName": "user", "password": "pass-word"} | spec,
-    }
-
-
-def dataplane(**spec: Any) -> Obj:
-    return {
-        "apiVersion": "stunner.l7mp.io/v1",
-        "kind": "Dataplane",
-        "metadata": {"name": "default"},
-        "spec": {"image": "l7mp/stunnerd:latest"} | spec,
-    }
-
-
-def listener(name: str = "udp", port: int = 3478, protocol: str = "TURN-UDP", **more: Any) -> Obj:
-    return {"name": name, "port": port, "protocol": protocol} | more
+def gateway_class(name: str = "stunner", controller: str = k.CONTROLLER) -> Obj:
+    obj = k.gateway_class(name, controller)
+    obj["metadata"]["generation"] = 1
+    return obj
 
 
 def gateway(*listeners: Obj, name: str = "gw", namespace: str = "stunner", **meta: Any) -> Obj:
-    return {
-        "apiVersion": "gateway.networking.k8s.io/v1",
-        "kind": "Gateway",
-        "metadata": {"name": name, "namespace": namespace, "generation": 1} | meta,
-        "spec": {"gatewayClassName": "stunner", "listeners": list(listeners) or [listener()]},
-    }
+    return k.gateway(*listeners, name=name, **({"namespace": namespace, "generation": 1} | meta))
 
 
 def route(
@@ -147,16 +110,6 @@ def grant(namespace_: str, from_namespace: str, from_kind: str = "UDPRoute", **t
             ],
             "to": [{"group": "", "kind": "Service"} | to],
         },
-    }
-
-
-def secret(name: str, namespace_: str = "stunner", type_: str = "Opaque", **data: bytes) -> Obj:
-    return {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "metadata": {"name": name, "namespace": namespace_},
-        "type": type_,
-        "data": {k: base64.b64encode(v).decode() for k, v in data.items()},
     }
 
 
@@ -489,7 +442,7 @@ def test_a_tls_listener_carries_its_certificate_base64() -> None:
     cert, key = tls_pair()
     plan = plan_of(
         gateway(tls_listener()),
-        secret("cert", "stunner", "kubernetes.io/tls", **{"tls.crt": cert, "tls.key": key}),
+        secret("cert", "kubernetes.io/tls", **{"tls.crt": cert, "tls.key": key}),
     )
     rendered = plan.configs["stunner/gw"].listeners[0]
     assert base64.b64decode(rendered.cert) == cert and base64.b64decode(rendered.key) == key
@@ -527,7 +480,7 @@ def test_a_listener_with_a_bad_certificate_is_not_rendered(
 ) -> None:
     cert, key = tls_pair()
     if ref:
-        objects = [secret("cert", "elsewhere", **{"tls.crt": cert, "tls.key": key})]
+        objects = [secret("cert", namespace="elsewhere", **{"tls.crt": cert, "tls.key": key})]
     plan = plan_of(gateway(listener(), tls_listener(**ref)), *objects)
     assert [lst.name for lst in plan.configs["stunner/gw"].listeners] == ["stunner/gw/udp"]
     assert listener_conditions(plan, "tls")["ResolvedRefs"] == ("False", reason)

@@ -524,6 +524,26 @@ def test_validation_errors_name_the_field(data: dict[str, Any], message: str) ->
     assert str(direct.value) == str(error.value)
 
 
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (config_with(auth=["s3cr3t-pw"]), "auth: Input should be a valid dictionary"),
+        (config_with(listeners={"x": {"key": "s3cr3t-pw"}}), "listeners: Input should be"),
+        (config_with(listeners=["s3cr3t-pw"]), "listeners[0]: Input should be"),
+        (
+            config_with(admin={"license_config": ["s3cr3t-pw"]}),
+            "admin.license_config: Input should be",
+        ),
+    ],
+)
+def test_a_container_of_secrets_is_not_echoed(data: dict[str, Any], message: str) -> None:
+    """A wrong-typed section that holds credentials or a TLS key is named by its type only."""
+    with pytest.raises(ConfigError) as error:
+        validate_config(data)
+    assert str(error.value).startswith(message)
+    assert "s3cr3t-pw" not in str(error.value)
+
+
 def test_all_problems_are_reported_at_once() -> None:
     data = config_with(
         version="v3", listeners=[listener(port=0), listener(name="m", protocol="quic")]

@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import logging
 import socket
 from typing import Any
 
 import aiohttp
+import pytest
 
 from reconciler.cds import ConfigStore, cds_app, serve
 from stunner_api.dataplane import StunnerConfig, validate_config
-from stunner_cli.authserver import follow, run
+from stunner_cli.authserver import apply_frame, follow, run
 
 
 def config(id: str, password: str) -> StunnerConfig:
@@ -107,3 +110,23 @@ def test_a_cds_that_is_away_is_retried() -> None:
             await follower
 
     asyncio.run(asyncio.wait_for(main(), 20))
+
+
+def test_a_malformed_cds_frame_is_logged_without_its_credentials(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A frame whose sections are the wrong shape is ignored and logged; the password, the
+    shared secret and the key it holds are not (the secrets audit)."""
+    store = ConfigStore()
+    good = config("ns/gw", "old-password").to_dict()
+    for broken in (
+        good | {"auth": ["frame-s3cr3t"]},
+        good | {"listeners": {"udp": {"key": "frame-s3cr3t"}}},
+        good | {"listeners": ["frame-s3cr3t"]},
+    ):
+        with caplog.at_level(logging.DEBUG):
+            apply_frame(store, json.dumps(broken))
+    assert store.configs == {}
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 3 and all("not a config" in w for w in warnings), warnings
+    assert not any("frame-s3cr3t" in r.getMessage() for r in caplog.records)

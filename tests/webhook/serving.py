@@ -12,9 +12,7 @@ and ``bench/webhook_hostile_bench.py``.
 
 from __future__ import annotations
 
-import datetime
 import http.client
-import ipaddress
 import json
 import os
 import signal
@@ -28,54 +26,21 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec, rsa
-from cryptography.x509.oid import NameOID
+from cryptography.hazmat.primitives.asymmetric import rsa
 
 from tests.support.objects import secret
-from tests.support.pki import key_pem, self_signed
+from tests.support.pki import Authority, key_pem, self_signed
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def make_certs(directory: Path) -> tuple[Path, Path, Path]:
     """A CA and a serving certificate for 127.0.0.1/localhost; returns (ca, cert, key)."""
-    now = datetime.datetime.now(datetime.UTC)
-    validity = (now - datetime.timedelta(minutes=5), now + datetime.timedelta(hours=1))
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "test webhook CA")])
-    ca = (
-        x509.CertificateBuilder()
-        .subject_name(ca_name)
-        .issuer_name(ca_name)
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(validity[0])
-        .not_valid_after(validity[1])
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(ca_key, hashes.SHA256())
-    )
-    key = ec.generate_private_key(ec.SECP256R1())
-    names = [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "stunner-webhook")]))
-        .issuer_name(ca_name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(validity[0])
-        .not_valid_after(validity[1])
-        .add_extension(x509.SubjectAlternativeName(names), critical=False)
-        .sign(ca_key, hashes.SHA256())
-    )
+    ca = Authority.new("test webhook CA")
+    cert, key = ca.issue("stunner-webhook", server=True)
     paths = directory / "ca.crt", directory / "tls.crt", directory / "tls.key"
-    paths[0].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
-    paths[1].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_pem = key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-    )
-    paths[2].write_bytes(key_pem)
+    for path, pem in zip(paths, (ca.pem, cert, key), strict=True):
+        path.write_bytes(pem)
     return paths
 
 
