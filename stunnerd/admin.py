@@ -16,17 +16,20 @@ import json
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlsplit
-
-from aiohttp import web
-from aiohttp.http_exceptions import HttpProcessingError
 
 from stunner_api.dataplane import StunnerConfig, redacted
 
 from .counters import ListenerCounters
 from .metrics import CONTENT_TYPE, MetricsView, render_metrics
 from .router import PEER_POLICY
+
+if TYPE_CHECKING:
+    from aiohttp import web
+
+# aiohttp (~10 MiB of RSS) is imported when a server starts: a stunnerd with no admin endpoint
+# (health check and metrics both off) never loads it (bench/rss_bench.py).
 
 log = logging.getLogger("stunner.admin")
 
@@ -74,6 +77,8 @@ class _ServerLog(logging.LoggerAdapter):  # type: ignore[type-arg]
     with 400 and noted at DEBUG in one line; anything else keeps its traceback at ERROR."""
 
     def log(self, level: int, msg: object, *args: Any, **kwargs: Any) -> None:
+        from aiohttp.http_exceptions import HttpProcessingError  # loaded with the server
+
         error = kwargs.get("exc_info")
         if isinstance(error, HttpProcessingError):
             self.logger.debug(
@@ -104,6 +109,8 @@ class HttpServer:
         return port
 
     async def start(self, url: str, default_port: int) -> None:
+        from aiohttp import web
+
         endpoint = parse_endpoint(url, default_port)
         self.routes = self.routes_for(endpoint.path)
         app = web.Application(client_max_size=MAX_BODY)
@@ -137,6 +144,8 @@ class HttpServer:
         self.url = ""
 
     async def _serve(self, request: web.Request) -> web.Response:
+        from aiohttp import web  # loaded by start
+
         status, content_type, body = self._route(request.method, request.path)
         return web.Response(status=status, body=body, headers={"Content-Type": content_type})
 

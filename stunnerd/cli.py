@@ -21,7 +21,6 @@ from stunner_api.dataplane import (
 
 from . import logs, native
 from .auth import NonceManager
-from .certificates import self_signed_certificate
 from .daemon import ApplyError, Stunner
 from .ledger import UserAllocations
 from .limits import Limits
@@ -178,8 +177,15 @@ def _non_negative(text: str) -> int:
 def config_source(args: argparse.Namespace) -> ConfigSource | StunnerConfig:
     """The URI shorthand's config, or the source named by -c (default: the CDS on :13478)."""
     if args.uri:
-        return config_from_uri(args.uri, certificate=self_signed_certificate)
+        return config_from_uri(args.uri, certificate=_self_signed_certificate)
     return source_for(args.config or DEFAULT_CDS_ADDRESS, args.id)
+
+
+def _self_signed_certificate(hostname: str) -> tuple[str, str]:
+    """For a turns:// or turn+dtls URI only: cryptography is not loaded for a plain one."""
+    from .certificates import self_signed_certificate
+
+    return self_signed_certificate(hostname)
 
 
 DRAIN_POLL_INTERVAL = 1.0

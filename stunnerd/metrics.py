@@ -16,12 +16,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Protocol
-
-from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from functools import cache
+from typing import TYPE_CHECKING, Protocol
 
 from .counters import ClusterCounters, Counters, ListenerCounters
+
+if TYPE_CHECKING:
+    from prometheus_client.core import Metric
+
+# prometheus_client (~2 MiB of RSS) is imported at the first scrape: a stunnerd without a
+# metrics endpoint never loads it (bench/rss_bench.py).
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -44,6 +48,8 @@ class MetricsView(Protocol):
 
 
 def stunner_families(view: MetricsView) -> Iterator[Metric]:
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
     stats = sorted(view.listener_stats().items())
     active = view.listener_allocations()
     yield GaugeMetricFamily(
@@ -83,6 +89,8 @@ def _by_direction(
     kind: str, where: str, rows: Sequence[tuple[str, Counters]], directions: tuple[str, str]
 ) -> Iterator[Metric]:
     """stunner_<kind>_packets_total and _bytes_total, labelled by direction and name."""
+    from prometheus_client.core import CounterMetricFamily
+
     for unit in ("packets", "bytes"):
         family = CounterMetricFamily(
             f"stunner_{kind}_{unit}", f"Number of {unit} {where}.", labels=["direction", "name"]
@@ -98,6 +106,13 @@ class _Runtime:
     memory added to this process's."""
 
     def __init__(self) -> None:
+        from prometheus_client import (
+            CollectorRegistry,
+            GCCollector,
+            PlatformCollector,
+            ProcessCollector,
+        )
+
         self.registry = CollectorRegistry(auto_describe=False)
         self.process = ProcessCollector(registry=self.registry)
         PlatformCollector(registry=self.registry)
@@ -117,12 +132,14 @@ class _Runtime:
             yield family
 
 
-_RUNTIME = _Runtime()
+@cache
+def _runtime() -> _Runtime:
+    return _Runtime()
 
 
 def render_metrics(view: MetricsView) -> str:
     """The text exposition (format 0.0.4) of every family."""
-    return exposition([*stunner_families(view), *_RUNTIME.families(view)])
+    return exposition([*stunner_families(view), *_runtime().families(view)])
 
 
 def exposition(families: Iterable[Metric]) -> str:

@@ -29,10 +29,6 @@ from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from pathlib import Path
 from typing import Protocol
 
-from websockets.asyncio.client import connect
-from websockets.exceptions import WebSocketException
-from websockets.typing import Origin
-
 from stunner_api.cds import (
     DEFAULT_ADDRESS,
     NODE_PARAM,
@@ -250,6 +246,11 @@ class CdsSource:
         return config
 
     async def watch(self) -> AsyncGenerator[StunnerConfig, None]:
+        # websockets is loaded by a CDS watch only: a config file needs none of it.
+        from websockets.asyncio.client import connect
+        from websockets.exceptions import WebSocketException
+        from websockets.typing import Origin
+
         last_json: str | None = None
         failing = False
         while True:

@@ -14,15 +14,19 @@ import errno
 import logging
 import socket
 import ssl
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from stunner_api.dataplane import ListenerConfig
 
 from . import stun
 from .allocation import Downstream
-from .certificates import server_ssl_context
-from .dtls import HANDSHAKE_TIMEOUT, DtlsListenerProtocol
 from .turn import TurnServer
+
+if TYPE_CHECKING:
+    from .dtls import DtlsListenerProtocol
+
+# `certificates` and `dtls` (cryptography, pyOpenSSL: ~12 MiB) are imported by the TLS and DTLS
+# transports when one is made, so a TURN-UDP/TCP stunnerd never loads them (bench/rss_bench.py).
 
 log = logging.getLogger("stunner.listener")
 
@@ -404,12 +408,17 @@ class TcpTransport(Transport):
                 self._per_source.pop(connection.source, None)
 
     async def start(self, port: int) -> None:
+        handshake_timeout = None
+        if self._ssl is not None:
+            from .dtls import HANDSHAKE_TIMEOUT  # TLS and DTLS share the handshake bound
+
+            handshake_timeout = HANDSHAKE_TIMEOUT
         sock = _bound_socket(socket.SOCK_STREAM, self.server.relay_ip, port)
         self._server = await asyncio.get_running_loop().create_server(
             lambda: TcpConnectionProtocol(self.server, self),
             sock=sock,
             ssl=self._ssl,
-            ssl_handshake_timeout=HANDSHAKE_TIMEOUT if self._ssl is not None else None,
+            ssl_handshake_timeout=handshake_timeout,
         )
 
     async def stop(self) -> None:
@@ -424,8 +433,10 @@ class DtlsTransport(Transport):
     """TURN-DTLS: one UDP socket, a DTLS session per client (`dtls.py`)."""
 
     def __init__(self, server: TurnServer, cert: str, key: str) -> None:
+        from .dtls import DtlsListenerProtocol
+
         super().__init__(server)
-        self.protocol = DtlsListenerProtocol(server, cert, key)
+        self.protocol: DtlsListenerProtocol = DtlsListenerProtocol(server, cert, key)
         self._started = False
 
     async def start(self, port: int) -> None:
@@ -454,6 +465,8 @@ def transport_for(
     if protocol == "TURN-TCP":
         return TcpTransport(server)
     if protocol == "TURN-TLS":
+        from .certificates import server_ssl_context
+
         return TcpTransport(server, server_ssl_context(config.cert, config.key))
     if protocol == "TURN-DTLS":
         return DtlsTransport(server, config.cert, config.key)

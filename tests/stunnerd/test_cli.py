@@ -19,7 +19,7 @@ from pathlib import Path
 
 from stunnerd import stun
 from stunnerd.stun import Class, Message, Method
-from tests.support.turnclient import RawClient, binding_answered, free_port, make_config
+from tests.support.turnclient import HOST, RawClient, binding_answered, free_port, make_config
 
 from .conftest import StartStunnerd
 
@@ -282,3 +282,45 @@ def test_an_unknown_key_is_a_warning_at_start(tmp_path: Path, stunnerd: StartStu
     assert binding_answered(port)
     stderr = process.stop()
     assert "WARNING" in stderr and 'did you mean "routes"?' in stderr
+
+
+# Loaded only for a TLS/DTLS listener (cryptography, pyOpenSSL: ~12 MiB of RSS), an admin
+# endpoint (aiohttp: ~10 MiB), a metrics scrape (prometheus_client) or a CDS watch (websockets).
+DEFERRED_MODULES = (
+    *("cryptography", "OpenSSL", "stunnerd.certificates", "stunnerd.dtls"),
+    *("aiohttp", "prometheus_client", "websockets"),
+)
+LOADED_BY_A_PLAIN_STUNNERD = """
+import asyncio, json, sys
+import stunnerd.cli
+from stunnerd.daemon import Stunner
+from stunner_api.dataplane import StunnerConfig
+
+async def serve() -> None:
+    stunner = Stunner()
+    await stunner.apply(StunnerConfig.model_validate_json(sys.argv[1]))
+    try:
+        assert stunner.ready, "the listeners did not come up"
+    finally:
+        await stunner.close()
+
+asyncio.run(serve())
+print(json.dumps(sorted(sys.modules)))
+"""
+
+
+def test_a_turn_udp_and_tcp_stunnerd_loads_no_tls_or_admin_server_machinery() -> None:
+    # make_config turns the health check off; the metrics endpoint is off by default.
+    config = make_config(free_port(), [f"{HOST}/32"], protocols=("TURN-UDP", "TURN-TCP"))
+    assert config.admin.metrics_endpoint == "" and config.admin.healthcheck_endpoint == ""
+    done = subprocess.run(
+        [sys.executable, "-c", LOADED_BY_A_PLAIN_STUNNERD, config.model_dump_json()],
+        capture_output=True,
+        text=True,
+        timeout=20,
+    )
+    assert done.returncode == 0, done.stderr
+    loaded = json.loads(done.stdout.splitlines()[-1])
+    assert "stunnerd.transports" in loaded  # the daemon did build its listeners
+    deferred = [m for m in loaded if m.split(".")[0] in DEFERRED_MODULES or m in DEFERRED_MODULES]
+    assert deferred == []
