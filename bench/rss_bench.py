@@ -1,5 +1,6 @@
 """Baseline RSS of a running stunnerd, per relay path and UDP process count, and where the
-primary's memory goes (the RSS each import adds, in order).
+primary's memory goes (the RSS each import adds, in order: what every stunnerd loads, then
+what only some configs load).
 
 stunnerd runs from turn_bench's config (TURN-UDP and TURN-TCP listeners, static auth), without
 allocations; VmRSS is read from /proc 2 s after start, per process (primary and UDP workers).
@@ -27,9 +28,12 @@ MODES = [
     ("Python path, `-u 1`", "stunnerd-py", 1),
 ]
 IMPORTS = [
-    "asyncio", "uvloop", "pydantic", "stunner_api.dataplane", "cryptography.x509",
-    "stunnerd.dtls", "prometheus_client", "aiohttp.web", "websockets.asyncio.client",
-    "stunnerd.native", "stunnerd.worker_process", "stunnerd.cli",
+    "asyncio", "uvloop", "pydantic", "stunner_api.dataplane", "stunnerd.native",
+    "stunnerd.worker_process", "stunnerd.cli",
+    # Loaded only when a config needs them: a TLS/DTLS listener, an admin endpoint (health
+    # check, metrics), a metrics scrape, a CDS watch.
+    "cryptography.x509", "stunnerd.dtls", "aiohttp.web", "prometheus_client",
+    "websockets.asyncio.client",
 ]  # fmt: skip
 
 
