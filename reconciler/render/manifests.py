@@ -59,10 +59,25 @@ HEALTH_PORT_ANNOTATION = re.compile(r"^service\.beta\.kubernetes\.io/.*health.*p
 HEALTH_PROTOCOL_ANNOTATION = re.compile(r"^service\.beta\.kubernetes\.io/.*health.*protocol$")
 
 
+_SCALARS = (str, int, float, bool, type(None))
+
+
+def _copy(value: Any) -> Any:
+    """A deep copy of a JSON value: its dicts and lists are rebuilt and its scalars shared, much
+    faster than copy.deepcopy; anything else (not from JSON or YAML) goes to copy.deepcopy."""
+    if type(value) is dict:
+        return {k: _copy(v) for k, v in value.items()}
+    if type(value) is list:
+        return [_copy(v) for v in value]
+    if isinstance(value, _SCALARS):
+        return value
+    return copy.deepcopy(value)
+
+
 def _map(value: Any) -> dict[str, Any]:
     """A deep copy of a mapping taken from an input object (a manifest never shares state with
     the snapshot), {} for anything else."""
-    return copy.deepcopy(dict(value)) if isinstance(value, Mapping) else {}
+    return {k: _copy(v) for k, v in value.items()} if isinstance(value, Mapping) else {}
 
 
 _EMPTY: Mapping[str, Any] = {}
