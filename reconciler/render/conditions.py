@@ -8,7 +8,6 @@ status: then its time is kept, so a render that changes nothing writes nothing n
 from __future__ import annotations
 
 import functools
-
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
