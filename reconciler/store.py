@@ -75,6 +75,8 @@ def kind_of(obj: Object) -> Kind | None:
 
 def meta(obj: Object) -> Mapping[str, Any]:
     value = obj.get("metadata")
+    if type(value) is dict:  # the common case, without the slower abstract isinstance
+        return value
     return value if isinstance(value, Mapping) else {}
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 from dataclasses import dataclass
 from typing import Literal
 
@@ -85,6 +86,9 @@ def load_pair(
     return CertificatePair(chain, key)
 
 
+# Memoised: the reconciler asks it for every TLS listener in each render, and Gateways share
+# certificate Secrets; a pure function of the PEM texts (no secret in what it returns).
+@functools.lru_cache(maxsize=256)
 def pair_problem(cert_pem: bytes, key_pem: bytes) -> str | None:
     """Why a PEM certificate and key do not belong together, or None when they do; the RSA
     private numbers are not checked (the admission webhook's question, on every review)."""

@@ -22,6 +22,7 @@ got 70000`.
 from __future__ import annotations
 
 import difflib
+import functools
 import json
 import logging
 import os
@@ -431,6 +432,9 @@ class ListenerConfig(_GoStruct):
         return f"{_go_quote(self.name or '-')}:{{" + ",".join(status) + "}"
 
 
+# Memoised: a pure function of the text, asked of every endpoint of every cluster each time the
+# reconciler renders (pod addresses repeat from one render to the next); bounded for pod churn.
+@functools.lru_cache(maxsize=1 << 16)
 def static_endpoint_error(endpoint: str) -> str | None:
     """Why `endpoint` is not a STATIC cluster endpoint (IP or CIDR, optional ":<min-max>").
 

@@ -7,6 +7,7 @@ status: then its time is kept, so a render that changes nothing writes nothing n
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -35,6 +36,7 @@ def generation_of(obj: Object) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
+@functools.lru_cache(maxsize=8)  # one render stamps every condition with the same `now`
 def timestamp(now: datetime) -> str:
     """A Kubernetes metav1.Time: RFC 3339 in UTC, whole seconds."""
     if now.tzinfo is not None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import ipaddress
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -224,6 +225,9 @@ def _port_suffix(ref: Mapping[str, Any], ports_apply: bool) -> str:
     return f":<{port}-{end}>"
 
 
+# Memoised: asked of every endpoint address of every backend Service in each render, and the
+# addresses repeat from one render to the next; bounded for pod churn.
+@functools.lru_cache(maxsize=1 << 16)
 def is_ip(text: str) -> bool:
     try:
         ipaddress.ip_address(text)

@@ -59,10 +59,34 @@ HEALTH_PORT_ANNOTATION = re.compile(r"^service\.beta\.kubernetes\.io/.*health.*p
 HEALTH_PROTOCOL_ANNOTATION = re.compile(r"^service\.beta\.kubernetes\.io/.*health.*protocol$")
 
 
+_SCALARS = (str, int, float, bool, type(None))
+
+
+def _copy(value: Any) -> Any:
+    """A deep copy of a JSON value: its dicts and lists are rebuilt and its scalars shared, much
+    faster than copy.deepcopy; anything else (not from JSON or YAML) goes to copy.deepcopy."""
+    if type(value) is dict:
+        return {k: _copy(v) for k, v in value.items()}
+    if type(value) is list:
+        return [_copy(v) for v in value]
+    if isinstance(value, _SCALARS):
+        return value
+    return copy.deepcopy(value)
+
+
 def _map(value: Any) -> dict[str, Any]:
     """A deep copy of a mapping taken from an input object (a manifest never shares state with
     the snapshot), {} for anything else."""
-    return copy.deepcopy(dict(value)) if isinstance(value, Mapping) else {}
+    return {k: _copy(v) for k, v in value.items()} if isinstance(value, Mapping) else {}
+
+
+_EMPTY: Mapping[str, Any] = {}
+
+
+def _view(value: Any) -> Mapping[str, Any]:
+    """A mapping taken from an input object, only to be read (no copy), {} for anything else.
+    What goes into a manifest from it is copied there (`_map`) or is a scalar."""
+    return value if isinstance(value, Mapping) else _EMPTY
 
 
 def _text(value: Any) -> str:
@@ -130,15 +154,15 @@ def _probe(path: str) -> dict[str, Any]:
 
 def deployment(gateway: Object, dataplane: Object, settings: RenderSettings) -> dict[str, Any]:
     """The stunnerd Deployment of a Gateway, from its Dataplane template."""
-    spec = _map(dataplane.get("spec"))
-    gw_labels = {k: str(v) for k, v in _map(meta(gateway).get("labels")).items()}
+    spec = _view(dataplane.get("spec"))
+    gw_labels = {k: str(v) for k, v in _view(meta(gateway).get("labels")).items()}
     labels = {k: v for k, v in gw_labels.items() if k not in LABEL_FILTER}
     labels |= {OWNED_BY_LABEL: OWNED_BY_VALUE} | related_labels(gateway)
-    annotations = {k: _text(v) for k, v in _map(meta(gateway).get("annotations")).items()}
+    annotations = {k: _text(v) for k, v in _view(meta(gateway).get("annotations")).items()}
     annotations[RELATED_GATEWAY_NAME] = _gateway_id(gateway)
-    pod_labels = {k: str(v) for k, v in _map(spec.get("labels")).items()}
+    pod_labels = {k: str(v) for k, v in _view(spec.get("labels")).items()}
     pod_labels |= {APP_LABEL: APP_VALUE} | related_labels(gateway)
-    pod_annotations = {k: str(v) for k, v in _map(spec.get("annotations")).items()}
+    pod_annotations = {k: str(v) for k, v in _view(spec.get("annotations")).items()}
     pod_annotations[RELATED_GATEWAY_NAME] = _gateway_id(gateway)
     env: list[dict[str, Any]] = [
         {"name": "STUNNER_ADDR", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
@@ -240,11 +264,11 @@ def service_annotations(gateway: Object, gateway_config: Object) -> dict[str, st
     """GatewayConfig loadBalancerServiceAnnotations, overridden by the Gateway's annotations."""
     merged = {
         k: _text(v)
-        for k, v in _map(
-            _map(gateway_config.get("spec")).get("loadBalancerServiceAnnotations")
+        for k, v in _view(
+            _view(gateway_config.get("spec")).get("loadBalancerServiceAnnotations")
         ).items()
     }
-    merged |= {k: _text(v) for k, v in _map(meta(gateway).get("annotations")).items()}
+    merged |= {k: _text(v) for k, v in _view(meta(gateway).get("annotations")).items()}
     return merged
 
 
@@ -297,7 +321,7 @@ def service(
     policy = annotations.get(EXTERNAL_TRAFFIC_POLICY, "").lower()
     if policy == "local" and service_type in ("NodePort", "LoadBalancer"):
         spec["externalTrafficPolicy"] = "Local"
-    addresses = _map(gateway.get("spec")).get("addresses") or []
+    addresses = _view(gateway.get("spec")).get("addresses") or []
     if addresses and isinstance(addresses[0], Mapping):
         if addresses[0].get("type", "IPAddress") == "IPAddress" and addresses[0].get("value"):
             spec["loadBalancerIP"] = str(addresses[0]["value"])

@@ -901,14 +901,22 @@ def test_no_rendered_listener_means_no_service() -> None:
 
 
 def test_render_leaves_the_snapshot_unchanged() -> None:
-    objects = world(
-        route({"name": "media"}), service(), dataplane(resources={"limits": {"cpu": "1"}})
+    template = dataplane(
+        resources={"limits": {"cpu": "1"}},
+        env=[{"name": "X", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}],
+        tolerations=[{"key": "k", "operator": "Exists"}],
+        labels={"pod": "label"},
     )
+    objects = world(route({"name": "media"}), service(), template)
     before = copy.deepcopy(objects)
     plan = render(Snapshot.from_objects(objects), RenderSettings(), NOW)
-    plan.deployments["stunner/gw"]["spec"]["template"]["spec"]["containers"][0]["resources"][
-        "limits"
-    ]["cpu"] = "9"
+    pod = plan.deployments["stunner/gw"]["spec"]["template"]
+    container = pod["spec"]["containers"][0]
+    container["resources"]["limits"]["cpu"] = "9"
+    container["env"][-1]["valueFrom"]["fieldRef"]["fieldPath"] = "changed"
+    pod["spec"]["tolerations"][0]["key"] = "changed"
+    pod["metadata"]["labels"]["pod"] = "changed"
+    plan.services["stunner/gw"]["metadata"]["annotations"]["changed"] = "yes"
     assert objects == before
 
 
