@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import base64
 import binascii
-import functools
+import hashlib
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Literal
 
@@ -87,13 +89,29 @@ def load_pair(
 
 
 # Memoised: the reconciler asks it for every TLS listener in each render, and Gateways share
-# certificate Secrets; a pure function of the PEM texts (no secret in what it returns).
-@functools.lru_cache(maxsize=256)
+# certificate Secrets. Keyed by a SHA-256 digest of the pair, so the memo keeps no key material
+# (an lru_cache would keep the private keys of up to PAIR_MEMO_SIZE Secrets alive, deleted or
+# not); what it keeps, the answer, never holds Secret content.
+PAIR_MEMO_SIZE = 256
+_pair_memo: OrderedDict[bytes, str | None] = OrderedDict()
+_pair_memo_lock = threading.Lock()
+
+
 def pair_problem(cert_pem: bytes, key_pem: bytes) -> str | None:
     """Why a PEM certificate and key do not belong together, or None when they do; the RSA
     private numbers are not checked (the admission webhook's question, on every review)."""
+    digest = hashlib.sha256(len(cert_pem).to_bytes(8, "big") + cert_pem + key_pem).digest()
+    with _pair_memo_lock:
+        if digest in _pair_memo:
+            _pair_memo.move_to_end(digest)
+            return _pair_memo[digest]
     try:
         load_pair(cert_pem, key_pem, check_private_numbers=False)
+        answer = None
     except CertificateError as e:
-        return str(e)
-    return None
+        answer = str(e)
+    with _pair_memo_lock:
+        _pair_memo[digest] = answer
+        while len(_pair_memo) > PAIR_MEMO_SIZE:
+            _pair_memo.popitem(last=False)
+    return answer

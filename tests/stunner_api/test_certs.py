@@ -82,3 +82,17 @@ def test_decode_base64_pem() -> None:
         decode_base64_pem("not base64!", "cert")
     with pytest.raises(ValueError, match="^key is not valid base64 PEM: no PEM block"):
         decode_base64_pem(base64.b64encode(b"text").decode(), "key")
+
+
+def test_the_match_is_memoised_by_digest_and_keeps_no_key_material() -> None:
+    from stunner_api import certs
+
+    cert, key, other = self_signed(EC_KEY), key_pem(EC_KEY), key_pem(OTHER_KEY)
+    assert pair_problem(cert, key) is None
+    assert pair_problem(cert, other) == MISMATCH  # the digest covers the key, not the cert alone
+    assert pair_problem(cert, key) is None  # answered from the memo, the same
+    for digest, answer in list(certs._pair_memo.items()):
+        assert len(digest) == 32 and (answer is None or "PRIVATE KEY" not in answer)
+    for n in range(certs.PAIR_MEMO_SIZE + 10):  # bounded
+        pair_problem(cert + b"\n" * n, key)
+    assert len(certs._pair_memo) == certs.PAIR_MEMO_SIZE
