@@ -102,16 +102,22 @@ class IceQuery:
 
 
 def ephemeral_password(secret: str, username: str) -> str:
-    """The TURN REST password of `username`: base64(HMAC-SHA1(secret, username))."""
+    """The TURN REST password of `username`: base64(HMAC-SHA1(secret, username)), padded
+    (coturn's use-auth-secret; stunnerd checks ephemeral credentials with this)."""
     mac = hmac.new(secret.encode(), username.encode(), hashlib.sha1).digest()
     return base64.b64encode(mac).decode("ascii")
+
+
+def ephemeral_username(expiry: int, user_id: str = "") -> str:
+    """A TURN REST username "<expiry>:<user_id>" (the colon stays when the user id is empty)."""
+    return f"{expiry}{USERNAME_SEPARATOR}{user_id}"
 
 
 def credentials(auth: AuthConfig, user_id: str, ttl: int, now: int) -> tuple[str, str]:
     """(username, password) a client uses with `auth`: the static pair, or an ephemeral pair
     valid for `ttl` seconds from `now` (Unix seconds) for `user_id`."""
     if auth.type == "ephemeral":
-        username = f"{now + ttl}{USERNAME_SEPARATOR}{user_id}"
+        username = ephemeral_username(now + ttl, user_id)
         return username, ephemeral_password(auth.credentials.get("secret", ""), username)
     return auth.credentials.get("username", ""), auth.credentials.get("password", "")
 

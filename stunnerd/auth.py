@@ -13,7 +13,6 @@ Pure code: no I/O, and the clock is injected wherever time matters.
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import hmac
 import logging
@@ -23,10 +22,10 @@ import time
 from collections.abc import Callable, Mapping
 
 from stunner_api.dataplane import AUTH_TYPES
+from stunner_api.ice import USERNAME_SEPARATOR, ephemeral_password
 
 log = logging.getLogger("stunner.auth")
 
-USERNAME_SEPARATOR = ":"
 
 # strconv.Atoi (base 10): an optional sign, then ASCII digits only; the value must fit an int64.
 _GO_ATOI = re.compile(r"[+-]?[0-9]+")
@@ -40,17 +39,6 @@ class AuthError(Exception):
 def long_term_key(username: str, realm: str, password: str) -> bytes:
     """The STUN long-term credential key: MD5("username:realm:password") (RFC 8489 §9.2.2)."""
     return hashlib.md5(f"{username}:{realm}:{password}".encode(), usedforsecurity=False).digest()
-
-
-def ephemeral_password(secret: str, username: str) -> str:
-    """The TURN REST password of `username`: base64(HMAC-SHA1(secret, username)), padded."""
-    mac = hmac.new(secret.encode(), username.encode(), hashlib.sha1).digest()
-    return base64.b64encode(mac).decode("ascii")
-
-
-def ephemeral_username(expiry: int, user_id: str = "") -> str:
-    """A TURN REST username "<expiry>:<user_id>" (the colon stays when the user id is empty)."""
-    return f"{expiry}{USERNAME_SEPARATOR}{user_id}"
 
 
 def _parse_go_int(text: str) -> int | None:

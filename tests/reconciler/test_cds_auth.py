@@ -106,7 +106,7 @@ def test_ice_has_one_server_per_gateway_with_its_listeners() -> None:
 
 
 def test_ephemeral_credentials_pass_stunnerds_check() -> None:
-    from stunnerd.auth import ephemeral_password
+    from stunner_api.ice import ephemeral_password
 
     _, body = ask("/", service="turn", username="bob", namespace="ns2")
     assert body["ttl"] == 86400 and body["uris"] == ["turn:0.0.0.0:3480?transport=udp"]

@@ -9,13 +9,12 @@ import string
 
 import pytest
 
+from stunner_api.ice import ephemeral_password, ephemeral_username
 from stunnerd.auth import (
     Authenticator,
     AuthError,
     NonceManager,
     check_time_windowed_username,
-    ephemeral_password,
-    ephemeral_username,
     long_term_key,
 )
 

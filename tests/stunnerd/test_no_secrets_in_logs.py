@@ -14,9 +14,9 @@ import time
 
 import pytest
 
+from stunner_api.ice import ephemeral_password, ephemeral_username
 from stunnerd import logs
 from stunnerd.admin import status_of
-from stunnerd.auth import ephemeral_password, ephemeral_username
 from stunnerd.daemon import ApplyError
 from tests.support.turnclient import (
     HOST,

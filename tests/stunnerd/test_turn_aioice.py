@@ -14,7 +14,7 @@ import pytest
 from aioice import stun as aioice_stun
 from aioice.turn import create_turn_endpoint
 
-from stunnerd.auth import ephemeral_password, ephemeral_username
+from stunner_api.ice import ephemeral_password, ephemeral_username
 from tests.support.turnclient import (
     HOST,
     PASSWORD,

@@ -372,7 +372,7 @@ def test_other_username_on_the_allocation_gets_441() -> None:
         port = free_port()
         auth = {"type": "ephemeral", "realm": REALM, "credentials": {"secret": "s3cret"}}
         async with running_stunner(make_config(port, [f"{HOST}/32"], auth=auth)):
-            from stunnerd.auth import ephemeral_password, ephemeral_username
+            from stunner_api.ice import ephemeral_password, ephemeral_username
 
             alice = ephemeral_username(int(time.time()) + 600, "alice")
             client = await RawClient.connect(
