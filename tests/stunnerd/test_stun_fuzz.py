@@ -168,12 +168,29 @@ def test_mutations(message: Message, fingerprint: bool, data: st.DataObject) -> 
     if parsed is None or mutation != "flip":
         return
     if fingerprint:
-        # CRC-32 catches every single-bit error in what it covers; a flip that parses hit the
-        # FINGERPRINT type, which turns it into an attribute ignored after MESSAGE-INTEGRITY.
+        # CRC-32 catches every single-bit error in what it covers, so a flip that parses left
+        # no FINGERPRINT: it hit the FINGERPRINT type (an attribute ignored after an intact
+        # MESSAGE-INTEGRITY), or an attribute's length, which swallowed MESSAGE-INTEGRITY and
+        # FINGERPRINT into its value (an unsigned message, which never checks).
         assert "FINGERPRINT" not in parsed.attributes
-        assert parsed.check_integrity(b"key")
+        assert parsed.check_integrity(b"key") == ("MESSAGE-INTEGRITY" in parsed.attributes)
     else:
         assert not parsed.check_integrity(b"key")
+
+
+def test_a_length_flip_that_swallows_integrity_and_fingerprint_leaves_an_unsigned_message() -> None:
+    """Found by test_mutations: PASSWORD-ALGORITHM's length 0 -> 64 makes MESSAGE-INTEGRITY and
+    FINGERPRINT its value; the message parses, without either, and its integrity never checks."""
+    message = Message(Method.BINDING, Class.REQUEST, bytes(12))
+    message.attributes.update({"USERHASH": bytes(32), "PASSWORD-ALGORITHM": b""})
+    encoded = bytearray(message.encode(integrity_key=b"key", fingerprint=True))
+    length_at = 20 + 4 + 32 + 2  # header, USERHASH, PASSWORD-ALGORITHM's type
+    assert encoded[length_at : length_at + 2] == b"\x00\x00"
+    encoded[length_at + 1] = 24 + 8  # MESSAGE-INTEGRITY (24) and FINGERPRINT (8)
+    parsed = parse_or_stun_error(bytes(encoded))
+    assert parsed is not None
+    assert list(parsed.attributes) == ["USERHASH", "PASSWORD-ALGORITHM"]
+    assert not parsed.check_integrity(b"key")
 
 
 @FUZZ
