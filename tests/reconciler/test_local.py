@@ -26,23 +26,10 @@ import aiohttp
 from reconciler.demo import prepare, until_allowed, until_refused, without_backend
 from reconciler.local import LocalSettings, run_local
 from stunnerd.demo import EchoPeer, relay, wait_until_serving
+from tests.support.ports import free_port
 
 HOST = "127.0.0.1"
 GATEWAY_ID = "stunner/local-gateway"
-
-
-def free_port() -> int:
-    """A port free for both UDP and TCP right now."""
-    while True:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as tcp:
-            tcp.bind((HOST, 0))
-            port = int(tcp.getsockname()[1])
-            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
-                try:
-                    udp.bind((HOST, port))
-                except OSError:
-                    continue
-                return port
 
 
 def serving(port: int) -> bool:

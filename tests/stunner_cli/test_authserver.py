@@ -7,7 +7,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import socket
 from typing import Any
 
 import aiohttp
@@ -16,6 +15,7 @@ import pytest
 from reconciler.cds import ConfigStore, cds_app, serve
 from stunner_api.dataplane import StunnerConfig, validate_config
 from stunner_cli.authserver import apply_frame, follow, run
+from tests.support.ports import free_port
 
 
 def config(id: str, password: str) -> StunnerConfig:
@@ -48,12 +48,6 @@ async def eventually(check: Any) -> None:
             return
         await asyncio.sleep(0.02)
     raise AssertionError("timed out")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_auth_server_follows_the_cds() -> None:

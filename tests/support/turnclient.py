@@ -23,6 +23,7 @@ from stunnerd import stun
 from stunnerd.auth import NonceManager, long_term_key
 from stunnerd.daemon import Stunner
 from stunnerd.stun import Class, Message, Method
+from tests.support.ports import free_port as free_port  # the tests import it from here
 
 HOST = "127.0.0.1"
 USERNAME = "user-1"
@@ -47,21 +48,6 @@ def binding_answered(port: int, timeout: float = 15) -> bool:
             except (TimeoutError, ConnectionRefusedError):
                 continue
     return False
-
-
-def free_port() -> int:
-    """A port free for both UDP and TCP on the wildcard address."""
-    for _ in range(50):
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
-            udp.bind(("0.0.0.0", 0))
-            port: int = udp.getsockname()[1]
-            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as tcp:
-                try:
-                    tcp.bind(("0.0.0.0", port))
-                except OSError:
-                    continue
-                return port
-    raise RuntimeError("no free port")
 
 
 def make_config(

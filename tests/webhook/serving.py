@@ -30,6 +30,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 
 from tests.support.objects import secret
 from tests.support.pki import Authority, key_pem, self_signed
+from tests.support.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -50,13 +51,6 @@ def tls_secret(name: str, namespace: str) -> dict[str, Any]:
     key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     pem = {"tls.crt": self_signed(key), "tls.key": key_pem(key)}
     return secret(name, "kubernetes.io/tls", namespace, **pem)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 class Webhook:
