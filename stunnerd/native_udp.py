@@ -199,7 +199,7 @@ class NativeUdpTransport(UdpTransport):
         """Install the router's verdict for `peer` and let the engine decide `packet` again."""
         relay, router = self.relay, self.server.router
         assert relay is not None
-        own = peer[0] in router.own_ips  # not a relay socket of ours: checked per packet
+        own = router.is_own_ip(peer[0])  # not a relay socket of ours: checked per packet
         relay.decide(peer, router.cluster_of(self.server.name, *peer), own)
         return relay.reinject(packet)
 

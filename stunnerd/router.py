@@ -181,6 +181,10 @@ class Router:
         # of its relay sockets (a byte per port the allocations mark, `relay_port_map`).
         self.own_ips: frozenset[str] = frozenset()
         self.own_ports: frozenset[int] = frozenset()
+        # A listener on 0.0.0.0 or :: (and its relay sockets) answers on every address of the
+        # host: then each of those is stunnerd's own too (`is_own_ip`), looked up once each.
+        self._any_address = False
+        self._host_addresses: dict[str, bool] = {}
         self.relay_ports = relay_ports if relay_ports is not None else bytearray(RELAY_PORTS)
         self._domains: set[str] = set()
         self._resolved: dict[str, frozenset[IPAddress]] = {}
@@ -223,6 +227,10 @@ class Router:
                     own_ips.add(f"::ffff:{ip}")
         self.own_ips = frozenset(own_ips)
         self.own_ports = frozenset(port for _, port in own)
+        self._any_address = any(
+            ip is not None and ip.is_unspecified for ip in (parse_peer_ip(t) for t, _ in own)
+        )
+        self._host_addresses.clear()
         matchers: dict[str, _Matcher | None] = {c.name: _build_matcher(c) for c in clusters}
         table: dict[str, tuple[_Matcher, ...]] = {}
         for listener, names in routes.items():
@@ -296,13 +304,28 @@ class Router:
         if refusal:
             log.debug("listener %s: peer %s refused: %s", listener, peer_ip, refusal)
             return None
-        if peer_port is not None and peer_port in self.own_ports and str(ip) in self.own_ips:
+        if peer_port is not None and peer_port in self.own_ports and self.is_own_ip(str(ip)):
             log.debug("listener %s: peer %s:%d is stunnerd itself", listener, peer_ip, peer_port)
             return None
         for matcher in self._routes.get(listener, ()):
             if self._matches(matcher, ip, peer_port):
                 return matcher.name
         return None
+
+    def is_own_ip(self, peer_ip: str) -> bool:
+        """Whether `peer_ip` reaches stunnerd's own sockets: a listener's address or public
+        address, or, when a listener binds the wildcard address, any address of this host."""
+        if peer_ip in self.own_ips:
+            return True
+        if not self._any_address:
+            return False
+        own = self._host_addresses.get(peer_ip)
+        if own is None:
+            own = is_host_address(peer_ip)
+            if len(self._host_addresses) >= CACHE_LIMIT:
+                self._host_addresses.clear()
+            self._host_addresses[peer_ip] = own
+        return own
 
     def permits(self, listener: str, peer_ip: str) -> bool:
         """CreatePermission/ChannelBind: whether a routed cluster admits `peer_ip` on any port."""
@@ -329,7 +352,7 @@ class Router:
             pass
         else:
             # Relay ports come and go between reconciles: checked per packet, not cached.
-            if cluster is not None and self.relay_ports[peer_port] and peer_ip in self.own_ips:
+            if cluster is not None and self.relay_ports[peer_port] and self.is_own_ip(peer_ip):
                 return None
             return cluster
         valid_port = isinstance(peer_port, int) and 0 <= peer_port <= 65535
@@ -337,9 +360,27 @@ class Router:
         if len(self._admit_cache) >= CACHE_LIMIT:
             self._admit_cache.clear()
         self._admit_cache[key] = cluster
-        if cluster is not None and self.relay_ports[peer_port] and peer_ip in self.own_ips:
+        if cluster is not None and self.relay_ports[peer_port] and self.is_own_ip(peer_ip):
             return None
         return cluster
+
+
+def is_host_address(text: str) -> bool:
+    """Whether `text` is an address of this host: the kernel lets a socket bind only those
+    (EADDRNOTAVAIL otherwise), whatever the interfaces and however they change."""
+    ip = parse_peer_ip(text)
+    if ip is None:
+        return False
+    ip = embedded_ipv4(ip) or ip
+    if ip.is_unspecified:
+        return True
+    family = socket.AF_INET6 if ip.version == 6 else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_DGRAM) as probe:
+            probe.bind((str(ip), 0))
+    except OSError:
+        return False
+    return True
 
 
 async def resolve_with_getaddrinfo(domain: str) -> list[str]:

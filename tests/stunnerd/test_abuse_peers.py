@@ -4,7 +4,8 @@ listener's address.
 We test: whatever the routes say (0.0.0.0/0, ::/0), unspecified, multicast and broadcast peers
 are refused, and loopback and link-local ones (169.254.169.254 included) unless a cluster names
 such a range, in every IPv6 spelling (IPv4-mapped, NAT64, 6to4); stunnerd's own listener
-and relay sockets are never peers, over a real TURN client too; `/status` says so; listener,
+and relay sockets are never peers, over a real TURN client too, at every address of the host
+when a listener binds the wildcard; `/status` says so; listener,
 relay and health sockets bind the configured address, not the wildcard.
 """
 
@@ -81,6 +82,45 @@ def test_own_listener_and_relay_sockets_are_never_peers() -> None:
     assert r.cluster_of("l", "10.0.0.6", 40000) == "c"
     r.relay_ports[40000] = 0
     assert r.cluster_of("l", "10.0.0.5", 40000) == "c"
+
+
+def test_a_wildcard_listener_makes_every_host_address_its_own() -> None:
+    """A listener (and its relay sockets) on 0.0.0.0 answers on every address of the host, so
+    each of them is stunnerd itself; addresses elsewhere stay peers."""
+    r = router("127.0.0.0/8", "192.0.2.0/24", own=(("0.0.0.0", 3478), ("", 3478)))
+    for own in ("127.0.0.1", "127.0.0.2", "::ffff:127.0.0.3"):  # Linux: all of 127/8 is local
+        assert r.cluster_of("l", own, 3478) is None, own
+        assert r.cluster_of("l", own, 40000) == "c", own  # any other port is an ordinary peer
+    assert r.cluster_of("l", "192.0.2.1", 3478) == "c"  # not an address of this host
+    r.relay_ports[40000] = 1
+    assert r.cluster_of("l", "127.0.0.2", 40000) is None
+    assert r.cluster_of("l", "192.0.2.1", 40000) == "c"
+    r.relay_ports[40000] = 0
+    # An unset public address ("") is no wildcard: a specific listener address stays specific.
+    specific = router("127.0.0.0/8", own=(("127.0.0.1", 3478), ("", 3478)))
+    assert specific.cluster_of("l", "127.0.0.2", 3478) == "c"
+
+
+@pytest.mark.usefixtures("relay_path")  # the Python path and the native engine (conftest.py)
+def test_a_client_cannot_reach_a_wildcard_stunnerd_at_another_host_address() -> None:
+    async def main() -> None:
+        port = free_port()
+        config = make_config(port, ["127.0.0.0/8"], address="0.0.0.0", protocols=("TURN-UDP",))
+        async with running_stunner(config):
+            first, second = (
+                await RawClient.connect((HOST, port)),
+                await RawClient.connect((HOST, port)),
+            )
+            assert (await first.allocate()).message_class == Class.SUCCESS
+            relayed = (await second.allocate()).attributes["XOR-RELAYED-ADDRESS"]
+            assert error_code(await first.channel_bind(0x4000, ("127.0.0.2", port))) == 403
+            assert error_code(await first.channel_bind(0x4001, ("127.0.0.2", relayed[1]))) == 403
+            ordinary = await first.channel_bind(0x4002, ("127.0.0.2", 9))
+            assert ordinary.message_class == Class.SUCCESS
+            for client in (first, second):
+                client.close()
+
+    asyncio.run(main())
 
 
 def test_a_client_cannot_reach_stunnerd_itself_through_the_relay() -> None:
