@@ -22,6 +22,10 @@ import time
 from pathlib import Path
 from typing import Any, cast
 
+from stunner_api.dataplane import validate_config
+from stunner_api.ice import IceQuery, ice_config
+from stunner_api.vocabulary import DEFAULT_REALM
+
 USERNAME = "user-1"
 PASSWORD = "pass-1"
 
@@ -54,7 +58,7 @@ def demo_config(address: str, port: int, echo_port: int) -> dict[str, Any]:
         "admin": {"name": "stunnerd-demo", "loglevel": "all:WARN"},
         "auth": {
             "type": "static",
-            "realm": "stunner.l7mp.io",
+            "realm": DEFAULT_REALM,
             "credentials": {"username": USERNAME, "password": PASSWORD},
         },
         "listeners": [
@@ -145,18 +149,11 @@ async def refused(
         turn.close()
 
 
-def ice_servers(address: str, port: int) -> dict[str, Any]:
-    """What the STUNner auth service's /ice returns for this config (ANCHORS §5)."""
-    return {
-        "iceServers": [
-            {
-                "username": USERNAME,
-                "credential": PASSWORD,
-                "urls": [f"turn:{address}:{port}?transport={t}" for t in ("udp", "tcp")],
-            }
-        ],
-        "iceTransportPolicy": "relay",
-    }
+def ice_servers(config: dict[str, Any]) -> dict[str, Any]:
+    """What the STUNner auth service's `/ice?service=turn&iceTransportPolicy=relay` answers for
+    the demo's config: the very builder the reconciler serves it with."""
+    query = IceQuery(ice_transport_policy="relay")
+    return ice_config({"demo": validate_config(config)}, query, now=int(time.time()))
 
 
 async def wait_until_serving(address: str, port: int, proc: subprocess.Popen[bytes]) -> None:
@@ -183,7 +180,8 @@ async def run(address: str, port: int, count: int) -> int:
 
     with tempfile.TemporaryDirectory(prefix="stunnerd-demo-") as tmp:
         config_path = Path(tmp) / "stunnerd.conf"
-        config_path.write_text(json.dumps(demo_config(address, port, echo_port), indent=2))
+        config = demo_config(address, port, echo_port)
+        config_path.write_text(json.dumps(config, indent=2))
         proc = subprocess.Popen([sys.executable, "-m", "stunnerd", "-c", str(config_path)])
         try:
             await wait_until_serving(address, port, proc)
@@ -204,7 +202,7 @@ async def run(address: str, port: int, count: int) -> int:
             denied = await refused(server, ("127.0.0.2", echo_port))
             print(f"peer 127.0.0.2:{echo_port} (no route): {denied}")
             print("\nICE servers for a browser (RTCPeerConnection configuration):")
-            print(json.dumps(ice_servers(address, port), indent=2))
+            print(json.dumps(ice_servers(config), indent=2))
             ok = (
                 all(r["received"] == r["sent"] for r in results)
                 and outside["received"] == 0

@@ -26,7 +26,9 @@ from stunner_api.vocabulary import (
     DEFAULT_TLS_MODE,
     GATEWAY,
     GATEWAY_API_GROUP,
+    GATEWAY_CONFIG,
     SERVICE,
+    STUNNER_GROUP,
 )
 
 
@@ -70,6 +72,14 @@ class Patcher:
             }
             self.ops.append(op)
             return
+
+
+def _gatewayclass(p: Patcher) -> None:
+    # The spec: parametersRef's group and kind "are default and can be omitted"; the Gateway
+    # API CRD requires both, so the hook writes them before the API server's schema check.
+    if isinstance(as_dict(p.doc.get("spec")).get("parametersRef"), dict):
+        p.default(["spec", "parametersRef", "group"], STUNNER_GROUP)
+        p.default(["spec", "parametersRef", "kind"], GATEWAY_CONFIG.kind)
 
 
 def _gatewayconfig(p: Patcher) -> None:
@@ -137,6 +147,7 @@ def _dataplane(p: Patcher) -> None:
 
 
 DEFAULTS: dict[str, Callable[[Patcher], None]] = {
+    "GatewayClass": _gatewayclass,
     "GatewayConfig": _gatewayconfig,
     "Gateway": _gateway,
     "UDPRoute": _udproute,

@@ -62,6 +62,25 @@ def test_gateways_of_the_configured_controller_are_defaulted(client: FlaskClient
     assert mutated(client, gateway("default-name")) == gateway("default-name")
 
 
+def test_a_gatewayclass_of_ours_gets_its_parameters_group_and_kind(client: FlaskClient) -> None:
+    """The spec lets parametersRef's group and kind be omitted; the Gateway API CRD requires
+    them, so the hook fills them in (for our controller's classes only)."""
+    ref = {"name": "stunner-gatewayconfig", "namespace": "stunner"}
+    ours = gateway_class("new", "example.com/stunner")
+    ours["spec"]["parametersRef"] = dict(ref)
+    assert mutated(client, ours)["spec"]["parametersRef"] == {
+        **ref,
+        "group": "stunner.l7mp.io",
+        "kind": "GatewayConfig",
+    }
+    theirs = gateway_class("other", "example.com/someone-else")
+    theirs["spec"]["parametersRef"] = dict(ref)
+    assert mutated(client, theirs) == theirs
+    written = gateway_class("set", "example.com/stunner")  # what the user wrote is kept
+    written["spec"]["parametersRef"] = {**ref, "group": "stunner.l7mp.io", "kind": "Other"}
+    assert mutated(client, written) == written
+
+
 def test_a_gatewayconfig_gets_the_default_log_level(client: FlaskClient) -> None:
     obj = {
         "apiVersion": "stunner.l7mp.io/v1",
