@@ -74,6 +74,10 @@ WATCH_TIMEOUT = 300  # seconds a watch request lasts (the client then resumes it
 STALE_AFTER = 60.0  # seconds a kind's watch may be failing before the cache is not fresh
 NOT_SERVED_RETRY = 30.0  # seconds between looks for a kind the API server does not serve
 REQUEST_TIMEOUT = 30.0  # seconds for a single non-watch request
+# Every create, update and patch names us, so managedFields credit the reconciler (not the
+# client's user agent) with the fields it set, and others' fields stay theirs.
+FIELD_MANAGER = "stunner-reconciler"
+FIELD_MANAGED_METHODS = frozenset({"POST", "PUT", "PATCH"})
 
 NAMESPACE = KindInfo("", "Namespace", "namespaces", ("v1",), False)
 NODE = KindInfo("", "Node", "nodes", ("v1",), False)
@@ -185,7 +189,9 @@ class Api:
         timeout: float | None = REQUEST_TIMEOUT,
     ) -> Any:
         """The decoded JSON answer, or the raw response when `stream`; ApiException if the
-        answer is not 2xx."""
+        answer is not 2xx. A create, update or patch carries `fieldManager=FIELD_MANAGER`."""
+        if method in FIELD_MANAGED_METHODS:
+            query = [*query, ("fieldManager", FIELD_MANAGER)]
         headers = {"Accept": "application/json", "Content-Type": content_type}
         serialized = self.client.param_serialize(
             method,
