@@ -40,12 +40,14 @@ from .loop import THROTTLE, Reconciler
 from .metrics import Metrics, health_app, metrics_app
 from .relevance import References
 from .render import Plan, RenderSettings, render
+from .render.finalize import finalized
 from .store import Object, Snapshot, labels_of
 
 log = logging.getLogger("stunner.reconciler")
 
 WRITE_BACKOFF_INITIAL = 0.5
 WRITE_BACKOFF_MAX = 60.0
+FINALIZE_TIMEOUT = 2.0  # seconds --enable-finalizer's writes may take on shutdown (as Go)
 DEFAULT_METRICS_PORT = 8080  # Go's --metrics-bind-address
 DEFAULT_HEALTH_PORT = 8081  # Go's --health-probe-bind-address
 # The cached objects are long-lived and acyclic: kept out of the cyclic garbage collector's
@@ -86,6 +88,11 @@ class ClusterSettings:
     write_backoff_initial: float = WRITE_BACKOFF_INITIAL
     write_backoff_max: float = WRITE_BACKOFF_MAX
     gc_refreeze: float = GC_REFREEZE
+    # --enable-finalizer: on shutdown, invalidate our statuses and delete our Deployments and
+    # Services (render.finalize), within FINALIZE_TIMEOUT, before the Lease is released.
+    enable_finalizer: bool = False
+    # False (--disable-endpointslice-controller): EndpointSlices are not watched at all.
+    watch_endpoint_slices: bool = True
 
 
 @dataclass
@@ -101,7 +108,12 @@ class ClusterMode:
         self.settings = settings
         self.metrics = Metrics()
         self.store = ConfigStore()
-        self.cache = kube.Cache(stale_after=settings.stale_after)
+        watched = [
+            w
+            for w in kube.WATCHED
+            if settings.watch_endpoint_slices or w.info != kube.ENDPOINT_SLICE
+        ]
+        self.cache = kube.Cache(watched, stale_after=settings.stale_after)
         try:
             self.api = kube.Api(kube.load_client(settings.kubeconfig))
         except kube.ConfigUnavailable as exc:
@@ -238,6 +250,10 @@ class ClusterMode:
             results.append(self.writer.send(write))
         return results
 
+    def _send_until(self, writes: Sequence[Write], deadline: float) -> list[kube.WriteResult]:
+        """In a thread: the writes, one by one, while time is left."""
+        return [self.writer.send(w) for w in writes if time.monotonic() < deadline]
+
     async def _apply_loop(self) -> None:
         while True:
             await self._apply_wanted.wait()
@@ -301,8 +317,18 @@ class ClusterMode:
             informer.start()
 
     async def shutdown(self) -> None:
-        """Stop writing and release the Lease (SIGTERM); watches and CDS go on meanwhile."""
+        """Stop writing and release the Lease (SIGTERM); watches and CDS go on meanwhile. With
+        `enable_finalizer` the leader first leaves the finalized plan behind."""
+        finalize = self.settings.enable_finalizer and self.leading
         self.writing = False
+        plan = self.reconciler.last_plan
+        if finalize and isinstance(plan, Plan):
+            controller = self.settings.render_settings.controller_name
+            final = finalized(plan, controller, datetime.now(UTC))
+            deadline = time.monotonic() + FINALIZE_TIMEOUT
+            results = await asyncio.to_thread(self._send_until, self.writes_for(final), deadline)
+            self._account(results)
+            log.info("finalized: %d of our objects deleted or invalidated", len(results))
         if self.elector is not None:
             await self.elector.stop(release=True)
 
