@@ -176,6 +176,11 @@ def test_an_invalid_gateway_loses_its_objects_and_says_why(tmp_path: Path) -> No
                 await k.settled(running, fake)
                 accepted = condition(gateway_status(fake), "Accepted")
                 assert (accepted["status"], accepted["reason"]) == ("False", "Pending")
+                # Its listener is no longer said to be accepted: not rendered, it is pending.
+                (entry,) = gateway_status(fake)["listeners"]
+                assert [(c["type"], c["status"], c["reason"]) for c in entry["conditions"]] == [
+                    ("Accepted", "Unknown", "Pending")
+                ]
                 klass = fake.get_object(GW, "GatewayClass", "", "stunner")
                 assert klass is not None
                 class_accepted = condition(klass["status"], "Accepted")
