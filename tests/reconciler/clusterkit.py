@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from reconciler.cluster import ClusterSettings, Running, run_cluster
-from tests.support.fakeapi import FakeApiServer
+from tests.support.fakeapi import CORE_TYPES, GATEWAY_TYPES, FakeApiServer, ResourceType
 
 CONTROLLER = "stunner.l7mp.io/gateway-operator"
 NS = "stunner"
@@ -177,9 +177,24 @@ async def eventually(
         await asyncio.sleep(interval)
 
 
+# events.k8s.io/v1 Events, which the fake does not serve unless asked (`with_events`).
+EVENT_TYPE = ResourceType("events.k8s.io", "v1", "events", "Event")
+
+
+def with_events() -> FakeApiServer:
+    """A fake API server that also serves events.k8s.io/v1 Events."""
+    return FakeApiServer((*CORE_TYPES, *GATEWAY_TYPES, EVENT_TYPE))
+
+
+def recorded_events(fake: FakeApiServer) -> list[Obj]:
+    """The Events stored, oldest first."""
+    items = fake.list(EVENT_TYPE, None, {})["items"]
+    return sorted(items, key=lambda e: int(e["metadata"]["resourceVersion"]))
+
+
 def object_writes(fake: FakeApiServer) -> list[tuple[str, str]]:
-    """The writes the fake received, the Lease's renewals left out."""
-    return [w for w in fake.writes() if "/leases" not in w[1]]
+    """The writes the fake received, the Lease's renewals and the Events left out."""
+    return [w for w in fake.writes() if "/leases" not in w[1] and "/events" not in w[1]]
 
 
 async def settled(running: Running, fake: FakeApiServer, quiet: float = 0.4) -> None:
