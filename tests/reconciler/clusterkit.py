@@ -153,6 +153,18 @@ def set_peer(fake: FakeApiServer, prefix: str) -> Obj:
     )
 
 
+def scale_dataplane(fake: FakeApiServer, replicas: int) -> Obj:
+    """A user's edit of the default Dataplane (it rolls every Deployment: an update)."""
+    return update(
+        fake,
+        "stunner.l7mp.io/v1",
+        "Dataplane",
+        "default",
+        lambda d: d["spec"].update({"replicas": replicas}),
+        ns="",
+    )
+
+
 def edit_gateway(fake: FakeApiServer, change: Callable[[Obj], Any], name: str = "gw") -> Obj:
     """A user's edit of a Gateway."""
     return update(fake, GW, "Gateway", name, change)

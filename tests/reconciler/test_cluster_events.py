@@ -110,14 +110,7 @@ def test_a_write_refused_again_and_again_is_one_warning(tmp_path: Path) -> None:
             async with k.reconciler(fake, tmp_path) as running:
                 await k.settled(running, fake)
                 fake.refuse("PUT", "deployments", 422)
-                k.update(
-                    fake,
-                    "stunner.l7mp.io/v1",
-                    "Dataplane",
-                    "default",
-                    lambda d: d["spec"].update({"replicas": 2}),
-                    ns="",
-                )
+                k.scale_dataplane(fake, 2)
                 puts = lambda: [  # noqa: E731
                     p for m, p in fake.writes() if m == "PUT" and "/deployments/" in p
                 ]

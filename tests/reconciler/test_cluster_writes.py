@@ -46,14 +46,7 @@ def test_every_write_names_the_field_manager(request_lines: list[Request], tmp_p
             k.world(fake)
             async with k.reconciler(fake, tmp_path, leader_elect=True, **lease) as running:
                 await k.settled(running, fake)
-                k.update(
-                    fake,
-                    "stunner.l7mp.io/v1",
-                    "Dataplane",
-                    "default",
-                    lambda d: d["spec"].update({"replicas": 2}),
-                    ns="",
-                )
+                k.scale_dataplane(fake, 2)
                 await k.eventually(
                     lambda: any(m == "PUT" and "/deployments/" in p for m, p, _ in request_lines)
                 )
