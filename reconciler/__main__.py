@@ -130,7 +130,26 @@ def _bind_address(text: str) -> tuple[str, int] | None:
 
 
 def _flag(value: str) -> bool:
-    return value.lower() in ("1", "true", "yes", "on")
+    """A Go bool flag's value (strconv.ParseBool's spellings)."""
+    if value in ("1", "t", "T", "true", "TRUE", "True"):
+        return True
+    if value in ("0", "f", "F", "false", "FALSE", "False"):
+        return False
+    raise argparse.ArgumentTypeError(f"not a boolean: {value!r} (true or false)")
+
+
+def _label_filter(text: str) -> tuple[str, ...]:
+    """STUNNER_GATEWAY_OPERATOR_LABEL_FILTER: label keys, comma separated."""
+    return tuple(key.strip() for key in text.split(",") if key.strip())
+
+
+DATAPLANE_MODES = ("managed", "legacy")
+LEGACY_REFUSED = (
+    "--dataplane-mode=legacy is not supported: in legacy mode Go STUNner writes each Gateway's "
+    "config to a ConfigMap that stunnerd reads from a file; here every dataplane is managed and "
+    "gets its config from the config discovery service. Use --dataplane-mode=managed (the "
+    "default) and, for dataplanes you run yourself, the disable-managed-dataplane annotation."
+)
 
 
 def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
@@ -162,11 +181,43 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
         help="minimum interval between two renders (Go duration; default 250ms)",
     )
     group.add_argument(
+        "--dataplane-mode",
+        default=env("STUNNER_GATEWAY_OPERATOR_DATAPLANE_MODE", "managed"),
+        choices=DATAPLANE_MODES,
+        help="managed (the only mode here; legacy is refused); env STUNNER_GATEWAY_OPERATOR_"
+        "DATAPLANE_MODE",
+    )
+    group.add_argument(
         "--endpoint-discovery",
         type=_flag,
+        nargs="?",
+        const=True,
         default=True,
         metavar="BOOL",
-        help="render backend endpoints from EndpointSlices (default true)",
+        help="render backend endpoints from EndpointSlices; false: STRICT_DNS clusters of the "
+        "Services' DNS names (default true)",
+    )
+    group.add_argument(
+        "--disable-endpointslice-controller",
+        "--disable-endpontslice-controller",  # Go's spelling
+        dest="disable_endpointslice_controller",
+        type=_flag,
+        nargs="?",
+        const=True,
+        default=False,
+        metavar="BOOL",
+        help="watch no EndpointSlices: endpoint discovery off, STRICT_DNS clusters (Go falls "
+        "back to the Endpoints API, which is not read here)",
+    )
+    group.add_argument(
+        "--enable-finalizer",
+        type=_flag,
+        nargs="?",
+        const=True,
+        default=False,
+        metavar="BOOL",
+        help="on shutdown, the leader invalidates the statuses of our GatewayClasses and "
+        "Gateways and deletes their Deployments and Services (at most 2 s; default false)",
     )
     group.add_argument("--leader-elect", action="store_true", help="run leader election")
     group.add_argument(
@@ -204,12 +255,15 @@ def cluster_settings(args: argparse.Namespace) -> ClusterSettings:
     cds = _bind_address(args.config_discovery_address) or ("0.0.0.0", 13478)
     host = os.environ.get("STUNNER_GATEWAY_OPERATOR_ADDRESS") or cds[0]
     throttle = args.throttle_timeout if args.throttle_timeout is not None else args.throttle
+    label_filter = os.environ.get("STUNNER_GATEWAY_OPERATOR_LABEL_FILTER")
     render_settings = replace(
         RenderSettings(),
         controller_name=args.controller_name,
-        endpoint_discovery=args.endpoint_discovery,
+        endpoint_discovery=args.endpoint_discovery and not args.disable_endpointslice_controller,
         config_discovery_url=args.config_discovery_url,
     )
+    if label_filter is not None:
+        render_settings = replace(render_settings, label_filter=_label_filter(label_filter))
     lease = {"lease_name": args.leader_election_id} if args.leader_election_id else {}
     return ClusterSettings(
         **lease,
@@ -222,6 +276,8 @@ def cluster_settings(args: argparse.Namespace) -> ClusterSettings:
         render_settings=render_settings,
         leader_elect=args.leader_elect,
         lease_namespace=args.leader_election_namespace,
+        enable_finalizer=args.enable_finalizer,
+        watch_endpoint_slices=not args.disable_endpointslice_controller,
     )
 
 
@@ -275,6 +331,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.manifests is None:
         from .cluster import ClusterUnavailable
 
+        if args.dataplane_mode != "managed":
+            problem = (
+                LEGACY_REFUSED
+                if args.dataplane_mode == "legacy"
+                else f"unknown dataplane mode {args.dataplane_mode!r} (--dataplane-mode, env "
+                "STUNNER_GATEWAY_OPERATOR_DATAPLANE_MODE): managed is the only mode"
+            )
+            print(f"stunner-reconciler: {problem}", file=sys.stderr)
+            return 2
         try:
             asyncio.run(serve_cluster(cluster_settings(args)))
         except ClusterUnavailable as exc:

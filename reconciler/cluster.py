@@ -9,6 +9,10 @@ its config through a leader change; only the holder of the Lease writes. The fir
 until every watched kind has been listed once (a render of a half-filled cache would delete what
 it has not seen yet).
 
+The leader records Kubernetes Events about what its writes did (`reconciler.events`): a Gateway
+becoming valid or invalid, its Deployment or Service created or deleted, a write refused again
+and again. They follow writes, so a steady state records none.
+
 A write the API server refuses is logged with the object and retried with back-off (per object:
 `write_backoff_initial` doubling to `write_backoff_max`); it never holds up the other writes. A
 conflict re-reads the object first (`kube.Writer`). When the API server comes back after being
@@ -33,19 +37,21 @@ from typing import Any
 from stunner_api.cds import DEFAULT_PORT as DEFAULT_CDS_PORT
 from stunner_api.vocabulary import OWNED_BY_LABEL
 
-from . import kube
+from . import events, kube
 from .apply import Memo, Write, plan_writes
 from .cds import ConfigStore, cds_app, serve
 from .loop import THROTTLE, Reconciler
 from .metrics import Metrics, health_app, metrics_app
 from .relevance import References
 from .render import Plan, RenderSettings, render
+from .render.finalize import finalized
 from .store import Object, Snapshot, labels_of
 
 log = logging.getLogger("stunner.reconciler")
 
 WRITE_BACKOFF_INITIAL = 0.5
 WRITE_BACKOFF_MAX = 60.0
+FINALIZE_TIMEOUT = 2.0  # seconds --enable-finalizer's writes may take on shutdown (as Go)
 DEFAULT_METRICS_PORT = 8080  # Go's --metrics-bind-address
 DEFAULT_HEALTH_PORT = 8081  # Go's --health-probe-bind-address
 # The cached objects are long-lived and acyclic: kept out of the cyclic garbage collector's
@@ -86,12 +92,18 @@ class ClusterSettings:
     write_backoff_initial: float = WRITE_BACKOFF_INITIAL
     write_backoff_max: float = WRITE_BACKOFF_MAX
     gc_refreeze: float = GC_REFREEZE
+    # --enable-finalizer: on shutdown, invalidate our statuses and delete our Deployments and
+    # Services (render.finalize), within FINALIZE_TIMEOUT, before the Lease is released.
+    enable_finalizer: bool = False
+    # False (--disable-endpointslice-controller): EndpointSlices are not watched at all.
+    watch_endpoint_slices: bool = True
 
 
 @dataclass
 class _Backoff:
     delay: float
     due: float
+    failures: int = 1  # refusals in a row
 
 
 class ClusterMode:
@@ -101,7 +113,12 @@ class ClusterMode:
         self.settings = settings
         self.metrics = Metrics()
         self.store = ConfigStore()
-        self.cache = kube.Cache(stale_after=settings.stale_after)
+        watched = [
+            w
+            for w in kube.WATCHED
+            if settings.watch_endpoint_slices or w.info != kube.ENDPOINT_SLICE
+        ]
+        self.cache = kube.Cache(watched, stale_after=settings.stale_after)
         try:
             self.api = kube.Api(kube.load_client(settings.kubeconfig))
         except kube.ConfigUnavailable as exc:
@@ -121,6 +138,15 @@ class ClusterMode:
                 renew_deadline=settings.renew_deadline,
                 retry_period=settings.retry_period,
             )
+        controller = settings.render_settings.controller_name
+        instance = self.elector.identity if self.elector is not None else kube.default_identity()
+        self.recorder = events.Recorder(
+            self.api,
+            controller,
+            instance,
+            kube.refusal,
+            on_write=lambda result: self.metrics.api_writes.labels("create", "Event", result).inc(),
+        )
         self.informers = [
             kube.Informer(
                 self.api,
@@ -238,6 +264,10 @@ class ClusterMode:
             results.append(self.writer.send(write))
         return results
 
+    def _send_until(self, writes: Sequence[Write], deadline: float) -> list[kube.WriteResult]:
+        """In a thread: the writes, one by one, while time is left."""
+        return [self.writer.send(w) for w in writes if time.monotonic() < deadline]
+
     async def _apply_loop(self) -> None:
         while True:
             await self._apply_wanted.wait()
@@ -247,7 +277,9 @@ class ClusterMode:
                 continue
             # The diff and the writes run in a thread: the loop keeps rendering and serving.
             results = await asyncio.to_thread(self._diff_and_send, plan, time.monotonic())
-            self._account(results)
+            worth = self._account(results)
+            if worth and self.leading:
+                await asyncio.to_thread(self.recorder.record, worth)
 
     @staticmethod
     def _write_key(write: Write) -> tuple[str, str, str, str]:
@@ -257,8 +289,10 @@ class ClusterMode:
         backoff = self._backoff.get(self._write_key(write))
         return backoff is None or backoff.due <= now
 
-    def _account(self, results: Sequence[kube.WriteResult]) -> None:
+    def _account(self, results: Sequence[kube.WriteResult]) -> list[events.EventSpec]:
+        """Count the results, back off the refused writes; the events they are worth."""
         now = time.monotonic()
+        worth: list[events.EventSpec] = []
         for result in results:
             self.writes_sent += 1
             key = self._write_key(result.write)
@@ -266,6 +300,7 @@ class ClusterMode:
             self.metrics.api_writes.labels(str(result.write.verb), result.write.kind, label).inc()
             if result.ok:
                 self._backoff.pop(key, None)
+                worth += events.for_success(result.write, result.previous)
                 continue
             previous = self._backoff.get(key)
             delay = (
@@ -275,8 +310,12 @@ class ClusterMode:
             )
             if result.code == 409:  # re-read already: try again at once, then back off
                 delay = 0.0 if previous is None else delay
-            self._backoff[key] = _Backoff(delay or self.settings.write_backoff_initial, now + delay)
+            failures = previous.failures + 1 if previous else 1
+            self._backoff[key] = _Backoff(
+                delay or self.settings.write_backoff_initial, now + delay, failures
+            )
             log.warning("%s refused (%s); retrying in %.1f s", result.write, result.error, delay)
+            worth += events.for_failure(result.write, result.previous, failures, result.error)
         if self._backoff:
             due = min(b.due for b in self._backoff.values())
             if self._retry_timer is not None:
@@ -284,6 +323,7 @@ class ClusterMode:
             self._retry_timer = self._loop.call_later(
                 max(0.0, due - time.monotonic()), self._apply_wanted.set
             )
+        return worth
 
     async def _follow_leadership(self) -> None:
         assert self.elector is not None
@@ -301,8 +341,20 @@ class ClusterMode:
             informer.start()
 
     async def shutdown(self) -> None:
-        """Stop writing and release the Lease (SIGTERM); watches and CDS go on meanwhile."""
+        """Stop writing and release the Lease (SIGTERM); watches and CDS go on meanwhile. With
+        `enable_finalizer` the leader first leaves the finalized plan behind."""
+        finalize = self.settings.enable_finalizer and self.leading
         self.writing = False
+        plan = self.reconciler.last_plan
+        if finalize and isinstance(plan, Plan):
+            controller = self.settings.render_settings.controller_name
+            final = finalized(plan, controller, datetime.now(UTC))
+            deadline = time.monotonic() + FINALIZE_TIMEOUT
+            results = await asyncio.to_thread(self._send_until, self.writes_for(final), deadline)
+            worth = self._account(results)
+            if worth and time.monotonic() < deadline:
+                await asyncio.to_thread(self.recorder.record, worth)
+            log.info("finalized: %d of our objects deleted or invalidated", len(results))
         if self.elector is not None:
             await self.elector.stop(release=True)
 

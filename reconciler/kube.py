@@ -74,12 +74,17 @@ WATCH_TIMEOUT = 300  # seconds a watch request lasts (the client then resumes it
 STALE_AFTER = 60.0  # seconds a kind's watch may be failing before the cache is not fresh
 NOT_SERVED_RETRY = 30.0  # seconds between looks for a kind the API server does not serve
 REQUEST_TIMEOUT = 30.0  # seconds for a single non-watch request
+# Every create, update and patch names us, so managedFields credit the reconciler (not the
+# client's user agent) with the fields it set, and others' fields stay theirs.
+FIELD_MANAGER = "stunner-reconciler"
+FIELD_MANAGED_METHODS = frozenset({"POST", "PUT", "PATCH"})
 
 NAMESPACE = KindInfo("", "Namespace", "namespaces", ("v1",), False)
 NODE = KindInfo("", "Node", "nodes", ("v1",), False)
 ENDPOINT_SLICE = KindInfo("discovery.k8s.io", "EndpointSlice", "endpointslices", ("v1",))
 DEPLOYMENT = KindInfo("apps", "Deployment", "deployments", ("v1",))
 LEASE = KindInfo("coordination.k8s.io", "Lease", "leases", ("v1",))
+EVENT = KindInfo("events.k8s.io", "Event", "events", ("v1",))
 
 
 def _path(info: KindInfo, version: str, namespace: str = "", name: str = "") -> str:
@@ -185,7 +190,9 @@ class Api:
         timeout: float | None = REQUEST_TIMEOUT,
     ) -> Any:
         """The decoded JSON answer, or the raw response when `stream`; ApiException if the
-        answer is not 2xx."""
+        answer is not 2xx. A create, update or patch carries `fieldManager=FIELD_MANAGER`."""
+        if method in FIELD_MANAGED_METHODS:
+            query = [*query, ("fieldManager", FIELD_MANAGER)]
         headers = {"Accept": "application/json", "Content-Type": content_type}
         serialized = self.client.param_serialize(
             method,
@@ -277,6 +284,11 @@ class Api:
         self.request("DELETE", path, body=options)
         return None
 
+    def create_event(self, body: Mapping[str, Any]) -> None:
+        """Record an events.k8s.io/v1 Event (reconciler.events builds it)."""
+        namespace = str(body["metadata"]["namespace"])
+        self.request("POST", _path(EVENT, "v1", namespace), body=dict(body))
+
     def get(self, api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any]:
         info = WRITTEN[_group(api_version), kind]
         path = _path(info, api_version.rpartition("/")[2], namespace, name)
@@ -299,6 +311,12 @@ def describe(exc: BaseException) -> str:
             message = str(json.loads(exc.body or "{}").get("message") or "")
         return f"{exc.status} {exc.reason}: {message}" if message else f"{exc.status} {exc.reason}"
     return f"{type(exc).__name__}: {exc}"
+
+
+def refusal(exc: BaseException) -> tuple[int, str]:
+    """An exception of a request as (HTTP status, 0 for no answer; `describe`'s line)."""
+    code = int(exc.status or 0) if isinstance(exc, ApiException) else 0
+    return code, describe(exc)
 
 
 # --- the cache ----------------------------------------------------------------------------------
@@ -586,6 +604,7 @@ class WriteResult:
     ok: bool
     code: int = 0  # the API server's HTTP status of a refusal (0: no answer)
     error: str = ""
+    previous: Object | None = None  # the cached object before the write
 
 
 class Writer:
@@ -596,16 +615,17 @@ class Writer:
         self.cache = cache
 
     def send(self, write: Write) -> WriteResult:
+        previous = self.cache.get(write.api_version, write.kind, write.namespace, write.name)
         try:
             stored = self.api.write(write)
         except ApiException as exc:
             if exc.status == 409 or (exc.status == 404 and write.verb == Verb.DELETE):
                 self._reread(write)
             if exc.status == 404 and write.verb == Verb.DELETE:
-                return WriteResult(write, True)
-            return WriteResult(write, False, int(exc.status or 0), describe(exc))
+                return WriteResult(write, True, previous=previous)
+            return WriteResult(write, False, int(exc.status or 0), describe(exc), previous)
         except Exception as exc:  # no answer (connection refused, timeout)
-            return WriteResult(write, False, 0, describe(exc))
+            return WriteResult(write, False, 0, describe(exc), previous)
         if stored is None:
             self.cache.remove(
                 None,
@@ -617,7 +637,7 @@ class Writer:
             )
         else:
             self.cache.put(None, stored)
-        return WriteResult(write, True)
+        return WriteResult(write, True, previous=previous)
 
     def _reread(self, write: Write) -> None:
         """After a conflict: the object as it is now, into the cache (or out of it)."""

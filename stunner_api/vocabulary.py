@@ -11,6 +11,8 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
+from types import MappingProxyType
+from typing import Any
 
 # --- API groups, versions and kinds -----------------------------------------------------------
 
@@ -107,6 +109,27 @@ DEFAULT_ADDRESS_TYPE = "IPAddress"
 DEFAULT_DATAPLANE_REPLICAS = 1
 DEFAULT_TERMINATION_GRACE_PERIOD = 3600
 DEFAULT_DATAPLANE_RESOURCE = "Deployment"
+# The Dataplane `default` the chart installs (charts/stunner values `dataplane.spec`; ANCHORS §4's
+# values, stunnerd from the chart's own image, CHART_IMAGE_REPOSITORY:<appVersion>). `stunner
+# render` assumes it when the files hold none; tests/charts/test_default_dataplane.py checks
+# that the chart renders exactly this.
+CHART_IMAGE_REPOSITORY = "localhost/stunner"
+CHART_DATAPLANE_SPEC: Mapping[str, Any] = MappingProxyType(
+    {
+        "replicas": 1,
+        "imagePullPolicy": "IfNotPresent",
+        "command": ["stunnerd"],
+        "args": ["-w", "--udp-thread-num=16"],
+        "env": [],
+        "resources": {
+            "limits": {"cpu": "2", "memory": "512Mi"},
+            "requests": {"cpu": "500m", "memory": "128Mi"},
+        },
+        "terminationGracePeriodSeconds": DEFAULT_TERMINATION_GRACE_PERIOD,
+        "enableMetricsEndpoint": False,
+        "hostNetwork": False,
+    }
+)
 
 # --- label and annotation keys ----------------------------------------------------------------
 

@@ -22,12 +22,16 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from stunner_api.dataplane import StunnerConfig, redacted
 from stunner_api.ice import DEFAULT_TTL, IceError, IceQuery, ice_config
+from stunner_api.vocabulary import DEFAULT_DATAPLANE
+
+if TYPE_CHECKING:
+    from reconciler.render import Plan
 
 OK, FAILED, USAGE = 0, 1, 2
 
@@ -79,7 +83,12 @@ def build_parser() -> argparse.ArgumentParser:
     ice.add_argument("--ttl", type=int, default=DEFAULT_TTL, help="ephemeral credentials' lifetime")
     ice.add_argument("--username", default="", help="the user id in ephemeral credentials")
     for name, help in (
-        ("render", "offline: the dataplane configs the reconciler would render of manifests"),
+        (
+            "render",
+            "offline: what the reconciler would produce of manifests: each Gateway's dataplane "
+            "config, Service and Deployment (the chart's default Dataplane unless the files "
+            "hold a Dataplane named default)",
+        ),
         ("check", "offline: every finding of the admission rules, with file, line and field"),
     ):
         p = sub.add_parser(name, help=help, description=help)
@@ -87,6 +96,11 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "render":
             p.add_argument("-o", "--output", choices=("json", "yaml"), default="yaml")
             p.add_argument("--show-secrets", action="store_true")
+            p.add_argument(
+                "--configs-only",
+                action="store_true",
+                help="only the dataplane configs, not the Services and Deployments",
+            )
     diff = cluster(
         "diff",
         "what applying manifests would change in the running dataplanes: each listener "
@@ -149,6 +163,26 @@ def show_config(configs: list[StunnerConfig], output: str, show_secrets: bool) -
     if output == "json":
         return json.dumps(dicts if len(dicts) != 1 else dicts[0], indent=2)
     return yaml.safe_dump_all(dicts, sort_keys=False)
+
+
+def show_rendered(plan: Plan, output: str, show_secrets: bool) -> str:
+    """Each Gateway's dataplane config, Service and Deployment, Gateway by Gateway."""
+    documents: list[tuple[str, Any]] = []
+    for gw_id in sorted({*plan.configs, *plan.services, *plan.deployments}):
+        if gw_id in plan.configs:
+            config = plan.configs[gw_id]
+            shown = config if show_secrets else redacted(config)
+            documents.append((f"dataplane config of {gw_id} (served over CDS)", shown.to_dict()))
+        for kind, manifests in (("Service", plan.services), ("Deployment", plan.deployments)):
+            if gw_id in manifests:
+                documents.append((f"{kind} of {gw_id}", manifests[gw_id]))
+    if not documents:
+        return "no Gateway rendered"
+    if output == "json":
+        return json.dumps([document for _, document in documents], indent=2)
+    return "---\n".join(
+        f"# {title}\n" + yaml.safe_dump(document, sort_keys=False) for title, document in documents
+    )
 
 
 def status_line(entry: dict[str, Any]) -> str:
@@ -240,11 +274,19 @@ def run_offline(args: argparse.Namespace) -> int:
         errors = sum(1 for f in findings if f.severity == "Error")
         _err(f"{len(objects)} objects, {errors} errors, {len(findings) - errors} warnings")
         return FAILED if errors else OK
+    if not offline.has_default_dataplane(objects):
+        _err(
+            f"no Dataplane {DEFAULT_DATAPLANE!r} in {args.filename}: assuming the chart's "
+            f"(stunnerd from {offline.chart_image()})"
+        )
     plan = offline.plan(objects)
     for skipped in plan.findings:
         _err(str(skipped))
-    configs = [plan.configs[k] for k in sorted(plan.configs)]
-    _out(show_config(configs, args.output, args.show_secrets))
+    if args.configs_only:
+        configs = [plan.configs[k] for k in sorted(plan.configs)]
+        _out(show_config(configs, args.output, args.show_secrets))
+        return OK
+    _out(show_rendered(plan, args.output, args.show_secrets))
     return OK
 
 

@@ -1,9 +1,15 @@
 """`render -f` and `check -f`: the reconciler's own render and the admission rule table run over
-manifest files, with no cluster. Every finding says file, line and field."""
+manifest files, with no cluster. Every finding says file, line and field.
+
+`render` gives what the reconciler would produce: each Gateway's dataplane config, Service and
+Deployment. When the files hold no Dataplane `default` (the chart installs it, so users rarely
+write one), the chart's is assumed (`default_dataplane`)."""
 
 from __future__ import annotations
 
+import copy
 import datetime
+import importlib.metadata
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +21,12 @@ from reconciler.files import ManifestError, parse_manifest
 from reconciler.render import Plan, RenderSettings, render
 from reconciler.store import Snapshot
 from stunner_api.rules import Settings, validate
+from stunner_api.vocabulary import (
+    CHART_DATAPLANE_SPEC,
+    CHART_IMAGE_REPOSITORY,
+    DATAPLANE,
+    DEFAULT_DATAPLANE,
+)
 
 
 @dataclass(frozen=True)
@@ -120,7 +132,39 @@ def check(objects: list[Located], settings: Settings | None = None) -> list[Find
     return findings
 
 
+def chart_image() -> str:
+    """The image the chart's default Dataplane runs: the chart's, tagged with its appVersion
+    (this distribution's version)."""
+    try:
+        version = importlib.metadata.version("stunner")
+    except importlib.metadata.PackageNotFoundError:
+        version = "latest"
+    return f"{CHART_IMAGE_REPOSITORY}:{version}"
+
+
+def default_dataplane() -> dict[str, Any]:
+    """The Dataplane `default` as the chart installs it."""
+    return {
+        "apiVersion": f"{DATAPLANE.group}/v1",
+        "kind": DATAPLANE.kind,
+        "metadata": {"name": DEFAULT_DATAPLANE},
+        "spec": copy.deepcopy(dict(CHART_DATAPLANE_SPEC)) | {"image": chart_image()},
+    }
+
+
+def has_default_dataplane(objects: list[Located]) -> bool:
+    return any(
+        o.obj.get("kind") == DATAPLANE.kind
+        and (o.obj.get("metadata") or {}).get("name") == DEFAULT_DATAPLANE
+        for o in objects
+    )
+
+
 def plan(objects: list[Located], now: datetime.datetime | None = None) -> Plan:
-    """What the reconciler would render of these objects."""
-    snapshot = Snapshot.from_objects(o.obj for o in objects)
+    """What the reconciler would render of these objects (with the chart's default Dataplane
+    when they hold no Dataplane `default`)."""
+    found = [o.obj for o in objects]
+    if not has_default_dataplane(objects):
+        found.append(default_dataplane())
+    snapshot = Snapshot.from_objects(found)
     return render(snapshot, RenderSettings(), now or datetime.datetime.now(datetime.UTC))

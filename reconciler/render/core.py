@@ -506,6 +506,7 @@ class _Renderer:
                 self.note(gateway, "", plan.error, plan.error_reason)
             programmed = cond.gateway_programmed(self.controller, plan.error, False)
             status["conditions"] = self.conditions(gateway, [accepted, programmed])
+            status["listeners"] = self.pending_listeners(gateway)
             self.set_status(gateway, status)
             return
         assert ctx.gateway_config is not None and ctx.dataplane is not None and ctx.auth is not None
@@ -570,24 +571,37 @@ class _Renderer:
         status["listeners"] = [self.listener_status(gateway, lst) for lst in plan.listeners]
         self.set_status(gateway, status)
 
-    def listener_status(self, gateway: Object, lst: ListenerPlan) -> dict[str, Any]:
+    def pending_listeners(self, gateway: Object) -> list[dict[str, Any]]:
+        """The listeners of a Gateway that was not rendered (its class or its own error): each
+        still Accepted Unknown Pending, Go's initial listener status (no stale Accepted True
+        left from an earlier render)."""
+        spec_listeners = _spec(gateway).get("listeners")
+        names = [
+            str(spec.get("name") or "")
+            for spec in (spec_listeners if isinstance(spec_listeners, list) else [])
+            if isinstance(spec, Mapping)
+        ]
+        return [self.listener_entry(gateway, name, 0, [cond.LISTENER_PENDING]) for name in names]
+
+    def listener_entry(
+        self, gateway: Object, name: str, attached: int, wanted: list[cond.Condition]
+    ) -> dict[str, Any]:
         previous = [
             c
             for entry in (gateway.get("status") or {}).get("listeners") or []
-            if isinstance(entry, Mapping) and entry.get("name") == lst.name
+            if isinstance(entry, Mapping) and entry.get("name") == name
             for c in entry.get("conditions") or []
         ]
         return {
-            "name": lst.name,
+            "name": name,
             "supportedKinds": [dict(k) for k in cond.SUPPORTED_KINDS],
-            "attachedRoutes": len(lst.routes),
-            "conditions": cond.conditions(
-                [lst.accepted, lst.conflicted, lst.resolved],
-                cond.generation_of(gateway),
-                self.now,
-                previous,
-            ),
+            "attachedRoutes": attached,
+            "conditions": cond.conditions(wanted, cond.generation_of(gateway), self.now, previous),
         }
+
+    def listener_status(self, gateway: Object, lst: ListenerPlan) -> dict[str, Any]:
+        wanted = [lst.accepted, lst.conflicted, lst.resolved]
+        return self.listener_entry(gateway, lst.name, len(lst.routes), wanted)
 
     # --- the whole snapshot -----------------------------------------------------------------
 

@@ -37,16 +37,6 @@ from stunner_api.vocabulary import (
 from ..store import Object, meta, name_of, namespace_of
 from .plan import DEFAULT_STUNNERD_IMAGE, RenderSettings
 
-# Gateway labels that are not copied to the Deployment: they belong to tools that would then
-# think they own it (operator#70).
-LABEL_FILTER = (
-    "applyset.kubernetes.io/part-of",
-    "applyset.k8s.io/part-of",
-    "app.kubernetes.io/managed-by",
-    "argocd.argoproj.io/instance",
-    "kustomize.toolkit.fluxcd.io/name",
-    "kustomize.toolkit.fluxcd.io/namespace",
-)
 CONTAINER_NAME = "stunner-daemon"
 DEFAULT_COMMAND = ("stunnerd",)
 DEFAULT_ARGS = ("-w", "--udp-thread-num=16")
@@ -156,7 +146,7 @@ def deployment(gateway: Object, dataplane: Object, settings: RenderSettings) -> 
     """The stunnerd Deployment of a Gateway, from its Dataplane template."""
     spec = _view(dataplane.get("spec"))
     gw_labels = {k: str(v) for k, v in _view(meta(gateway).get("labels")).items()}
-    labels = {k: v for k, v in gw_labels.items() if k not in LABEL_FILTER}
+    labels = {k: v for k, v in gw_labels.items() if k not in settings.label_filter}
     labels |= {OWNED_BY_LABEL: OWNED_BY_VALUE} | related_labels(gateway)
     annotations = {k: _text(v) for k, v in _view(meta(gateway).get("annotations")).items()}
     annotations[RELATED_GATEWAY_NAME] = _gateway_id(gateway)

@@ -16,6 +16,18 @@ DEFAULT_CONFIG_DISCOVERY_URL = "http://stunner-config-discovery.stunner-system.s
 DEFAULT_STUNNERD_IMAGE = "l7mp/stunnerd:latest"
 
 
+# Gateway labels that are not copied to the Deployment: they belong to tools that would then
+# think they own it (operator#70). Env STUNNER_GATEWAY_OPERATOR_LABEL_FILTER replaces it.
+DEFAULT_LABEL_FILTER = (
+    "applyset.kubernetes.io/part-of",
+    "applyset.k8s.io/part-of",
+    "app.kubernetes.io/managed-by",
+    "argocd.argoproj.io/instance",
+    "kustomize.toolkit.fluxcd.io/name",
+    "kustomize.toolkit.fluxcd.io/namespace",
+)
+
+
 @dataclass(frozen=True)
 class RenderSettings:
     controller_name: str = DEFAULT_CONTROLLER_NAME
@@ -26,6 +38,7 @@ class RenderSettings:
     # STUNNER_CONFIG_ORIGIN of every managed dataplane.
     config_discovery_url: str = DEFAULT_CONFIG_DISCOVERY_URL
     cluster_domain: str = "cluster.local"
+    label_filter: tuple[str, ...] = DEFAULT_LABEL_FILTER
     # What the rule table needs to know of the cluster (pod/service CIDRs, NodePort range).
     rules: rules.Settings = field(default_factory=rules.Settings)
 

@@ -16,7 +16,13 @@ from typing import Any
 import pytest
 
 from tests.charts.conftest import of_kind
-from tests.support.fakeapi import SUBJECT_ACCESS_REVIEWS, FakeApiServer, ResourceType
+from tests.support.fakeapi import (
+    CORE_TYPES,
+    GATEWAY_TYPES,
+    SUBJECT_ACCESS_REVIEWS,
+    FakeApiServer,
+    ResourceType,
+)
 from tests.support.objects import gateway_class
 
 Grant = tuple[str, str, str]  # (apiGroup, resource[/subresource], verb)
@@ -44,7 +50,9 @@ class RecordingApiServer(FakeApiServer):
     VERBS = {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
 
     def __init__(self) -> None:
-        super().__init__()
+        from tests.reconciler.clusterkit import EVENT_TYPE
+
+        super().__init__((*CORE_TYPES, *GATEWAY_TYPES, EVENT_TYPE))  # and Events, recorded
         self.watched: set[Grant] = set()
 
     def watch_events(self, rt: ResourceType, ns: str | None, query: dict[str, str]) -> Any:
@@ -103,7 +111,7 @@ def test_reconciler_roles_grant_exactly_what_cluster_mode_asks(
     """Cluster mode through every kind of request it makes: the first pass (creates, status),
     a Dataplane edit (an update), a conflict (a re-read), a Gateway API UDPRoute's status, the
     disable-managed-dataplane annotation (a Deployment deleted), an invalid Gateway (its Service
-    deleted), and the Lease."""
+    deleted), the Events these record, and the Lease."""
     from tests.reconciler import clusterkit as k
 
     gw_route = k.route(name="gw-route") | {"apiVersion": "gateway.networking.k8s.io/v1"}
@@ -126,6 +134,7 @@ def test_reconciler_roles_grant_exactly_what_cluster_mode_asks(
             k.delete(api, "stunner.l7mp.io/v1", "GatewayConfig", "config")
             await k.eventually(lambda: _asked(api, ("", "services", "delete")))
             await k.eventually(lambda: _asked(api, ("coordination.k8s.io", "leases", "update")))
+            await k.eventually(lambda: _asked(api, ("events.k8s.io", "events", "create")))
 
     asyncio.run(asyncio.wait_for(scenario(), 60))
     cluster = granted(role_named(default_manifests, "ClusterRole", "reconciler"))

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from reconciler.cluster import ClusterSettings, Running, run_cluster
-from tests.support.fakeapi import FakeApiServer
+from tests.support.fakeapi import CORE_TYPES, GATEWAY_TYPES, FakeApiServer, ResourceType
 
 CONTROLLER = "stunner.l7mp.io/gateway-operator"
 NS = "stunner"
@@ -153,6 +153,18 @@ def set_peer(fake: FakeApiServer, prefix: str) -> Obj:
     )
 
 
+def scale_dataplane(fake: FakeApiServer, replicas: int) -> Obj:
+    """A user's edit of the default Dataplane (it rolls every Deployment: an update)."""
+    return update(
+        fake,
+        "stunner.l7mp.io/v1",
+        "Dataplane",
+        "default",
+        lambda d: d["spec"].update({"replicas": replicas}),
+        ns="",
+    )
+
+
 def edit_gateway(fake: FakeApiServer, change: Callable[[Obj], Any], name: str = "gw") -> Obj:
     """A user's edit of a Gateway."""
     return update(fake, GW, "Gateway", name, change)
@@ -177,9 +189,24 @@ async def eventually(
         await asyncio.sleep(interval)
 
 
+# events.k8s.io/v1 Events, which the fake does not serve unless asked (`with_events`).
+EVENT_TYPE = ResourceType("events.k8s.io", "v1", "events", "Event")
+
+
+def with_events() -> FakeApiServer:
+    """A fake API server that also serves events.k8s.io/v1 Events."""
+    return FakeApiServer((*CORE_TYPES, *GATEWAY_TYPES, EVENT_TYPE))
+
+
+def recorded_events(fake: FakeApiServer) -> list[Obj]:
+    """The Events stored, oldest first."""
+    items = fake.list(EVENT_TYPE, None, {})["items"]
+    return sorted(items, key=lambda e: int(e["metadata"]["resourceVersion"]))
+
+
 def object_writes(fake: FakeApiServer) -> list[tuple[str, str]]:
-    """The writes the fake received, the Lease's renewals left out."""
-    return [w for w in fake.writes() if "/leases" not in w[1]]
+    """The writes the fake received, the Lease's renewals and the Events left out."""
+    return [w for w in fake.writes() if "/leases" not in w[1] and "/events" not in w[1]]
 
 
 async def settled(running: Running, fake: FakeApiServer, quiet: float = 0.4) -> None:

@@ -2,29 +2,36 @@
 
 One world holds an object for each condition below; the reconciler writes them through the
 /status subresources and the test reads them from the fake API server. Render's own tables
-(tests/reconciler/test_render_rules.py) cover the logic of every condition; here the end-to-end
-subset is:
+(tests/reconciler/test_render_rules.py) cover the logic of every condition; here end to end:
 
     GatewayClass  Accepted True Accepted; False InvalidParameters
     Gateway       Accepted True Accepted; False Pending (invalid class)
                   Programmed True Programmed (address from spec.addresses); False
-                  AddressNotAssigned
-    Listener      Accepted True Accepted; False UnsupportedProtocol
+                  AddressNotAssigned; False Invalid (a Gateway not rendered)
+    Listener      Accepted True Accepted; False UnsupportedProtocol; False PortUnavailable;
+                  Unknown Pending (a Gateway not rendered: Go's initial listener status)
                   Conflicted False NoConflicts; True ProtocolConflict
                   ResolvedRefs True ResolvedRefs; False InvalidCertificateRef
     UDPRoute      Accepted True Accepted; False NotAllowedByListeners; False NoMatchingParent;
                   False Pending (a Gateway API UDPRoute masked by a STUNner one)
                   ResolvedRefs True ResolvedRefs; False BackendNotFound; False InvalidKind
 
-Left to render's tables: listener Accepted False PortUnavailable and Unknown Pending, Gateway
-Programmed False Invalid (a rendered config that does not validate) and Unknown Pending.
+Gateway Programmed Unknown Pending ("gateway under processing") is Go's initial status, which
+Go sets in memory and overwrites in the same render before its status update; here render
+computes every Gateway's final status in the pass that first sees it, and status is written only
+from a finished render, so no write ever carries it. A test watches a new Gateway's status from
+its creation and finds that every write already says Programmed True or False.
 """
 
 from __future__ import annotations
 
 import asyncio
+import threading
+from pathlib import Path
 from typing import Any
 
+import kubernetes.client
+import kubernetes.watch
 import pytest
 
 from tests.reconciler import clusterkit as k
@@ -63,6 +70,9 @@ def _world() -> list[dict[str, Any]]:
             name="tls",
         ),
         k.gateway(k.listener("web", 80, "HTTP"), name="badproto"),
+        # Port 0: outside 1..65535. (A real API server's Gateway CRD schema refuses it before
+        # it is stored; the fake stores what it is given, as a cluster without the schema.)
+        k.gateway(k.listener("zero", 0), k.listener("udp", 3478), name="badport"),
         k.route(name="orphan", parents=("no-such-gateway",)),
         k.route({"name": "no-such-service"}, name="nobackend"),
         k.route({"group": "", "kind": "Pod", "name": "pod"}, name="badkind"),
@@ -84,7 +94,7 @@ def statuses(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], 
             for api_version, kind, ns, names in (
                 (GW, "GatewayClass", "", ("stunner", "broken")),
                 (GW, "Gateway", k.NS, ("gw", "orphaned", "addressed", "conflict", "tls")),
-                (GW, "Gateway", k.NS, ("badproto",)),
+                (GW, "Gateway", k.NS, ("badproto", "badport")),
                 (STUNNER, "UDPRoute", k.NS, ("route", "orphan", "nobackend", "badkind")),
                 (STUNNER, "UDPRoute", "elsewhere", ("foreign",)),
                 (GW, "UDPRoute", k.NS, ("route",)),
@@ -120,6 +130,7 @@ API_ROUTE = "UDPRoute.gateway.networking.k8s.io"
         (GATEWAY, "orphaned", "Accepted", ("False", "Pending")),
         (GATEWAY, "addressed", "Programmed", ("True", "Programmed")),
         (GATEWAY, "gw", "Programmed", ("False", "AddressNotAssigned")),
+        (GATEWAY, "orphaned", "Programmed", ("False", "Invalid")),
     ],
 )
 def test_class_and_gateway_conditions(
@@ -148,6 +159,9 @@ def test_gateway_addresses_come_from_public_address_discovery(
         ("gw", "udp", "Conflicted", ("False", "NoConflicts")),
         ("gw", "udp", "ResolvedRefs", ("True", "ResolvedRefs")),
         ("badproto", "web", "Accepted", ("False", "UnsupportedProtocol")),
+        ("badport", "zero", "Accepted", ("False", "PortUnavailable")),
+        ("badport", "udp", "Accepted", ("True", "Accepted")),
+        ("orphaned", "udp", "Accepted", ("Unknown", "Pending")),
         ("conflict", "b", "Conflicted", ("True", "ProtocolConflict")),
         ("tls", "tls", "ResolvedRefs", ("False", "InvalidCertificateRef")),
     ],
@@ -185,3 +199,57 @@ def test_route_conditions(
     (parent,) = statuses[kind, name]["parents"]
     assert parent["controllerName"] == k.CONTROLLER
     assert _condition(parent["conditions"], type_) == expected
+
+
+def test_no_status_write_says_programmed_unknown(tmp_path: Path) -> None:
+    """Every status a new Gateway is given, from the first, says Programmed True or False: the
+    initial Unknown Pending is never written (see the module's docstring)."""
+    seen: list[dict[str, Any]] = []
+
+    def watch(fake: FakeApiServer, stop: threading.Event) -> None:
+        client = fake.api_client()
+        api = kubernetes.client.CustomObjectsApi(client)
+        watcher = kubernetes.watch.Watch()
+        try:
+            for event in watcher.stream(
+                api.list_namespaced_custom_object,
+                "gateway.networking.k8s.io",
+                "v1",
+                k.NS,
+                "gateways",
+                field_selector="metadata.name=late",
+                timeout_seconds=10,
+            ):
+                seen.append(dict(event["object"].get("status") or {}))
+                if stop.is_set():
+                    break
+        finally:
+            client.close()
+
+    async def main() -> None:
+        with FakeApiServer() as fake:
+            k.world(fake)
+            stop = threading.Event()
+            async with k.reconciler(fake, tmp_path) as running:
+                await k.settled(running, fake)
+                watching = threading.Thread(target=watch, args=(fake, stop), daemon=True)
+                watching.start()
+                await asyncio.sleep(0.2)  # the watch is open before the Gateway exists
+                fake.seed(k.gateway(name="late"))
+                await k.eventually(lambda: any(s.get("conditions") for s in seen))
+                await k.settled(running, fake)
+                stop.set()
+            watching.join(0.1)  # a daemon thread; the fake's stop ends its stream
+        written = [s for s in seen if s.get("conditions")]
+        assert written, "the Gateway was given no status"
+        for status in written:
+            programmed = {c["type"]: c for c in status["conditions"]}["Programmed"]
+            assert programmed["status"] in ("True", "False"), programmed
+        (first_listener,) = written[0]["listeners"]
+        assert {c["type"]: c["status"] for c in first_listener["conditions"]} == {
+            "Accepted": "True",
+            "Conflicted": "False",
+            "ResolvedRefs": "True",
+        }
+
+    asyncio.run(main())
