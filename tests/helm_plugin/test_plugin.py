@@ -262,11 +262,17 @@ def test_check_reports_file_line_and_field(helm_env: dict[str, str], tmp_path: P
 
 
 def test_render_prints_the_reconcilers_configs(helm_env: dict[str, str]) -> None:
-    done = helm_stunner(helm_env, "render", "-f", str(ROOT / "examples" / "local"), "-o", "json")
+    local = str(ROOT / "examples" / "local")
+    done = helm_stunner(helm_env, "render", "-f", local, "--configs-only", "-o", "json")
     assert done.returncode == 0, done.stderr
     config = json.loads(done.stdout)
     assert config["admin"]["name"] == "stunner/local-gateway"
     assert config["auth"]["credentials"]["password"] != PASSWORD  # hidden
+    # By default the Service and Deployment the reconciler would write come with the config.
+    done = helm_stunner(helm_env, "render", "-f", local, "-o", "json")
+    assert done.returncode == 0, done.stderr
+    kinds = [doc.get("kind") for doc in json.loads(done.stdout)]
+    assert "Service" in kinds and "Deployment" in kinds
 
 
 def test_usage_errors_exit_2_and_every_command_has_help(helm_env: dict[str, str]) -> None:
