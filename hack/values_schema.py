@@ -66,8 +66,9 @@ CONSTRAINTS: dict[str, dict[str, Any]] = {
     "webhook.certificate.validityDays": {"type": "integer", "minimum": 1},
     "dataplane.spec.replicas": {"type": "integer", "minimum": 0},
     "dataplane.spec.terminationGracePeriodSeconds": {"type": "integer", "minimum": 0},
-    "observability.allocationLimit": {"type": "integer", "minimum": 1},
-    "observability.quotaAlertRatio": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
+    "dataplane.maxAllocations": {"type": "integer", "minimum": 0},
+    "dataplane.spec.enableMetricsEndpoint": {"type": ["boolean", "null"]},
+    "observability.allocationAlertRatio": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
     "test.timeoutSeconds": {"type": "integer", "minimum": 1},
 }
 ITEMS: dict[str, dict[str, Any]] = {

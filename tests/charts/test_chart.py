@@ -400,8 +400,8 @@ def test_observability_is_off_by_default_and_complete_when_on(
     alerts = {r["alert"] for g in rule["spec"]["groups"] for r in g["rules"]}
     assert alerts >= {
         "StunnerDataplaneDown",
-        "StunnerConfigNotApplied",
-        "StunnerAllocationQuotaNearLimit",
+        "StunnerDataplaneNotWatchingConfig",
+        "StunnerAllocationsNearCap",
         "StunnerReconcilerNotLeader",
     }
     (dashboard,) = [
