@@ -369,3 +369,50 @@ def _watch_sees_a_change(
             break
     else:
         raise AssertionError("no update printed")
+
+
+def test_kube_context_chooses_the_cluster(
+    helm_env: dict[str, str], cluster: dict[str, str], tmp_path: Path
+) -> None:
+    """A kubeconfig with two contexts, the current one a cluster without STUNner: helm's
+    --kube-context (before or after the plugin's name) and HELM_KUBECONTEXT reach the other."""
+    with FakeApiServer() as empty:
+        other = json.loads(empty.write_kubeconfig(tmp_path / "empty").read_text())
+        ours = json.loads(Path(cluster["kubeconfig"]).read_text())
+        merged: dict[str, Any] = {"apiVersion": "v1", "kind": "Config"}
+        for key, renamed in (("clusters", "cluster"), ("users", "user"), ("contexts", "context")):
+            merged[key] = []
+            for name, config in (("no-stunner", other), ("with-stunner", ours)):
+                (entry,) = config[key]
+                entry = {**entry, "name": name}
+                if key == "contexts":
+                    entry[renamed] = {**entry[renamed], "cluster": name, "user": name}
+                merged[key].append(entry)
+        merged["current-context"] = "no-stunner"
+        kubeconfig = tmp_path / "two-contexts"
+        kubeconfig.write_text(json.dumps(merged))
+        env = {**helm_env, "KUBECONFIG": str(kubeconfig), "HELM_NAMESPACE": NAMESPACE}
+        helm = env["HELM_BIN_UNDER_TEST"]
+
+        def run(*args: str, extra: dict[str, str] | None = None) -> str:
+            done = subprocess.run(
+                [helm, *args],
+                env={**env, **(extra or {})},
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=False,
+            )
+            return f"{done.returncode}\n{done.stdout}{done.stderr}"
+
+        current = run("stunner", "config")
+        assert current.startswith("1\n") and "no config discovery service" in current
+        for args, extra in (
+            (("--kube-context", "with-stunner", "stunner", "config"), None),
+            (("stunner", "config", "--kube-context", "with-stunner"), None),
+            (("stunner", "config"), {"HELM_KUBECONTEXT": "with-stunner"}),
+        ):
+            out = run(*args, extra=extra)
+            assert out.startswith("0\n") and "Gateway: stunner/local-gateway" in out, (args, out)
+        wrong = run("stunner", "config", "--kube-context", "nowhere")
+        assert wrong.startswith("1\n") and "nowhere" in wrong and "Traceback" not in wrong
