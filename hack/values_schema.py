@@ -70,6 +70,7 @@ CONSTRAINTS: dict[str, dict[str, Any]] = {
     "dataplane.spec.enableMetricsEndpoint": {"type": ["boolean", "null"]},
     "observability.allocationAlertRatio": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
     "test.timeoutSeconds": {"type": "integer", "minimum": 1},
+    "test.echoPort": PORT,
 }
 ITEMS: dict[str, dict[str, Any]] = {
     "imagePullSecrets": K8S_OBJECT,
@@ -81,6 +82,7 @@ ITEMS: dict[str, dict[str, Any]] = {
     "dataplane.spec.command": {"type": "string"},
     "dataplane.spec.args": {"type": "string"},
     "dataplane.spec.env": K8S_OBJECT,
+    "test.gateways": {"type": "string", "pattern": "^[a-z0-9][-a-z0-9]*/[a-z0-9][-.a-z0-9]*$"},
 }
 
 

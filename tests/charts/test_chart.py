@@ -40,7 +40,8 @@ NON_DEFAULT = (
     "observability.serviceMonitor=true",
     "observability.prometheusRule=true",
     "observability.grafanaDashboard=true",
-    "test.peer=10.0.0.1:9001",
+    "test.gateways={tenant-a/gw,tenant-a/gw2,tenant-b/gw}",
+    "test.echoPort=9999",
     "image.repository=registry.example/stunner",
     "image.tag=1.2.3",
 )
