@@ -70,7 +70,7 @@ CONSTRAINTS: dict[str, dict[str, Any]] = {
     "dataplane.spec.enableMetricsEndpoint": {"type": ["boolean", "null"]},
     "observability.allocationAlertRatio": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
     "test.timeoutSeconds": {"type": "integer", "minimum": 1},
-    "test.echoPort": PORT,
+    "test.echoPort": {"type": "integer", "minimum": 1024, "maximum": 65535},  # non-root pod
 }
 ITEMS: dict[str, dict[str, Any]] = {
     "imagePullSecrets": K8S_OBJECT,

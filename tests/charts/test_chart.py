@@ -99,6 +99,9 @@ def test_values_schema_is_generated_from_values_yaml() -> None:
         ("reconciler.cds.port=70000", "reconciler.cds.port"),
         ("webhook.tymeout=3", "tymeout"),
         ("dataplane.spec.args=--udp-thread-num=4", "dataplane.spec.args"),
+        ("test.echoPort=53", "test.echoPort"),
+        ("test.gateways={udp-gateway}", "test.gateways"),
+        ("dataplane.spec.enableMetricsEndpoint=maybe", "dataplane.spec.enableMetricsEndpoint"),
     ],
 )
 def test_values_schema_refuses_wrong_values(helm: Path, value: str, complaint: str) -> None:
