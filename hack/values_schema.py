@@ -66,9 +66,11 @@ CONSTRAINTS: dict[str, dict[str, Any]] = {
     "webhook.certificate.validityDays": {"type": "integer", "minimum": 1},
     "dataplane.spec.replicas": {"type": "integer", "minimum": 0},
     "dataplane.spec.terminationGracePeriodSeconds": {"type": "integer", "minimum": 0},
-    "observability.allocationLimit": {"type": "integer", "minimum": 1},
-    "observability.quotaAlertRatio": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
+    "dataplane.maxAllocations": {"type": "integer", "minimum": 0},
+    "dataplane.spec.enableMetricsEndpoint": {"type": ["boolean", "null"]},
+    "observability.allocationAlertRatio": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
     "test.timeoutSeconds": {"type": "integer", "minimum": 1},
+    "test.echoPort": {"type": "integer", "minimum": 1024, "maximum": 65535},  # non-root pod
 }
 ITEMS: dict[str, dict[str, Any]] = {
     "imagePullSecrets": K8S_OBJECT,
@@ -80,6 +82,7 @@ ITEMS: dict[str, dict[str, Any]] = {
     "dataplane.spec.command": {"type": "string"},
     "dataplane.spec.args": {"type": "string"},
     "dataplane.spec.env": K8S_OBJECT,
+    "test.gateways": {"type": "string", "pattern": "^[a-z0-9][-a-z0-9]*/[a-z0-9][-.a-z0-9]*$"},
 }
 
 

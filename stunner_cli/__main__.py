@@ -6,7 +6,7 @@
     stunner render -f DIR|FILE
     stunner check -f DIR|FILE
     stunner diff -f DIR|FILE [NS/GW]
-    stunner selftest --cds-url URL [--peer IP:PORT]      (the chart's `helm test` pod)
+    stunner selftest --cds-url URL [--peer|--echo IP:PORT] [--gateway NS/GW]  (`helm test`)
     stunner auth-server --cds-url URL [--port 8088]     (the chart's auth/ICE service)
 
 Exit codes: 0 done, 1 the cluster or the input has a problem (said on stderr), 2 bad usage.
@@ -111,8 +111,24 @@ def build_parser() -> argparse.ArgumentParser:
         "selftest", help="allocate through every Gateway over UDP and TCP (helm test)"
     )
     selftest.add_argument("--cds-url", required=True, help="the config discovery service URL")
-    selftest.add_argument("--peer", default="", metavar="IP:PORT", help="an echo peer to relay to")
-    selftest.add_argument("--timeout", type=float, default=10.0)
+    peer = selftest.add_mutually_exclusive_group()
+    peer.add_argument("--peer", default="", metavar="IP:PORT", help="an echo peer to relay to")
+    peer.add_argument(
+        "--echo",
+        default="",
+        metavar="IP:PORT",
+        help="run an echo peer on PORT, reached at IP (a route must admit it), and relay to it",
+    )
+    selftest.add_argument(
+        "--gateway",
+        action="append",
+        default=[],
+        metavar="NS/GW",
+        help="a Gateway that must echo (repeatable; default: every Gateway, given a peer)",
+    )
+    selftest.add_argument(
+        "--timeout", type=float, default=10.0, help="seconds for the Gateways and routes to be up"
+    )
     auth = sub.add_parser(
         "auth-server", help="serve GET / and GET /ice (TURN credentials) over the CDS's configs"
     )
@@ -293,7 +309,7 @@ def run_offline(args: argparse.Namespace) -> int:
 def run_selftest(args: argparse.Namespace) -> int:
     from stunner_cli.selftest import selftest
 
-    return selftest(args.cds_url, args.peer, args.timeout)
+    return selftest(args.cds_url, args.peer, args.timeout, args.echo, args.gateway)
 
 
 def run_auth_server(args: argparse.Namespace) -> int:

@@ -1,6 +1,14 @@
 """`stunner selftest`: the chart's `helm test`. For every Gateway config the CDS serves, through
 each TURN-UDP and TURN-TCP listener's public address: allocate with a real TURN client, and,
-given an echo peer a route admits, relay a few packets to it and back."""
+given an echo peer a route admits, relay a few packets to it and back.
+
+The echo peer is either one that runs elsewhere (`--peer IP:PORT`) or one the selftest runs
+itself (`--echo IP:PORT`: bound on the port, reached at the address, which is how the chart's
+test pod proves a relay with nothing but the chart: its test hooks route each Gateway named by
+`--gateway` to the pod). Gateways named by `--gateway` must show up in the CDS, and a route to
+the peer must reach their stunnerd, within `--timeout` seconds; with a peer and no `--gateway`,
+every Gateway must echo.
+"""
 
 from __future__ import annotations
 
@@ -9,27 +17,52 @@ import json
 import sys
 import time
 import urllib.request
+from collections.abc import Sequence
 
 from stunner_api.cds import CONFIGS_PATH
-from stunner_api.dataplane import validate_config
+from stunner_api.dataplane import StunnerConfig, validate_config
 from stunner_api.ice import credentials
 
 TRANSPORTS = {"TURN-UDP": "udp", "TURN-TCP": "tcp"}
+RETRY_PAUSE = 0.5  # seconds between two tries of a listener whose route is not there yet
+ECHO_WAIT = 2.0  # seconds one try waits for the echoes
 
 
-def _peer(text: str) -> tuple[str, int]:
+def _address(text: str) -> tuple[str, int]:
     host, _, port = text.rpartition(":")
     return host, int(port)
 
 
-async def _probe(
+def _fetch(cds_url: str, timeout: float) -> list[StunnerConfig]:
+    with urllib.request.urlopen(cds_url.rstrip("/") + CONFIGS_PATH, timeout=timeout) as answer:
+        items = json.load(answer).get("items", [])
+    return [validate_config(item) for item in items]
+
+
+def _testable(config: StunnerConfig) -> bool:
+    return any(lc.protocol in TRANSPORTS and lc.public_address for lc in config.listeners)
+
+
+async def _configs(cds_url: str, gateways: Sequence[str], deadline: float) -> list[StunnerConfig]:
+    """The CDS's configs, once every named Gateway has a listener to test (or at the deadline)."""
+    while True:
+        configs = await asyncio.to_thread(_fetch, cds_url, max(1.0, deadline - time.monotonic()))
+        ready = {c.admin.name for c in configs if _testable(c)}
+        if set(gateways) <= ready or time.monotonic() >= deadline:
+            return configs
+        await asyncio.sleep(RETRY_PAUSE)
+
+
+async def _try(
     transport: str, server: tuple[str, int], creds: tuple[str, str], peer: str, timeout: float
 ) -> str:
+    """One allocation, and one echo through it when there is a peer."""
     from stunnerd.demo import relay
 
     if peer:
         result = await asyncio.wait_for(
-            relay(transport, server, _peer(peer), 5, creds, wait=timeout), timeout + 5
+            relay(transport, server, _address(peer), 5, creds, wait=min(ECHO_WAIT, timeout)),
+            timeout + ECHO_WAIT,
         )
         if not result["received"]:
             raise RuntimeError(f"allocated {result['relayed_address']}, no echo from {peer}")
@@ -52,12 +85,50 @@ async def _probe(
         turn.close()
 
 
-def selftest(cds_url: str, peer: str, timeout: float) -> int:
-    with urllib.request.urlopen(cds_url.rstrip("/") + CONFIGS_PATH, timeout=timeout) as answer:
-        items = json.load(answer).get("items", [])
-    configs = [validate_config(item) for item in items]
+async def _probe(
+    transport: str, server: tuple[str, int], creds: tuple[str, str], peer: str, deadline: float
+) -> str:
+    """`_try` until it succeeds or the deadline passes (the route may still be on its way)."""
+    while True:
+        left = max(1.0, deadline - time.monotonic())
+        try:
+            return await _try(transport, server, creds, peer, left)
+        except Exception:
+            if time.monotonic() + RETRY_PAUSE >= deadline:
+                raise
+        await asyncio.sleep(RETRY_PAUSE)
+
+
+async def _selftest(
+    cds_url: str, peer: str, echo: str, gateways: Sequence[str], timeout: float
+) -> int:
+    deadline = time.monotonic() + timeout
+    echo_server = None
+    if echo:
+        from stunnerd.demo import EchoPeer
+
+        echo_server, _ = await asyncio.get_running_loop().create_datagram_endpoint(
+            EchoPeer, local_addr=("0.0.0.0", _address(echo)[1])
+        )
+        peer = echo
+    try:
+        configs = await _configs(cds_url, gateways, deadline)
+        return await _run(configs, peer, gateways, deadline)
+    finally:
+        if echo_server is not None:
+            echo_server.close()
+
+
+async def _run(
+    configs: list[StunnerConfig], peer: str, gateways: Sequence[str], deadline: float
+) -> int:
     failures = tested = 0
+    missing = set(gateways) - {c.admin.name for c in configs if _testable(c)}
+    for name in sorted(missing):
+        failures += 1
+        sys.stdout.write(f"FAIL {name}: no TURN-UDP or TURN-TCP listener with a public address\n")
     for config in configs:
+        echo_here = peer if not gateways or config.admin.name in gateways else ""
         creds = credentials(config.auth, "helm-test", 3600, int(time.time()))
         for listener in config.listeners:
             transport = TRANSPORTS.get(listener.protocol)
@@ -67,12 +138,23 @@ def selftest(cds_url: str, peer: str, timeout: float) -> int:
             where = f"{listener.name} {transport} {server[0]}:{server[1]}"
             tested += 1
             try:
-                line = asyncio.run(_probe(transport, server, creds, peer, timeout))
+                line = await _probe(transport, server, creds, echo_here, deadline)
                 sys.stdout.write(f"ok   {where}: {line}\n")
             except Exception as e:
                 failures += 1
-                sys.stdout.write(f"FAIL {where}: {e}\n")
-    if not tested:
+                sys.stdout.write(f"FAIL {where}: {e or type(e).__name__}\n")
+            sys.stdout.flush()
+    if not tested and not missing:
         sys.stdout.write("FAIL no TURN-UDP or TURN-TCP listener with a public address\n")
         return 1
     return 1 if failures else 0
+
+
+def selftest(
+    cds_url: str,
+    peer: str,
+    timeout: float,
+    echo: str = "",
+    gateways: Sequence[str] = (),
+) -> int:
+    return asyncio.run(_selftest(cds_url, peer, echo, gateways, timeout))

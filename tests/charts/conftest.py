@@ -39,6 +39,16 @@ def run_helm(helm: Path, *args: str, env: dict[str, str] | None = None) -> str:
     return done.stdout
 
 
+def refused(helm: Path, *sets: str) -> str:
+    """What `helm template` says on stderr when it refuses these `--set` values."""
+    args = [str(helm), "template", "stunner", str(CHART)]
+    for value in sets:
+        args += ["--set", value]
+    done = subprocess.run(args, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode != 0, f"helm template accepted {sets}"
+    return done.stderr
+
+
 def render(helm: Path, *sets: str, show_tests: bool = True) -> list[dict[str, Any]]:
     """The manifests `helm template` renders with `--set` values (None documents dropped)."""
     args = ["template", "stunner", str(CHART), "--namespace", NAMESPACE, "--include-crds"]

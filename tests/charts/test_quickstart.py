@@ -1,5 +1,7 @@
-"""The README's cluster quick start: at most four commands from `helm install` to a printed ICE
-config, each naming what exists, and what they apply renders to a Gateway `ice` can answer for."""
+"""The README's cluster quick start: every command from a fresh clone to an echo through the
+relay (the image built and loaded, the plugin with its CLI, `helm test`), at most four of them
+from `helm install` to a printed ICE config, each naming what exists, and what they apply renders
+to a Gateway `ice` can answer for."""
 
 from __future__ import annotations
 
@@ -8,6 +10,8 @@ import subprocess
 import time
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from stunner_api.ice import IceQuery, ice_config
 from stunner_cli import offline
@@ -23,11 +27,29 @@ def quick_start() -> list[str]:
     return [line.split("#")[0].strip() for line in block.group(1).splitlines() if line.strip()]
 
 
-def test_at_most_four_commands_each_naming_what_exists() -> None:
+def test_every_command_from_a_fresh_clone_to_an_echo_is_listed(
+    default_manifests: list[dict[str, Any]],
+) -> None:
     commands = quick_start()
-    assert len(commands) <= 4
-    assert commands[0].startswith("helm install stunner charts/stunner")
-    assert commands[-1].startswith("helm stunner ice")
+    words = [c.split() for c in commands]
+    (dataplane,) = of_kind(default_manifests, "Dataplane")
+    image = dataplane["spec"]["image"]  # what the chart runs by default
+    # the image: built, then handed to the cluster (no published image to pull)
+    assert words[0][:3] == ["docker", "build", "-t"] and words[0][3] == image
+    assert words[1] == ["kind", "load", "docker-image", image]
+    install = next(i for i, c in enumerate(commands) if c.startswith("helm install "))
+    ice = next(i for i, c in enumerate(commands) if c.startswith("helm stunner ice "))
+    assert ice - install + 1 <= 4  # from helm install to the ICE servers
+    assert commands[install].startswith("helm install stunner charts/stunner")
+    assert "helm plugin install ./helm-plugin" in commands[install:ice]
+    assert not any("pip install" in c for c in commands)  # the plugin's install hook does it
+    # the last proves a relay: `helm test` of the release installed above, which echoes
+    # through the Gateway `ice` was asked about
+    release = words[install][2], words[install][words[install].index("-n") + 1]
+    assert words[-1] == ["helm", "test", release[0], "-n", release[1]]
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert words[ice][-1] in values["test"]["gateways"]
+    assert len(commands) == 7
     for command in commands:
         for word in command.split():
             if word.startswith(("charts/", "examples/", "./")):
@@ -43,7 +65,8 @@ def test_the_applied_example_renders_a_gateway_ice_answers_for(
     (dataplane,) = of_kind(default_manifests, "Dataplane")  # what the chart installed
     chart = offline.Located(ROOT / "charts", 1, "", dataplane)
     plan = offline.plan([*objects, chart])
-    gateway = quick_start()[-1].split()[-1]
+    (ice,) = [c for c in quick_start() if c.startswith("helm stunner ice ")]
+    gateway = ice.split()[-1]
     assert gateway in plan.configs
     namespace, name = gateway.split("/")
     answer = ice_config(plan.configs, IceQuery(namespace=namespace, gateway=name), int(time.time()))

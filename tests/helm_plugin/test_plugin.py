@@ -8,6 +8,7 @@ import base64
 import hashlib
 import hmac
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -375,3 +376,112 @@ def _watch_sees_a_change(
             break
     else:
         raise AssertionError("no update printed")
+
+
+def test_kube_context_chooses_the_cluster(
+    helm_env: dict[str, str], cluster: dict[str, str], tmp_path: Path
+) -> None:
+    """A kubeconfig with two contexts, the current one a cluster without STUNner: helm's
+    --kube-context (before or after the plugin's name) and HELM_KUBECONTEXT reach the other."""
+    with FakeApiServer() as empty:
+        other = json.loads(empty.write_kubeconfig(tmp_path / "empty").read_text())
+        ours = json.loads(Path(cluster["kubeconfig"]).read_text())
+        merged: dict[str, Any] = {"apiVersion": "v1", "kind": "Config"}
+        for key, renamed in (("clusters", "cluster"), ("users", "user"), ("contexts", "context")):
+            merged[key] = []
+            for name, config in (("no-stunner", other), ("with-stunner", ours)):
+                (entry,) = config[key]
+                entry = {**entry, "name": name}
+                if key == "contexts":
+                    entry[renamed] = {**entry[renamed], "cluster": name, "user": name}
+                merged[key].append(entry)
+        merged["current-context"] = "no-stunner"
+        kubeconfig = tmp_path / "two-contexts"
+        kubeconfig.write_text(json.dumps(merged))
+        env = {**helm_env, "KUBECONFIG": str(kubeconfig), "HELM_NAMESPACE": NAMESPACE}
+        helm = env["HELM_BIN_UNDER_TEST"]
+
+        def run(*args: str, extra: dict[str, str] | None = None) -> str:
+            done = subprocess.run(
+                [helm, *args],
+                env={**env, **(extra or {})},
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=False,
+            )
+            return f"{done.returncode}\n{done.stdout}{done.stderr}"
+
+        current = run("stunner", "config")
+        assert current.startswith("1\n") and "no config discovery service" in current
+        for args, extra in (
+            (("--kube-context", "with-stunner", "stunner", "config"), None),
+            (("stunner", "config", "--kube-context", "with-stunner"), None),
+            (("stunner", "config"), {"HELM_KUBECONTEXT": "with-stunner"}),
+        ):
+            out = run(*args, extra=extra)
+            assert out.startswith("0\n") and "Gateway: stunner/local-gateway" in out, (args, out)
+        wrong = run("stunner", "config", "--kube-context", "nowhere")
+        assert wrong.startswith("1\n") and "nowhere" in wrong and "Traceback" not in wrong
+
+
+def plugin_home(tmp_path: Path, helm: Path, path: str) -> dict[str, str]:
+    home = tmp_path / "home"
+    return {
+        "PATH": path,
+        "HOME": str(home),
+        "HELM_CONFIG_HOME": str(home / "config"),
+        "HELM_CACHE_HOME": str(home / "cache"),
+        "HELM_DATA_HOME": str(home / "data"),
+        "HELM_PLUGINS": str(home / "data" / "plugins"),
+        "HELM_BIN_UNDER_TEST": str(helm),
+    }
+
+
+def install_plugin(env: dict[str, str], source: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [env["HELM_BIN_UNDER_TEST"], "plugin", "install", str(source)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize("helm_name", sorted(HELMS))
+def test_plugin_install_uses_a_stunner_command_on_path(helm_name: str, tmp_path: Path) -> None:
+    env = plugin_home(tmp_path, helm_binary(helm_name), f"{Path(sys.executable).parent}:/usr/bin")
+    done = install_plugin(env, ROOT / "helm-plugin")
+    assert done.returncode == 0, done.stderr
+    assert f"helm stunner: runs {Path(sys.executable).parent}/stunner" in done.stdout
+
+
+@pytest.mark.parametrize("helm_name", sorted(HELMS))
+def test_plugin_install_installs_the_cli_into_its_own_venv(helm_name: str, tmp_path: Path) -> None:
+    """A fresh clone, no `stunner` on PATH: the install hook makes helm-plugin/venv and runs pip
+    on the clone. Offline here, pip cannot fetch the build backend: the hook says so and how to
+    retry, and the plugin says how to install. Once the venv holds the command (as pip puts it
+    there, and as a manual run with PyPI does), the plugin runs it with nothing on PATH."""
+    clone = tmp_path / "clone"
+    shutil.copytree(
+        ROOT / "helm-plugin", clone / "helm-plugin", ignore=shutil.ignore_patterns("venv")
+    )
+    shutil.copy(ROOT / "pyproject.toml", clone)
+    env = plugin_home(tmp_path, helm_binary(helm_name), "/usr/bin:/bin")
+    env["PIP_NO_INDEX"] = "1"  # no network in tests
+    done = install_plugin(env, clone / "helm-plugin")
+    assert done.returncode == 1
+    assert f"installing the stunner command from {clone}" in done.stdout
+    assert "could not install the stunner command" in done.stderr
+    assert f"pip install '{clone}[cli]'" in done.stderr
+    assert (clone / "helm-plugin" / "venv" / "bin" / "pip").exists()  # the venv was made
+    missing = helm_stunner(env, "render", "-f", str(ROOT / "examples" / "local"))
+    assert missing.returncode == 1 and "pip install" in missing.stderr
+    # what a successful pip run leaves: the command in the plugin's venv
+    (clone / "helm-plugin" / "venv" / "bin" / "stunner").symlink_to(
+        Path(sys.executable).parent / "stunner"
+    )
+    done = helm_stunner(env, "render", "-f", str(ROOT / "examples" / "local"), "-o", "json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["admin"]["name"] == "stunner/local-gateway"

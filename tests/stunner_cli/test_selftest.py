@@ -17,13 +17,19 @@ import pytest
 from reconciler.cds import ConfigStore, cds_app
 from stunner_api.dataplane import validate_config
 from stunnerd.demo import EchoPeer
+from tests.support import ports
 from tests.support.background import Background
 
 
-def free_port(kind: int) -> int:
-    with socket.socket(socket.AF_INET, kind) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def wait_for_tcp(port: int) -> None:
+    """Until stunnerd listens on its TCP listener."""
+    deadline = time.monotonic() + 10
+    while True:
+        with socket.socket() as probe:
+            if probe.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        assert time.monotonic() < deadline, "stunnerd did not start"
+        time.sleep(0.05)
 
 
 def dataplane_config(udp: int, tcp: int, echo_port: int) -> dict[str, Any]:
@@ -44,7 +50,7 @@ def dataplane_config(udp: int, tcp: int, echo_port: int) -> dict[str, Any]:
 def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     background = Background()
     _, echo_port = background.udp(EchoPeer)
-    udp, tcp = free_port(socket.SOCK_DGRAM), free_port(socket.SOCK_STREAM)
+    udp, tcp = ports.free_port(), ports.free_port()
     config = dataplane_config(udp, tcp, echo_port)
     path = tmp_path_factory.mktemp("stunnerd") / "stunnerd.json"
     path.write_text(json.dumps(config))
@@ -55,13 +61,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     store.set("t/gw", validate_config(config))
     host, port = background.serve(cds_app(store))
     try:
-        deadline = time.monotonic() + 10
-        while True:  # stunnerd listening on its TCP listener
-            with socket.socket() as probe:
-                if probe.connect_ex(("127.0.0.1", tcp)) == 0:
-                    break
-            assert time.monotonic() < deadline, "stunnerd did not start"
-            time.sleep(0.05)
+        wait_for_tcp(tcp)
         yield {"cds": f"http://{host}:{port}", "echo": echo_port}
     finally:
         stunnerd.terminate()
@@ -100,3 +100,71 @@ def test_a_peer_no_route_admits_fails(world: dict[str, Any]) -> None:
     done = selftest("--cds-url", world["cds"], "--peer", "127.0.0.2:9", "--timeout", "1")
     assert done.returncode == 1
     assert done.stdout.count("FAIL") == 2
+
+
+@pytest.fixture
+def watching() -> Iterator[dict[str, Any]]:
+    """A stunnerd following its config on the real CDS (-w), as in a pod, serving a Gateway
+    whose listeners have no route yet."""
+    background = Background()
+    udp, tcp = ports.free_port(), ports.free_port()
+    config = dataplane_config(udp, tcp, 0)
+    for listener in config["listeners"]:
+        listener["routes"] = []
+    config["clusters"] = []
+    store = ConfigStore()
+    store.set("t/gw", validate_config(config))
+    host, port = background.serve(cds_app(store))
+    cds = f"http://{host}:{port}"
+    stunnerd = subprocess.Popen(
+        [sys.executable, "-m", "stunnerd", "-w", "-u", "1", "-c", cds, "-i", "t/gw"],
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_for_tcp(tcp)
+        yield {"cds": cds, "store": store, "background": background, "config": config}
+    finally:
+        stunnerd.terminate()
+        stunnerd.wait(10)
+        background.close()
+
+
+def test_its_own_echo_peer_answers_once_the_route_reaches_stunnerd(
+    watching: dict[str, Any],
+) -> None:
+    """What the chart's test pod does: run the echo peer itself (--echo), and wait for the route
+    its test hooks create to reach the Gateway's stunnerd."""
+    echo = ports.free_port()
+    with subprocess.Popen(
+        [sys.executable, "-m", "stunner_cli", "selftest", "--cds-url", watching["cds"]]
+        + ["--echo", f"127.0.0.1:{echo}", "--gateway", "t/gw", "--timeout", "30"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as test:
+        time.sleep(1.5)  # the route arrives after the test has started, as from the hooks
+        routed = dataplane_config(*[lc["port"] for lc in watching["config"]["listeners"]], echo)
+        store, loop = watching["store"], watching["background"].loop
+        loop.call_soon_threadsafe(store.set, "t/gw", validate_config(routed))
+        out, err = test.communicate(timeout=60)
+    assert test.returncode == 0, out + err
+    lines = out.splitlines()
+    assert [line.split(":")[0] for line in lines] == [
+        "ok   t/gw/udp udp 127.0.0.1",
+        "ok   t/gw/tcp tcp 127.0.0.1",
+    ]
+    assert all("echoed 5/5" in line for line in lines)
+
+
+def test_no_route_to_its_own_echo_peer_fails(watching: dict[str, Any]) -> None:
+    echo = ports.free_port()
+    done = selftest("--cds-url", watching["cds"], "--echo", f"127.0.0.1:{echo}", "--timeout", "1")
+    assert done.returncode == 1
+    assert done.stdout.count("FAIL") == 2 and "no echo from" in done.stdout
+
+
+def test_a_named_gateway_the_cds_never_serves_fails(world: dict[str, Any]) -> None:
+    done = selftest("--cds-url", world["cds"], "--gateway", "t/absent", "--timeout", "1")
+    assert done.returncode == 1
+    assert "FAIL t/absent: no TURN-UDP or TURN-TCP listener" in done.stdout
+    assert done.stdout.count("ok   ") == 2  # the Gateways it does serve are still tested

@@ -170,3 +170,16 @@ their own with webhook.gatewayAPIFailurePolicy.
 {{- define "stunner.webhookGunicornConf" -}}
 /opt/stunner/lib/python3.11/site-packages/webhook/gunicorn.conf.py
 {{- end -}}
+
+{{/* The Service (and route backend) of the `helm test` pod's echo peer. */}}
+{{- define "stunner.testEcho" -}}
+{{- include "stunner.componentName" (tuple . "test-echo") -}}
+{{- end -}}
+
+{{/* `helm test` hooks other than the pod: made before it (weight -1), deleted once the test has
+passed, and by the next test run when it failed. */}}
+{{- define "stunner.testHookAnnotations" -}}
+helm.sh/hook: test
+helm.sh/hook-weight: "-1"
+helm.sh/hook-delete-policy: before-hook-creation,hook-succeeded
+{{- end -}}
