@@ -114,13 +114,16 @@ DEFAULT_DATAPLANE_RESOURCE = "Deployment"
 # render` assumes it when the files hold none; tests/charts/test_default_dataplane.py checks
 # that the chart renders exactly this.
 CHART_IMAGE_REPOSITORY = "localhost/stunner"
+# stunnerd's --max-allocations default; the chart passes its `dataplane.maxAllocations` (this by
+# default) as STUNNER_MAX_ALLOCATIONS, so its allocation alert knows the cap a pod runs with.
+DEFAULT_MAX_ALLOCATIONS = 50000
 CHART_DATAPLANE_SPEC: Mapping[str, Any] = MappingProxyType(
     {
         "replicas": 1,
         "imagePullPolicy": "IfNotPresent",
         "command": ["stunnerd"],
         "args": ["-w", "--udp-thread-num=16"],
-        "env": [],
+        "env": [{"name": "STUNNER_MAX_ALLOCATIONS", "value": str(DEFAULT_MAX_ALLOCATIONS)}],
         "resources": {
             "limits": {"cpu": "2", "memory": "512Mi"},
             "requests": {"cpu": "500m", "memory": "128Mi"},

@@ -19,6 +19,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from stunner_api.vocabulary import DEFAULT_MAX_ALLOCATIONS
+
 
 @dataclass(frozen=True)
 class Limits:
@@ -49,7 +51,7 @@ class Limits:
     max_channels: int = 512
     # Allocations in the whole stunnerd (every process), and new allocations per second per
     # source IP (with a burst of twice that).
-    max_allocations: int = 50000
+    max_allocations: int = DEFAULT_MAX_ALLOCATIONS
     allocation_rate: float = 50.0
     # Error answers (401, 400, ...) per second per client address and port (clients behind
     # one NAT share the IP), and in total per process; past them requests are dropped
