@@ -11,7 +11,11 @@ VERDICT_OWN: int
 
 class Engine:
     def __init__(
-        self, listener_fd: int, queue_limit: int = 4096, queue_bytes: int = 8 << 20
+        self,
+        listener_fd: int,
+        queue_limit: int = 4096,
+        queue_bytes: int = 8 << 20,
+        max_message: int = 4096,
     ) -> None: ...
     def start(self) -> None: ...
     def stop(self) -> None: ...

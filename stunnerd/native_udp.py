@@ -113,7 +113,8 @@ class NativeUdpTransport(UdpTransport):
     async def start(self, port: int) -> None:
         sock = self.listener_socket(port)
         try:
-            relay = native.NativeRelay(sock)
+            limits = self.server.context.limits
+            relay = native.NativeRelay(sock, max_message=limits.max_udp_message)
             relay.watch_relay_ports(self.server.router.relay_ports)
             relay.start()
         except (OSError, RuntimeError) as exc:
