@@ -26,7 +26,9 @@ its allocations' relay sockets in its own thread, which never takes the GIL: epo
   established clients' Refresh, CreatePermission and ChannelBind. `fileno()` is readable while
   either holds packets (an eventfd for `loop.add_reader`), `drain()` returns them in batches.
   A full queue drops (counted as "queue_full"), so a flood costs the event loop a bounded
-  amount of work.
+  amount of work. A stranger whose error answers Python rate-limits (--error-rate) is muted
+  (`mute`) until its budget refills: its STUN is then dropped in the engine ("rate_limited"),
+  as Python would drop it unparsed.
 - expiry is by monotonic timestamps (`time.monotonic()`), checked per packet: no timer per entry.
 - counters (packets and bytes per listener and per cluster, both directions; drops by cause;
   packets handed up) are read under the engine's lock without stopping its thread.
@@ -224,6 +226,12 @@ class NativeRelay:
 
     def clear_verdicts(self) -> None:
         self._engine.clear_verdicts()
+
+    def mute(self, client: tuple[Any, ...], until: float) -> None:
+        """Drop the STUN messages of `client`, a stranger (no allocation in the engine), until
+        `until` (`time.monotonic()`), counted as "rate_limited": its error-answer budget is
+        spent, so Python would drop them unparsed (`TurnServer.handle`)."""
+        self._engine.mute(client, until)
 
     def reinject(self, packet: HandedUp) -> int:
         """Decide a handed-up packet again (after `decide`): RELAYED, DROPPED, or UP when the

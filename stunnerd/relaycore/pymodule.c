@@ -298,6 +298,17 @@ static PyObject *Engine_watch_relay_ports(EngineObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+static PyObject *Engine_mute(EngineObject *self, PyObject *args) {
+    PyObject *client;
+    double until;
+    struct sockaddr_storage ss;
+    relay_addr addr;
+    if (!PyArg_ParseTuple(args, "O!d", &PyTuple_Type, &client, &until) ||
+        engine_check(self) < 0 || parse_address(client, &ss, &addr) < 0)
+        return NULL;
+    return result(relay_mute(&self->engine, &addr, until));
+}
+
 static PyObject *Engine_clear_verdicts(EngineObject *self, PyObject *unused) {
     if (engine_check(self) < 0) return NULL;
     relay_clear_verdicts(&self->engine);
@@ -470,6 +481,7 @@ static PyMethodDef Engine_methods[] = {
     {"remove_channel", (PyCFunction)Engine_remove_channel, METH_VARARGS, NULL},
     {"set_verdict", (PyCFunction)Engine_set_verdict, METH_VARARGS, NULL},
     {"clear_verdicts", (PyCFunction)Engine_clear_verdicts, METH_NOARGS, NULL},
+    {"mute", (PyCFunction)Engine_mute, METH_VARARGS, "Drop a stranger's STUN until a time."},
     {"watch_relay_ports", (PyCFunction)Engine_watch_relay_ports, METH_VARARGS,
      "Check own-address verdicts against this relay-port map per packet."},
     {"inject", (PyCFunction)Engine_inject, METH_VARARGS, "Decide a handed-up packet again."},

@@ -26,6 +26,7 @@
 
 const char *const relay_drop_names[DROP_COUNT] = {
     "no_permission", "forbidden", "expired", "too_big", "send_error", "queue_full", "invalid",
+    "rate_limited",
 };
 
 /* --- small helpers ------------------------------------------------------------------------ */
@@ -287,6 +288,7 @@ void relay_free(relay_engine *e) {
     free(e->free_slots);
     table_free(&e->by_client);
     table_free(&e->verdicts);
+    table_free(&e->muted);
     free(e->clusters);
     for (int q = 0; q < RELAY_QUEUES; q++) {
         relay_queue *queue = &e->queues[q];
@@ -494,6 +496,19 @@ int relay_set_verdict(relay_engine *e, const relay_addr *peer, int cluster) {
     relay_entry *s = rc == 0 ? table_put(&e->verdicts, peer) : NULL;
     if (s)
         s->value = cluster < 0 ? -1 : cluster | flags;
+    else
+        rc = -ENOMEM;
+    pthread_mutex_unlock(&e->lock);
+    return rc;
+}
+
+int relay_mute(relay_engine *e, const relay_addr *client, double until) {
+    int rc = 0;
+    pthread_mutex_lock(&e->lock);
+    if (e->muted.used >= RELAY_MUTED_LIMIT) table_free(&e->muted); /* a spoofed flood's */
+    relay_entry *s = table_put(&e->muted, client);
+    if (s)
+        s->expiry = until;
     else
         rc = -ENOMEM;
     pthread_mutex_unlock(&e->lock);
@@ -710,9 +725,13 @@ int relay_process(relay_engine *e, int source, uint64_t handle, const struct soc
         relay_addr peer = ch->peer;
         return client_to_peer(e, a, &peer, data + 4, plen, len, now, out);
     }
-    if (data[0] != 0x00 || data[1] != SEND_INDICATION) return RELAY_UP;
     a = alloc_of_client(e, &addr);
-    if (!a || now >= a->expires) return RELAY_UP;
+    if (!a) { /* a stranger's STUN message: Python's, unless its error budget is spent */
+        relay_entry *m = e->muted.used ? table_find(&e->muted, &addr) : NULL;
+        if (m && m->expiry > now) return drop(e, DROP_RATE_LIMITED);
+        return RELAY_UP;
+    }
+    if (data[0] != 0x00 || data[1] != SEND_INDICATION || now >= a->expires) return RELAY_UP;
     relay_addr peer;
     const uint8_t *payload;
     size_t plen;

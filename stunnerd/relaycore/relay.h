@@ -73,7 +73,8 @@ enum relay_drop {
     DROP_TOO_BIG,
     DROP_SEND_ERROR,
     DROP_QUEUE_FULL,
-    DROP_INVALID, /* cannot be STUN or ChannelData, or a stranger's ChannelData */
+    DROP_INVALID,      /* cannot be STUN or ChannelData, or a stranger's ChannelData */
+    DROP_RATE_LIMITED, /* a stranger over its error-answer budget (relay_mute) */
     DROP_COUNT
 };
 extern const char *const relay_drop_names[DROP_COUNT];
@@ -86,6 +87,7 @@ enum { CL_TX_PACKETS, CL_TX_BYTES, CL_RX_PACKETS, CL_RX_BYTES };               /
  * port (relay_ports, one byte per port, shared by every process; checked per packet). */
 #define RELAY_VERDICT_OWN 0x40000000
 #define RELAY_VERDICT_LIMIT 65536
+#define RELAY_MUTED_LIMIT 65536
 #define RELAY_BATCH 32
 #define RELAY_BUFFER 65536
 #define RELAY_MAX_MESSAGE 4096 /* STUN over UDP, by default (stunnerd.limits.max_udp_message) */
@@ -130,6 +132,7 @@ typedef struct relay_engine {
     uint32_t nslots, *free_slots, nfree, next_gen;
     relay_table by_client; /* client address -> allocation slot */
     relay_table verdicts;  /* peer address -> cluster id (>= 0, maybe | OWN) or forbidden (-1) */
+    relay_table muted;     /* stranger's address -> until when its STUN is dropped (expiry) */
     const volatile uint8_t *relay_ports; /* 65536 bytes or NULL (Python keeps it alive) */
     uint64_t listener[4];
     uint64_t (*clusters)[4];
@@ -177,6 +180,10 @@ int relay_bind_channel(relay_engine *e, uint64_t handle, uint16_t number, const 
 int relay_remove_channel(relay_engine *e, uint64_t handle, uint16_t number);
 int relay_set_verdict(relay_engine *e, const relay_addr *peer, int cluster);
 void relay_clear_verdicts(relay_engine *e);
+/* Drop a stranger's (a client without an allocation here) STUN messages until `until`
+ * (relay_now's clock), counted as DROP_RATE_LIMITED: Python's error-answer budget for it is
+ * spent, and Python would drop them unparsed. */
+int relay_mute(relay_engine *e, const relay_addr *client, double until);
 
 /* The packet path. relay_process decides one packet (lock held) and fills *out on RELAYED;
  * relay_flush sends decided packets (scratch: `count` headers of the caller's) and counts

@@ -29,6 +29,7 @@ from stunnerd import native, stun
 from stunnerd.daemon import Stunner
 from stunnerd.limits import Limits
 from stunnerd.metrics import render_metrics
+from stunnerd.native_udp import NativeUdpTransport
 from stunnerd.stun import Class, Message, Method
 from tests.support.turnclient import (
     HOST,
@@ -236,8 +237,10 @@ def test_oversized_or_attribute_stuffed_udp_messages_are_dropped() -> None:
 
 
 def test_error_answers_are_rate_limited_and_floods_not_parsed(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, relay_path: str
 ) -> None:
+    """Past its error budget a stranger's requests are dropped unparsed: by Python, and on the
+    native path by the engine, which Python mutes the stranger in until its budget refills."""
     parsed = []
     parse = stun.parse_message
 
@@ -258,11 +261,48 @@ def test_error_answers_are_rate_limited_and_floods_not_parsed(
         answers = len(client.raw)
         assert 10 <= answers <= 14, answers  # a burst of 10, then 5 a second
         assert len(parsed) <= answers + 3, len(parsed)  # the rest dropped before parsing
-        server = stunner.listeners["testns/gw/turn-udp"].server
-        assert server.stats.rate_limited >= 100 - answers - 3
+        listener = stunner.listeners["testns/gw/turn-udp"]
+        assert listener.stats().rate_limited >= 100 - answers - 3
         client.close()
 
     run(scenario, Limits(error_rate=5))
+
+
+def test_a_stranger_over_its_error_budget_is_dropped_by_the_native_engine(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Native path: once Python refused a stranger an error answer, the engine drops the
+    stranger's STUN until its budget refills, counted with reason "rate_limit"; Python no
+    longer sees it (no per-packet work for an Allocate flood from one source)."""
+    if not native.available():
+        pytest.skip(f"native: {native.unavailable_reason()}")
+    monkeypatch.setenv("STUNNER_NATIVE", "1")
+
+    async def scenario(port: int, stunner: Stunner) -> None:
+        client = await RawClient.connect((HOST, port))
+
+        def allocate() -> None:
+            request = Message(Method.ALLOCATE, Class.REQUEST)
+            request.attributes["REQUESTED-TRANSPORT"] = 17
+            client.send_raw(request.encode())
+
+        for _ in range(10):  # a burst of 2 answered, then refused: muted for ~1 s
+            allocate()
+        await asyncio.sleep(0.2)
+        listener = stunner.listeners["testns/gw/turn-udp"]
+        seen_by_python = listener.server.stats.rx_packets
+        for _ in range(50):
+            allocate()
+        await asyncio.sleep(0.2)
+        assert listener.server.stats.rx_packets == seen_by_python
+        transport = listener.transport
+        assert isinstance(transport, NativeUdpTransport)
+        assert transport.listener_counters().rate_limited == 50
+        assert len(client.raw) == 2
+        assert _dropped(stunner, "rate_limit") == 10 - 2 + 50
+        client.close()
+
+    run(scenario, Limits(error_rate=1))
 
 
 def test_limits_reach_the_worker_processes() -> None:
@@ -319,13 +359,14 @@ def _signed(client: RawClient, request: Message) -> tuple[asyncio.Future[Message
     return future, request.encode(integrity_key=client.key)
 
 
-def _dropped_invalid(stunner: Stunner) -> float:
+def _dropped(stunner: Stunner, reason: str = "invalid") -> float:
+    """stunner_listener_dropped_packets_total of the UDP listener for `reason`, in /metrics."""
     metrics = text_string_to_metric_families(render_metrics(stunner))
     family = next(f for f in metrics if f.name == "stunner_listener_dropped_packets")
     return sum(
         sample.value
         for sample in family.samples
-        if sample.labels == {"name": "testns/gw/turn-udp", "reason": "invalid"}
+        if sample.labels == {"name": "testns/gw/turn-udp", "reason": reason}
     )
 
 
@@ -376,7 +417,7 @@ def test_an_established_client_is_served_while_a_stranger_floods_garbage_and_req
         assert (engine is not None) == (relay_path == "native")
         requests = _session_requests(client, peer.port)
         datagram = _flood_datagrams()
-        invalid_before = _dropped_invalid(stunner)
+        invalid_before = _dropped(stunner)
         assert client.transport is not None
         fileno = client.transport.get_extra_info("socket").fileno()
 
@@ -409,7 +450,7 @@ def test_an_established_client_is_served_while_a_stranger_floods_garbage_and_req
         await asyncio.sleep(0.3)
         media = [data for data, _ in peer.received if data.startswith(b"media")]
         assert len(media) == 12, len(media)
-        dropped = _dropped_invalid(stunner) - invalid_before
+        dropped = _dropped(stunner) - invalid_before
         if engine is not None:  # every datagram of garbage and without the cookie
             assert dropped >= 6000, dropped
             assert engine.counters().drops["queue_full"] > 0  # the strangers' queue overflowed
@@ -457,7 +498,7 @@ def test_with_a_udp_worker_garbage_is_dropped_and_counted_while_a_session_is_ser
                 lambda: len([d for d, _ in peer.received if d.startswith(b"media")]) == 12
             )
             # Every datagram of garbage and without the cookie (worker counters: once a second)
-            await eventually(lambda: _dropped_invalid(stunner) >= 6000)
+            await eventually(lambda: _dropped(stunner) >= 6000)
             client.close()
         peer.close()
 

@@ -588,6 +588,27 @@ def test_a_send_indication_python_parses_goes_out_through_the_engine(rig: Rig) -
         send(rig.handle, peer, payload, 1)
 
 
+def test_a_muted_stranger_s_stun_is_dropped_until_its_time_is_up(rig: Rig) -> None:
+    """`mute`: Python spent a stranger's error budget; the engine drops its STUN meanwhile.
+    A client with an allocation is never muted (Python does not rate-limit it unparsed)."""
+    stranger = udp()
+    try:
+        address = ("::ffff:127.0.0.1", stranger.getsockname()[1])
+        rig.engine.mute(address, time.monotonic() + 60)
+        rig.engine.mute(("127.0.0.1", rig.client.getsockname()[1]), time.monotonic() + 60)
+        stranger.sendto(BINDING, rig.server)
+        drops(rig, rate_limited=1)
+        rig.send(BINDING)
+        assert rig.handed_up()[0].data == BINDING
+        rig.engine.mute(address, time.monotonic() - 1)  # its budget refilled
+        stranger.sendto(BINDING, rig.server)
+        (up,) = rig.handed_up()
+        assert up.address[1] == address[1]
+        drops(rig, rate_limited=1)
+    finally:
+        stranger.close()
+
+
 def test_unknown_clients_requests_are_handed_up_and_their_channel_data_dropped(
     rig: Rig,
 ) -> None:
