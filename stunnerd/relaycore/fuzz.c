@@ -5,11 +5,12 @@
  *   fuzz canary        (reads one byte past a buffer: proves the sanitizers are on)
  *
  * Sets up an engine on a loopback listener with allocations (IPv4 and IPv6 relay sockets),
- * permissions, channels, verdicts and mutes, starts its thread, then per iteration builds a datagram
- * (a valid ChannelData or Send indication, mutated, or random bytes) in a heap buffer of exactly
- * its size, and either decides it directly (relay_process, as a client or a peer packet) or sends
- * it through the real sockets to the thread. The tables change under it meanwhile. Prints the
- * outcomes; any memory or undefined-behaviour error aborts with the sanitizer's report.
+ * permissions, channels, verdicts and mutes, starts its thread, then per iteration builds a
+ * datagram (a valid ChannelData or Send indication, mutated, or random bytes) in a heap buffer of
+ * exactly its size, and either decides it directly (relay_process, as a client or a peer
+ * packet) or sends it through the real sockets to the thread. The tables change under it
+ * meanwhile. Prints the outcomes; any memory or undefined-behaviour error aborts with the
+ * sanitizer's report.
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>

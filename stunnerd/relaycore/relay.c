@@ -235,7 +235,8 @@ int relay_new(relay_engine *e, int listen_fd, uint32_t queue_limit, size_t queue
     e->names = calloc(RELAY_BATCH, sizeof *e->names);
     e->sends = calloc(RELAY_BATCH, sizeof *e->sends);
     e->out = calloc(RELAY_BATCH, sizeof *e->out);
-    if (!e->queues[0].items || !e->queues[1].items || !e->buffers || !e->msgs || !e->iovs || !e->names || !e->sends || !e->out)
+    if (!e->queues[0].items || !e->queues[1].items || !e->buffers || !e->msgs || !e->iovs ||
+        !e->names || !e->sends || !e->out)
         return -ENOMEM;
     if (getrandom(e->rng, sizeof e->rng, 0) != sizeof e->rng) e->rng[0] = (uint64_t)time(NULL);
     e->rng[1] |= 1;
