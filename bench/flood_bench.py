@@ -128,15 +128,23 @@ async def endpoint(**kwargs: Any) -> Endpoint:
     return proto
 
 
-async def transact(client: Endpoint, request: Message, key: bytes | None, limit: float) -> Message:
-    """RFC 8489 retransmissions (500 ms, doubling) until `limit` seconds have passed."""
+async def transact(
+    client: Endpoint,
+    request: Message,
+    key: bytes | None,
+    limit: float,
+    replies: asyncio.Queue[bytes] | None = None,
+) -> Message:
+    """RFC 8489 retransmissions (500 ms, doubling) until `limit` seconds have passed; the
+    answer is read from `replies` (the client's own queue by default)."""
     assert client.transport is not None
     data = request.encode(integrity_key=key)
     give_up = time.monotonic() + limit
     wait = 0.5
+    answers = client.replies if replies is None else replies
     while time.monotonic() < give_up:
         client.transport.sendto(data)
-        reply = await reply_to(client.replies, request, min(give_up, time.monotonic() + wait))
+        reply = await reply_to(answers, request, min(give_up, time.monotonic() + wait))
         wait *= 2
         if reply is not None:
             return reply
@@ -172,8 +180,9 @@ async def allocate(port: int, limit: float = ALLOCATION_TIMEOUT) -> Endpoint | N
 
 
 async def session(port: int, duration: float, flood_started: asyncio.Event) -> dict[str, Any]:
-    """An allocation made before the flood relays ChannelData to an echo peer while it lasts;
-    new allocations are tried every ALLOCATION_INTERVAL."""
+    """An allocation made before the flood relays ChannelData to an echo peer while it lasts and
+    sends a signed Refresh or ChannelBind (in turn); new allocations are tried as often, every
+    ALLOCATION_INTERVAL."""
     loop = asyncio.get_running_loop()
     _, peer = await loop.create_datagram_endpoint(Echo, local_addr=("127.0.0.1", 0))
     assert peer.transport is not None
@@ -193,6 +202,8 @@ async def session(port: int, duration: float, flood_started: asyncio.Event) -> d
 
     rtts: list[float] = []
     sent = 0
+    answers: asyncio.Queue[bytes] = asyncio.Queue()  # the session's STUN answers
+    auth: dict[str, Any] = {}  # USERNAME, REALM and NONCE once a 401 told them
 
     async def receive() -> None:
         while True:
@@ -200,9 +211,36 @@ async def session(port: int, duration: float, flood_started: asyncio.Event) -> d
             if len(data) >= 12 and data[:2] == CHANNEL.to_bytes(2, "big"):
                 stamp = struct.unpack_from("!d", data, 4)[0]
                 rtts.append(time.monotonic() - stamp)
+            elif data[:1] and data[0] & 0xC0 == 0:
+                answers.put_nowait(data)
+
+    async def request(number: int) -> float | None:
+        """A signed Refresh (even `number`) or ChannelBind of the session's channel (odd):
+        seconds until its success, or None."""
+        if number % 2:
+            method = Method.CHANNEL_BIND
+            attrs = {"CHANNEL-NUMBER": CHANNEL, "XOR-PEER-ADDRESS": peer_address}
+        else:
+            method, attrs = Method.REFRESH, {"LIFETIME": 600}
+        began = time.monotonic()
+        for _ in range(2):  # a 401 or a stale nonce (438) is retried once with the new nonce
+            message = Message(method, Class.REQUEST, attributes={**auth, **attrs})
+            try:
+                answer = await transact(
+                    client, message, KEY if auth else None, ALLOCATION_TIMEOUT, answers
+                )
+            except TimeoutError:
+                return None
+            if answer.message_class == Class.SUCCESS:
+                return time.monotonic() - began
+            if "NONCE" in answer.attributes:
+                realm = answer.attributes.get("REALM", REALM)
+                auth.update(USERNAME=USER, REALM=realm, NONCE=answer.attributes["NONCE"])
+        return None
 
     receiver = loop.create_task(receive())
     attempts: list[asyncio.Task[Endpoint | None]] = []
+    requests: list[asyncio.Task[float | None]] = []
     await flood_started.wait()
     start = time.monotonic()
     next_allocation = start
@@ -213,9 +251,11 @@ async def session(port: int, duration: float, flood_started: asyncio.Event) -> d
         sent += 1
         if now >= next_allocation:
             attempts.append(loop.create_task(allocate(port)))
+            requests.append(loop.create_task(request(len(requests))))
             next_allocation += ALLOCATION_INTERVAL
         await asyncio.sleep(SEND_INTERVAL)
     results = await asyncio.gather(*attempts)
+    answered = [t for t in await asyncio.gather(*requests) if t is not None]
     await asyncio.sleep(0.5)  # stragglers
     receiver.cancel()
     for made in [client, peer, *results]:
@@ -230,6 +270,11 @@ async def session(port: int, duration: float, flood_started: asyncio.Event) -> d
         "rtt_p95_ms": 1000 * sorted(rtts)[int(0.95 * (received - 1))] if rtts else None,
         "allocations_ok": sum(1 for r in results if r is not None),
         "allocations_tried": len(results),
+        "requests_ok": len(answered),
+        "requests_tried": len(requests),
+        "request_p95_ms": 1000 * sorted(answered)[int(0.95 * (len(answered) - 1))]
+        if answered
+        else None,
     }
 
 
@@ -269,14 +314,17 @@ def fmt(value: float | None, spec: str) -> str:
 def table(rows: list[dict[str, Any]]) -> str:
     lines = [
         "| flood | server | flood pps | session loss % | RTT median ms | RTT p95 ms "
-        "| allocations ok/tried | reflection B/B | server CPU s | load1 |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| allocations ok/tried | session requests ok/tried | request p95 ms "
+        "| reflection B/B | server CPU s | load1 |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r['flood']} | {r['server']} | {r['flood_pps']:.0f} | {fmt(r['loss_pct'], '.1f')} "
             f"| {fmt(r['rtt_median_ms'], '.2f')} | {fmt(r['rtt_p95_ms'], '.2f')} "
-            f"| {r['allocations_ok']}/{r['allocations_tried']} | {r['reflection']:.3f} "
+            f"| {r['allocations_ok']}/{r['allocations_tried']} "
+            f"| {r['requests_ok']}/{r['requests_tried']} | {fmt(r['request_p95_ms'], '.1f')} "
+            f"| {r['reflection']:.3f} "
             f"| {r['cpu_s']:.2f} | {r['load1']:.2f} |"
         )
     return "\n".join(lines)

@@ -12,6 +12,7 @@ adds the pure-Python path (STUNNER_NATIVE=0) to the same run.
     .venv/bin/python bench/turn_bench.py            # default matrix, < 5 minutes
     .venv/bin/python bench/turn_bench.py --quick    # 3 cases
     .venv/bin/python bench/turn_bench.py --cases 'udp-*-c10-*' --json out.json
+    .venv/bin/python bench/turn_bench.py --cases 'tls-*'   # TURN-TLS (uclient -S), opt-in
 
 See bench/README.md for the columns and the latest table.
 """
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import contextlib
 import dataclasses
 import datetime
@@ -64,7 +66,7 @@ def log(text: str) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class Case:
-    transport: str  # "udp" | "tcp"
+    transport: str  # "udp" | "tcp" | "tls"
     method: str  # "chan" (ChannelData) | "send" (Send indications, uclient -s)
     size: int  # payload bytes (uclient -l)
     clients: int  # uclient -m
@@ -97,6 +99,12 @@ def default_matrix() -> list[Case]:
     cases += [Case(t, "chan", 1000, 10, 1000) for t in ("udp", "tcp")]
     cases += [Case(t, "send", 120, 10, 1000) for t in ("udp", "tcp")]
     return cases
+
+
+def tls_cases() -> list[Case]:
+    """TURN-TLS, selected by name only (`--cases 'tls-*'`): both servers then also listen
+    for TLS on a port of their own, with a self-signed certificate."""
+    return [Case("tls", "chan", 120, c, 1000) for c in (10, 50)]
 
 
 def quick_matrix() -> list[Case]:
@@ -203,9 +211,11 @@ class Server:
         workdir: Path,
         udp_threads: int | None = None,
         abuse_limits: bool = False,
+        tls: bool = False,
     ) -> None:
         self.name = name
         self.port = free_port()
+        self.tls_port = free_port() if tls else None  # a TURN-TLS listener there
         self.proc: subprocess.Popen[bytes] | None = None
         self.workdir = workdir
         self.udp_threads = udp_threads  # stunnerd -u; None: its default
@@ -235,7 +245,8 @@ class Server:
                         "routes": ["allow-any"],
                     }
                     for t in ("udp", "tcp")
-                ],
+                ]
+                + self._tls_listener(),
                 "clusters": [
                     {"name": "allow-any", "type": "STATIC", "protocol": "UDP",
                      "endpoints": ["127.0.0.0/8"]}
@@ -259,9 +270,35 @@ class Server:
                 "--no-stdout-log", "--log-file", "/dev/null", "--simple-log",
                 "--pidfile", str(self.workdir / f"turnserver-{self.port}.pid"),
             ]  # fmt: skip
+            if self.tls_port is not None:
+                cert, key = self._tls_files()
+                argv.remove("--no-tls")
+                argv += ["--tls-listening-port", str(self.tls_port), "--cert", cert, "--pkey", key]
         self.proc = subprocess.Popen(argv, stdout=logfile, stderr=subprocess.STDOUT, env=env)
         logfile.close()
         self._wait_ready()
+
+    def _tls_listener(self) -> list[dict[str, Any]]:
+        if self.tls_port is None:
+            return []
+        from stunnerd.certificates import self_signed_certificate
+
+        cert, key = self_signed_certificate("127.0.0.1")  # base64 PEM, as the config has it
+        return [
+            {"name": "bench-tls", "protocol": "TURN-TLS", "address": "127.0.0.1",
+             "port": self.tls_port, "routes": ["allow-any"], "cert": cert, "key": key}
+        ]  # fmt: skip
+
+    def _tls_files(self) -> tuple[str, str]:
+        """coturn's certificate and key: PEM files in the work directory."""
+        from stunnerd.certificates import self_signed_certificate
+
+        paths = []
+        for kind, text in zip(("cert", "key"), self_signed_certificate("127.0.0.1"), strict=True):
+            path = self.workdir / f"turnserver-{self.port}.{kind}.pem"
+            path.write_bytes(base64.b64decode(text))
+            paths.append(str(path))
+        return paths[0], paths[1]
 
     def _wait_ready(self) -> None:
         assert self.proc is not None
@@ -289,12 +326,12 @@ class Server:
 
 @contextlib.contextmanager
 def running(
-    names: tuple[str, ...], workdir: Path, udp_threads: int | None
+    names: tuple[str, ...], workdir: Path, udp_threads: int | None, tls: bool = False
 ) -> Iterator[dict[str, Server]]:
     servers: dict[str, Server] = {}
     try:
         for name in names:
-            servers[name] = Server(name, workdir, udp_threads)
+            servers[name] = Server(name, workdir, udp_threads, tls=tls)
             servers[name].start()
         yield servers
     finally:
@@ -315,7 +352,12 @@ def run_uclient(case: Case, server: Server, peer_port: int, duration: float) -> 
     count = max(10, round(duration * 1000 / interval))
     argv = ["turnutils_uclient", "-c", "-m", str(case.clients), "-n", str(count),
             "-z", str(interval), "-l", str(case.size), "-e", "127.0.0.1",
-            "-r", str(peer_port), "-u", USER, "-w", PASSWORD, "-p", str(server.port)]  # fmt: skip
+            "-r", str(peer_port), "-u", USER, "-w", PASSWORD]  # fmt: skip
+    if case.transport == "tls":
+        assert server.tls_port is not None
+        argv += ["-t", "-S", "-p", str(server.tls_port)]
+    else:
+        argv += ["-p", str(server.port)]
     if case.transport == "tcp":
         argv.append("-t")
     if case.method == "send":
@@ -705,7 +747,7 @@ def main(argv: list[str] | None = None) -> int:
     cases = quick_matrix() if args.quick else full_matrix() if args.full else default_matrix()
     if args.cases:
         patterns = [p.strip() for p in args.cases.split(",") if p.strip()]
-        pool = full_matrix() if not args.quick else cases
+        pool = full_matrix() + tls_cases() if not args.quick else cases
         cases = [c for c in pool if any(fnmatch.fnmatch(c.name, p) for p in patterns)]
     if args.list:
         sys.stdout.write("".join(f"{c.name}\n" for c in cases))
@@ -736,7 +778,8 @@ def main(argv: list[str] | None = None) -> int:
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
         try:
-            with running(names, workdir, args.udp_threads) as servers:
+            tls = any(case.transport == "tls" for case in cases)
+            with running(names, workdir, args.udp_threads, tls) as servers:
                 for i, case in enumerate(cases):
                     for repeat in range(1, args.repeat + 1):
                         # alternate the order so neither server always runs on a warmer machine

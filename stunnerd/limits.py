@@ -126,6 +126,14 @@ class RateLimiter:
         buckets[key] = (tokens - 1, now)
         return True
 
+    def seconds_to_token(self, key: Any) -> float:
+        """How long until `key` has a token again (0: it has one, or there is no limit)."""
+        entry = self._buckets.get(key)
+        if entry is None or self.rate <= 0:
+            return 0.0
+        tokens = entry[0] + (self._clock() - entry[1]) * self.rate
+        return max(0.0, (1 - tokens) / self.rate)
+
     def exhausted(self, key: Any) -> bool:
         """Whether `key` has no token left now (nothing is consumed): a cheap test before
         any work is done for it."""

@@ -13,10 +13,22 @@ its allocations' relay sockets in its own thread, which never takes the GIL: epo
 - the peer policy, both directions, from a verdict table: peer (IP, port) -> cluster id, or
   forbidden. On a miss the packet is handed up; Python's `Router` decides, `decide()` installs
   the verdict and `reinject()` sends the packet on. `clear_verdicts()` on every reconcile.
-- everything else (every STUN request, any other message shape, unknown 5-tuples, an expired
-  channel) is handed up untouched through a bounded queue: `fileno()` is readable while it holds
-  packets (an eventfd for `loop.add_reader`), `drain()` returns them in batches. A full queue
-  drops (counted as "queue_full"), so a flood costs the event loop a bounded amount of work.
+- a client datagram that cannot be a STUN message or ChannelData is dropped on its first bytes,
+  before any copy, and counted as "invalid" (issue 15): shorter than a header, neither 00 nor 01
+  as its first two bits, ChannelData longer than the datagram or from a client without an
+  allocation, STUN without the magic cookie, with a length that is no multiple of 4, does not
+  match the datagram, or is above `max_message` (`Limits.max_udp_message`). Python's path drops
+  the same datagrams unanswered (`TurnServer.handle`, `stun.parse_message`).
+- everything else (every STUN request, any other message shape, an expired channel) is handed
+  up untouched through one of two bounded queues: what comes from a peer or from a client with
+  an allocation in the engine goes to a priority queue, the rest (strangers) to another, and
+  `drain()` empties the priority queue first, so a flood of strangers' requests cannot starve
+  established clients' Refresh, CreatePermission and ChannelBind. `fileno()` is readable while
+  either holds packets (an eventfd for `loop.add_reader`), `drain()` returns them in batches.
+  A full queue drops (counted as "queue_full"), so a flood costs the event loop a bounded
+  amount of work. A stranger whose error answers Python rate-limits (--error-rate) is muted
+  (`mute`) until its budget refills: its STUN is then dropped in the engine ("rate_limited"),
+  as Python would drop it unparsed.
 - expiry is by monotonic timestamps (`time.monotonic()`), checked per packet: no timer per entry.
 - counters (packets and bytes per listener and per cluster, both directions; drops by cause;
   packets handed up) are read under the engine's lock without stopping its thread.
@@ -126,13 +138,14 @@ class NativeRelay:
         clusters: ClusterIds | None = None,
         queue_limit: int = 4096,
         queue_bytes: int = 8 << 20,
+        max_message: int = 4096,
     ) -> None:
         reason = unavailable_reason()
         if reason is not None:
             raise RuntimeError(f"the native relay is not available: {reason}")
         assert _relay is not None
         self.clusters = clusters or ClusterIds()
-        self._engine = _relay.Engine(listener.fileno(), queue_limit, queue_bytes)
+        self._engine = _relay.Engine(listener.fileno(), queue_limit, queue_bytes, max_message)
         self._loop: asyncio.AbstractEventLoop | None = None
 
     # --- lifecycle --------------------------------------------------------------------------
@@ -213,6 +226,12 @@ class NativeRelay:
 
     def clear_verdicts(self) -> None:
         self._engine.clear_verdicts()
+
+    def mute(self, client: tuple[Any, ...], until: float) -> None:
+        """Drop the STUN messages of `client`, a stranger (no allocation in the engine), until
+        `until` (`time.monotonic()`), counted as "rate_limited": its error-answer budget is
+        spent, so Python would drop them unparsed (`TurnServer.handle`)."""
+        self._engine.mute(client, until)
 
     def reinject(self, packet: HandedUp) -> int:
         """Decide a handed-up packet again (after `decide`): RELAYED, DROPPED, or UP when the

@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import time
 from typing import Any
 
 from . import native, stun
@@ -113,7 +114,8 @@ class NativeUdpTransport(UdpTransport):
     async def start(self, port: int) -> None:
         sock = self.listener_socket(port)
         try:
-            relay = native.NativeRelay(sock)
+            limits = self.server.context.limits
+            relay = native.NativeRelay(sock, max_message=limits.max_udp_message)
             relay.watch_relay_ports(self.server.router.relay_ports)
             relay.start()
         except (OSError, RuntimeError) as exc:
@@ -185,7 +187,14 @@ class NativeUdpTransport(UdpTransport):
             peer = _relayed_peer(allocation, data)
             if peer is not None and self._decided(peer, packet) != native.UP:
                 return
+        stats = self.server.stats
+        limited = stats.rate_limited
         self._python.datagram_received(data, addr)
+        if stats.rate_limited != limited and allocation is None and self.relay is not None:
+            # A stranger over its error budget: the engine drops it until the budget refills.
+            wait = self.server.context.error_answers.seconds_to_token(addr)
+            if wait > 0:
+                self.relay.mute(addr, time.monotonic() + wait)
 
     def _from_peer(self, packet: native.HandedUp) -> None:
         allocation = self._allocations.get(packet.handle)
@@ -215,7 +224,8 @@ class NativeUdpTransport(UdpTransport):
             rx_bytes=counted.rx_bytes,
             tx_packets=counted.tx_packets,
             tx_bytes=counted.tx_bytes,
-            dropped=sum(counted.drops.values()),
+            dropped=sum(n for cause, n in counted.drops.items() if cause != "rate_limited"),
+            rate_limited=counted.drops.get("rate_limited", 0),
         )
 
     def cluster_counters(self) -> dict[str, ClusterCounters]:

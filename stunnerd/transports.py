@@ -53,6 +53,8 @@ class UdpListenerProtocol(asyncio.DatagramProtocol):
             allocation = self.server.allocations.get(addr)
             if allocation is not None:
                 allocation.relay_channel_data(data)
+            else:
+                self.server.stats.dropped += 1  # a stranger's, as the native engine counts it
             return
         allocation = self.server.allocations.get(addr)
         if allocation is not None:

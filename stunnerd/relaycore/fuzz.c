@@ -5,11 +5,12 @@
  *   fuzz canary        (reads one byte past a buffer: proves the sanitizers are on)
  *
  * Sets up an engine on a loopback listener with allocations (IPv4 and IPv6 relay sockets),
- * permissions, channels and verdicts, starts its thread, then per iteration builds a datagram
- * (a valid ChannelData or Send indication, mutated, or random bytes) in a heap buffer of exactly
- * its size, and either decides it directly (relay_process, as a client or a peer packet) or sends
- * it through the real sockets to the thread. The tables change under it meanwhile. Prints the
- * outcomes; any memory or undefined-behaviour error aborts with the sanitizer's report.
+ * permissions, channels, verdicts and mutes, starts its thread, then per iteration builds a
+ * datagram (a valid ChannelData or Send indication, mutated, or random bytes) in a heap buffer of
+ * exactly its size, and either decides it directly (relay_process, as a client or a peer
+ * packet) or sends it through the real sockets to the thread. The tables change under it
+ * meanwhile. Prints the outcomes; any memory or undefined-behaviour error aborts with the
+ * sanitizer's report.
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -198,6 +199,11 @@ int main(int argc, char **argv) {
         else if (change == 4) relay_bind_channel(e, handles[which], (uint16_t)(0x4000 + rnd() % 3), &peers[p], t);
         else if (change == 5) relay_remove_channel(e, handles[which], (uint16_t)(0x4000 + rnd() % 3));
         else if (change == 6) relay_refresh_allocation(e, handles[which], t);
+        else if (change == 8) { /* mute a stranger (or, harmlessly, a client) */
+            relay_addr muted = clients[which];
+            muted.port ^= (uint16_t)(rnd() % 2);
+            relay_mute(e, &muted, t);
+        }
         else if (change == 7 && which > 0) { /* replace an allocation */
             relay_remove_allocation(e, handles[which]);
             relay_add_allocation(e, &clients[which], relays[which], relay_now() + 3600, &handles[which]);

@@ -85,12 +85,12 @@ static PyObject *format_address(const struct sockaddr_storage *ss) {
 }
 
 static int Engine_init(EngineObject *self, PyObject *args, PyObject *kwargs) {
-    static char *names[] = {"listener_fd", "queue_limit", "queue_bytes", NULL};
+    static char *names[] = {"listener_fd", "queue_limit", "queue_bytes", "max_message", NULL};
     int fd;
-    unsigned int queue_limit = 4096;
+    unsigned int queue_limit = 4096, max_message = RELAY_MAX_MESSAGE;
     Py_ssize_t queue_bytes = 8 << 20;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "i|In", names, &fd, &queue_limit,
-                                     &queue_bytes))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "i|InI", names, &fd, &queue_limit,
+                                     &queue_bytes, &max_message))
         return -1;
     if (self->ready) {
         PyErr_SetString(PyExc_RuntimeError, "the relay engine is already initialised");
@@ -100,12 +100,17 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kwargs) {
         PyErr_SetString(PyExc_ValueError, "queue_limit and queue_bytes must be positive");
         return -1;
     }
+    if (max_message < 20) {
+        PyErr_SetString(PyExc_ValueError, "max_message is at least a STUN header (20 bytes)");
+        return -1;
+    }
     int rc = relay_new(&self->engine, fd, queue_limit, (size_t)queue_bytes);
     if (rc < 0) {
         relay_free(&self->engine);
         raise_errno(rc);
         return -1;
     }
+    self->engine.max_message = max_message;
     self->ready = 1;
     return 0;
 }
@@ -293,6 +298,17 @@ static PyObject *Engine_watch_relay_ports(EngineObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+static PyObject *Engine_mute(EngineObject *self, PyObject *args) {
+    PyObject *client;
+    double until;
+    struct sockaddr_storage ss;
+    relay_addr addr;
+    if (!PyArg_ParseTuple(args, "O!d", &PyTuple_Type, &client, &until) ||
+        engine_check(self) < 0 || parse_address(client, &ss, &addr) < 0)
+        return NULL;
+    return result(relay_mute(&self->engine, &addr, until));
+}
+
 static PyObject *Engine_clear_verdicts(EngineObject *self, PyObject *unused) {
     if (engine_check(self) < 0) return NULL;
     relay_clear_verdicts(&self->engine);
@@ -465,6 +481,7 @@ static PyMethodDef Engine_methods[] = {
     {"remove_channel", (PyCFunction)Engine_remove_channel, METH_VARARGS, NULL},
     {"set_verdict", (PyCFunction)Engine_set_verdict, METH_VARARGS, NULL},
     {"clear_verdicts", (PyCFunction)Engine_clear_verdicts, METH_NOARGS, NULL},
+    {"mute", (PyCFunction)Engine_mute, METH_VARARGS, "Drop a stranger's STUN until a time."},
     {"watch_relay_ports", (PyCFunction)Engine_watch_relay_ports, METH_VARARGS,
      "Check own-address verdicts against this relay-port map per packet."},
     {"inject", (PyCFunction)Engine_inject, METH_VARARGS, "Decide a handed-up packet again."},

@@ -25,7 +25,8 @@
 #define READS_PER_WAKEUP 8 /* recvmmsg batches per ready socket before serving the others */
 
 const char *const relay_drop_names[DROP_COUNT] = {
-    "no_permission", "forbidden", "expired", "too_big", "send_error", "queue_full",
+    "no_permission", "forbidden", "expired", "too_big", "send_error", "queue_full", "invalid",
+    "rate_limited",
 };
 
 /* --- small helpers ------------------------------------------------------------------------ */
@@ -222,16 +223,20 @@ int relay_new(relay_engine *e, int listen_fd, uint32_t queue_limit, size_t queue
     int family = socket_family(listen_fd);
     if (family < 0) return family;
     e->listen_family = family;
-    e->qcap = queue_limit ? queue_limit : 1;
     e->qbytes_limit = queue_bytes;
-    e->queue = calloc(e->qcap, sizeof *e->queue);
+    e->max_message = RELAY_MAX_MESSAGE;
+    for (int q = 0; q < RELAY_QUEUES; q++) {
+        e->queues[q].cap = queue_limit ? queue_limit : 1;
+        e->queues[q].items = calloc(e->queues[q].cap, sizeof *e->queues[q].items);
+    }
     e->buffers = calloc(RELAY_BATCH, RELAY_BUFFER); /* untouched pages cost no memory */
     e->msgs = calloc(RELAY_BATCH, sizeof *e->msgs);
     e->iovs = calloc(RELAY_BATCH, sizeof *e->iovs);
     e->names = calloc(RELAY_BATCH, sizeof *e->names);
     e->sends = calloc(RELAY_BATCH, sizeof *e->sends);
     e->out = calloc(RELAY_BATCH, sizeof *e->out);
-    if (!e->queue || !e->buffers || !e->msgs || !e->iovs || !e->names || !e->sends || !e->out)
+    if (!e->queues[0].items || !e->queues[1].items || !e->buffers || !e->msgs || !e->iovs ||
+        !e->names || !e->sends || !e->out)
         return -ENOMEM;
     if (getrandom(e->rng, sizeof e->rng, 0) != sizeof e->rng) e->rng[0] = (uint64_t)time(NULL);
     e->rng[1] |= 1;
@@ -284,10 +289,13 @@ void relay_free(relay_engine *e) {
     free(e->free_slots);
     table_free(&e->by_client);
     table_free(&e->verdicts);
+    table_free(&e->muted);
     free(e->clusters);
-    if (e->queue) {
-        for (uint32_t i = 0; i < e->qlen; i++) free(e->queue[(e->qhead + i) % e->qcap]);
-        free(e->queue);
+    for (int q = 0; q < RELAY_QUEUES; q++) {
+        relay_queue *queue = &e->queues[q];
+        for (uint32_t i = 0; queue->items && i < queue->len; i++)
+            free(queue->items[(queue->head + i) % queue->cap]);
+        free(queue->items);
     }
     free(e->buffers);
     free(e->msgs);
@@ -495,6 +503,19 @@ int relay_set_verdict(relay_engine *e, const relay_addr *peer, int cluster) {
     return rc;
 }
 
+int relay_mute(relay_engine *e, const relay_addr *client, double until) {
+    int rc = 0;
+    pthread_mutex_lock(&e->lock);
+    if (e->muted.used >= RELAY_MUTED_LIMIT) table_free(&e->muted); /* a spoofed flood's */
+    relay_entry *s = table_put(&e->muted, client);
+    if (s)
+        s->expiry = until;
+    else
+        rc = -ENOMEM;
+    pthread_mutex_unlock(&e->lock);
+    return rc;
+}
+
 void relay_clear_verdicts(relay_engine *e) {
     pthread_mutex_lock(&e->lock);
     table_free(&e->verdicts);
@@ -670,6 +691,19 @@ static int peer_to_client(relay_engine *e, relay_alloc *a, const relay_addr *pee
     return RELAY_RELAYED;
 }
 
+/* Whether a client's datagram can be a STUN message or ChannelData, judged on its first bytes
+ * alone (issue 15): ChannelData (the first two bits 01, so a channel number in 0x4000-0x7FFF)
+ * whose length fits the datagram; or a STUN header (the first two bits 00, the magic cookie)
+ * whose length is a multiple of 4, matches the datagram and keeps it within max_message. What
+ * fails is what stunnerd.turn drops unanswered (TurnServer.handle, stun.parse_message). */
+static int plausible(const relay_engine *e, const uint8_t *data, size_t len) {
+    if (len < 4) return 0;
+    if ((data[0] & 0xC0) == 0x40) return 4 + (size_t)be16(data + 2) <= len;
+    if ((data[0] & 0xC0) != 0 || len < 20 || be32(data + 4) != COOKIE) return 0;
+    size_t length = be16(data + 2);
+    return length % 4 == 0 && len == 20 + length && len <= e->max_message;
+}
+
 int relay_process(relay_engine *e, int source, uint64_t handle, const struct sockaddr *from,
                   uint8_t *data, size_t len, double now, relay_send *out) {
     relay_addr addr;
@@ -679,22 +713,26 @@ int relay_process(relay_engine *e, int source, uint64_t handle, const struct soc
         if (!a) return RELAY_UP; /* removed meanwhile: Python knows what to do */
         return peer_to_client(e, a, &addr, data, len, now, out);
     }
-    if (len < 4) return RELAY_UP;
+    if (!plausible(e, data, len)) return drop(e, DROP_INVALID);
     relay_alloc *a;
     if ((data[0] & 0xC0) == 0x40) { /* ChannelData (RFC 8656 §12.4) */
         a = alloc_of_client(e, &addr);
-        if (!a || now >= a->expires) return RELAY_UP;
+        if (!a) return drop(e, DROP_INVALID); /* a stranger's: Python has no allocation either */
+        if (now >= a->expires) return RELAY_UP;
         size_t plen = be16(data + 2);
-        if (4 + plen > len) return RELAY_UP;
         relay_addr nk = number_key(be16(data));
         relay_entry *ch = table_find(&a->chan_num, &nk);
         if (!ch || ch->expiry <= now) return RELAY_UP;
         relay_addr peer = ch->peer;
         return client_to_peer(e, a, &peer, data + 4, plen, len, now, out);
     }
-    if (data[0] != 0x00 || data[1] != SEND_INDICATION) return RELAY_UP;
     a = alloc_of_client(e, &addr);
-    if (!a || now >= a->expires) return RELAY_UP;
+    if (!a) { /* a stranger's STUN message: Python's, unless its error budget is spent */
+        relay_entry *m = e->muted.used ? table_find(&e->muted, &addr) : NULL;
+        if (m && m->expiry > now) return drop(e, DROP_RATE_LIMITED);
+        return RELAY_UP;
+    }
+    if (data[0] != 0x00 || data[1] != SEND_INDICATION || now >= a->expires) return RELAY_UP;
     relay_addr peer;
     const uint8_t *payload;
     size_t plen;
@@ -712,9 +750,16 @@ int relay_payload_to_peer(relay_engine *e, uint64_t handle, const relay_addr *pe
 
 void relay_hand_up(relay_engine *e, int source, uint64_t handle, const struct sockaddr *from,
                    socklen_t fromlen, const uint8_t *data, size_t len) {
+    int known = source == RELAY_SRC_PEER;
+    if (!known) {
+        relay_addr client;
+        relay_addr_from_sockaddr(&client, from);
+        known = table_find(&e->by_client, &client) != NULL;
+    }
+    relay_queue *queue = &e->queues[known ? RELAY_QUEUE_KNOWN : RELAY_QUEUE_STRANGERS];
     pthread_mutex_lock(&e->qlock);
     relay_up *up = NULL;
-    if (e->qlen < e->qcap && e->qbytes + len <= e->qbytes_limit)
+    if (queue->len < queue->cap && queue->bytes + len <= e->qbytes_limit)
         up = malloc(sizeof *up + len);
     if (!up) {
         pthread_mutex_unlock(&e->qlock);
@@ -729,9 +774,10 @@ void relay_hand_up(relay_engine *e, int source, uint64_t handle, const struct so
     up->fromlen = fromlen;
     up->len = (uint32_t)len;
     memcpy(up->data, data, len);
-    e->queue[(e->qhead + e->qlen) % e->qcap] = up;
-    e->qbytes += len;
-    if (e->qlen++ == 0) {
+    queue->items[(queue->head + queue->len) % queue->cap] = up;
+    queue->bytes += len;
+    queue->len++;
+    if (e->queues[RELAY_QUEUE_KNOWN].len + e->queues[RELAY_QUEUE_STRANGERS].len == 1) {
         uint64_t one = 1;
         if (write(e->up_fd, &one, sizeof one) < 0) { /* already readable */
         }
@@ -743,14 +789,17 @@ void relay_hand_up(relay_engine *e, int source, uint64_t handle, const struct so
 uint32_t relay_drain(relay_engine *e, relay_up **out, uint32_t max) {
     pthread_mutex_lock(&e->qlock);
     uint32_t n = 0;
-    while (n < max && e->qlen > 0) {
-        relay_up *up = e->queue[e->qhead];
-        e->qhead = (e->qhead + 1) % e->qcap;
-        e->qlen--;
-        e->qbytes -= up->len;
-        out[n++] = up;
+    for (int q = 0; q < RELAY_QUEUES; q++) { /* the known clients' and peers' first */
+        relay_queue *queue = &e->queues[q];
+        while (n < max && queue->len > 0) {
+            relay_up *up = queue->items[queue->head];
+            queue->head = (queue->head + 1) % queue->cap;
+            queue->len--;
+            queue->bytes -= up->len;
+            out[n++] = up;
+        }
     }
-    if (e->qlen == 0) {
+    if (e->queues[RELAY_QUEUE_KNOWN].len + e->queues[RELAY_QUEUE_STRANGERS].len == 0) {
         uint64_t value;
         if (read(e->up_fd, &value, sizeof value) < 0) { /* not signalled */
         }

@@ -3,11 +3,17 @@
  * One engine owns the packet path of one TURN-UDP listener socket and the relay sockets of its
  * allocations. Its thread (relay_start) waits in epoll, reads batches with recvmmsg, decides
  * every packet from tables the Python server fills (allocations, permissions, channels, peer
- * verdicts), writes with sendmmsg, and hands every packet it does not own up through a bounded
- * queue (relay_drain; relay_up_fd is readable while the queue holds packets).
+ * verdicts), writes with sendmmsg, and hands every packet it does not own up through one of two
+ * bounded queues (relay_drain; up_fd is readable while either holds packets).
+ *
+ * Under a flood (issue 15): a client datagram that cannot be a STUN message or ChannelData is
+ * dropped on its first bytes, before any copy (counted as DROP_INVALID), and what is handed up
+ * from a client with an allocation here, or from a peer, goes to the priority queue, which
+ * relay_drain empties first: strangers filling the other queue cannot starve established
+ * clients' requests.
  *
  * Locking: `lock` guards the tables and counters; the thread holds it only while deciding a
- * batch (never during a syscall). `qlock` guards the hand-up queue and nests inside `lock`.
+ * batch (never during a syscall). `qlock` guards the hand-up queues and nests inside `lock`.
  * Only the engine's thread closes relay descriptors (removed allocations wait in a graveyard),
  * so a descriptor is never reused under a read in progress.
  */
@@ -67,6 +73,8 @@ enum relay_drop {
     DROP_TOO_BIG,
     DROP_SEND_ERROR,
     DROP_QUEUE_FULL,
+    DROP_INVALID,      /* cannot be STUN or ChannelData, or a stranger's ChannelData */
+    DROP_RATE_LIMITED, /* a stranger over its error-answer budget (relay_mute) */
     DROP_COUNT
 };
 extern const char *const relay_drop_names[DROP_COUNT];
@@ -79,8 +87,10 @@ enum { CL_TX_PACKETS, CL_TX_BYTES, CL_RX_PACKETS, CL_RX_BYTES };               /
  * port (relay_ports, one byte per port, shared by every process; checked per packet). */
 #define RELAY_VERDICT_OWN 0x40000000
 #define RELAY_VERDICT_LIMIT 65536
+#define RELAY_MUTED_LIMIT 65536
 #define RELAY_BATCH 32
 #define RELAY_BUFFER 65536
+#define RELAY_MAX_MESSAGE 4096 /* STUN over UDP, by default (stunnerd.limits.max_udp_message) */
 
 /* One packet handed up: where it came from and its bytes, exactly as received. */
 typedef struct relay_up {
@@ -91,6 +101,15 @@ typedef struct relay_up {
     uint32_t len;
     uint8_t data[];
 } relay_up;
+
+/* A bounded FIFO of handed-up packets. */
+typedef struct {
+    relay_up **items;
+    uint32_t cap, head, len;
+    size_t bytes;
+} relay_queue;
+
+enum { RELAY_QUEUE_KNOWN = 0, RELAY_QUEUE_STRANGERS = 1, RELAY_QUEUES = 2 };
 
 /* One send decided for a received packet. */
 typedef struct {
@@ -113,19 +132,20 @@ typedef struct relay_engine {
     uint32_t nslots, *free_slots, nfree, next_gen;
     relay_table by_client; /* client address -> allocation slot */
     relay_table verdicts;  /* peer address -> cluster id (>= 0, maybe | OWN) or forbidden (-1) */
+    relay_table muted;     /* stranger's address -> until when its STUN is dropped (expiry) */
     const volatile uint8_t *relay_ports; /* 65536 bytes or NULL (Python keeps it alive) */
     uint64_t listener[4];
     uint64_t (*clusters)[4];
     uint32_t nclusters;
     uint64_t drops[DROP_COUNT];
     uint64_t handed_up;
+    uint32_t max_message; /* a client's STUN message above this is dropped (DROP_INVALID) */
     relay_alloc *graveyard;
     uint64_t rng[2];
-    /* the hand-up queue */
+    /* the hand-up queues: known clients' and peers' packets, then strangers' (each bounded) */
     pthread_mutex_t qlock;
-    relay_up **queue;
-    uint32_t qcap, qhead, qlen;
-    size_t qbytes, qbytes_limit;
+    relay_queue queues[RELAY_QUEUES];
+    size_t qbytes_limit;
     /* the thread */
     pthread_t thread;
     int running;
@@ -139,7 +159,8 @@ typedef struct relay_engine {
     struct mmsghdr *out;
 } relay_engine;
 
-/* Lifecycle. relay_new duplicates listen_fd; 0 on success, else -errno. */
+/* Lifecycle. relay_new duplicates listen_fd; 0 on success, else -errno. queue_limit and
+ * queue_bytes bound each of the two hand-up queues. */
 int relay_new(relay_engine *e, int listen_fd, uint32_t queue_limit, size_t queue_bytes);
 int relay_start(relay_engine *e);
 void relay_stop(relay_engine *e);
@@ -159,6 +180,10 @@ int relay_bind_channel(relay_engine *e, uint64_t handle, uint16_t number, const 
 int relay_remove_channel(relay_engine *e, uint64_t handle, uint16_t number);
 int relay_set_verdict(relay_engine *e, const relay_addr *peer, int cluster);
 void relay_clear_verdicts(relay_engine *e);
+/* Drop a stranger's (a client without an allocation here) STUN messages until `until`
+ * (relay_now's clock), counted as DROP_RATE_LIMITED: Python's error-answer budget for it is
+ * spent, and Python would drop them unparsed. */
+int relay_mute(relay_engine *e, const relay_addr *client, double until);
 
 /* The packet path. relay_process decides one packet (lock held) and fills *out on RELAYED;
  * relay_flush sends decided packets (scratch: `count` headers of the caller's) and counts
@@ -171,10 +196,13 @@ void relay_flush(relay_engine *e, relay_send *sends, int count, struct mmsghdr *
 int relay_payload_to_peer(relay_engine *e, uint64_t handle, const relay_addr *peer,
                           uint8_t *payload, size_t plen, size_t len, double now,
                           relay_send *out);
-/* Hand one packet up; drops it (counted) when the queue is full. Call with `lock` held. */
+/* Hand one packet up: to the priority queue when it comes from a peer or from a client with an
+ * allocation, else to the strangers' queue; dropped (counted) when that queue is full. Call
+ * with `lock` held. */
 void relay_hand_up(relay_engine *e, int source, uint64_t handle, const struct sockaddr *from,
                    socklen_t fromlen, const uint8_t *data, size_t len);
-/* Up to `max` queued packets, oldest first; the caller frees each. Returns the count. */
+/* Up to `max` queued packets, the priority queue's first, each queue oldest first; the caller
+ * frees each. Returns the count. */
 uint32_t relay_drain(relay_engine *e, relay_up **out, uint32_t max);
 
 /* Helpers shared with the bindings and the fuzz harness. */

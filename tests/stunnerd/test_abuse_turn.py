@@ -15,16 +15,21 @@ import asyncio
 import contextlib
 import dataclasses
 import os
+import random
 import socket
 import struct
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
-from stunnerd import stun
+from stunnerd import native, stun
 from stunnerd.daemon import Stunner
 from stunnerd.limits import Limits
+from stunnerd.metrics import render_metrics
+from stunnerd.native_udp import NativeUdpTransport
 from stunnerd.stun import Class, Message, Method
 from tests.support.turnclient import (
     HOST,
@@ -232,8 +237,10 @@ def test_oversized_or_attribute_stuffed_udp_messages_are_dropped() -> None:
 
 
 def test_error_answers_are_rate_limited_and_floods_not_parsed(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, relay_path: str
 ) -> None:
+    """Past its error budget a stranger's requests are dropped unparsed: by Python, and on the
+    native path by the engine, which Python mutes the stranger in until its budget refills."""
     parsed = []
     parse = stun.parse_message
 
@@ -254,11 +261,48 @@ def test_error_answers_are_rate_limited_and_floods_not_parsed(
         answers = len(client.raw)
         assert 10 <= answers <= 14, answers  # a burst of 10, then 5 a second
         assert len(parsed) <= answers + 3, len(parsed)  # the rest dropped before parsing
-        server = stunner.listeners["testns/gw/turn-udp"].server
-        assert server.stats.rate_limited >= 100 - answers - 3
+        listener = stunner.listeners["testns/gw/turn-udp"]
+        assert listener.stats().rate_limited >= 100 - answers - 3
         client.close()
 
     run(scenario, Limits(error_rate=5))
+
+
+def test_a_stranger_over_its_error_budget_is_dropped_by_the_native_engine(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Native path: once Python refused a stranger an error answer, the engine drops the
+    stranger's STUN until its budget refills, counted with reason "rate_limit"; Python no
+    longer sees it (no per-packet work for an Allocate flood from one source)."""
+    if not native.available():
+        pytest.skip(f"native: {native.unavailable_reason()}")
+    monkeypatch.setenv("STUNNER_NATIVE", "1")
+
+    async def scenario(port: int, stunner: Stunner) -> None:
+        client = await RawClient.connect((HOST, port))
+
+        def allocate() -> None:
+            request = Message(Method.ALLOCATE, Class.REQUEST)
+            request.attributes["REQUESTED-TRANSPORT"] = 17
+            client.send_raw(request.encode())
+
+        for _ in range(10):  # a burst of 2 answered, then refused: muted for ~1 s
+            allocate()
+        await asyncio.sleep(0.2)
+        listener = stunner.listeners["testns/gw/turn-udp"]
+        seen_by_python = listener.server.stats.rx_packets
+        for _ in range(50):
+            allocate()
+        await asyncio.sleep(0.2)
+        assert listener.server.stats.rx_packets == seen_by_python
+        transport = listener.transport
+        assert isinstance(transport, NativeUdpTransport)
+        assert transport.listener_counters().rate_limited == 50
+        assert len(client.raw) == 2
+        assert _dropped(stunner, "rate_limit") == 10 - 2 + 50
+        client.close()
+
+    run(scenario, Limits(error_rate=1))
 
 
 def test_limits_reach_the_worker_processes() -> None:
@@ -304,3 +348,158 @@ def test_an_established_client_keeps_its_packets_while_strangers_flood_the_liste
         peer.close()
 
     run(scenario)
+
+
+def _signed(client: RawClient, request: Message) -> tuple[asyncio.Future[Message], bytes]:
+    """`request` signed with the client's credentials, and the future of its answer."""
+    assert client.nonce is not None
+    request.attributes.update(USERNAME=client.username, REALM=client.realm, NONCE=client.nonce)
+    future: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
+    client.responses[request.transaction_id] = future
+    return future, request.encode(integrity_key=client.key)
+
+
+def _dropped(stunner: Stunner, reason: str = "invalid") -> float:
+    """stunner_listener_dropped_packets_total of the UDP listener for `reason`, in /metrics."""
+    metrics = text_string_to_metric_families(render_metrics(stunner))
+    family = next(f for f in metrics if f.name == "stunner_listener_dropped_packets")
+    return sum(
+        sample.value
+        for sample in family.samples
+        if sample.labels == {"name": "testns/gw/turn-udp", "reason": reason}
+    )
+
+
+def _session_requests(client: RawClient, peer_port: int) -> list[tuple[Any, bytes]]:
+    """Twelve signed requests of an established session: ChannelBind and Refresh in turn."""
+    requests = []
+    for n in range(12):
+        request = Message(Method.REFRESH if n % 2 else Method.CHANNEL_BIND, Class.REQUEST)
+        if n % 2:
+            request.attributes["LIFETIME"] = 600
+        else:
+            request.attributes["CHANNEL-NUMBER"] = 0x4000
+            request.attributes["XOR-PEER-ADDRESS"] = (HOST, peer_port)
+        requests.append(_signed(client, request))
+    return requests
+
+
+def _flood_datagrams() -> Callable[[int], bytes]:
+    """The stranger's n-th datagram: random bytes, a Binding request, a Binding without the
+    magic cookie, a Binding request, and so on."""
+    rng = random.Random(15)
+    garbage = [rng.randbytes(rng.randint(20, 200)) for _ in range(64)]
+    binding = Message(Method.BINDING, Class.REQUEST).encode()
+    no_cookie = binding[:4] + b"\x21\x12\xa4\x43" + binding[8:]
+    return lambda n: binding if n % 2 else garbage[n % 64] if n % 4 == 0 else no_cookie
+
+
+def test_an_established_client_is_served_while_a_stranger_floods_garbage_and_requests(
+    relay_path: str,
+) -> None:
+    """Issue 15 item 12 on both relay paths: while the event loop is stalled, a stranger
+    floods the listener with random bytes, STUN without the magic cookie and well-formed
+    Binding requests (more than a hand-up queue holds), and an established client sends signed
+    Refresh and ChannelBind requests and ChannelData in between. Every request of the client
+    is answered, all its ChannelData reaches the peer, and the garbage is counted in /metrics
+    as "invalid". Native: the engine drops the garbage on its first bytes and queues the
+    client's requests ahead of the strangers'; Python: the client's own socket (ClientPins)."""
+
+    async def scenario(port: int, stunner: Stunner) -> None:
+        peer = await start_peer(echo=False)
+        client = await allocated(port)
+        assert (await client.channel_bind(0x4000, (HOST, peer.port))).message_class == (
+            Class.SUCCESS
+        )
+        await asyncio.sleep(0.2)  # Python: the client's own socket is set up
+        transport = stunner.listeners["testns/gw/turn-udp"].transport
+        engine = getattr(transport, "relay", None)
+        assert (engine is not None) == (relay_path == "native")
+        requests = _session_requests(client, peer.port)
+        datagram = _flood_datagrams()
+        invalid_before = _dropped(stunner)
+        assert client.transport is not None
+        fileno = client.transport.get_extra_info("socket").fileno()
+
+        def engine_saw(sent: int) -> bool:
+            assert engine is not None
+            counted = engine.counters()
+            return counted.handed_up + sum(counted.drops.values()) + counted.rx_packets >= sent
+
+        with (
+            socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as flooder,
+            socket.socket(fileno=os.dup(fileno)) as client_socket,
+        ):
+            # The loop is stalled (this thread): the flood and the session queue meanwhile.
+            sent = 0
+            for n in range(12000):
+                flooder.sendto(datagram(n), (HOST, port))
+                sent += 1
+                if n % 1000 == 500:
+                    client_socket.sendto(requests[n // 1000][1], (HOST, port))
+                    client_socket.sendto(
+                        stun.pack_channel_data(0x4000, b"media %d" % n), (HOST, port)
+                    )
+                    sent += 2
+                if engine is not None and n % 100 == 99:  # the listener's buffer never fills
+                    deadline = time.monotonic() + 5
+                    while not engine_saw(sent) and time.monotonic() < deadline:
+                        time.sleep(0.001)
+        answers = await asyncio.wait_for(asyncio.gather(*(f for f, _ in requests)), 10)
+        assert [a.message_class for a in answers] == [Class.SUCCESS] * len(requests)
+        await asyncio.sleep(0.3)
+        media = [data for data, _ in peer.received if data.startswith(b"media")]
+        assert len(media) == 12, len(media)
+        dropped = _dropped(stunner) - invalid_before
+        if engine is not None:  # every datagram of garbage and without the cookie
+            assert dropped >= 6000, dropped
+            assert engine.counters().drops["queue_full"] > 0  # the strangers' queue overflowed
+        else:  # what the kernel did not drop of the flood reached Python, and was counted
+            assert dropped > 0
+        client.close()
+        peer.close()
+
+    run(scenario)
+
+
+@pytest.mark.skipif(not native.available(), reason=f"native: {native.unavailable_reason()}")
+def test_with_a_udp_worker_garbage_is_dropped_and_counted_while_a_session_is_served(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The same flood with a UDP worker process (each process an engine; the flood and the
+    session may land in either): the session's requests are answered, its media relayed, and
+    the garbage counted in the primary's /metrics, which adds the worker's counters."""
+    from .test_workers import eventually, pooled_stunner
+
+    monkeypatch.setenv("STUNNER_NATIVE", "1")
+
+    async def main() -> None:
+        port = free_port()
+        peer = await start_peer(echo=False)
+        config = make_config(port, [f"{HOST}/32"], protocols=("TURN-UDP",))
+        async with pooled_stunner(config) as stunner:
+            client = await allocated(port)
+            bound = await client.channel_bind(0x4000, (HOST, peer.port))
+            assert bound.message_class == Class.SUCCESS
+            requests = _session_requests(client, peer.port)
+            datagram = _flood_datagrams()
+            assert client.transport is not None
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as flooder:
+                for n in range(12000):
+                    flooder.sendto(datagram(n), (HOST, port))
+                    if n % 1000 == 500:
+                        client.send_raw(requests[n // 1000][1])
+                        client.send_channel_data(0x4000, b"media %d" % n)
+                    if n % 100 == 99:  # the listener's buffer never fills
+                        time.sleep(0.002)
+            answers = await asyncio.wait_for(asyncio.gather(*(f for f, _ in requests)), 10)
+            assert [a.message_class for a in answers] == [Class.SUCCESS] * len(requests)
+            await eventually(
+                lambda: len([d for d, _ in peer.received if d.startswith(b"media")]) == 12
+            )
+            # Every datagram of garbage and without the cookie (worker counters: once a second)
+            await eventually(lambda: _dropped(stunner) >= 6000)
+            client.close()
+        peer.close()
+
+    asyncio.run(main())

@@ -2,7 +2,8 @@
 
 Mutated Send indications and ChannelData are decided by the engine (`reinject`, synchronous)
 and by the Python codec; the engine must relay exactly the datagrams Python would relay, with
-the same payload to the same peer, and hand up the rest.
+the same payload to the same peer, drop what cannot be STUN or ChannelData on its first bytes
+(which Python drops unanswered too), and hand up the rest.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from stunnerd import native, stun
+from stunnerd.limits import Limits
 from stunnerd.stun import Class, Message, Method
 
 from .test_native_relay import CHANNEL, CLUSTER, Rig
@@ -32,6 +34,27 @@ def rig() -> Iterator[Rig]:
     rig.peer.setblocking(False)
     yield rig
     rig.close()
+
+
+def _invalid(data: bytes) -> bool:
+    """Cannot be a STUN message or ChannelData, on its first bytes (issue 15); and then the
+    Python path drops it unanswered as well."""
+    if len(data) >= 4 and data[0] & 0xC0 == 0x40:
+        invalid = len(data) < 4 + int.from_bytes(data[2:4], "big")
+    else:
+        length = int.from_bytes(data[2:4], "big")
+        invalid = (
+            len(data) < 20
+            or data[0] & 0xC0 != 0
+            or data[4:8] != stun.COOKIE_BYTES
+            or length % 4 != 0
+            or len(data) != 20 + length
+            or len(data) > Limits().max_udp_message
+        )
+        if invalid and len(data) <= Limits().max_udp_message:
+            with pytest.raises(stun.StunError):
+                stun.parse_message(data)
+    return invalid
 
 
 def _decide(rig: Rig, data: bytes) -> tuple[int, bytes | None]:
@@ -76,7 +99,7 @@ def test_send_indications_like_the_python_parser(
     parsed = stun.parse_send_indication(data)
     outcome, got = _decide(rig, data)
     if parsed is None:
-        assert outcome == native.UP
+        assert outcome == (native.DROPPED if _invalid(data) else native.UP)
     elif parsed[0] == rig.peer_address:
         assert (outcome, got) == (native.RELAYED, parsed[1])
     else:  # another peer: not permitted (dropped) or no verdict yet (handed up)
@@ -105,7 +128,7 @@ def test_channel_data_like_the_python_path(
     if relayed:
         assert (outcome, got) == (native.RELAYED, data[4 : 4 + length])
     else:
-        assert outcome == native.UP
+        assert outcome == (native.DROPPED if _invalid(data) else native.UP)
 
 
 def test_data_indications_match_the_python_encoder(rig: Rig) -> None:

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 import pytest
 
 from stunnerd import native, stun
+from stunnerd.limits import Limits
 from stunnerd.stun import Class, Message, Method
 
 pytestmark = pytest.mark.skipif(
@@ -293,7 +294,9 @@ def test_an_expired_allocation_drops_peer_packets_and_hands_client_packets_up(ri
     assert rig.handed_up()[0].data == packet
 
 
-def test_a_removed_allocation_hands_its_client_up_and_lets_the_relay_port_go(rig: Rig) -> None:
+def test_a_removed_allocation_makes_its_client_a_stranger_and_lets_the_relay_port_go(
+    rig: Rig,
+) -> None:
     rig.bind()
     rig.admit()
     rig.engine.remove_allocation(rig.handle)
@@ -309,10 +312,12 @@ def test_a_removed_allocation_hands_its_client_up_and_lets_the_relay_port_go(rig
             return True
 
     wait_for(port_is_free, "the engine to close its copy of the relay socket")
-    packet = stun.pack_channel_data(CHANNEL, b"gone")
-    rig.send(packet)
+    rig.send(stun.pack_channel_data(CHANNEL, b"gone"))  # Python has no allocation for it either
+    drops(rig, invalid=1)
+    request = Message(Method.BINDING, Class.REQUEST).encode()
+    rig.send(request)
     (up,) = rig.handed_up()
-    assert (up.source, up.handle, up.data) == (native.SOURCE_CLIENT, 0, packet)
+    assert (up.source, up.handle, up.data) == (native.SOURCE_CLIENT, 0, request)
     with pytest.raises(KeyError):
         rig.engine.refresh_allocation(rig.handle, time.monotonic() + 60)
 
@@ -446,17 +451,30 @@ def test_counters_are_per_cluster(rig: Rig) -> None:
 
 # --- what the engine does not own ----------------------------------------------------------------
 
-MALFORMED = [
+BINDING = Message(Method.BINDING, Class.REQUEST).encode()  # with a FINGERPRINT: 28 bytes
+HEADER = BINDING[:2], BINDING[4:20]  # a Binding request's type, and its cookie and id
+# What cannot be a STUN message or ChannelData: dropped on its first bytes (issue 15).
+INVALID = [
     b"",
     b"\x40",
     b"\x40\x01\x00",
     b"\x40\x01\x00\x09short",  # ChannelData longer than the datagram
-    b"\x7f\xff\x00\x00",  # an unbound channel
-    b"\xc0\x00\x00\x00garbage",
+    b"\xc0\x00\x00\x00garbage",  # first two bits 11
+    b"\x80" + BINDING[1:],  # first two bits 10
     b"\x00\x16",  # a Send indication's first bytes only
-    b"\x00\x16\x00\x04\x21\x12\xa4\x42" + b"t" * 12 + b"\x00\x13\x00\x00",  # no peer
+    BINDING[:19],  # a header cut short
+    BINDING[:4] + b"\x21\x12\xa4\x43" + BINDING[8:],  # no magic cookie
     b"\x00\x16\x00\x08\x21\x12\xa4\x42" + b"t" * 12 + b"\x00\x12\x00\x08\x00\x01",  # cut short
+    HEADER[0] + b"\x00\x02" + HEADER[1] + b"\0\0",  # a length no multiple of 4
+    BINDING + b"\0\0\0\0",  # a length that does not match the datagram
+    HEADER[0] + b"\x0f\xf0" + HEADER[1] + bytes(4080),  # above max_udp_message (4096)
+]
+# Well-formed on their first bytes, but not what the engine relays: handed up untouched.
+MALFORMED = [
+    b"\x7f\xff\x00\x00",  # an unbound channel
+    b"\x00\x16\x00\x04\x21\x12\xa4\x42" + b"t" * 12 + b"\x00\x13\x00\x00",  # no peer
     b"\x00\x16\x00\x0c\x21\x12\xa4\x42" + b"t" * 12 + b"\x00\x12\x00\x08\x00\x03\x00\x00\0\0\0\0",
+    HEADER[0] + b"\x0f\xec" + HEADER[1] + bytes(4076),  # 4096 bytes: at the bound
 ]
 
 
@@ -467,14 +485,74 @@ def test_malformed_datagrams_are_handed_up_untouched(rig: Rig) -> None:
     bad_crc = fingerprinted[:-1] + bytes([fingerprinted[-1] ^ 1])
     extra = Message(Method.SEND, Class.INDICATION)
     extra.attributes.update({"XOR-PEER-ADDRESS": rig.peer_address, "DATA": b"x", "LIFETIME": 1})
-    binding = Message(Method.BINDING, Class.REQUEST).encode()
-    datagrams = [*MALFORMED, bad_crc, extra.encode(fingerprint=False), binding]
+    datagrams = [*MALFORMED, bad_crc, extra.encode(fingerprint=False), BINDING]
     for datagram in datagrams:
         rig.send(datagram)
     assert [up.data for up in rig.handed_up(len(datagrams))] == datagrams
     nothing_arrives(rig.peer)
     rig.send(stun.pack_channel_data(CHANNEL, b"still alive"))
     assert rig.echo() == b"still alive"
+
+
+@pytest.mark.parametrize("sender", ["client", "stranger"])
+def test_garbage_is_dropped_on_its_first_bytes_and_counted(rig: Rig, sender: str) -> None:
+    """Nothing that cannot be STUN or ChannelData reaches Python, from a client with an
+    allocation or from a stranger; each is counted as "invalid". Python drops every one of
+    them unanswered too (the engine drops nothing Python would answer): ChannelData that does
+    not fit, STUN above max_udp_message (TurnServer.handle), or what stun.parse_message
+    refuses."""
+    rig.bind()
+    rig.admit()
+    for datagram in INVALID:
+        if datagram[:1] == b"\x40":
+            assert len(datagram) < 4 or len(datagram) < 4 + int.from_bytes(datagram[2:4], "big")
+        elif len(datagram) <= Limits().max_udp_message:
+            with pytest.raises(stun.StunError):
+                stun.parse_message(datagram)
+    stranger = udp()
+    source = rig.client if sender == "client" else stranger
+    try:
+        for datagram in INVALID:
+            source.sendto(datagram, rig.server)
+        drops(rig, invalid=len(INVALID))
+        source.sendto(BINDING, rig.server)  # what is left of the path still works
+        (up,) = rig.handed_up()
+        assert up.data == BINDING
+        assert rig.engine.counters().handed_up == 1
+    finally:
+        stranger.close()
+
+
+def test_a_client_s_requests_go_ahead_of_a_strangers_flood() -> None:
+    """A flood of strangers' well-formed requests fills its own queue (then is dropped and
+    counted); what a client with an allocation sends meanwhile waits in the priority queue,
+    which drain() empties first."""
+    rig = Rig(queue_limit=64)
+    stranger = udp()
+    try:
+        flood = 200
+        for i in range(flood):
+            stranger.sendto(Message(Method.BINDING, Class.REQUEST).encode(), rig.server)
+            if i % 50 == 49:  # in bursts: the listener's buffer never overflows
+                wait_for(
+                    lambda seen=i + 1: (
+                        rig.engine.counters().handed_up + rig.engine.counters().drops["queue_full"]
+                        == seen
+                    ),
+                    "the engine to see the flood",
+                )
+        requests = [Message(Method.REFRESH, Class.REQUEST).encode() for _ in range(3)]
+        for request in requests:
+            rig.send(request)
+        wait_for(lambda: rig.engine.counters().handed_up == 64 + 3, "the client's requests")
+        drops(rig, queue_full=flood - 64)
+        queued = rig.engine.drain(1000)
+        assert [up.data for up in queued[:3]] == requests
+        stranger_port = stranger.getsockname()[1]
+        assert [up.address[1] for up in queued[3:]] == [stranger_port] * 64
+    finally:
+        stranger.close()
+        rig.close()
 
 
 def test_a_send_indication_python_parses_goes_out_through_the_engine(rig: Rig) -> None:
@@ -510,14 +588,38 @@ def test_a_send_indication_python_parses_goes_out_through_the_engine(rig: Rig) -
         send(rig.handle, peer, payload, 1)
 
 
-def test_unknown_clients_are_handed_up(rig: Rig) -> None:
+def test_a_muted_stranger_s_stun_is_dropped_until_its_time_is_up(rig: Rig) -> None:
+    """`mute`: Python spent a stranger's error budget; the engine drops its STUN meanwhile.
+    A client with an allocation is never muted (Python does not rate-limit it unparsed)."""
     stranger = udp()
     try:
-        packet = stun.pack_channel_data(CHANNEL, b"who am i")
-        stranger.sendto(packet, rig.server)
+        address = ("::ffff:127.0.0.1", stranger.getsockname()[1])
+        rig.engine.mute(address, time.monotonic() + 60)
+        rig.engine.mute(("127.0.0.1", rig.client.getsockname()[1]), time.monotonic() + 60)
+        stranger.sendto(BINDING, rig.server)
+        drops(rig, rate_limited=1)
+        rig.send(BINDING)
+        assert rig.handed_up()[0].data == BINDING
+        rig.engine.mute(address, time.monotonic() - 1)  # its budget refilled
+        stranger.sendto(BINDING, rig.server)
+        (up,) = rig.handed_up()
+        assert up.address[1] == address[1]
+        drops(rig, rate_limited=1)
+    finally:
+        stranger.close()
+
+
+def test_unknown_clients_requests_are_handed_up_and_their_channel_data_dropped(
+    rig: Rig,
+) -> None:
+    stranger = udp()
+    try:
+        stranger.sendto(stun.pack_channel_data(CHANNEL, b"who am i"), rig.server)
+        drops(rig, invalid=1)
+        stranger.sendto(BINDING, rig.server)
         (up,) = rig.handed_up()
         assert up.address[:2] == ("::ffff:127.0.0.1", stranger.getsockname()[1])
-        assert up.data == packet
+        assert up.data == BINDING
     finally:
         stranger.close()
 
@@ -526,9 +628,10 @@ def test_a_flood_of_handed_up_packets_is_bounded_and_counted() -> None:
     rig = Rig(queue_limit=64)
     try:
         flood, burst = 2000, 100
+        sent = [Message(Method.BINDING, Class.REQUEST).encode() for _ in range(flood)]
         for start in range(0, flood, burst):  # in bursts: the listener's buffer never overflows
             for i in range(start, start + burst):
-                rig.send(Message(Method.BINDING, Class.REQUEST).encode() + i.to_bytes(4, "big"))
+                rig.send(sent[i])
 
             def seen(count: int = start + burst) -> bool:
                 counters = rig.engine.counters()
@@ -540,10 +643,10 @@ def test_a_flood_of_handed_up_packets_is_bounded_and_counted() -> None:
         assert counters.drops["queue_full"] == flood - 64
         queued = rig.engine.drain(1000)
         assert len(queued) == 64
-        assert [int.from_bytes(up.data[-4:], "big") for up in queued] == list(range(64))
+        assert [up.data for up in queued] == sent[:64]
         assert rig.engine.drain() == []
-        rig.send(b"after the flood")
-        assert rig.handed_up()[0].data == b"after the flood"
+        rig.send(BINDING)
+        assert rig.handed_up()[0].data == BINDING
     finally:
         rig.close()
 
@@ -552,14 +655,14 @@ def test_the_event_loop_gets_handed_up_packets_through_attach(rig: Rig) -> None:
     async def main() -> list[native.HandedUp]:
         got: asyncio.Queue[list[native.HandedUp]] = asyncio.Queue()
         rig.engine.attach(asyncio.get_running_loop(), got.put_nowait)
-        rig.send(b"\x00\x01hello")
+        rig.send(BINDING)
         try:
             return await asyncio.wait_for(got.get(), TIMEOUT)
         finally:
             rig.engine.close()
 
     (up,) = asyncio.run(main())
-    assert up.data == b"\x00\x01hello"
+    assert up.data == BINDING
 
 
 def test_closing_is_idempotent_and_the_engine_refuses_use_after(rig: Rig) -> None:
