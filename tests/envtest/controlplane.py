@@ -34,6 +34,8 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from tests.support.pki import Authority, key_pem
 
 ASSETS_VARIABLE = "KUBEBUILDER_ASSETS"
+NO_ASSETS = f"{ASSETS_VARIABLE} unset: no real control plane (tests/envtest/README.md)"
+CHANNEL_VARIABLE = "ENVTEST_GATEWAY_API_CHANNEL"  # standard (the default) or experimental
 SERVICE_CLUSTER_IP_RANGE = "10.0.0.0/24"
 ADMIN_GROUPS = ("system:masters",)
 # The serving certificate's names: loopback, and the kubernetes Service in-cluster clients use.
@@ -245,8 +247,12 @@ class ControlPlane:
 
         def ready() -> bool:
             url = f"{self.url}/readyz"
-            with urllib.request.urlopen(url, timeout=3, context=context) as resp:
-                return bool(resp.status == 200)
+            try:
+                with urllib.request.urlopen(url, timeout=3, context=context) as resp:
+                    return bool(resp.status == 200)
+            except urllib.error.HTTPError as e:  # 500 while starting: close its socket
+                e.close()
+                return False
 
         wait_until("kube-apiserver", ready, self.processes, within)
 
@@ -357,6 +363,22 @@ class ControlPlane:
             timeout=timeout,
             env=env,
         )
+
+    def install_crds(self, files: Iterable[Path], within: float = 60) -> None:
+        """Apply CRD files and wait until every CRD is Established."""
+        for path in files:
+            # Server-side: Gateway API's CRDs are too large for client-side apply's annotation.
+            result = self.kubectl("apply", "--server-side", "-f", str(path))
+            assert result.returncode == 0, f"{path}: {result.stderr}"
+        result = self.kubectl(
+            "wait",
+            "--for=condition=Established",
+            "crd",
+            "--all",
+            f"--timeout={within:.0f}s",
+            timeout=within + 30,
+        )
+        assert result.returncode == 0, result.stderr
 
     def apply(self, *docs: dict[str, Any], args: Sequence[str] = ()) -> None:
         """kubectl apply as admin; AssertionError with kubectl's output when it fails."""
