@@ -238,6 +238,10 @@ class ControlPlane:
                 # No controller creates the default ServiceAccount of a namespace here.
                 "--disable-admission-plugins=ServiceAccount",
                 "--allow-privileged=true",
+                # A webhook or APIService behind a Service is called at an endpoint (a pod),
+                # never at the ClusterIP: with no kubelet there is none, and the call fails at
+                # once instead of leaving loopback for an address of the service network.
+                "--enable-aggregator-routing=true",
             ],
             self.directory / "kube-apiserver.log",
         )

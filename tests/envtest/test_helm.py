@@ -1,0 +1,198 @@
+"""``helm install``, ``upgrade`` and ``uninstall`` of charts/stunner with helm 3 and helm 4
+against a real kube-apiserver (issue 13's layer-4 item).
+
+Each helm major gets a control plane of its own, started bare (no CRDs: the chart installs
+them, ours from crds/ and Gateway API's from templates), and a release in a fresh namespace.
+
+We test these aspects:
+- Every object the chart renders is accepted by the real API server and stored: the CRDs (all
+  Established), the RBAC, the webhook configurations, the Deployments, Services, the webhook's
+  TLS Secret and the default Dataplane. ``helm get manifest`` is the list checked.
+- The installed registration is live: with the webhook's pods not running (no kubelet here, so
+  no pod ever starts), a GatewayConfig, a StaticService or a Dataplane of a user's is refused
+  fail-closed by the API server calling the webhook (``webhook.failurePolicy: Fail``), while a
+  Gateway is admitted (the Gateway API kinds' entry is ``Ignore``): the rules reach the kinds
+  they name, through the chart's Service.
+- The release's own default Dataplane is not judged by its webhook, so ``helm upgrade`` (which
+  patches it) and ``helm uninstall`` (which deletes it) never depend on the webhook's pods
+  being up; the upgrade changes the Dataplane, keeps the webhook's CA, and ``helm uninstall``
+  removes what the release made (our CRDs stay, as Helm keeps crds/).
+
+What stays unproven here: no pod runs (no kubelet, no scheduler), so neither the reconciler,
+the webhook nor stunnerd is seen running in-cluster, and ``helm test`` cannot run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.charts.conftest import CHART, HELMS, helm_binary
+from tests.envtest.controlplane import ASSETS_VARIABLE, NO_ASSETS, ControlPlane
+
+pytestmark = pytest.mark.envtest
+
+RELEASE = "stunner"
+FAIL_CLOSED = "no endpoints available for service"
+
+
+@pytest.fixture(params=sorted(HELMS))
+def helm_plane(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> Iterator[tuple[Path, ControlPlane, str]]:
+    """(helm binary, a bare control plane, the release namespace) for one helm major."""
+    if not os.environ.get(ASSETS_VARIABLE):
+        pytest.skip(NO_ASSETS)
+    helm = helm_binary(str(request.param))
+    with ControlPlane(Path(os.environ[ASSETS_VARIABLE]), tmp_path) as plane:
+        yield helm, plane, f"stunner-{request.param}"
+
+
+def run(helm: Path, plane: ControlPlane, *args: str) -> str:
+    env = {
+        **os.environ,
+        "KUBECONFIG": str(plane.admin_kubeconfig),
+        "HELM_CACHE_HOME": str(plane.directory / "helm-cache"),
+        "HELM_CONFIG_HOME": str(plane.directory / "helm-config"),
+        "HELM_DATA_HOME": str(plane.directory / "helm-data"),
+    }
+    done = subprocess.run(
+        [str(helm), *args], capture_output=True, text=True, timeout=60, env=env, check=False
+    )
+    assert done.returncode == 0, f"helm {' '.join(args)}:\n{done.stdout}\n{done.stderr}"
+    return done.stdout
+
+
+def release_objects(helm: Path, plane: ControlPlane, namespace: str) -> list[dict[str, Any]]:
+    manifest = run(helm, plane, "get", "manifest", RELEASE, "-n", namespace)
+    return [doc for doc in yaml.safe_load_all(manifest) if doc]
+
+
+def stored(plane: ControlPlane, obj: dict[str, Any], namespace: str) -> Any:
+    """The object as the API server has it (None when it is not there)."""
+    group = obj["apiVersion"].rpartition("/")[0]
+    resource = f"{obj['kind']}.{group}" if group else obj["kind"]
+    meta = obj["metadata"]
+    where = ("-n", meta.get("namespace", namespace))
+    result = plane.kubectl("get", resource, meta["name"], *where, "-o", "json")
+    if result.returncode != 0:
+        assert "NotFound" in result.stderr, result.stderr
+        return None
+    return json.loads(result.stdout)
+
+
+def named(api_version: str, kind: str, name: str) -> dict[str, Any]:
+    return {"apiVersion": api_version, "kind": kind, "metadata": {"name": name}}
+
+
+def test_helm_install_upgrade_uninstall_on_a_real_api_server(
+    helm_plane: tuple[Path, ControlPlane, str],
+) -> None:
+    helm, plane, namespace = helm_plane
+    run(helm, plane, "install", RELEASE, str(CHART), "-n", namespace, "--create-namespace")
+
+    # Every object the chart rendered is stored.
+    objects = release_objects(helm, plane, namespace)
+    kinds = {obj["kind"] for obj in objects}
+    assert {
+        "CustomResourceDefinition",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Role",
+        "RoleBinding",
+        "ServiceAccount",
+        "Secret",
+        "Service",
+        "Deployment",
+        "ValidatingWebhookConfiguration",
+        "MutatingWebhookConfiguration",
+        "Dataplane",
+    } <= kinds, kinds
+    missing = [
+        f"{o['kind']}/{o['metadata']['name']}" for o in objects if not stored(plane, o, namespace)
+    ]
+    assert not missing, missing
+    established = plane.kubectl(
+        "wait", "--for=condition=Established", "crd", "--all", "--timeout=30s", timeout=60
+    )
+    assert established.returncode == 0, established.stderr
+    crds = json.loads(plane.kubectl("get", "crd", "-o", "json").stdout)["items"]
+    groups = {crd["spec"]["group"] for crd in crds}
+    assert groups == {"stunner.l7mp.io", "gateway.networking.k8s.io"}, groups
+    assert len(crds) == 8, [c["metadata"]["name"] for c in crds]
+    deployment = stored(plane, named("apps/v1", "Deployment", "stunner-reconciler"), namespace)
+    assert not deployment["status"].get("availableReplicas")  # no kubelet: no pod runs
+    ca_before = secret_ca(plane, namespace)
+
+    # The registration is live: our kinds go to the (absent) webhook pods, fail-closed.
+    tenant = f"{namespace}-tenant"
+    plane.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": tenant}})
+    for obj in users_objects(tenant):
+        result = plane.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(obj))
+        if obj["apiVersion"].startswith("gateway.networking.k8s.io/"):
+            assert result.returncode == 0, result.stderr  # failurePolicy Ignore
+        else:
+            assert result.returncode != 0, f"{obj['kind']} admitted: {result.stdout}"
+            assert FAIL_CLOSED in result.stderr and "stunner-webhook" in result.stderr
+
+    # An upgrade that changes the default Dataplane: no webhook needed, the CA kept.
+    upgrade = ("upgrade", RELEASE, str(CHART), "-n", namespace)
+    run(helm, plane, *upgrade, "--set", "dataplane.spec.replicas=2")
+    dataplane = stored(plane, named("stunner.l7mp.io/v1", "Dataplane", "default"), namespace)
+    assert dataplane["spec"]["replicas"] == 2
+    assert secret_ca(plane, namespace) == ca_before
+    assert "REVISION: 2" in run(helm, plane, "status", RELEASE, "-n", namespace)
+
+    run(helm, plane, "uninstall", RELEASE, "-n", namespace)
+    left = [
+        f"{o['kind']}/{o['metadata']['name']}"
+        for o in objects
+        if o["kind"] != "CustomResourceDefinition" and stored(plane, o, namespace)
+    ]
+    assert not left, left
+
+
+def secret_ca(plane: ControlPlane, namespace: str) -> str:
+    result = plane.kubectl("get", "secret", "stunner-webhook-tls", "-n", namespace, "-o", "json")
+    assert result.returncode == 0, result.stderr
+    return str(json.loads(result.stdout)["data"]["ca.crt"])
+
+
+def users_objects(namespace: str) -> list[dict[str, Any]]:
+    """A user's objects of kinds the chart's webhook judges, one per entry of its registration."""
+    return [
+        {
+            "apiVersion": "stunner.l7mp.io/v1",
+            "kind": "GatewayConfig",
+            "metadata": {"name": "config", "namespace": namespace},
+            "spec": {"userName": "user", "password": "pass"},
+        },
+        {
+            "apiVersion": "stunner.l7mp.io/v1",
+            "kind": "StaticService",
+            "metadata": {"name": "peer", "namespace": namespace},
+            "spec": {"prefixes": ["192.0.2.1/32"]},
+        },
+        {
+            "apiVersion": "stunner.l7mp.io/v1",
+            "kind": "Dataplane",
+            "metadata": {"name": f"{namespace}-dataplane"},
+            "spec": {"image": "l7mp/stunnerd:latest"},
+        },
+        {
+            "apiVersion": "gateway.networking.k8s.io/v1",
+            "kind": "Gateway",
+            "metadata": {"name": "gw", "namespace": namespace},
+            "spec": {
+                "gatewayClassName": "stunner",
+                "listeners": [{"name": "udp", "port": 3478, "protocol": "TURN-UDP"}],
+            },
+        },
+    ]
