@@ -35,6 +35,10 @@ What it does:
   and LoadBalancer Services a ``nodePort`` per port and ``externalTrafficPolicy: Cluster``
   (values the API server allocated are kept on update, as a real one does).
 - ``coordination.k8s.io/v1`` Leases (leader election).
+- The CRDs' structural schemas (ours and Gateway API v1.6.1's; tests/support/crdschema.py): a
+  create or update whose body, or a /status write whose status, the schema refuses is answered
+  422 Invalid naming the field, as a real API server does (it refused a Dataplane with
+  ``replicas: -1`` that this fake stored). CEL rules, formats and pruning are not modelled.
 - Discovery: ``/api``, ``/apis``, ``/api/v1``, ``/apis/{group}/{version}``, ``/version``.
 - The proxy to Services and pods (``.../services/NAME:PORT/proxy/PATH``, GETs only): a test maps
   it to a real server on loopback with :meth:`FakeApiServer.proxy`.
@@ -44,7 +48,7 @@ What it does:
   :meth:`FakeApiServer.allow` (everything else is denied); the reviews asked are kept in
   :attr:`FakeApiServer.access_reviews`.
 
-Not implemented: server-side apply, list pagination, deletecollection, admission.
+Not implemented: server-side apply, list pagination, deletecollection, admission webhooks.
 """
 
 from __future__ import annotations
@@ -70,6 +74,8 @@ from urllib.parse import parse_qs, urlsplit
 
 import jsonpatch
 import kubernetes.client
+
+from tests.support import crdschema
 
 JSON = dict[str, Any]
 
@@ -328,6 +334,17 @@ def _check_string_maps(rt: ResourceType, meta: Any) -> None:
                 f"cannot unmarshal {bad[0]} into Go struct field ObjectMeta.metadata.{field} "
                 "of type string",
             )
+
+
+def _check_schema(rt: ResourceType, obj: JSON, status_only: bool = False) -> None:
+    """What the kind's CRD schema refuses, refused as the API server does (422 Invalid), before
+    anything is stored (tests/support/crdschema.py says what is checked)."""
+    found = list(crdschema.problems(_at_version(rt, obj), status_only=status_only))
+    if found:
+        name = (obj.get("metadata") or {}).get("name", "")
+        kind = f"{rt.kind}.{rt.group}" if rt.group else rt.kind
+        listed = found[0] if len(found) == 1 else "[" + ", ".join(found) + "]"
+        raise ApiError(422, "Invalid", f'{kind} "{name}" is invalid: {listed}')
 
 
 def _at_version(rt: ResourceType, obj: JSON) -> JSON:
@@ -636,6 +653,7 @@ class FakeApiServer:
         meta["generation"] = 1
         if rt.status_subresource:
             obj.pop("status", None)
+        _check_schema(rt, obj)
         with self._cond:
             self._default(rt, obj, None)
             key = self._key(rt, ns, name)
@@ -766,6 +784,7 @@ class FakeApiServer:
                 if self._spec_changed(rt, old, new):
                     new["metadata"]["generation"] = old["metadata"].get("generation", 1) + 1
             new["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"]
+            _check_schema(rt, new, status_only=subresource == "status")
             if new == old or dry_run:
                 return _at_version(rt, new)
             if new["metadata"].get("deletionTimestamp") and not new["metadata"].get("finalizers"):
