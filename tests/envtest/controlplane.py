@@ -347,6 +347,28 @@ class ControlPlane:
         safe = user.replace(":", "_").replace("/", "_")
         return self._write(f"{safe}.kubeconfig", yaml.safe_dump(config).encode())
 
+    def token_kubeconfig(self, name: str, token: str) -> Path:
+        """A kubeconfig authenticating with a bearer token (a ServiceAccount's, say)."""
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [
+                {
+                    "name": "envtest",
+                    "cluster": {
+                        "server": self.url,
+                        "certificate-authority-data": base64.b64encode(
+                            self.serving_ca.pem
+                        ).decode(),
+                    },
+                }
+            ],
+            "users": [{"name": name, "user": {"token": token}}],
+            "contexts": [{"name": "envtest", "context": {"cluster": "envtest", "user": name}}],
+            "current-context": "envtest",
+        }
+        return self._write(f"token-{name}.kubeconfig", yaml.safe_dump(config).encode())
+
     def kubectl(
         self,
         *args: str,

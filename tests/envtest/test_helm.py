@@ -24,6 +24,7 @@ the webhook nor stunnerd is seen running in-cluster, and ``helm test`` cannot ru
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -34,12 +35,16 @@ from typing import Any
 import pytest
 import yaml
 
+from reconciler import kube
+from reconciler.cluster import ClusterSettings, run_cluster
 from tests.charts.conftest import CHART, HELMS, helm_binary
 from tests.envtest.controlplane import ASSETS_VARIABLE, NO_ASSETS, ControlPlane
+from tests.reconciler import clusterkit as k
 
 pytestmark = pytest.mark.envtest
 
 RELEASE = "stunner"
+LEASE_NAME = kube.LEADER_ELECTION_ID
 FAIL_CLOSED = "no endpoints available for service"
 
 
@@ -196,3 +201,75 @@ def users_objects(namespace: str) -> list[dict[str, Any]]:
             },
         },
     ]
+
+
+def test_the_reconciler_runs_with_the_charts_rbac(tmp_path: Path) -> None:
+    """The reconciler as the chart's ServiceAccount (a token the real API server issued,
+    authorized by the chart's ClusterRole and Role through the real RBAC authorizer): it lists
+    and watches every kind, takes the Lease in the release namespace, creates the Gateway's
+    Deployment and Service and writes status, and no request is refused. (The webhook is
+    installed with failurePolicy Ignore: its pods never run here.)"""
+    if not os.environ.get(ASSETS_VARIABLE):
+        pytest.skip(NO_ASSETS)
+    helm = helm_binary("helm4")
+    namespace = "stunner-system"
+    with ControlPlane(Path(os.environ[ASSETS_VARIABLE]), tmp_path) as plane:
+        run(helm, plane, "install", RELEASE, str(CHART), "-n", namespace, "--create-namespace",
+            "--set", "webhook.failurePolicy=Ignore")  # fmt: skip
+        plane.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": k.NS}})
+        plane.apply(
+            k.gateway_class(),
+            k.gateway_config(),
+            k.static_service(prefixes=("192.0.2.1/32",)),
+            k.gateway(),
+            k.route(),
+        )
+        token = plane.kubectl("create", "token", "stunner-reconciler", "-n", namespace)
+        assert token.returncode == 0, token.stderr
+        kubeconfig = plane.token_kubeconfig("stunner-reconciler", token.stdout.strip())
+        settings = ClusterSettings(
+            kubeconfig=str(kubeconfig),
+            host="127.0.0.1",
+            cds_port=0,
+            metrics_address=None,
+            health_address=None,
+            throttle=0.05,
+            leader_elect=True,
+            lease_namespace=namespace,
+            identity="stunner-reconciler-0",
+        )
+
+        def get(kind: str, name: str, ns: str = k.NS) -> Any:
+            return stored(plane, {"apiVersion": "v1", "kind": kind, "metadata": {"name": name}}, ns)
+
+        async def main() -> None:
+            async with run_cluster(settings) as running:
+                await k.eventually(lambda: get("deployment.apps", "gw"), timeout=30)
+                await k.eventually(lambda: get("service", "gw"), timeout=30)
+
+                def accepted() -> bool:
+                    status = get("gateway.gateway.networking.k8s.io", "gw").get("status", {})
+                    return any(
+                        c["type"] == "Accepted" and c["status"] == "True"
+                        for c in status.get("conditions", [])
+                    )
+
+                await k.eventually(accepted, timeout=30, what="the Gateway's status")
+                lease = get("lease.coordination.k8s.io", LEASE_NAME, namespace)
+                assert lease["spec"]["holderIdentity"] == "stunner-reconciler-0"
+                refused = {
+                    (sample.labels["verb"], sample.labels["kind"], sample.labels["result"])
+                    for metric in running.mode.metrics.api_writes.collect()
+                    for sample in metric.samples
+                    if sample.name.endswith("_total") and sample.labels["result"] != "ok"
+                }
+                assert not refused, refused
+                restarts = [
+                    sample.labels
+                    for metric in running.mode.metrics.watch_restarts.collect()
+                    for sample in metric.samples
+                    if sample.name.endswith("_total") and sample.value
+                ]
+                assert not restarts, restarts
+
+        asyncio.run(main())
