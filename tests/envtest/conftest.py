@@ -1,9 +1,10 @@
-"""Layer 4 of ../shared/TESTING.md: the webhook behind a real kube-apiserver.
+"""Layer 4 of ../shared/TESTING.md: STUNner behind a real kube-apiserver.
 
 With ``KUBEBUILDER_ASSETS`` naming a folder holding ``kube-apiserver`` and ``etcd`` (optionally
-``kube-controller-manager``), one control plane is started for the session (tests/envtest/README.md
-says how to build the assets); without it every test that needs it is skipped, reported in one
-summary line (the few that check the layer's inputs, the CRD files and the spec, still run).
+``kube-controller-manager``), the session's control plane is started once (``control_plane``,
+tests/conftest.py; tests/envtest/README.md says how to build the assets); without it every test
+that needs it is skipped, reported in one summary line (the few that check the layer's inputs,
+the CRD files and the spec, still run).
 
 The session's cluster: our CRDs and the Gateway API v1.6.1 CRDs (the standard channel, or the
 experimental one with ``ENVTEST_GATEWAY_API_CHANNEL=experimental``) established; the webhook
