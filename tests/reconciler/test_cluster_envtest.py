@@ -11,6 +11,10 @@ the scenarios the fake API server runs (tests/reconciler/test_cluster.py, test_l
 - labels, annotations and fields others set on the Service and Deployment are kept when a
   Gateway edit changes the Service, and the reconciler then settles (no write loop against the
   real API server's defaults);
+- a Gateway edit (a listener added) reaches the config and leaves the Deployment untouched
+  (same generation); a Dataplane edit (its image) rolls it (generation + 1, the new image);
+- ``stunner.l7mp.io/disable-managed-dataplane`` deletes the Deployment, keeps the Service and
+  the config; taking it off brings the Deployment back;
 - deleting the Gateway: kube-controller-manager's garbage collector deletes its Deployment and
   Service (the reconciler deletes nothing itself).
 """
@@ -94,6 +98,8 @@ def test_cluster_mode_against_a_real_api_server(control_plane: ControlPlane) -> 
         async with run_cluster(settings) as running:
             await first_pass(plane, running)
             await others_fields_kept(plane, running)
+            await only_dataplane_edits_roll(plane, running)
+            await disable_managed_dataplane(plane, running)
             await garbage_collected(plane, running)
 
     asyncio.run(main())
@@ -164,6 +170,49 @@ async def others_fields_kept(plane: ControlPlane, running: Running) -> None:
     await asyncio.wait_for(running.rendered(renders + 1), 10)
     await settled(running)
     assert running.mode.writes_sent == sent, running.mode.last_writes
+
+
+def patch(
+    plane: ControlPlane, kind: str, name: str, change: dict[str, Any], ns: str = k.NS
+) -> None:
+    where = ("-n", ns) if ns else ()
+    result = plane.kubectl("patch", kind, name, *where, "--type=merge", "-p", json.dumps(change))
+    assert result.returncode == 0, result.stderr
+
+
+async def only_dataplane_edits_roll(plane: ControlPlane, running: Running) -> None:
+    first = get(plane, "deployment", "gw")
+    listeners = [k.listener(), k.listener("udp2", 3479), k.listener("tcp", 3478, "TURN-TCP")]
+    patch(plane, "gateway", "gw", {"spec": {"listeners": listeners}})
+    await k.eventually(
+        lambda: len(running.mode.store.configs["stunner/gw"].listeners) == 3, timeout=30
+    )
+    await settled(running)
+    same = get(plane, "deployment", "gw")
+    assert same["metadata"]["generation"] == first["metadata"]["generation"]
+    assert same["spec"]["template"] == first["spec"]["template"]
+    patch(plane, "dataplane", "default", {"spec": {"image": "l7mp/stunnerd:1.1"}}, ns="")
+
+    def rolled() -> Any:
+        deployment = get(plane, "deployment", "gw")
+        image = deployment["spec"]["template"]["spec"]["containers"][0]["image"]
+        return image == "l7mp/stunnerd:1.1" and deployment
+
+    deployment = await k.eventually(rolled, timeout=30, what="the Deployment rolled")
+    assert deployment["metadata"]["generation"] == first["metadata"]["generation"] + 1
+    await settled(running)
+
+
+async def disable_managed_dataplane(plane: ControlPlane, running: Running) -> None:
+    disable = "stunner.l7mp.io/disable-managed-dataplane"
+    patch(plane, "gateway", "gw", {"metadata": {"annotations": {disable: "true"}}})
+    await k.eventually(lambda: get(plane, "deployment", "gw") is None, timeout=30)
+    await settled(running)
+    assert get(plane, "service", "gw") is not None
+    assert "stunner/gw" in running.mode.store.configs
+    patch(plane, "gateway", "gw", {"metadata": {"annotations": {disable: None}}})
+    await k.eventually(lambda: get(plane, "deployment", "gw"), timeout=30)
+    await settled(running)
 
 
 async def garbage_collected(plane: ControlPlane, running: Running) -> None:
