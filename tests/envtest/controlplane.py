@@ -313,29 +313,31 @@ class ControlPlane:
     def kubeconfig(self, user: str, groups: Iterable[str], namespace: str = "default") -> Path:
         """A kubeconfig authenticating as `user` (groups: the certificate's O entries)."""
         cert, key = self._credentials(user, groups)
+        credentials = {
+            "client-certificate-data": base64.b64encode(cert.read_bytes()).decode(),
+            "client-key-data": base64.b64encode(key.read_bytes()).decode(),
+        }
+        safe = user.replace(":", "_").replace("/", "_")
+        return self._kubeconfig(f"{safe}.kubeconfig", user, credentials, namespace)
+
+    def token_kubeconfig(self, name: str, token: str) -> Path:
+        """A kubeconfig authenticating with a bearer token (a ServiceAccount's, say)."""
+        return self._kubeconfig(f"token-{name}.kubeconfig", name, {"token": token}, "default")
+
+    def _kubeconfig(
+        self, filename: str, user: str, credentials: dict[str, str], namespace: str
+    ) -> Path:
+        ca = base64.b64encode(self.serving_ca.pem).decode()
         config = {
             "apiVersion": "v1",
             "kind": "Config",
             "clusters": [
                 {
                     "name": "envtest",
-                    "cluster": {
-                        "server": self.url,
-                        "certificate-authority-data": base64.b64encode(
-                            self.serving_ca.pem
-                        ).decode(),
-                    },
+                    "cluster": {"server": self.url, "certificate-authority-data": ca},
                 }
             ],
-            "users": [
-                {
-                    "name": user,
-                    "user": {
-                        "client-certificate-data": base64.b64encode(cert.read_bytes()).decode(),
-                        "client-key-data": base64.b64encode(key.read_bytes()).decode(),
-                    },
-                }
-            ],
+            "users": [{"name": user, "user": credentials}],
             "contexts": [
                 {
                     "name": "envtest",
@@ -344,30 +346,7 @@ class ControlPlane:
             ],
             "current-context": "envtest",
         }
-        safe = user.replace(":", "_").replace("/", "_")
-        return self._write(f"{safe}.kubeconfig", yaml.safe_dump(config).encode())
-
-    def token_kubeconfig(self, name: str, token: str) -> Path:
-        """A kubeconfig authenticating with a bearer token (a ServiceAccount's, say)."""
-        config = {
-            "apiVersion": "v1",
-            "kind": "Config",
-            "clusters": [
-                {
-                    "name": "envtest",
-                    "cluster": {
-                        "server": self.url,
-                        "certificate-authority-data": base64.b64encode(
-                            self.serving_ca.pem
-                        ).decode(),
-                    },
-                }
-            ],
-            "users": [{"name": name, "user": {"token": token}}],
-            "contexts": [{"name": "envtest", "context": {"cluster": "envtest", "user": name}}],
-            "current-context": "envtest",
-        }
-        return self._write(f"token-{name}.kubeconfig", yaml.safe_dump(config).encode())
+        return self._write(filename, yaml.safe_dump(config).encode())
 
     def kubectl(
         self,

@@ -36,7 +36,7 @@ import pytest
 import yaml
 
 from reconciler import kube
-from reconciler.cluster import ClusterSettings, run_cluster
+from reconciler.cluster import run_cluster
 from tests.charts.conftest import CHART, HELMS, helm_binary
 from tests.envtest.controlplane import ASSETS_VARIABLE, NO_ASSETS, ControlPlane
 from tests.reconciler import clusterkit as k
@@ -227,17 +227,7 @@ def test_the_reconciler_runs_with_the_charts_rbac(tmp_path: Path) -> None:
         token = plane.kubectl("create", "token", "stunner-reconciler", "-n", namespace)
         assert token.returncode == 0, token.stderr
         kubeconfig = plane.token_kubeconfig("stunner-reconciler", token.stdout.strip())
-        settings = ClusterSettings(
-            kubeconfig=str(kubeconfig),
-            host="127.0.0.1",
-            cds_port=0,
-            metrics_address=None,
-            health_address=None,
-            throttle=0.05,
-            leader_elect=True,
-            lease_namespace=namespace,
-            identity="stunner-reconciler-0",
-        )
+        settings = k.on_a_real_cluster(kubeconfig, namespace, "stunner-reconciler-0")
 
         def get(kind: str, name: str, ns: str = k.NS) -> Any:
             return stored(plane, {"apiVersion": "v1", "kind": kind, "metadata": {"name": name}}, ns)

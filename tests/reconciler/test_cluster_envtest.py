@@ -24,11 +24,12 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from dataclasses import replace
 from typing import Any
 
 import pytest
 
-from reconciler.cluster import ClusterSettings, Running, run_cluster
+from reconciler.cluster import Running, run_cluster
 from tests.envtest.controlplane import ControlPlane
 from tests.reconciler import clusterkit as k
 
@@ -80,17 +81,9 @@ def test_cluster_mode_against_a_real_api_server(control_plane: ControlPlane) -> 
     )
 
     async def main() -> None:
-        settings = ClusterSettings(
-            kubeconfig=str(plane.admin_kubeconfig),
-            host="127.0.0.1",
-            cds_port=0,
-            metrics_address=None,
-            health_address=None,
-            throttle=0.05,
-            leader_elect=True,
-            lease_namespace=k.NS,
+        settings = replace(
+            k.on_a_real_cluster(plane.admin_kubeconfig, k.NS, IDENTITY),
             lease_name=LEASE,
-            identity=IDENTITY,
             lease_duration=4,
             renew_deadline=3,
             retry_period=0.5,

@@ -23,6 +23,7 @@ import pytest
 from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
+from tests.support import objects
 from tests.support.fakeapi import GATEWAY_TYPES, FakeApiServer
 from tests.support.shared import ROOT, crd_served_versions, gateway_api_crds
 
@@ -224,15 +225,7 @@ def test_a_status_write_is_checked_against_the_status_schema(
 ) -> None:
     """Gateway API's condition schema requires reason, message and lastTransitionTime: a /status
     write without them is refused; a full condition is stored."""
-    gateway = {
-        "apiVersion": "gateway.networking.k8s.io/v1",
-        "kind": "Gateway",
-        "metadata": {"name": "gw", "namespace": "stunner"},
-        "spec": {
-            "gatewayClassName": "stunner",
-            "listeners": [{"name": "udp", "port": 3478, "protocol": "TURN-UDP"}],
-        },
-    }
+    gateway = objects.gateway("gw", "stunner")
     args = ("gateway.networking.k8s.io", "v1", "stunner", "gateways")
     custom.create_namespaced_custom_object(*args, gateway)
     partial = {"type": "Accepted", "status": "True"}
