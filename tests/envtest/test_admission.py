@@ -47,6 +47,7 @@ from tests.envtest.cluster import (
     registrations,
     spec_examples,
     unknown_fields,
+    with_string_metadata,
     without_fields,
 )
 from tests.envtest.conftest import CLASS, PARENT, Cluster, meta
@@ -303,19 +304,6 @@ def assert_not_kept_as_written(cluster: Cluster, obj: dict[str, Any]) -> None:
     kept = stored_object(cluster, obj)["metadata"].get("annotations", {})
     wanted = with_string_metadata(obj)["metadata"].get("annotations", {})
     assert not wanted.items() <= kept.items(), f"stored as written: {kept}"
-
-
-def with_string_metadata(obj: dict[str, Any]) -> dict[str, Any]:
-    """obj with its label and annotation values written as the strings Kubernetes requires
-    (YAML's true -> "true")."""
-    out = copy.deepcopy(obj)
-    for key in ("labels", "annotations"):
-        values = out.get("metadata", {}).get(key)
-        if isinstance(values, dict):
-            for name, value in values.items():
-                if not isinstance(value, str):
-                    values[name] = json.dumps(value)
-    return out
 
 
 # --- a battery of invalid objects -----------------------------------------------------------
