@@ -244,3 +244,27 @@ def test_a_status_write_is_checked_against_the_status_schema(
         *args, "gw", {"status": {"conditions": [full]}}
     )
     assert stored["status"]["conditions"] == [full]
+
+
+def test_a_seeded_object_is_not_checked_and_an_update_ratchets(
+    fake: FakeApiServer, custom: client.CustomObjectsApi
+) -> None:
+    """seed() is an object already stored (as under an older, laxer CRD): kept as it is, so a
+    test can show the reconciler surviving it. An update keeping what was already wrong is let
+    through (validation ratcheting, Kubernetes 1.33+); one making it worse is refused."""
+    gateway = objects.gateway("badport", "stunner")
+    gateway["spec"]["listeners"][0]["port"] = 0
+    fake.seed(gateway)
+    args = ("gateway.networking.k8s.io", "v1", "stunner", "gateways")
+    stored = custom.get_namespaced_custom_object(*args, "badport")
+    assert stored["spec"]["listeners"][0]["port"] == 0
+    labelled = custom.patch_namespaced_custom_object(
+        *args, "badport", {"metadata": {"labels": {"a": "b"}}}
+    )
+    assert labelled["metadata"]["labels"] == {"a": "b"}
+    worse = [{"op": "replace", "path": "/spec/listeners/0/port", "value": -1}]
+    with pytest.raises(ApiException) as refused:
+        custom.patch_namespaced_custom_object(
+            *args, "badport", worse, _content_type="application/json-patch+json"
+        )
+    assert refused.value.status == 422 and "spec.listeners[0].port" in refused.value.body
