@@ -1,13 +1,41 @@
-"""Settings for the whole suite.
+"""Settings for the whole suite, and the one real control plane of layer 4.
 
 Hypothesis: no per-example deadline and no "too slow" health check. Both time the machine, not
 the code (a 200 ms deadline failed a round-trip property on a loaded 2-CPU machine), and the
 suite keeps timing out of its tests: figures belong in bench/.
+
+``control_plane``: etcd, kube-apiserver and (when the assets hold it) kube-controller-manager
+from ``$KUBEBUILDER_ASSETS`` (tests/envtest/README.md), started once per session for every test
+that asks for it (tests/envtest/, tests/reconciler/test_cluster_envtest.py), with our CRDs and
+Gateway API v1.6.1's installed and Established; skipped without the variable.
 """
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
 from hypothesis import HealthCheck, settings
+
+from tests.envtest.cluster import OUR_CRDS
+from tests.envtest.controlplane import ASSETS_VARIABLE, CHANNEL_VARIABLE, NO_ASSETS, ControlPlane
+from tests.support.shared import gateway_api_crds
 
 settings.register_profile("stunner", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("stunner")
+
+
+@pytest.fixture(scope="session")
+def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    if not os.environ.get(ASSETS_VARIABLE):
+        pytest.skip(NO_ASSETS)
+    gateway_crds = gateway_api_crds(os.environ.get(CHANNEL_VARIABLE, "standard"))
+    if not gateway_crds:
+        pytest.skip("shared/gateway-api-v1.6.1 not found beside the repository")
+    directory = tmp_path_factory.mktemp("envtest")
+    assets = Path(os.environ[ASSETS_VARIABLE])
+    with ControlPlane(assets, directory, controller_manager=True) as plane:
+        plane.install_crds(sorted(OUR_CRDS.glob("*.yaml")) + gateway_crds)
+        yield plane

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import json
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -88,6 +89,19 @@ def namespaces_of(objs: list[dict[str, Any]]) -> set[str]:
     for obj in objs:
         walk(obj)
     return found
+
+
+def with_string_metadata(obj: dict[str, Any]) -> dict[str, Any]:
+    """obj with its label and annotation values written as the strings Kubernetes requires
+    (YAML's true -> "true")."""
+    out = copy.deepcopy(obj)
+    for key in ("labels", "annotations"):
+        values = out.get("metadata", {}).get(key)
+        if isinstance(values, dict):
+            for name, value in values.items():
+                if not isinstance(value, str):
+                    values[name] = json.dumps(value)
+    return out
 
 
 # --- CRD schemas -------------------------------------------------------------------------------

@@ -1,9 +1,10 @@
-"""Layer 4 of ../shared/TESTING.md: the webhook behind a real kube-apiserver.
+"""Layer 4 of ../shared/TESTING.md: STUNner behind a real kube-apiserver.
 
 With ``KUBEBUILDER_ASSETS`` naming a folder holding ``kube-apiserver`` and ``etcd`` (optionally
-``kube-controller-manager``), one control plane is started for the session (tests/envtest/README.md
-says how to build the assets); without it every test that needs it is skipped, reported in one
-summary line (the few that check the layer's inputs, the CRD files and the spec, still run).
+``kube-controller-manager``), the session's control plane is started once (``control_plane``,
+tests/conftest.py; tests/envtest/README.md says how to build the assets); without it every test
+that needs it is skipped, reported in one summary line (the few that check the layer's inputs,
+the CRD files and the spec, still run).
 
 The session's cluster: our CRDs and the Gateway API v1.6.1 CRDs (the standard channel, or the
 experimental one with ``ENVTEST_GATEWAY_API_CHANNEL=experimental``) established; the webhook
@@ -25,12 +26,15 @@ from typing import Any
 import pytest
 
 from stunner_api.vocabulary import DEFAULT_CONTROLLER_NAME
-from tests.envtest.cluster import OUR_CRDS, WEBHOOK_USER, registrations, webhook_rbac
-from tests.envtest.controlplane import ASSETS_VARIABLE, ControlPlane, binary_versions
-from tests.support.shared import gateway_api_crds
+from tests.envtest.cluster import WEBHOOK_USER, registrations, webhook_rbac
+from tests.envtest.controlplane import (
+    ASSETS_VARIABLE,
+    CHANNEL_VARIABLE,
+    NO_ASSETS,
+    ControlPlane,
+    binary_versions,
+)
 from tests.webhook.serving import Webhook
-
-NO_ASSETS = f"{ASSETS_VARIABLE} unset: no real control plane (tests/envtest/README.md)"
 
 
 def pytest_report_header() -> list[str]:
@@ -56,6 +60,7 @@ TENANT_USER = "alice"
 STUNNER_NAMESPACE = "stunner"
 CLASS = "envtest-stunner"  # a GatewayClass of STUNner's controller
 CONFIG = "envtest-config"  # its GatewayConfig, in namespace stunner
+PARENT = "envtest-gateway"  # a Gateway of that class: Gateway API UDPRoutes under it are judged
 
 
 @dataclass
@@ -105,17 +110,6 @@ def _tenant_rbac() -> list[dict[str, Any]]:
     return [role, binding]
 
 
-def _install_crds(plane: ControlPlane, files: list[Path]) -> None:
-    for path in files:
-        # Server-side: Gateway API's CRDs are too large for client-side apply's annotation.
-        result = plane.kubectl("apply", "--server-side", "-f", str(path))
-        assert result.returncode == 0, f"{path}: {result.stderr}"
-    result = plane.kubectl(
-        "wait", "--for=condition=Established", "crd", "--all", "--timeout=60s", timeout=90
-    )
-    assert result.returncode == 0, result.stderr
-
-
 def _wait_for_registration(plane: ControlPlane, within: float = 30) -> None:
     """Until the API server calls the webhook (its configuration informer lags a little)."""
     probe = (
@@ -133,25 +127,12 @@ def _wait_for_registration(plane: ControlPlane, within: float = 30) -> None:
 
 
 @pytest.fixture(scope="session")
-def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
-    if not os.environ.get(ASSETS_VARIABLE):
-        pytest.skip(NO_ASSETS)
-    directory = tmp_path_factory.mktemp("envtest")
-    assets = Path(os.environ[ASSETS_VARIABLE])
-    with ControlPlane(assets, directory, controller_manager=True) as plane:
-        yield plane
-
-
-@pytest.fixture(scope="session")
 def cluster(
     control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Cluster]:
-    channel = os.environ.get("ENVTEST_GATEWAY_API_CHANNEL", "standard")
-    gateway_crds = gateway_api_crds(channel)
-    if not gateway_crds:
-        pytest.skip("shared/gateway-api-v1.6.1 not found beside the repository")
+    """The control plane (tests/conftest.py: CRDs installed) with the webhook registered."""
+    channel = os.environ.get(CHANNEL_VARIABLE, "standard")
     plane = control_plane
-    _install_crds(plane, sorted(OUR_CRDS.glob("*.yaml")) + gateway_crds)
     plane.apply(*(_namespace(n) for n in (STUNNER_NAMESPACE, TENANT)))
     plane.apply(*webhook_rbac(), *_tenant_rbac())
     directory = tmp_path_factory.mktemp("webhook")
@@ -170,7 +151,9 @@ def meta(name: str, namespaced: bool = True, **extra: Any) -> dict[str, Any]:
 
 @pytest.fixture(scope="session")
 def ours(cluster: Cluster) -> Cluster:
-    """A GatewayConfig and a GatewayClass of STUNner's controller, for Gateways to be ours."""
+    """A GatewayConfig and a GatewayClass of STUNner's controller, for Gateways to be ours, and
+    a Gateway of that class, for Gateway API UDPRoutes to be ours (the webhook judges one only
+    through a parent Gateway that exists and is STUNner's)."""
     cluster.plane.apply(
         {
             "apiVersion": "stunner.l7mp.io/v1",
@@ -190,6 +173,15 @@ def ours(cluster: Cluster) -> Cluster:
                     "name": CONFIG,
                     "namespace": STUNNER_NAMESPACE,
                 },
+            },
+        },
+        {
+            "apiVersion": "gateway.networking.k8s.io/v1",
+            "kind": "Gateway",
+            "metadata": meta(PARENT),
+            "spec": {
+                "gatewayClassName": CLASS,
+                "listeners": [{"name": "udp", "port": 3478, "protocol": "TURN-UDP"}],
             },
         },
     )

@@ -34,6 +34,8 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from tests.support.pki import Authority, key_pem
 
 ASSETS_VARIABLE = "KUBEBUILDER_ASSETS"
+NO_ASSETS = f"{ASSETS_VARIABLE} unset: no real control plane (tests/envtest/README.md)"
+CHANNEL_VARIABLE = "ENVTEST_GATEWAY_API_CHANNEL"  # standard (the default) or experimental
 SERVICE_CLUSTER_IP_RANGE = "10.0.0.0/24"
 ADMIN_GROUPS = ("system:masters",)
 # The serving certificate's names: loopback, and the kubernetes Service in-cluster clients use.
@@ -236,6 +238,10 @@ class ControlPlane:
                 # No controller creates the default ServiceAccount of a namespace here.
                 "--disable-admission-plugins=ServiceAccount",
                 "--allow-privileged=true",
+                # A webhook or APIService behind a Service is called at an endpoint (a pod),
+                # never at the ClusterIP: with no kubelet there is none, and the call fails at
+                # once instead of leaving loopback for an address of the service network.
+                "--enable-aggregator-routing=true",
             ],
             self.directory / "kube-apiserver.log",
         )
@@ -245,8 +251,12 @@ class ControlPlane:
 
         def ready() -> bool:
             url = f"{self.url}/readyz"
-            with urllib.request.urlopen(url, timeout=3, context=context) as resp:
-                return bool(resp.status == 200)
+            try:
+                with urllib.request.urlopen(url, timeout=3, context=context) as resp:
+                    return bool(resp.status == 200)
+            except urllib.error.HTTPError as e:  # 500 while starting: close its socket
+                e.close()
+                return False
 
         wait_until("kube-apiserver", ready, self.processes, within)
 
@@ -303,29 +313,31 @@ class ControlPlane:
     def kubeconfig(self, user: str, groups: Iterable[str], namespace: str = "default") -> Path:
         """A kubeconfig authenticating as `user` (groups: the certificate's O entries)."""
         cert, key = self._credentials(user, groups)
+        credentials = {
+            "client-certificate-data": base64.b64encode(cert.read_bytes()).decode(),
+            "client-key-data": base64.b64encode(key.read_bytes()).decode(),
+        }
+        safe = user.replace(":", "_").replace("/", "_")
+        return self._kubeconfig(f"{safe}.kubeconfig", user, credentials, namespace)
+
+    def token_kubeconfig(self, name: str, token: str) -> Path:
+        """A kubeconfig authenticating with a bearer token (a ServiceAccount's, say)."""
+        return self._kubeconfig(f"token-{name}.kubeconfig", name, {"token": token}, "default")
+
+    def _kubeconfig(
+        self, filename: str, user: str, credentials: dict[str, str], namespace: str
+    ) -> Path:
+        ca = base64.b64encode(self.serving_ca.pem).decode()
         config = {
             "apiVersion": "v1",
             "kind": "Config",
             "clusters": [
                 {
                     "name": "envtest",
-                    "cluster": {
-                        "server": self.url,
-                        "certificate-authority-data": base64.b64encode(
-                            self.serving_ca.pem
-                        ).decode(),
-                    },
+                    "cluster": {"server": self.url, "certificate-authority-data": ca},
                 }
             ],
-            "users": [
-                {
-                    "name": user,
-                    "user": {
-                        "client-certificate-data": base64.b64encode(cert.read_bytes()).decode(),
-                        "client-key-data": base64.b64encode(key.read_bytes()).decode(),
-                    },
-                }
-            ],
+            "users": [{"name": user, "user": credentials}],
             "contexts": [
                 {
                     "name": "envtest",
@@ -334,8 +346,7 @@ class ControlPlane:
             ],
             "current-context": "envtest",
         }
-        safe = user.replace(":", "_").replace("/", "_")
-        return self._write(f"{safe}.kubeconfig", yaml.safe_dump(config).encode())
+        return self._write(filename, yaml.safe_dump(config).encode())
 
     def kubectl(
         self,
@@ -357,6 +368,22 @@ class ControlPlane:
             timeout=timeout,
             env=env,
         )
+
+    def install_crds(self, files: Iterable[Path], within: float = 60) -> None:
+        """Apply CRD files and wait until every CRD is Established."""
+        for path in files:
+            # Server-side: Gateway API's CRDs are too large for client-side apply's annotation.
+            result = self.kubectl("apply", "--server-side", "-f", str(path))
+            assert result.returncode == 0, f"{path}: {result.stderr}"
+        result = self.kubectl(
+            "wait",
+            "--for=condition=Established",
+            "crd",
+            "--all",
+            f"--timeout={within:.0f}s",
+            timeout=within + 30,
+        )
+        assert result.returncode == 0, result.stderr
 
     def apply(self, *docs: dict[str, Any], args: Sequence[str] = ()) -> None:
         """kubectl apply as admin; AssertionError with kubectl's output when it fails."""

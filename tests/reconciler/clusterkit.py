@@ -34,6 +34,22 @@ FAST = ClusterSettings(
 )
 
 
+def on_a_real_cluster(kubeconfig: Path, lease_namespace: str, identity: str) -> ClusterSettings:
+    """Cluster mode against a real API server (tests/envtest/): leader election on, the CDS on
+    an ephemeral loopback port, no metrics or health endpoints, a test-sized throttle."""
+    return ClusterSettings(
+        kubeconfig=str(kubeconfig),
+        host="127.0.0.1",
+        cds_port=0,
+        metrics_address=None,
+        health_address=None,
+        throttle=0.05,
+        leader_elect=True,
+        lease_namespace=lease_namespace,
+        identity=identity,
+    )
+
+
 def gateway_class(name: str = "stunner", controller: str = CONTROLLER) -> Obj:
     return {
         "apiVersion": "gateway.networking.k8s.io/v1",

@@ -1,247 +1,224 @@
 """Cluster mode against a real control plane (../shared/TESTING.md, layer 4), envtest-style.
 
-Skipped unless KUBEBUILDER_ASSETS names a folder holding `etcd` and `kube-apiserver` (and,
-optionally, `kube-controller-manager`, for the garbage collector). Then: etcd and kube-apiserver
-on 127.0.0.1 (token auth, RBAC), the Gateway API CRDs of ../shared/gateway-api-v1.6.1 and ours
-from charts/stunner/crds, the reconciler in cluster mode, and the scenarios the fake API server
-runs: the first pass creates, a second pass writes nothing, others' fields are kept, status lands
-through /status, and (with kube-controller-manager) deleting the Gateway collects its objects.
+The session's ``control_plane`` (tests/conftest.py; skipped without ``KUBEBUILDER_ASSETS``):
+etcd, kube-apiserver and kube-controller-manager on 127.0.0.1 with our CRDs and Gateway API
+v1.6.1's. The reconciler runs in cluster mode with leader election, as the admin user, against
+the scenarios the fake API server runs (tests/reconciler/test_cluster.py, test_leader.py):
+
+- the first pass creates the Deployment and Service, each owned by the Gateway, takes the Lease,
+  and writes the GatewayClass's, Gateway's and route's conditions through /status with the
+  object's generation; a second pass over the unchanged cluster writes nothing;
+- labels, annotations and fields others set on the Service and Deployment are kept when a
+  Gateway edit changes the Service, and the reconciler then settles (no write loop against the
+  real API server's defaults);
+- a Gateway edit (a listener added) reaches the config and leaves the Deployment untouched
+  (same generation); a Dataplane edit (its image) rolls it (generation + 1, the new image);
+- ``stunner.l7mp.io/disable-managed-dataplane`` deletes the Deployment, keeps the Service and
+  the config; taking it off brings the Deployment back;
+- deleting the Gateway: kube-controller-manager's garbage collector deletes its Deployment and
+  Service (the reconciler deletes nothing itself).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
-import shutil
-import socket
-import subprocess
+import json
 import time
-import urllib.request
-from collections.abc import Iterator
-from pathlib import Path
+from dataclasses import replace
 from typing import Any
 
 import pytest
-import yaml
 
-from reconciler.cluster import ClusterSettings, run_cluster
+from reconciler.cluster import Running, run_cluster
+from tests.envtest.controlplane import ControlPlane
 from tests.reconciler import clusterkit as k
 
 pytestmark = pytest.mark.envtest
 
-ASSETS = os.environ.get("KUBEBUILDER_ASSETS", "")
-ROOT = Path(__file__).resolve().parents[2]
-GATEWAY_API = ROOT.parent.parent / "shared" / "gateway-api-v1.6.1"
-TOKEN = "envtest-admin-token"
-
-if not ASSETS:
-    pytest.skip("KUBEBUILDER_ASSETS is not set: no real control plane", allow_module_level=True)
+IDENTITY = "envtest-reconciler"
+LEASE = "envtest-leader"
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _wait_ready(url: str, timeout: float = 60) -> None:
-    import ssl
-
-    context = ssl.create_default_context()
-    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        request = urllib.request.Request(url, headers={"Authorization": f"Bearer {TOKEN}"})
-        with contextlib.suppress(OSError):
-            with urllib.request.urlopen(request, context=context, timeout=2) as response:
-                if response.status == 200:
-                    return
-        time.sleep(0.3)
-    raise RuntimeError(f"{url} never became ready")
-
-
-@pytest.fixture(scope="module")
-def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """etcd + kube-apiserver (+ kube-controller-manager); yields an admin kubeconfig."""
-    work = tmp_path_factory.mktemp("envtest")
-    assets = Path(ASSETS)
-    etcd_port, peer_port, api_port = _port(), _port(), _port()
-    subprocess.run(
-        ["openssl", "genrsa", "-out", str(work / "sa.key"), "2048"], check=True, capture_output=True
-    )
-    subprocess.run(
-        ["openssl", "rsa", "-in", str(work / "sa.key"), "-pubout", "-out", str(work / "sa.pub")],
-        check=True,
-        capture_output=True,
-    )
-    (work / "tokens.csv").write_text(f'{TOKEN},admin,admin,"system:masters"\n')
-    etcd_binary = assets / "etcd" if (assets / "etcd").exists() else shutil.which("etcd")
-    procs = [
-        subprocess.Popen(
-            [
-                str(etcd_binary),
-                "--data-dir",
-                str(work / "etcd"),
-                "--listen-client-urls",
-                f"http://127.0.0.1:{etcd_port}",
-                "--advertise-client-urls",
-                f"http://127.0.0.1:{etcd_port}",
-                "--listen-peer-urls",
-                f"http://127.0.0.1:{peer_port}",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-    ]
-    procs.append(
-        subprocess.Popen(
-            [
-                str(assets / "kube-apiserver"),
-                f"--etcd-servers=http://127.0.0.1:{etcd_port}",
-                "--bind-address=127.0.0.1",
-                f"--secure-port={api_port}",
-                f"--cert-dir={work / 'certs'}",
-                f"--token-auth-file={work / 'tokens.csv'}",
-                "--authorization-mode=RBAC",
-                "--service-cluster-ip-range=10.0.0.0/24",
-                "--service-account-issuer=https://kubernetes.default.svc",
-                f"--service-account-key-file={work / 'sa.pub'}",
-                f"--service-account-signing-key-file={work / 'sa.key'}",
-                "--disable-admission-plugins=ServiceAccount",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-    )
-    server = f"https://127.0.0.1:{api_port}"
-    kubeconfig = work / "kubeconfig"
-    kubeconfig.write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [
-                    {
-                        "name": "envtest",
-                        "cluster": {"server": server, "insecure-skip-tls-verify": True},
-                    }
-                ],
-                "users": [{"name": "admin", "user": {"token": TOKEN}}],
-                "contexts": [
-                    {"name": "envtest", "context": {"cluster": "envtest", "user": "admin"}}
-                ],
-                "current-context": "envtest",
-            }
-        )  # fmt: skip
-    )
-    try:
-        _wait_ready(server + "/readyz")
-        if (assets / "kube-controller-manager").exists():
-            procs.append(
-                subprocess.Popen(
-                    [
-                        str(assets / "kube-controller-manager"),
-                        f"--kubeconfig={kubeconfig}",
-                        "--controllers=garbagecollector,namespace",
-                        "--leader-elect=false",
-                        f"--secure-port={_port()}",
-                    ],
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL,
-                )
-            )
-        crds = [
-            *sorted((GATEWAY_API / "standard").glob("*.yaml")),
-            *sorted((ROOT / "charts" / "stunner" / "crds").glob("*.yaml")),
-        ]
-        for crd in crds:
-            subprocess.run(
-                ["kubectl", "--kubeconfig", str(kubeconfig), "apply", "--server-side", "-f",
-                 str(crd)],
-                check=True,
-                capture_output=True,
-            )  # fmt: skip
-        subprocess.run(
-            ["kubectl", "--kubeconfig", str(kubeconfig), "create", "namespace", k.NS],
-            check=True,
-            capture_output=True,
-        )
-        time.sleep(2)  # CRDs established
-        yield kubeconfig
-    finally:
-        for proc in reversed(procs):
-            proc.terminate()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(10)
-
-
-def _kubectl(kubeconfig: Path, *args: str, stdin: str | None = None) -> str:
-    return subprocess.run(
-        ["kubectl", "--kubeconfig", str(kubeconfig), *args],
-        check=True,
-        capture_output=True,
-        text=True,
-        input=stdin,
-    ).stdout
-
-
-def _get(kubeconfig: Path, kind: str, name: str) -> dict[str, Any] | None:
-    try:
-        return dict(yaml.safe_load(_kubectl(kubeconfig, "get", kind, name, "-n", k.NS, "-o",
-                                            "yaml")))  # fmt: skip
-    except subprocess.CalledProcessError:
+def get(plane: ControlPlane, kind: str, name: str, namespace: str = k.NS) -> Any:
+    """The object as the API server has it, or None when it does not exist."""
+    where = ("-n", namespace) if namespace else ()
+    result = plane.kubectl("get", kind, name, *where, "-o", "json")
+    if result.returncode != 0:
+        assert "NotFound" in result.stderr, result.stderr
         return None
+    return json.loads(result.stdout)
 
 
-def test_cluster_mode_against_a_real_api_server(control_plane: Path, tmp_path: Path) -> None:
-    objects = [
+def condition(obj: dict[str, Any], type_: str) -> dict[str, Any]:
+    return next(c for c in obj["status"]["conditions"] if c["type"] == type_)
+
+
+async def settled(running: Running, quiet: float = 2.0, within: float = 30) -> None:
+    """Until the reconciler has rendered and sent no write for `quiet` seconds."""
+    await k.eventually(lambda: running.mode.rendered_once, timeout=within, what="first render")
+    count, since, deadline = running.mode.writes_sent, time.monotonic(), time.monotonic() + within
+    while time.monotonic() - since < quiet:
+        await asyncio.sleep(0.1)
+        if running.mode.writes_sent != count:
+            count, since = running.mode.writes_sent, time.monotonic()
+        assert time.monotonic() < deadline, f"writes never stopped: {running.mode.last_writes}"
+
+
+def test_cluster_mode_against_a_real_api_server(control_plane: ControlPlane) -> None:
+    plane = control_plane
+    if (plane.assets / "kube-controller-manager").exists():
+        assert not plane.controller_manager_error, plane.controller_manager_error
+    plane.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": k.NS}})
+    plane.apply(
         k.gateway_class(),
         k.gateway_config(),
         k.dataplane(),
-        k.static_service(),
+        # Outside the service network (10.0.0.0/24): the webhook, registered when tests/envtest
+        # ran first, refuses a StaticService reaching inside the cluster, as the fake's 10.0.0.1.
+        k.static_service(prefixes=("192.0.2.1/32",)),
         k.gateway(),
         k.route(),
-    ]
-    _kubectl(control_plane, "apply", "-f", "-", stdin=yaml.safe_dump_all(objects))
+    )
 
     async def main() -> None:
-        settings = ClusterSettings(
-            kubeconfig=str(control_plane),
-            host="127.0.0.1",
-            cds_port=0,
-            metrics_address=None,
-            health_address=None,
-            throttle=0.05,
+        settings = replace(
+            k.on_a_real_cluster(plane.admin_kubeconfig, k.NS, IDENTITY),
+            lease_name=LEASE,
+            lease_duration=4,
+            renew_deadline=3,
+            retry_period=0.5,
         )
         async with run_cluster(settings) as running:
-            await k.eventually(lambda: _get(control_plane, "deployment", "gw"), timeout=30)
-            await k.eventually(lambda: _get(control_plane, "service", "gw"), timeout=30)
-            await asyncio.sleep(2)
-            sent = running.mode.writes_sent
-            running.mode.reconciler.trigger()
-            await asyncio.sleep(2)
-            assert running.mode.writes_sent == sent  # a second pass writes nothing
-            _kubectl(control_plane, "label", "-n", k.NS, "service", "gw", "team=media")
-            _kubectl(control_plane, "annotate", "-n", k.NS, "gateway", "gw",
-                     "stunner.l7mp.io/service-type=NodePort")  # fmt: skip
-            await k.eventually(
-                lambda: (_get(control_plane, "service", "gw") or {})["spec"]["type"] == "NodePort"
-            )
-            service = _get(control_plane, "service", "gw")
-            assert service is not None and service["metadata"]["labels"]["team"] == "media"
-            await asyncio.sleep(2)
-            sent = running.mode.writes_sent
-            await asyncio.sleep(2)
-            assert running.mode.writes_sent == sent  # settled: no write loop with defaults
-            gateway = _get(control_plane, "gateway", "gw")
-            assert gateway is not None
-            conditions = {c["type"]: c for c in gateway["status"]["conditions"]}
-            assert conditions["Accepted"]["status"] == "True"
-            if (Path(ASSETS) / "kube-controller-manager").exists():
-                _kubectl(control_plane, "delete", "-n", k.NS, "gateway", "gw")
-                await k.eventually(
-                    lambda: _get(control_plane, "deployment", "gw") is None, timeout=60
-                )
+            await first_pass(plane, running)
+            await others_fields_kept(plane, running)
+            await only_dataplane_edits_roll(plane, running)
+            await disable_managed_dataplane(plane, running)
+            await garbage_collected(plane, running)
 
     asyncio.run(main())
+
+
+async def first_pass(plane: ControlPlane, running: Running) -> None:
+    deployment = await k.eventually(lambda: get(plane, "deployment", "gw"), timeout=30)
+    service = await k.eventually(lambda: get(plane, "service", "gw"), timeout=30)
+    gateway = get(plane, "gateway", "gw")
+    for obj in (deployment, service):
+        (owner,) = obj["metadata"]["ownerReferences"]
+        assert (owner["kind"], owner["uid"]) == ("Gateway", gateway["metadata"]["uid"])
+        assert owner["controller"] is True
+    lease = get(plane, "lease", LEASE)
+    assert lease is not None and lease["spec"]["holderIdentity"] == IDENTITY
+    await settled(running)
+    # Status through /status: conditions with the generation they speak of.
+    gateway = get(plane, "gateway", "gw")
+    accepted = condition(gateway, "Accepted")
+    assert accepted["status"] == "True", gateway["status"]
+    assert accepted["observedGeneration"] == gateway["metadata"]["generation"]
+    assert condition(gateway, "Programmed")["reason"] == "AddressNotAssigned"  # no LB here
+    klass = get(plane, "gatewayclass", "stunner", namespace="")
+    assert condition(klass, "Accepted")["status"] == "True"
+    route = get(plane, "udproutes.stunner.l7mp.io", "route")
+    assert route["status"]["parents"][0]["conditions"], route["status"]
+    assert "stunner/gw" in running.mode.store.configs
+    # A second pass over the unchanged cluster: a render, zero writes.
+    sent, renders = running.mode.writes_sent, running.mode.reconciler.renders
+    running.mode.reconciler.trigger()
+    await asyncio.wait_for(running.rendered(renders + 1), 10)
+    await settled(running)
+    assert running.mode.writes_sent == sent, running.mode.last_writes
+
+
+async def others_fields_kept(plane: ControlPlane, running: Running) -> None:
+    for args in (
+        ("label", "service", "gw", "team=media"),
+        ("annotate", "service", "gw", "example.com/owner=ops"),
+        ("label", "deployment", "gw", "team=media"),
+    ):
+        result = plane.kubectl(*args, "-n", k.NS)
+        assert result.returncode == 0, result.stderr
+    await settled(running)
+    patch = {
+        "metadata": {"annotations": {"stunner.l7mp.io/service-type": "NodePort"}},
+        "spec": {"listeners": [k.listener(), k.listener("udp2", 3479)]},
+    }
+    result = plane.kubectl(
+        "patch", "gateway", "gw", "-n", k.NS, "--type=merge", "-p", json.dumps(patch)
+    )
+    assert result.returncode == 0, result.stderr
+
+    def service_changed() -> bool:
+        spec = get(plane, "service", "gw")["spec"]
+        return bool(spec["type"] == "NodePort" and len(spec["ports"]) == 2)
+
+    await k.eventually(service_changed, timeout=30, what="the Service follows the Gateway")
+    await settled(running)
+    service = get(plane, "service", "gw")
+    assert service["metadata"]["labels"]["team"] == "media"
+    assert service["metadata"]["annotations"]["example.com/owner"] == "ops"
+    assert all(port.get("nodePort") for port in service["spec"]["ports"])  # the server's
+    assert get(plane, "deployment", "gw")["metadata"]["labels"]["team"] == "media"
+    # Settled against the real server's defaults: another pass writes nothing.
+    sent, renders = running.mode.writes_sent, running.mode.reconciler.renders
+    running.mode.reconciler.trigger()
+    await asyncio.wait_for(running.rendered(renders + 1), 10)
+    await settled(running)
+    assert running.mode.writes_sent == sent, running.mode.last_writes
+
+
+def patch(
+    plane: ControlPlane, kind: str, name: str, change: dict[str, Any], ns: str = k.NS
+) -> None:
+    where = ("-n", ns) if ns else ()
+    result = plane.kubectl("patch", kind, name, *where, "--type=merge", "-p", json.dumps(change))
+    assert result.returncode == 0, result.stderr
+
+
+async def only_dataplane_edits_roll(plane: ControlPlane, running: Running) -> None:
+    first = get(plane, "deployment", "gw")
+    listeners = [k.listener(), k.listener("udp2", 3479), k.listener("tcp", 3478, "TURN-TCP")]
+    patch(plane, "gateway", "gw", {"spec": {"listeners": listeners}})
+    await k.eventually(
+        lambda: len(running.mode.store.configs["stunner/gw"].listeners) == 3, timeout=30
+    )
+    await settled(running)
+    same = get(plane, "deployment", "gw")
+    assert same["metadata"]["generation"] == first["metadata"]["generation"]
+    assert same["spec"]["template"] == first["spec"]["template"]
+    patch(plane, "dataplane", "default", {"spec": {"image": "l7mp/stunnerd:1.1"}}, ns="")
+
+    def rolled() -> Any:
+        deployment = get(plane, "deployment", "gw")
+        image = deployment["spec"]["template"]["spec"]["containers"][0]["image"]
+        return image == "l7mp/stunnerd:1.1" and deployment
+
+    deployment = await k.eventually(rolled, timeout=30, what="the Deployment rolled")
+    assert deployment["metadata"]["generation"] == first["metadata"]["generation"] + 1
+    await settled(running)
+
+
+async def disable_managed_dataplane(plane: ControlPlane, running: Running) -> None:
+    disable = "stunner.l7mp.io/disable-managed-dataplane"
+    patch(plane, "gateway", "gw", {"metadata": {"annotations": {disable: "true"}}})
+    await k.eventually(lambda: get(plane, "deployment", "gw") is None, timeout=30)
+    await settled(running)
+    assert get(plane, "service", "gw") is not None
+    assert "stunner/gw" in running.mode.store.configs
+    patch(plane, "gateway", "gw", {"metadata": {"annotations": {disable: None}}})
+    await k.eventually(lambda: get(plane, "deployment", "gw"), timeout=30)
+    await settled(running)
+
+
+async def garbage_collected(plane: ControlPlane, running: Running) -> None:
+    if not (plane.assets / "kube-controller-manager").exists():
+        return  # the README says: without it, nothing collects garbage
+    result = plane.kubectl("delete", "gateway", "gw", "-n", k.NS)
+    assert result.returncode == 0, result.stderr
+    await k.eventually(
+        lambda: get(plane, "deployment", "gw") is None and get(plane, "service", "gw") is None,
+        timeout=60,
+        interval=0.5,
+        what="the garbage collector deletes the Gateway's Deployment and Service",
+    )
+    await k.eventually(lambda: "stunner/gw" not in running.mode.store.configs, timeout=10)
+    await settled(running)
+    assert get(plane, "deployment", "gw") is None and get(plane, "service", "gw") is None

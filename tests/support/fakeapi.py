@@ -35,6 +35,12 @@ What it does:
   and LoadBalancer Services a ``nodePort`` per port and ``externalTrafficPolicy: Cluster``
   (values the API server allocated are kept on update, as a real one does).
 - ``coordination.k8s.io/v1`` Leases (leader election).
+- The CRDs' structural schemas (ours and Gateway API v1.6.1's; tests/support/crdschema.py): a
+  create or update whose body, or a /status write whose status, the schema refuses is answered
+  422 Invalid naming the field, as a real API server does (it refused a Dataplane with
+  ``replicas: -1`` that this fake stored). CEL rules, formats and pruning are not modelled.
+  An update may keep what the stored object already had wrong (validation ratcheting);
+  :meth:`FakeApiServer.seed` is not checked: a seeded object is one already stored.
 - Discovery: ``/api``, ``/apis``, ``/api/v1``, ``/apis/{group}/{version}``, ``/version``.
 - The proxy to Services and pods (``.../services/NAME:PORT/proxy/PATH``, GETs only): a test maps
   it to a real server on loopback with :meth:`FakeApiServer.proxy`.
@@ -44,7 +50,7 @@ What it does:
   :meth:`FakeApiServer.allow` (everything else is denied); the reviews asked are kept in
   :attr:`FakeApiServer.access_reviews`.
 
-Not implemented: server-side apply, list pagination, deletecollection, admission.
+Not implemented: server-side apply, list pagination, deletecollection, admission webhooks.
 """
 
 from __future__ import annotations
@@ -70,6 +76,8 @@ from urllib.parse import parse_qs, urlsplit
 
 import jsonpatch
 import kubernetes.client
+
+from tests.support import crdschema
 
 JSON = dict[str, Any]
 
@@ -330,6 +338,26 @@ def _check_string_maps(rt: ResourceType, meta: Any) -> None:
             )
 
 
+def _check_schema(
+    rt: ResourceType, obj: JSON, old: JSON | None = None, status_only: bool = False
+) -> None:
+    """What the kind's CRD schema refuses, refused as the API server does (422 Invalid), before
+    anything is stored (tests/support/crdschema.py says what is checked). On an update, what
+    the stored object already had is let through (the API server's validation ratcheting, on
+    by default since Kubernetes 1.33)."""
+    had = set() if old is None else set(crdschema.problems(old, status_only=status_only))
+    found = [
+        problem
+        for problem in crdschema.problems(_at_version(rt, obj), status_only=status_only)
+        if problem not in had
+    ]
+    if found:
+        name = (obj.get("metadata") or {}).get("name", "")
+        kind = f"{rt.kind}.{rt.group}" if rt.group else rt.kind
+        listed = found[0] if len(found) == 1 else "[" + ", ".join(found) + "]"
+        raise ApiError(422, "Invalid", f'{kind} "{name}" is invalid: {listed}')
+
+
 def _at_version(rt: ResourceType, obj: JSON) -> JSON:
     """A copy of a stored object as `rt`'s version serves it. The CRDs convert with strategy
     None: only apiVersion changes."""
@@ -559,10 +587,12 @@ class FakeApiServer:
         raise KeyError(f"no resource type {api_version} {kind}")
 
     def seed(self, obj: JSON) -> JSON:
-        """Create an object directly (apiVersion and kind pick the resource type)."""
+        """Create an object directly (apiVersion and kind pick the resource type). It is not
+        checked against its CRD's schema: a seeded object is one already stored, as under an
+        older, laxer CRD, which a reconciler must survive; requests are checked."""
         rt = self.resource_type(obj["apiVersion"], obj["kind"])
         ns = obj.get("metadata", {}).get("namespace", "default") if rt.namespaced else ""
-        return self.create(rt, ns, obj)
+        return self.create(rt, ns, obj, check_schema=False)
 
     def get_object(self, api_version: str, kind: str, namespace: str, name: str) -> JSON | None:
         rt = self.resource_type(api_version, kind)
@@ -601,7 +631,14 @@ class FakeApiServer:
         self._rv += 1
         obj["metadata"]["resourceVersion"] = str(self._rv)
 
-    def create(self, rt: ResourceType, ns: str, body: JSON, dry_run: bool = False) -> JSON:
+    def create(
+        self,
+        rt: ResourceType,
+        ns: str,
+        body: JSON,
+        dry_run: bool = False,
+        check_schema: bool = True,
+    ) -> JSON:
         obj = copy.deepcopy(body)
         if not isinstance(obj, dict):
             raise ApiError(400, "BadRequest", "the body of the request was not a JSON object")
@@ -636,6 +673,8 @@ class FakeApiServer:
         meta["generation"] = 1
         if rt.status_subresource:
             obj.pop("status", None)
+        if check_schema:
+            _check_schema(rt, obj)
         with self._cond:
             self._default(rt, obj, None)
             key = self._key(rt, ns, name)
@@ -766,6 +805,7 @@ class FakeApiServer:
                 if self._spec_changed(rt, old, new):
                     new["metadata"]["generation"] = old["metadata"].get("generation", 1) + 1
             new["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"]
+            _check_schema(rt, new, _at_version(rt, old), status_only=subresource == "status")
             if new == old or dry_run:
                 return _at_version(rt, new)
             if new["metadata"].get("deletionTimestamp") and not new["metadata"].get("finalizers"):

@@ -54,7 +54,21 @@ def gateway(name: str, cls: str = "stunner") -> dict[str, Any]:
         "apiVersion": "gateway.networking.k8s.io/v1",
         "kind": "Gateway",
         "metadata": {"name": name},
-        "spec": {"gatewayClassName": cls, "listeners": [{"name": "udp", "port": 3478}]},
+        "spec": {
+            "gatewayClassName": cls,
+            "listeners": [{"name": "udp", "port": 3478, "protocol": "UDP"}],
+        },
+    }
+
+
+def condition(type_: str) -> dict[str, Any]:
+    """A condition with every field Gateway API's status schema requires."""
+    return {
+        "type": type_,
+        "status": "True",
+        "reason": type_,
+        "message": "",
+        "lastTransitionTime": "2026-01-01T00:00:00Z",
     }
 
 
@@ -150,7 +164,7 @@ def test_custom_objects_generation_and_status(api: client.ApiClient) -> None:
     assert patched["metadata"]["labels"] == {"x": "y"}
 
     # Status through the main endpoint is ignored.
-    patched["status"] = {"conditions": [{"type": "Accepted"}]}
+    patched["status"] = {"conditions": [condition("Accepted")]}
     replaced = co.replace_namespaced_custom_object(*GW, "default", "gateways", "gw", patched)
     assert "status" not in replaced and replaced["metadata"]["generation"] == 1
 
@@ -160,9 +174,9 @@ def test_custom_objects_generation_and_status(api: client.ApiClient) -> None:
         "default",
         "gateways",
         "gw",
-        {"status": {"conditions": [{"type": "Programmed"}]}, "spec": {"gatewayClassName": "zz"}},
+        {"status": {"conditions": [condition("Programmed")]}, "spec": {"gatewayClassName": "zz"}},
     )
-    assert st["status"] == {"conditions": [{"type": "Programmed"}]}
+    assert st["status"] == {"conditions": [condition("Programmed")]}
     assert st["spec"]["gatewayClassName"] == "stunner"
     assert st["metadata"]["generation"] == 1
 

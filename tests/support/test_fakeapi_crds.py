@@ -23,6 +23,7 @@ import pytest
 from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
+from tests.support import objects
 from tests.support.fakeapi import GATEWAY_TYPES, FakeApiServer
 from tests.support.shared import ROOT, crd_served_versions, gateway_api_crds
 
@@ -186,3 +187,84 @@ def test_metadata_values_must_be_strings(custom: client.CustomObjectsApi, field:
     with pytest.raises(ApiException) as refused_update:
         custom.replace_namespaced_custom_object(STUNNER, "v1", *ARGS[1:], "config", created)
     assert refused_update.value.status == 400
+
+
+@pytest.mark.parametrize("version", ["v1", "v1alpha1"])
+def test_the_crd_schema_refuses_what_a_real_api_server_refuses(
+    custom: client.CustomObjectsApi, version: str
+) -> None:
+    """A negative Dataplane replicas, which kube-apiserver 1.36 refused by our CRD's minimum: 0
+    (tests/envtest/test_admission.py) and this fake stored: 422 Invalid naming the field, in
+    the API server's words, on create and on update; nothing stored or changed."""
+    words = "spec.replicas: Invalid value: -1: spec.replicas in body should be greater than or equal to 0"  # noqa: E501
+    dataplane = {
+        "apiVersion": f"{STUNNER}/{version}",
+        "kind": "Dataplane",
+        "metadata": {"name": "default"},
+        "spec": {"image": "l7mp/stunnerd:latest", "replicas": -1},
+    }
+    with pytest.raises(ApiException) as refused:
+        custom.create_cluster_custom_object(STUNNER, version, "dataplanes", dataplane)
+    assert refused.value.status == 422 and '"reason": "Invalid"' in refused.value.body
+    assert f'Dataplane.stunner.l7mp.io \\"default\\" is invalid: {words}' in refused.value.body
+    assert custom.list_cluster_custom_object(STUNNER, version, "dataplanes")["items"] == []
+
+    dataplane["spec"]["replicas"] = 1
+    created = custom.create_cluster_custom_object(STUNNER, version, "dataplanes", dataplane)
+    with pytest.raises(ApiException) as refused_update:
+        custom.patch_cluster_custom_object(
+            STUNNER, version, "dataplanes", "default", {"spec": {"replicas": -1}}
+        )
+    assert refused_update.value.status == 422 and words in refused_update.value.body
+    kept = custom.get_cluster_custom_object(STUNNER, version, "dataplanes", "default")
+    assert kept == created
+
+
+def test_a_status_write_is_checked_against_the_status_schema(
+    custom: client.CustomObjectsApi,
+) -> None:
+    """Gateway API's condition schema requires reason, message and lastTransitionTime: a /status
+    write without them is refused; a full condition is stored."""
+    gateway = objects.gateway("gw", "stunner")
+    args = ("gateway.networking.k8s.io", "v1", "stunner", "gateways")
+    custom.create_namespaced_custom_object(*args, gateway)
+    partial = {"type": "Accepted", "status": "True"}
+    with pytest.raises(ApiException) as refused:
+        custom.patch_namespaced_custom_object_status(
+            *args, "gw", {"status": {"conditions": [partial]}}
+        )
+    assert refused.value.status == 422
+    assert "status.conditions[0].reason: Required value" in refused.value.body
+    full = partial | {
+        "reason": "Accepted",
+        "message": "",
+        "lastTransitionTime": "2026-01-01T00:00:00Z",
+    }  # noqa: E501
+    stored = custom.patch_namespaced_custom_object_status(
+        *args, "gw", {"status": {"conditions": [full]}}
+    )
+    assert stored["status"]["conditions"] == [full]
+
+
+def test_a_seeded_object_is_not_checked_and_an_update_ratchets(
+    fake: FakeApiServer, custom: client.CustomObjectsApi
+) -> None:
+    """seed() is an object already stored (as under an older, laxer CRD): kept as it is, so a
+    test can show the reconciler surviving it. An update keeping what was already wrong is let
+    through (validation ratcheting, Kubernetes 1.33+); one making it worse is refused."""
+    gateway = objects.gateway("badport", "stunner")
+    gateway["spec"]["listeners"][0]["port"] = 0
+    fake.seed(gateway)
+    args = ("gateway.networking.k8s.io", "v1", "stunner", "gateways")
+    stored = custom.get_namespaced_custom_object(*args, "badport")
+    assert stored["spec"]["listeners"][0]["port"] == 0
+    labelled = custom.patch_namespaced_custom_object(
+        *args, "badport", {"metadata": {"labels": {"a": "b"}}}
+    )
+    assert labelled["metadata"]["labels"] == {"a": "b"}
+    worse = [{"op": "replace", "path": "/spec/listeners/0/port", "value": -1}]
+    with pytest.raises(ApiException) as refused:
+        custom.patch_namespaced_custom_object(
+            *args, "badport", worse, _content_type="application/json-patch+json"
+        )
+    assert refused.value.status == 422 and "spec.listeners[0].port" in refused.value.body

@@ -119,7 +119,12 @@ gateway.networking.k8s.io:
 {{/*
 The webhooks of one configuration: (tuple . "validate"|"mutate"). STUNner's own kinds get one
 entry with webhook.failurePolicy; the Gateway API kinds (which other controllers share) one of
-their own with webhook.gatewayAPIFailurePolicy.
+their own with webhook.gatewayAPIFailurePolicy. Dataplanes get an entry of their own that leaves
+out this release's objects (its default Dataplane): `helm upgrade` patches it and `helm
+uninstall` deletes it, and neither may depend on the webhook's pods being up (a fail-closed
+webhook that is down, or not yet started, would block the upgrade that fixes it; the DELETE rule
+would refuse the uninstall). Only cluster administrators write Dataplanes (cluster-scoped), so
+the label it matches on is no tenant's way around the webhook.
 */}}
 {{- define "stunner.webhooks" -}}
 {{- $root := index . 0 -}}
@@ -129,7 +134,7 @@ their own with webhook.gatewayAPIFailurePolicy.
 {{- if not $root.Values.webhook.certificate.certManager -}}
 {{- $caBundle = (include "stunner.webhookCertificate" $root | fromYaml).ca -}}
 {{- end -}}
-{{- range $entry := list "stunner" "gateway-api" }}
+{{- range $entry := list "stunner" "dataplane" "gateway-api" }}
 - name: {{ $path }}-{{ $entry }}.stunner.l7mp.io
   admissionReviewVersions: [v1]
   sideEffects: None
@@ -150,11 +155,20 @@ their own with webhook.gatewayAPIFailurePolicy.
       - key: kubernetes.io/metadata.name
         operator: NotIn
         values: {{ concat (list "kube-system") $root.Values.webhook.excludedNamespaces | toJson }}
+  {{- if eq $entry "dataplane" }}
+  objectSelector:
+    matchExpressions:
+      - key: app.kubernetes.io/instance
+        operator: NotIn
+        values: [{{ $root.Release.Name | quote }}]
+  {{- end }}
   rules:
   {{- range $group := keys $judged | sortAlpha }}
   {{- range $resource := keys (index $judged $group) | sortAlpha }}
   {{- $kind := index $judged $group $resource }}
-  {{- if eq (eq $group "gateway.networking.k8s.io") (eq $entry "gateway-api") }}
+  {{- $in := ternary "dataplane" "stunner" (and (eq $group "stunner.l7mp.io") (eq $resource "dataplanes")) }}
+  {{- if eq $group "gateway.networking.k8s.io" }}{{ $in = "gateway-api" }}{{ end }}
+  {{- if eq $in $entry }}
     - apiGroups: [{{ $group }}]
       apiVersions: {{ $kind.versions | toJson }}
       resources: [{{ $resource }}]
