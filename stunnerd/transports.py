@@ -256,23 +256,22 @@ class TcpConnectionProtocol(asyncio.Protocol):
         """Move the deadline after data came in: a frame in progress has `stream_deadline`
         from its first byte (the first message from the connection's start), an idle
         connection without allocation `idle_timeout`, one with an allocation none."""
-        limits = self.server.context.limits
         if received:
             self._first_done = True
         if not self._first_done:
             return  # the first message's deadline runs from connection_made
-        now = self._now()
+        limits = self.server.context.limits
         if self.buffer:
             if received or self._frame_started == 0.0:
-                self._frame_started = now
+                self._frame_started = self._now()
             self._set_deadline(self._frame_started + limits.stream_deadline)
             return
         self._frame_started = 0.0
         assert self.downstream is not None
         if self.downstream.remote in self.server.allocations:
-            self._set_deadline(None)
+            self._set_deadline(None)  # the per-packet case: no clock read
         else:
-            self._set_deadline(now + limits.idle_timeout)
+            self._set_deadline(self._now() + limits.idle_timeout)
 
     def data_received(self, data: bytes) -> None:
         buffer = self.buffer
