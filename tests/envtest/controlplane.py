@@ -18,7 +18,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import time
@@ -32,6 +31,7 @@ import yaml
 from cryptography.hazmat.primitives.asymmetric import rsa
 
 from tests.support.pki import Authority, key_pem
+from tests.support.ports import free_port
 
 ASSETS_VARIABLE = "KUBEBUILDER_ASSETS"
 NO_ASSETS = f"{ASSETS_VARIABLE} unset: no real control plane (tests/envtest/README.md)"
@@ -40,13 +40,6 @@ SERVICE_CLUSTER_IP_RANGE = "10.0.0.0/24"
 ADMIN_GROUPS = ("system:masters",)
 # The serving certificate's names: loopback, and the kubernetes Service in-cluster clients use.
 API_SERVER_NAMES = ("localhost", "kubernetes.default.svc", "127.0.0.1", "10.0.0.1")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def binary_versions(assets: Path) -> dict[str, str]:
