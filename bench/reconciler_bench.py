@@ -23,7 +23,6 @@ import argparse
 import asyncio
 import os
 import re
-import socket
 import subprocess
 import sys
 import tempfile
@@ -40,15 +39,10 @@ from cds_bench import percentiles, say  # noqa: E402  (bench/ is on the path: ru
 
 from tests.reconciler import clusterkit as k  # noqa: E402
 from tests.support.fakeapi import FakeApiServer  # noqa: E402
+from tests.support.ports import free_port  # noqa: E402
 
 NS = k.NS
 TARGET = 1.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def seed(fake: FakeApiServer, gateways: int) -> None:

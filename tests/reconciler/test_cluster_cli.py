@@ -4,7 +4,6 @@ SIGTERM: the Lease released, a clean exit."""
 from __future__ import annotations
 
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -13,12 +12,7 @@ from pathlib import Path
 
 from tests.reconciler import clusterkit as k
 from tests.support.fakeapi import FakeApiServer
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tests.support.ports import free_port
 
 
 def _lease(fake: FakeApiServer) -> dict[str, str]:
@@ -37,7 +31,7 @@ def test_cluster_mode_process_leads_and_releases_on_sigterm(tmp_path: Path) -> N
     with FakeApiServer() as fake:
         k.world(fake)
         kubeconfig = fake.write_kubeconfig(tmp_path / "kubeconfig")
-        cds, health, metrics = _port(), _port(), _port()
+        cds, health, metrics = free_port(), free_port(), free_port()
         proc = subprocess.Popen(
             [
                 sys.executable,
