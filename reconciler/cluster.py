@@ -32,7 +32,6 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
 
 from stunner_api.cds import DEFAULT_PORT as DEFAULT_CDS_PORT
 from stunner_api.vocabulary import OWNED_BY_LABEL
@@ -41,9 +40,9 @@ from . import events, kube
 from .apply import Memo, Write, plan_writes
 from .cds import ConfigStore, cds_app, serve
 from .loop import THROTTLE, Reconciler
-from .metrics import Metrics, health_app, metrics_app
+from .metrics import Metrics, ServedInThread, health_app, metrics_app
 from .relevance import References
-from .render import Plan, RenderSettings, render
+from .render import Plan, Renderer, RenderSettings
 from .render.finalize import finalized
 from .store import Object, Snapshot, labels_of
 
@@ -124,7 +123,11 @@ class ClusterMode:
         except kube.ConfigUnavailable as exc:
             raise ClusterUnavailable(str(exc)) from exc
         self.writer = kube.Writer(self.api, self.cache)
-        self.reconciler = Reconciler(self._render, self.store, throttle=settings.throttle)
+        self.reconciler = Reconciler(
+            self._render, self.store, throttle=settings.throttle, in_thread=True
+        )
+        self.reconciler.published = self._published
+        self.renderer = Renderer(settings.render_settings)
         self.references = References(settings.render_settings.controller_name)
         self.ours: frozenset[str] = frozenset()
         self.elector: kube.LeaseElector | None = None
@@ -201,26 +204,45 @@ class ClusterMode:
         self._loop.call_soon_threadsafe(self._consider, new, old)
 
     def _consider(self, new: Object | None, old: Object | None) -> None:
-        if self.rendered_once and self.references.wants(new, old):
-            self.reconciler.trigger()
+        if not self.rendered_once or not self.references.wants(new, old):
+            return
+        if _is_deployment(new if new is not None else old):
+            # Render reads no Deployment: one of ours edited or deleted (or our own write's
+            # echo) only needs the diff against the last plan, which writes it back.
+            self._apply_wanted.set()
+            return
+        self.reconciler.trigger()
 
     def _render(self, objects: Sequence[Object]) -> Plan:
-        """The loop's render step; it reads the cache as it is now (level-based)."""
+        """The loop's render step, in a worker thread; it reads the cache as it is now
+        (level-based) and renders again only the parts of the cluster that changed since the
+        last render (`render.Renderer`)."""
         started = time.perf_counter()
         objects = self.cache.rendered_objects()
         self.reconciler.objects = objects  # what the loop's log counts
         snapshot = Snapshot.from_objects(objects)
-        plan = render(snapshot, self.settings.render_settings, datetime.now(UTC))
+        plan = self.renderer.render(snapshot, datetime.now(UTC))
         self.references = References.of(snapshot, self.settings.render_settings.controller_name)
         self.ours = frozenset(f"{ns}/{name}" for ns, name in self.references.gateways)
         self.metrics.renders.inc()
         self.metrics.render_duration.observe(time.perf_counter() - started)
-        self.rendered_once = True
-        self._apply_wanted.set()
+        self.metrics.parts_rendered.inc(self.renderer.rendered_parts)
+        self.metrics.parts_kept.inc(self.renderer.kept_parts)
+        log.debug(
+            "rendered %d parts again, kept %d, in %.3f s",
+            self.renderer.rendered_parts,
+            self.renderer.kept_parts,
+            time.perf_counter() - started,
+        )
         if self._frozen_at is not None and self.cache.changes - self._frozen_at > REFREEZE_CHANGES:
             gc.freeze()  # the objects cached since the last freeze join the frozen ones
             self._frozen_at = self.cache.changes
         return plan
+
+    def _published(self, plan: object) -> None:
+        """On the loop, after a render's configs went out: the writes may follow."""
+        self.rendered_once = True
+        self._apply_wanted.set()
 
     async def _first_render(self) -> None:
         while not self.cache.synced:
@@ -379,23 +401,22 @@ class Running:
 
 
 @contextlib.asynccontextmanager
-async def _maybe_serve(app: Any, address: tuple[str, int] | None) -> AsyncIterator[str | None]:
-    if address is None:
-        yield None
-        return
-    async with serve(app, address[0], address[1]) as served:
-        yield served.address
-
-
-@contextlib.asynccontextmanager
 async def run_cluster(settings: ClusterSettings) -> AsyncIterator[Running]:
     """Watch, render, serve CDS and (as the leader) write, until the block ends."""
     mode = ClusterMode(settings)
-    async with (
-        serve(cds_app(mode.store), settings.host, settings.cds_port) as cds,
-        _maybe_serve(health_app(mode.ready), settings.health_address) as health,
-        _maybe_serve(metrics_app(mode.metrics), settings.metrics_address) as metrics,
-    ):
+    # Health, readiness and metrics answer from their own thread, whatever the loop is doing.
+    probes = ServedInThread(
+        [
+            (health_app(mode.ready), settings.health_address),
+            (metrics_app(mode.metrics), settings.metrics_address),
+        ]
+    )
+    health, metrics = await asyncio.to_thread(probes.__enter__)
+    async with contextlib.AsyncExitStack() as stack:
+        stack.push_async_callback(asyncio.to_thread, probes.__exit__, None, None, None)
+        cds = await stack.enter_async_context(
+            serve(cds_app(mode.store), settings.host, settings.cds_port)
+        )
         log.info("cluster mode: config discovery service on %s", cds.address)
         mode.start_watching()
         tasks = [
@@ -418,6 +439,10 @@ async def run_cluster(settings: ClusterSettings) -> AsyncIterator[Running]:
             await asyncio.to_thread(_join_all, mode.informers)
             mode.api.close()
             gc.unfreeze()
+
+
+def _is_deployment(obj: Object | None) -> bool:
+    return obj is not None and obj.get("kind") == "Deployment"
 
 
 def _join_all(informers: Sequence[kube.Informer]) -> None:

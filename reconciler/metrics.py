@@ -3,17 +3,24 @@
 Metrics (each process has its own registry, so several reconcilers in one test process do not
 share counters):
 - `stunner_reconciler_renders_total`, `stunner_reconciler_render_duration_seconds`;
+- `stunner_reconciler_render_parts_total` (parts of the cluster, a Gateway with its routes,
+  rendered again) and `stunner_reconciler_render_parts_kept_total` (kept from the last render);
 - `stunner_reconciler_api_writes_total{verb,kind,result}` (result: "ok" or the HTTP status,
   "0" for no answer);
 - `stunner_reconciler_watch_restarts_total{kind,reason}` (reason: "expired" for a 410 Gone
   relist, "error" for a failed list or watch);
 - `stunner_reconciler_cds_clients` (open CDS watches), `stunner_reconciler_leader` (1 while this
   replica holds the Lease), `stunner_reconciler_cache_fresh`.
+
+Both are served from their own thread (`ServedInThread`), never from the reconciler's loop.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+import contextlib
+import threading
+from collections.abc import Callable, Sequence
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -31,6 +38,16 @@ class Metrics:
             "Time one render took",
             registry=self.registry,
             buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+        )
+        self.parts_rendered = Counter(
+            "stunner_reconciler_render_parts",
+            "Parts of the cluster (a Gateway with its routes) rendered again",
+            registry=self.registry,
+        )
+        self.parts_kept = Counter(
+            "stunner_reconciler_render_parts_kept",
+            "Parts of the cluster kept as the last render left them (nothing they read changed)",
+            registry=self.registry,
         )
         self.api_writes = Counter(
             "stunner_reconciler_api_writes",
@@ -88,3 +105,61 @@ def health_app(ready: Callable[[], tuple[bool, str]]) -> web.Application:
     app.router.add_get("/healthz", healthz, allow_head=False)
     app.router.add_get("/readyz", readyz, allow_head=False)
     return app
+
+
+class ServedInThread:
+    """aiohttp apps served from their own thread and event loop, so that what the reconciler's
+    loop does (a render, a burst of watch events) never delays them: the kubelet's probes and
+    Prometheus' scrapes are answered while the main loop is busy. Their handlers only read
+    (`ready()` takes the cache's lock; the metrics' gauges read counters), so they need nothing
+    of the main loop.
+
+        with ServedInThread([(health_app(ready), ("127.0.0.1", 8081))]) as addresses: ...
+
+    An address of None serves nothing (its slot in `addresses` is None); one that cannot be
+    bound raises from `__enter__`, as serving on the main loop would."""
+
+    def __init__(self, apps: Sequence[tuple[web.Application, tuple[str, int] | None]]) -> None:
+        self.apps = list(apps)
+        self.addresses: list[str | None] = []
+        self.thread = threading.Thread(target=self._run, name="reconciler-probes", daemon=True)
+        self._started = threading.Event()
+        self._error: BaseException | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+
+    def _run(self) -> None:
+        try:
+            asyncio.run(self._serve())
+        except BaseException as exc:  # noqa: BLE001  (handed to the starting thread)
+            self._error = exc
+        finally:
+            self._started.set()
+
+    async def _serve(self) -> None:
+        from .cds import serve
+
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        async with contextlib.AsyncExitStack() as stack:
+            for app, address in self.apps:
+                if address is None:
+                    self.addresses.append(None)
+                    continue
+                served = await stack.enter_async_context(serve(app, address[0], address[1]))
+                self.addresses.append(served.address)
+            self._started.set()
+            await self._stop.wait()
+
+    def __enter__(self) -> list[str | None]:
+        self.thread.start()
+        self._started.wait()
+        if self._error is not None:
+            self.thread.join()
+            raise self._error
+        return self.addresses
+
+    def __exit__(self, *exc: object) -> None:
+        if self._loop is not None and self._stop is not None and self.thread.is_alive():
+            self._loop.call_soon_threadsafe(self._stop.set)
+        self.thread.join(10.0)
