@@ -30,6 +30,7 @@ import argparse
 import asyncio
 import os
 import re
+import resource
 import subprocess
 import sys
 import tempfile
@@ -95,6 +96,12 @@ def metric(address: str, name: str) -> float:
         if line.startswith(name) and not line.startswith("#"):
             total += float(line.rsplit(" ", 1)[1])
     return total
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a process (/proc/PID/stat fields 14 and 15)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def rss(pid: int) -> str:
@@ -211,6 +218,8 @@ async def run(args: argparse.Namespace) -> int:
             "--log",
             "WARNING",
         ]
+        own = resource.getrusage(resource.RUSAGE_SELF)
+        fake_cpu = own.ru_utime + own.ru_stime
         started = time.monotonic()
         proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=sys.stderr)
         metrics = f"http://127.0.0.1:{metrics_port}"
@@ -252,6 +261,11 @@ async def run(args: argparse.Namespace) -> int:
                     f"{first_writes} writes ({first_writes / args.gateways:.1f} per Gateway)"
                 )
             say(f"   /healthz during it: {prober.report()}")
+            own = resource.getrusage(resource.RUSAGE_SELF)
+            say(
+                f"   CPU meanwhile: reconciler {cpu_seconds(proc.pid):.1f} s, this process (the "
+                f"fake API server) {own.ru_utime + own.ru_stime - fake_cpu:.1f} s"
+            )
             say(f"   load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
             writing = await wait_quiet(fake)
             say(f"   writes quiet {writing:.1f} s later; {len(fake.writes())} writes in all")
