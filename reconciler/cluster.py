@@ -45,10 +45,19 @@ from .metrics import Metrics, ServedInThread, health_app, metrics_app
 from .relevance import References
 from .render import Plan, Renderer, RenderSettings
 from .render.finalize import finalized
-from .store import Object, Snapshot, labels_of
+from .render.tracked import same_kinds
+from .store import Kind, Object, Snapshot, labels_of
 
 log = logging.getLogger("stunner.reconciler")
 
+# What `References.of` reads: while none of these changed, the references stay.
+REFERENCING_KINDS = (
+    Kind.GATEWAY_CLASS,
+    Kind.GATEWAY,
+    Kind.GATEWAY_CONFIG,
+    Kind.STUNNER_UDP_ROUTE,
+    Kind.GATEWAY_API_UDP_ROUTE,
+)
 # Writes in flight at once: a write waits on the API server most of its time (its answer and
 # the admission chain), so a few in flight keep it busy (bench/reconciler_bench.py: the first
 # pass over 1,000 Gateways is 4,000 writes).
@@ -134,6 +143,7 @@ class ClusterMode:
         self.reconciler.published = self._published
         self.renderer = Renderer(settings.render_settings)
         self.references = References(settings.render_settings.controller_name)
+        self._referenced: Snapshot | None = None  # the snapshot `references` is of
         self.ours: frozenset[str] = frozenset()
         self.elector: kube.LeaseElector | None = None
         if settings.leader_elect:
@@ -228,8 +238,12 @@ class ClusterMode:
         self.reconciler.objects = objects  # what the loop's log counts
         snapshot = Snapshot.from_objects(objects)
         plan = self.renderer.render(snapshot, datetime.now(UTC))
-        self.references = References.of(snapshot, self.settings.render_settings.controller_name)
-        self.ours = frozenset(f"{ns}/{name}" for ns, name in self.references.gateways)
+        before = self._referenced
+        if before is None or not same_kinds(before, snapshot, REFERENCING_KINDS):
+            controller = self.settings.render_settings.controller_name
+            self.references = References.of(snapshot, controller)
+            self.ours = frozenset(f"{ns}/{name}" for ns, name in self.references.gateways)
+            self._referenced = snapshot
         self.metrics.renders.inc()
         self.metrics.render_duration.observe(time.perf_counter() - started)
         self.metrics.parts_rendered.inc(self.renderer.rendered_parts)

@@ -35,7 +35,7 @@ from . import conditions as cond
 from . import config, manifests
 from .judge import judge, under
 from .plan import Finding, Plan, RenderSettings, StatusUpdate
-from .tracked import ReadKey, Tracked, hold, same, same_all
+from .tracked import ReadKey, Tracked, hold, same, same_all, same_kinds
 
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"  # every Namespace has it (Kubernetes 1.22+)
 
@@ -677,6 +677,8 @@ class _Renderer:
 
 
 SortKey = tuple[Any, ...]
+# What a cut into parts reads of the snapshot.
+PART_KINDS = (Kind.GATEWAY, Kind.STUNNER_UDP_ROUTE, Kind.GATEWAY_API_UDP_ROUTE)
 GatewayKey = tuple[str, str]  # (namespace, name)
 
 
@@ -804,20 +806,33 @@ class Renderer:
     def __init__(self, settings: RenderSettings) -> None:
         self.settings = settings
         self._parts: dict[Any, _Rendered] = {}
+        # The last cut into parts, and what it was cut from: reused while no Gateway or route
+        # changed and the classes of ours are the same.
+        self._cut: tuple[Snapshot, frozenset[str], list[tuple[Part, Any]]] | None = None
         self.rendered_parts = 0  # of the last render: parts rendered again
         self.kept_parts = 0  # and kept
 
     def forget(self) -> None:
         """Render everything again next time."""
         self._parts = {}
+        self._cut = None
+
+    def _parts_of(self, snapshot: Snapshot, classes: Collection[str]) -> list[tuple[Part, Any]]:
+        names = frozenset(classes)
+        if self._cut is not None:
+            before, before_names, cut = self._cut
+            if before_names == names and same_kinds(before, snapshot, PART_KINDS):
+                return cut
+        cut = [(part, part.key) for part in parts(snapshot, names)]
+        self._cut = (snapshot, names, cut)
+        return cut
 
     def render(self, snapshot: Snapshot, now: datetime) -> Plan:
         top = _Renderer(snapshot, self.settings, now)
         classes = top.run_classes()
         kept: dict[Any, _Rendered] = {}
         self.rendered_parts = self.kept_parts = 0
-        for part in parts(snapshot, classes):
-            key = part.key
+        for part, key in self._parts_of(snapshot, classes):
             done = self._parts.get(key)
             if (
                 done is None

@@ -15,7 +15,7 @@ status changes with every heartbeat).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -95,6 +95,18 @@ def _grants(snapshot: Snapshot, namespace: str) -> tuple[Object, ...]:
         for (ns, _), obj in sorted(snapshot.objects.get(Kind.REFERENCE_GRANT, {}).items())
         if ns == namespace
     )
+
+
+def same_kinds(old: Snapshot, new: Snapshot, kinds: Iterable[Kind]) -> bool:
+    """Whether `new` holds the very objects `old` does of every kind in `kinds`."""
+    for kind in kinds:
+        before, after = old.objects.get(kind, {}), new.objects.get(kind, {})
+        if len(before) != len(after):
+            return False
+        for key, obj in after.items():
+            if before.get(key) is not obj:
+                return False
+    return True
 
 
 def _addresses(nodes: Any) -> list[Any]:
