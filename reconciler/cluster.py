@@ -71,9 +71,13 @@ DEFAULT_HEALTH_PORT = 8081  # Go's --health-probe-bind-address
 # scans (gc.freeze), whose full collections otherwise cost more than the render itself with
 # 1,000 Gateways cached (bench/reconciler_bench.py). Every GC_REFREEZE seconds they are
 # unfrozen, collected once and frozen again, so cyclic garbage cannot pile up among them; in
-# between, a render after REFREEZE_CHANGES cache changes freezes the objects cached since.
+# between, a render after REFREEZE_CHANGES cache changes, or one that rendered REFREEZE_PARTS
+# parts again, freezes the objects made since.
 GC_REFREEZE = 600.0
 REFREEZE_CHANGES = 500  # cached changes after which a render freezes the new objects too
+# Parts rendered again by one render after which it freezes them too: the Renderer keeps every
+# part's plan (~200 objects a Gateway), which full collections would otherwise scan.
+REFREEZE_PARTS = 100
 
 
 class ClusterUnavailable(Exception):
@@ -254,8 +258,12 @@ class ClusterMode:
             self.renderer.kept_parts,
             time.perf_counter() - started,
         )
-        if self._frozen_at is not None and self.cache.changes - self._frozen_at > REFREEZE_CHANGES:
-            gc.freeze()  # the objects cached since the last freeze join the frozen ones
+        if self._frozen_at is not None and (
+            self.cache.changes - self._frozen_at > REFREEZE_CHANGES
+            or self.renderer.rendered_parts > REFREEZE_PARTS
+        ):
+            # The objects cached and the parts rendered since the last freeze join the frozen.
+            gc.freeze()
             self._frozen_at = self.cache.changes
         return plan
 
