@@ -279,6 +279,7 @@ async def run(args: argparse.Namespace) -> int:
             renders_before = metric(metrics, "stunner_reconciler_renders_total")
             writes_before = len(fake.writes())
             samples: list[float] = []
+            slow: list[str] = []  # edits slower than 0.5 s: when, for the curious
             url = f"ws://127.0.0.1:{cds_port}/api/v1/configs/{NS}/gw-0?watch=true"
             async with aiohttp.ClientSession() as session, session.ws_connect(url) as ws:
                 await ws.receive(timeout=10)  # the current config
@@ -290,6 +291,8 @@ async def run(args: argparse.Namespace) -> int:
                         if prefix in message.data:
                             break
                     samples.append(time.monotonic() - sent)
+                    if samples[-1] > 0.5:
+                        slow.append(f"#{edit} at {sent - started:.0f} s: {samples[-1]:.2f} s")
                     await asyncio.sleep(args.spacing)
             for n in range(args.idle_renders):
                 touch_unused_dataplane(fake, n)
@@ -302,6 +305,8 @@ async def run(args: argparse.Namespace) -> int:
             say(f"   {percentiles(samples)}")
             p99 = sorted(samples)[min(len(samples) - 1, int(0.99 * len(samples)))]
             say(f"   target p99 <= {TARGET:.1f} s: {'met' if p99 <= TARGET else 'NOT met'}")
+            if slow:
+                say(f"   slower than 0.5 s: {'; '.join(slow)}")
             say(
                 f"2. writes per render when nothing in the cluster changed: {writes} writes / "
                 f"{renders:.0f} renders = {writes / max(renders, 1):.2f} (target 0)"

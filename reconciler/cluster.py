@@ -67,17 +67,15 @@ WRITE_BACKOFF_MAX = 60.0
 FINALIZE_TIMEOUT = 2.0  # seconds --enable-finalizer's writes may take on shutdown (as Go)
 DEFAULT_METRICS_PORT = 8080  # Go's --metrics-bind-address
 DEFAULT_HEALTH_PORT = 8081  # Go's --health-probe-bind-address
-# The cached objects are long-lived and acyclic: kept out of the cyclic garbage collector's
-# scans (gc.freeze), whose full collections otherwise cost more than the render itself with
-# 1,000 Gateways cached (bench/reconciler_bench.py). Every GC_REFREEZE seconds they are
-# unfrozen, collected once and frozen again, so cyclic garbage cannot pile up among them; in
-# between, a render after REFREEZE_CHANGES cache changes, or one that rendered REFREEZE_PARTS
-# parts again, freezes the objects made since.
+# The cached objects, and the parts of the plan the Renderer keeps (~200 objects a Gateway),
+# are long-lived and acyclic: kept out of the cyclic garbage collector's scans (gc.freeze),
+# whose full collections otherwise cost more than the render itself with 1,000 Gateways cached
+# and paused everything for 300 ms at a time after the first pass (bench/reconciler_bench.py).
+# Every GC_REFREEZE seconds they are unfrozen, collected once and frozen again, so cyclic
+# garbage cannot pile up among them; in between, every render freezes what it made and what
+# was cached since (gc.freeze costs the same however many objects it moves; what refcounting
+# frees is freed frozen or not).
 GC_REFREEZE = 600.0
-REFREEZE_CHANGES = 500  # cached changes after which a render freezes the new objects too
-# Parts rendered again by one render after which it freezes them too: the Renderer keeps every
-# part's plan (~200 objects a Gateway), which full collections would otherwise scan.
-REFREEZE_PARTS = 100
 
 
 class ClusterUnavailable(Exception):
@@ -258,12 +256,8 @@ class ClusterMode:
             self.renderer.kept_parts,
             time.perf_counter() - started,
         )
-        if self._frozen_at is not None and (
-            self.cache.changes - self._frozen_at > REFREEZE_CHANGES
-            or self.renderer.rendered_parts > REFREEZE_PARTS
-        ):
-            # The objects cached and the parts rendered since the last freeze join the frozen.
-            gc.freeze()
+        if self._frozen_at is not None:
+            gc.freeze()  # what this render made and what was cached since join the frozen
             self._frozen_at = self.cache.changes
         return plan
 
