@@ -35,7 +35,7 @@ from . import conditions as cond
 from . import config, manifests
 from .judge import judge, under
 from .plan import Finding, Plan, RenderSettings, StatusUpdate
-from .tracked import ReadKey, Tracked, hold, same, same_all, same_kinds
+from .tracked import ReadKey, Tracked, hold, same, same_kinds
 
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"  # every Namespace has it (Kubernetes 1.22+)
 
@@ -771,6 +771,8 @@ class _Rendered:
     """What one part rendered, and what it read to render it."""
 
     members: tuple[Object, ...]  # the part's Gateways and routes as rendered
+    # (apiVersion, kind, namespace, name) -> the status planned for a member
+    planned: Mapping[tuple[str, str, str, str], Mapping[str, Any]]
     reads: Mapping[ReadKey, Any]
     classes: Mapping[str, ClassContext]
     configs: list[tuple[GatewayKey, str, StunnerConfig]]
@@ -778,6 +780,25 @@ class _Rendered:
     services: list[tuple[GatewayKey, str, dict[str, Any]]]
     findings: list[tuple[SortKey, Finding]]
     statuses: list[tuple[SortKey, StatusUpdate]]
+
+
+def _members_hold(members: tuple[Object, ...], done: _Rendered) -> bool:
+    """Whether a part's Gateways and routes are the ones it was rendered from: the same, or
+    changed in nothing but a status that is the very status the part planned for them (the
+    echo of our own status write). Render reads a member's status only for the transition
+    times of its conditions, which it keeps from a condition of the same status: from the
+    status it planned, it plans that status again."""
+    if len(members) != len(done.members):
+        return False
+    for new, old in zip(members, done.members, strict=True):
+        if same(new, old):
+            continue
+        if not same(new, old, status=False):
+            return False
+        key = (str(new.get("apiVersion")), str(new.get("kind")), namespace_of(new), name_of(new))
+        if key not in done.planned or new.get("status") != done.planned[key]:
+            return False
+    return True
 
 
 def _same_class(new: ClassContext | None, old: ClassContext) -> bool:
@@ -836,7 +857,7 @@ class Renderer:
             done = self._parts.get(key)
             if (
                 done is None
-                or not same_all(part.members, done.members)
+                or not _members_hold(part.members, done)
                 or not all(_same_class(classes.get(n), c) for n, c in done.classes.items())
                 or not hold(done.reads, snapshot)
             ):
@@ -876,8 +897,13 @@ class Renderer:
             return [(_key_of(gw_id), gw_id, value) for gw_id, value in values.items()]
 
         used = {str(_spec(g).get("gatewayClassName")) for g in part.gateways}
+        planned = {
+            (update.api_version, update.kind, update.namespace, update.name): update.status
+            for _, update in renderer.statuses
+        }
         return _Rendered(
             members=part.members,
+            planned=planned,
             reads=tracked.reads,
             classes={name: classes[name] for name in used},
             configs=keyed(renderer.configs),

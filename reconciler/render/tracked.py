@@ -7,8 +7,10 @@ are built on them). A read is recorded with what it answered; `Reads.hold(snapsh
 same questions of a newer snapshot and compares the answers object by object: the very same
 object (the cache replaces an object's dict when it changes, never edits it), or one equal to
 it but for the bookkeeping metadata (`resourceVersion`, `managedFields`: a relist hands out new
-dicts of unchanged objects). A GatewayClass read by a Gateway's rules is compared without its
-`status` (only the class's own status is rendered from it, and that is rendered every time);
+dicts of unchanged objects). A GatewayClass or Gateway read is compared without its `status`:
+the rules read a Gateway's class and a route's parent Gateways for their spec, render a
+Gateway for its existence (a part's own members, whose status render does read, are compared
+by the part, `core._members_hold`);
 the Nodes are compared by their addresses only (render reads nothing else of them, and their
 status changes with every heartbeat).
 """
@@ -123,7 +125,7 @@ def hold(reads: Mapping[ReadKey, Any], snapshot: Snapshot) -> bool:
     for (method, args), old in reads.items():
         if method == "get":
             kind, namespace, name = args
-            status = kind != Kind.GATEWAY_CLASS
+            status = kind not in (Kind.GATEWAY_CLASS, Kind.GATEWAY)
             if not same(Snapshot.get(snapshot, kind, namespace, name), old, status=status):
                 return False
         elif method == "all" and args[0] == Kind.NODE:

@@ -204,3 +204,22 @@ def test_an_edit_renders_only_the_parts_it_touches() -> None:
     assert renderer.rendered_parts == 1 and renderer.kept_parts == total - 1
     assert document(plan) == document(render(Snapshot.from_objects(objects), SETTINGS, NOW))
     assert any("10.99.0.0/16" in str(c.to_dict()) for c in plan.configs.values())
+
+
+def test_the_echo_of_the_planned_status_renders_nothing_again() -> None:
+    """Every Gateway and route given the status the plan wants (as the reconciler's own status
+    writes come back): nothing renders again, and the plan is the full render's."""
+    objects = every_case()
+    renderer = Renderer(SETTINGS)
+    plan = renderer.render(Snapshot.from_objects(objects), NOW)
+    planned = {(s.api_version, s.kind, s.namespace, s.name): s.status for s in plan.statuses}
+    echoed = []
+    for obj in objects:
+        api_version, kind, namespace, name = World.key(obj)
+        status = planned.get((api_version, kind, namespace or "default", name))
+        if status is not None and kind != "GatewayClass":
+            obj = copy.deepcopy(obj) | {"status": copy.deepcopy(dict(status))}
+        echoed.append(obj)
+    again = renderer.render(Snapshot.from_objects(echoed), NOW)
+    assert renderer.rendered_parts == 0 and renderer.kept_parts > 3
+    assert document(again) == document(render(Snapshot.from_objects(echoed), SETTINGS, NOW))
