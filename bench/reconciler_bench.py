@@ -8,8 +8,8 @@ Gateways:
    answered, within 100 ms).
 1. edit -> watcher: a backend edit (the StaticService of one Gateway's UDPRoute) made in the
    API server reaches a stunnerd-style CDS watcher of that Gateway: watch event -> render of
-   the whole snapshot -> publish -> WebSocket. Target: p99 <= 1 s. Edits are spaced wider than
-   the render throttle window (250 ms), as a person editing would.
+   the parts of the snapshot that changed -> publish -> WebSocket. Target: p99 <= 1 s. Edits
+   are spaced wider than the render throttle window (250 ms), as a person editing would.
 2. writes per render when nothing changed: every edit above changes a config and nothing in the
    cluster, and idle renders (an unused Dataplane touched) change nothing at all: the API writes
    counted on the fake divided by the renders the reconciler reports. Target: 0.

@@ -31,7 +31,9 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         self.renders = Counter(
-            "stunner_reconciler_renders", "Renders of the whole snapshot", registry=self.registry
+            "stunner_reconciler_renders",
+            "Renders (each of the parts of the cluster that changed)",
+            registry=self.registry,
         )
         self.render_duration = Histogram(
             "stunner_reconciler_render_duration_seconds",
