@@ -790,7 +790,8 @@ def test_the_deployment() -> None:
         "port": 8086,
         "scheme": "HTTP",
     }
-    assert container["readinessProbe"]["periodSeconds"] == 15
+    assert container["livenessProbe"]["periodSeconds"] == 15  # Go's
+    assert container["readinessProbe"]["periodSeconds"] == 1  # Ready a second after its config
     assert container["resources"] == {"limits": {"memory": "20M"}, "requests": {"cpu": "250m"}}
 
 

@@ -53,6 +53,12 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- printf "%s:%s" $repository (default .Chart.AppVersion .Values.image.tag) -}}
 {{- end -}}
 
+{{/* The dataplane image: stunnerd alone (the Dockerfile's `dataplane` target). */}}
+{{- define "stunner.dataplaneImage" -}}
+{{- $repository := required "ERROR: image.dataplaneRepository must be set" .Values.image.dataplaneRepository -}}
+{{- printf "%s:%s" $repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+
 {{/* The reconciler's ServiceAccount. */}}
 {{- define "stunner.reconcilerServiceAccount" -}}
 {{- include "stunner.componentName" (tuple . "reconciler") -}}
