@@ -19,6 +19,8 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from stunner_http.server import NAME_KEY
+
 
 class Metrics:
     def __init__(self) -> None:
@@ -69,6 +71,7 @@ def metrics_app(metrics: Metrics) -> web.Application:
         return response
 
     app = web.Application()
+    app[NAME_KEY] = "metrics"  # served with an admin endpoint's limits (stunner_http.server)
     app.router.add_get("/metrics", handler, allow_head=False)
     return app
 
@@ -85,6 +88,7 @@ def health_app(ready: Callable[[], tuple[bool, str]]) -> web.Application:
         return web.Response(status=200 if ok else 503, text=why + "\n")
 
     app = web.Application()
+    app[NAME_KEY] = "health"  # served with an admin endpoint's limits (stunner_http.server)
     app.router.add_get("/healthz", healthz, allow_head=False)
     app.router.add_get("/readyz", readyz, allow_head=False)
     return app
