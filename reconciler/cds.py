@@ -50,7 +50,7 @@ from stunner_api.cds import (
 )
 from stunner_api.dataplane import StunnerConfig, zero_config
 from stunner_api.ice import IceError, IceQuery, ice_config, turn_auth
-from stunner_http.server import LIMITS_KEY, NAME_KEY, Served, ServerLimits
+from stunner_http.server import LIMITS_KEY, NAME_KEY, RateLimitedLog, Served, ServerLimits
 from stunner_http.server import serve as serve_http
 from stunner_http.websocket import FrameBudget, WebSocketGuard
 
@@ -325,13 +325,23 @@ def auth_app(
     `public_address`: the address put in the URIs unless the request names one (Go's
     STUNNER_PUBLIC_ADDR)."""
 
+    # Anyone may send a bad query: a WARNING line per 10 s at most, with a count.
+    bad_queries = RateLimitedLog(auth_log, AUTH_LIMITS.log_period)
+
     def answer(build: Builder) -> Handler:
         async def handler(request: web.Request) -> web.StreamResponse:
             try:
                 query = IceQuery.from_params(request.query)
                 body = build(store.configs, query, int(clock()), public_address)
             except IceError as exc:
-                auth_log.warning("%s %s: %s", request.method, request.path, exc.message)
+                bad_queries.event(
+                    logging.WARNING,
+                    "%s %s: %d %s",
+                    request.method,
+                    request.path[:64],
+                    int(exc.status),
+                    exc.message,
+                )
                 return _json_error(exc.status, exc.message)
             auth_log.debug("%s %s: answered", request.method, request.path)
             return web.Response(text=json.dumps(body), content_type="application/json")
