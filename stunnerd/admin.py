@@ -78,6 +78,22 @@ def parse_endpoint(url: str, default_port: int) -> Endpoint:
     return Endpoint(parts.hostname or "", parts.port or default_port, parts.path or "/")
 
 
+def parse_address(text: str) -> tuple[str, int]:
+    """`HOST:PORT` (`[v6]:PORT`; an empty host is every interface) for --health-address."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isascii() or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"invalid address {text!r}: expected HOST:PORT")
+    return host.removeprefix("[").removesuffix("]"), int(port)
+
+
+def relocate(url: str, address: str) -> str:
+    """`url` served at `address` (HOST:PORT) instead: its scheme and path stay."""
+    host, port = parse_address(address)
+    path = urlsplit(url).path
+    netloc = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    return f"http://{netloc}{path}"
+
+
 class HttpServer:
     """Serves the routes `routes_for` gives for the endpoint's path; start/stop are idempotent."""
 
@@ -187,4 +203,12 @@ def metrics_routes(view: MetricsView, path: str) -> dict[str, Route]:
     return {path: metrics}
 
 
-__all__ = ["AdminView", "HttpServer", "health_routes", "metrics_routes", "render_metrics"]
+__all__ = [
+    "AdminView",
+    "HttpServer",
+    "health_routes",
+    "metrics_routes",
+    "parse_address",
+    "relocate",
+    "render_metrics",
+]
