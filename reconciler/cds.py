@@ -9,8 +9,14 @@ stunnerd drains) and forgotten.
 GET `/api/v1/configs[/{namespace}[/{name}]]`, and the same with `?watch=true` over WebSocket
 (text frames, one full config each: the current ones on connect, then every change). An unknown
 id is a 404 `{code, message}` (a watch on it is accepted and waits: stunnerd may start before
-its Gateway renders). The server pings every watcher and drops one that does not answer. The
-`node` parameter (Go's premium relay-address discovery) is accepted and ignored.
+its Gateway renders). The server pings every watcher and drops one that does not answer. A
+watcher sends nothing but its keepalive: one past WATCH_BUDGET frames is closed with 1008, an
+unmasked frame with 1002 (stunner_http.websocket). The `node` parameter (Go's premium
+relay-address discovery) is accepted and ignored.
+
+`serve` runs an app with the connection discipline of every server of ours
+(stunner_http.server): a request deadline, a cap on connections (CDS_LIMITS, AUTH_LIMITS, an
+admin endpoint's otherwise), accept errors logged at a bounded rate.
 
 Every watcher has its own bounded queue: at most one pending config per id, a newer one replacing
 an older one that was not sent yet (latest config wins). Publishing never waits for a watcher; a

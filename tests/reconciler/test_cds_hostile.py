@@ -231,7 +231,7 @@ def test_an_unmasked_frame_sent_with_the_upgrade_request_is_caught_too() -> None
     run(main)
 
 
-def test_a_watcher_torn_down_mid_write_leaves_no_error_in_the_log(
+def test_watchers_torn_down_mid_write_log_no_error_and_come_and_go_at_debug(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     async def main() -> None:
@@ -303,3 +303,26 @@ def test_out_of_file_descriptors_the_accept_error_is_logged_once_and_accepting_r
     assert len(lines) == 1, [r.getMessage() for r in lines]
     assert "Too many open files" in lines[0].getMessage()
     assert not [r for r in caplog.records if r.exc_info]
+
+
+def test_a_watcher_that_pings_and_hangs_up_leaves_no_error_in_the_log(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The red team's traceback: pings answered after the client closed its side raised
+    "Cannot write to closing transport" out of the handler, one ERROR each."""
+
+    async def main() -> None:
+        async with cds() as (store, served, app):
+            store.set(ID, make_config(ID))
+            clients = [await upgraded(served) for _ in range(8)]
+            for _, writer in clients:
+                writer.write(frame(0x9, b"x") * 10)  # within the budget
+                writer.close()
+            await eventually(lambda: served.stats.open == 0, "every connection gone")
+            assert app[HANDLERS_KEY].guard.flooding == 0
+
+    with caplog.at_level(logging.DEBUG):
+        run(main)
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info], [
+        r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info
+    ]
