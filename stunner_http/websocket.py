@@ -24,11 +24,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import WSCloseCode, web
+from aiohttp import __version__ as _version
 from aiohttp.http_websocket import WebSocketError
 
 from .server import RateLimitedLog
 
 log = logging.getLogger("stunner.http.websocket")
+_UNGUARDED = RateLimitedLog(log, 3600.0)
 
 
 @dataclass(frozen=True)
@@ -155,6 +157,12 @@ class KeepaliveWebSocket(web.WebSocketResponse):
         # them for the guard.
         handler = request.protocol
         self.peer = request.remote or "?"
+        if not all(hasattr(handler, a) for a in ("_message_tail", "_payload_parser")):
+            # An aiohttp whose internals moved (tests/reconciler/test_cds_hostile.py fails):
+            # serve without the guard rather than not at all.
+            _UNGUARDED.event(logging.ERROR, "aiohttp %s: WebSocket frames unguarded", _version)
+            super()._post_start(request, protocol, writer)
+            return
         tail, handler._message_tail = handler._message_tail, b""
         super()._post_start(request, protocol, writer)
         guard = _FrameGuard(handler._payload_parser, self)

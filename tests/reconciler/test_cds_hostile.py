@@ -5,8 +5,10 @@ We test: a connection that sends nothing, and one that trickles header lines, is
 request deadline; past the connection cap a new connection is closed at once and counted, and
 one is served again once a slot frees; a watcher that floods pings is closed with 1008 and
 counted while an honest watcher still gets its update; an unmasked client frame is closed with
-1002; a watcher torn down while a config is being written to it leaves no ERROR and no
-traceback in the log, and connections come and go at DEBUG only; when the process is out of
+1002, also when it comes with the upgrade request or after a byte-by-byte frame with a 16-bit
+length; watchers that ping and hang up, or are torn down while a config is being written to
+them, leave no ERROR and no traceback in the log, and connections come and go at DEBUG only;
+when the process is out of
 file descriptors the accept error is logged once, not once per try, and the server accepts
 again once descriptors are free.
 """
@@ -326,3 +328,29 @@ def test_a_watcher_that_pings_and_hangs_up_leaves_no_error_in_the_log(
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info], [
         r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info
     ]
+
+
+def test_frame_boundaries_are_followed_across_segments_and_extended_lengths() -> None:
+    """The guard reads frame headers from the byte stream: a masked 300-byte frame (16-bit
+    length) sent a byte at a time passes, and the unmasked frame after it is still caught."""
+
+    async def main() -> None:
+        async with cds() as (store, served, app):
+            store.set(ID, make_config(ID))
+            reader, writer = await upgraded(served)
+            mask = os.urandom(4)
+            payload = bytes(b ^ mask[i % 4] for i, b in enumerate(b"x" * 300))
+            long_frame = bytes([0x81, 0x80 | 126]) + struct.pack("!H", 300) + mask + payload
+            for i in range(len(long_frame)):
+                writer.write(long_frame[i : i + 1])
+                await writer.drain()
+                if i % 50 == 0:
+                    await asyncio.sleep(0.001)
+            await eventually(lambda: len(store.watchers) == 1, "the watcher")
+            assert app[HANDLERS_KEY].guard.unmasked == 0
+            writer.write(frame(0x9, b"ping", masked=False))
+            assert await close_code(reader) == 1002
+            assert app[HANDLERS_KEY].guard.unmasked == 1
+            writer.close()
+
+    run(main)
