@@ -92,7 +92,7 @@ class RateLimitedLog:
         if self._last is not None and now - self._last < self.period:
             return False
         self.logger.log(
-            level, message + " (%d in the last %.0f s)", *args, self._count, self.period
+            level, message + " [%d since the last such line]", *args, self._count
         )
         self._count = 0
         self._last = now
