@@ -91,9 +91,7 @@ class RateLimitedLog:
         now = self.clock()
         if self._last is not None and now - self._last < self.period:
             return False
-        self.logger.log(
-            level, message + " [%d since the last such line]", *args, self._count
-        )
+        self.logger.log(level, message + " [%d since the last such line]", *args, self._count)
         self._count = 0
         self._last = now
         return True
