@@ -176,6 +176,13 @@ class _Listening:
         for sock in self.sockets:
             sock.close()
 
+    async def wait_stopped(self) -> None:
+        """Stop the accept loops and wait for them: their readers are off the selector before
+        the sockets close (a closed socket's fd may be reused at once)."""
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+
 
 def _listening_sockets(host: str, port: int, backlog: int) -> list[socket.socket]:
     """Bound, listening, non-blocking sockets for host:port (`""`: every interface, IPv4 and
@@ -233,6 +240,11 @@ class GuardedSite(web.BaseSite):
         tasks = [loop.create_task(self._accept(sock)) for sock in sockets]
         self._server = _Listening(sockets, tasks)  # type: ignore[assignment]
 
+    async def stop(self) -> None:
+        if isinstance(self._server, _Listening):
+            await self._server.wait_stopped()
+        await super().stop()  # closes the sockets
+
     def _admit(self) -> bool:
         return self.stats.open < self._limits.max_connections and _Process.open < _Process.cap()
 
@@ -280,6 +292,11 @@ class GuardedSite(web.BaseSite):
             except OSError as exc:  # the client reset before its transport was made
                 log.debug("%s: connection lost at accept: %s", self.name, exc)
                 conn.close()
+            except Exception as exc:  # a bug: keep accepting, say so at a bounded rate
+                conn.close()
+                self._error_log.event(
+                    logging.ERROR, "%s: cannot serve a connection: %r", self.name, exc
+                )
 
 
 @dataclass
