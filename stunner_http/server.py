@@ -195,14 +195,25 @@ def _listening_sockets(host: str, port: int, backlog: int) -> list[socket.socket
             if (family, address) in seen:
                 continue
             seen.add((family, address))
-            sock = socket.socket(family, type_, proto)
+            try:
+                sock = socket.socket(family, type_, proto)
+            except OSError:
+                continue  # a family this host does not have (no IPv6)
             sockets.append(sock)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             if family == socket.AF_INET6:
                 sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-            sock.bind(address)
+            try:
+                sock.bind(address)
+            except OSError as e:
+                if e.errno == errno.EADDRNOTAVAIL:  # the family is not enabled (bpo-30945)
+                    sockets.pop().close()
+                    continue
+                raise
             sock.listen(backlog)
             sock.setblocking(False)
+        if not sockets:
+            raise OSError(errno.EADDRNOTAVAIL, f"no address to listen on for {host}:{port}")
     except BaseException:
         for sock in sockets:
             sock.close()
