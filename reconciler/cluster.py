@@ -39,7 +39,7 @@ from stunner_api.vocabulary import OWNED_BY_LABEL
 
 from . import events, kube
 from .apply import Memo, Write, plan_writes
-from .cds import ConfigStore, cds_app, serve
+from .cds import HANDLERS_KEY, ConfigStore, cds_app, serve
 from .loop import THROTTLE, Reconciler
 from .metrics import Metrics, health_app, metrics_app
 from .relevance import References
@@ -391,12 +391,14 @@ async def _maybe_serve(app: Any, address: tuple[str, int] | None) -> AsyncIterat
 async def run_cluster(settings: ClusterSettings) -> AsyncIterator[Running]:
     """Watch, render, serve CDS and (as the leader) write, until the block ends."""
     mode = ClusterMode(settings)
+    cds_application = cds_app(mode.store)
     async with (
-        serve(cds_app(mode.store), settings.host, settings.cds_port) as cds,
+        serve(cds_application, settings.host, settings.cds_port) as cds,
         _maybe_serve(health_app(mode.ready), settings.health_address) as health,
         _maybe_serve(metrics_app(mode.metrics), settings.metrics_address) as metrics,
     ):
         log.info("cluster mode: config discovery service on %s", cds.address)
+        mode.metrics.track_server("cds", cds.stats, cds_application[HANDLERS_KEY].guard)
         mode.start_watching()
         tasks = [
             asyncio.create_task(mode.reconciler.run()),

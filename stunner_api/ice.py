@@ -28,6 +28,11 @@ from .cds import listener_parts
 from .dataplane import AuthConfig, StunnerConfig
 
 DEFAULT_TTL = 86400  # seconds: one day, as the Go auth service
+# The longest ttl handed out: a week. Go's auth service sets none (ANCHORS §5 documents only
+# the default): ttl=10^12 would mint credentials valid for 31,000 years, and a 4,000-digit
+# ttl a 4,000-digit username.
+MAX_TTL = 7 * 86400
+_TTL_DIGITS = frozenset("0123456789")
 SERVICE_TURN = "turn"
 ICE_TRANSPORT_POLICIES = ("all", "public", "relay")
 DEFAULT_ICE_TRANSPORT_POLICY = "all"
@@ -42,6 +47,19 @@ class IceError(Exception):
         super().__init__(message)
         self.status = status
         self.message = message
+
+
+def parse_ttl(text: str) -> int:
+    """`ttl`: 1 to MAX_TTL seconds in ASCII digits (at most 10 of them), nothing else: no sign,
+    space, `_` or other scripts' digits, which Python's int() takes; empty: DEFAULT_TTL. The
+    error does not repeat the value (it can be anything, of any length)."""
+    if not text:
+        return DEFAULT_TTL
+    if len(text) <= 10 and not set(text) - _TTL_DIGITS:
+        ttl = int(text)
+        if 0 < ttl <= MAX_TTL:
+            return ttl
+    raise IceError(HTTPStatus.BAD_REQUEST, f'"ttl" must be a number of seconds from 1 to {MAX_TTL}')
 
 
 @dataclass(frozen=True)
@@ -62,15 +80,7 @@ class IceQuery:
         service = params.get("service", "")
         if service != SERVICE_TURN:
             raise IceError(HTTPStatus.BAD_REQUEST, '"service" must be "turn"')
-        ttl_text = params.get("ttl", "")
-        try:
-            ttl = int(ttl_text) if ttl_text else DEFAULT_TTL
-        except ValueError:
-            raise IceError(
-                HTTPStatus.BAD_REQUEST, f'"ttl" must be an integer: {ttl_text!r}'
-            ) from None
-        if ttl <= 0:
-            raise IceError(HTTPStatus.BAD_REQUEST, f'"ttl" must be positive: {ttl}')
+        ttl = parse_ttl(params.get("ttl", ""))
         policy = params.get("iceTransportPolicy", "") or DEFAULT_ICE_TRANSPORT_POLICY
         if policy not in ICE_TRANSPORT_POLICIES:
             raise IceError(

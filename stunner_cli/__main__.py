@@ -27,13 +27,21 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from stunner_api.dataplane import StunnerConfig, redacted
-from stunner_api.ice import DEFAULT_TTL, IceError, IceQuery, ice_config
+from stunner_api.ice import DEFAULT_TTL, IceError, IceQuery, ice_config, parse_ttl
 from stunner_api.vocabulary import DEFAULT_DATAPLANE
 
 if TYPE_CHECKING:
     from reconciler.render import Plan
 
 OK, FAILED, USAGE = 0, 1, 2
+
+
+def _ttl(text: str) -> int:
+    """--ttl as the auth service takes `ttl` (stunner_api.ice.parse_ttl)."""
+    try:
+        return parse_ttl(text)
+    except IceError as e:
+        raise argparse.ArgumentTypeError(e.message) from None
 
 
 def _out(text: str) -> None:
@@ -80,7 +88,12 @@ def build_parser() -> argparse.ArgumentParser:
     config.add_argument("--interval", type=float, default=1.0, help=argparse.SUPPRESS)
     cluster("status", "each stunnerd pod's /status, one line per pod")
     ice = cluster("ice", "the ICE servers a browser passes to RTCPeerConnection")
-    ice.add_argument("--ttl", type=int, default=DEFAULT_TTL, help="ephemeral credentials' lifetime")
+    ice.add_argument(
+        "--ttl",
+        type=_ttl,
+        default=DEFAULT_TTL,
+        help="ephemeral credentials' lifetime in seconds (1 to 604800, a week)",
+    )
     ice.add_argument("--username", default="", help="the user id in ephemeral credentials")
     for name, help in (
         (
