@@ -25,7 +25,7 @@ from http import HTTPStatus
 from typing import Any
 
 from .cds import listener_parts
-from .dataplane import AuthConfig, StunnerConfig
+from .dataplane import AuthConfig, ListenerConfig, StunnerConfig
 
 DEFAULT_TTL = 86400  # seconds: one day, as the Go auth service
 # The longest ttl handed out: a week. Go's auth service sets none (ANCHORS §5 documents only
@@ -133,27 +133,46 @@ def credentials(auth: AuthConfig, user_id: str, ttl: int, now: int) -> tuple[str
 
 
 def _advertised(address: str) -> str:
-    """A listener address a client can use; an unexpanded `$STUNNER_ADDR` is not one."""
-    return "" if not address or "$" in address else address
+    """A listener address a client can use; an unexpanded `$STUNNER_ADDR` or a wildcard is
+    not one."""
+    return "" if not address or "$" in address or address in ("0.0.0.0", "::") else address
+
+
+def _address(listener: ListenerConfig, query: IceQuery, public_address: str) -> str:
+    """The address in a listener's URI: the first of the `public-addr` parameter,
+    `public_address` (the server's STUNNER_PUBLIC_ADDR), the listener's public address, its
+    address; "" when none of them is one a client can use."""
+    return (
+        query.public_address
+        or public_address
+        or _advertised(listener.public_address)
+        or _advertised(listener.address)
+    )
 
 
 def listener_uris(config: StunnerConfig, query: IceQuery, public_address: str = "") -> list[str]:
-    """The TURN URIs of `config`'s listeners that pass `query`'s filters. The address is the
-    first of: the `public-addr` parameter, `public_address` (the server's STUNNER_PUBLIC_ADDR),
-    the listener's public address, its address, 0.0.0.0."""
+    """The TURN URIs of `config`'s listeners that pass `query`'s filters, at `_address`'s
+    address, else 0.0.0.0 (as Go's auth service)."""
     uris = []
     for listener in config.listeners:
         if not query.matches(listener.name):
             continue
-        address = (
-            query.public_address
-            or public_address
-            or _advertised(listener.public_address)
-            or _advertised(listener.address)
-            or WILDCARD_ADDRESS
-        )
+        address = _address(listener, query, public_address) or WILDCARD_ADDRESS
         uris.append(listener.model_copy(update={"public_address": address}).uri())
     return uris
+
+
+def unaddressed(
+    configs: Mapping[str, StunnerConfig], query: IceQuery, public_address: str = ""
+) -> list[tuple[str, ListenerConfig]]:
+    """(config id, listener) of each listener passing `query`'s filters whose URI would carry
+    0.0.0.0: no address a client can use (`stunner ice` refuses to print those)."""
+    return [
+        (id, listener)
+        for id in sorted(configs)
+        for listener in configs[id].listeners
+        if query.matches(listener.name) and not _address(listener, query, public_address)
+    ]
 
 
 def _matching(
