@@ -42,10 +42,11 @@ from .turn import TurnServer
 
 log = logging.getLogger("stunner.listener")
 
-# Places one source IP may hold in the engine's strangers' queue (of 4096; issue 20): a
-# browser's first Allocate and Binding requests are a handful, a NAT's worth of them fits, and
-# one flooding IP leaves the other 98 % of the queue to everyone else.
-STRANGER_QUEUE_SHARE = 64
+# Places one source IP may hold in the engine's strangers' queue (of 4096; issue 20): above the
+# burst of unsigned messages --unauthenticated-rate lets through (100 by default), so that the
+# bucket, not the queue, decides those; a flood of messages with a forged MESSAGE-INTEGRITY is
+# held to 3 % of the queue, leaving the rest to everyone else.
+STRANGER_QUEUE_SHARE = 128
 
 
 class NativeAllocation:
