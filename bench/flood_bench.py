@@ -12,8 +12,12 @@ retransmissions for at most 3 s (allocations that succeed / tried). The flooder 
 gets back (reflection: bytes answered per byte sent). stunnerd runs at `-u 1` and at its
 default process count; coturn with its defaults (one relay thread per CPU).
 
-    .venv/bin/python bench/flood_bench.py                      # both floods, 4 s each
+    .venv/bin/python bench/flood_bench.py                      # the three floods, 4 s each
     .venv/bin/python bench/flood_bench.py --rate 160000 --duration 6 --json out.json
+
+With `--uclient`, coturn's own test client also runs during each flood, from 127.0.0.4 (as the
+issue-20 red team did): `turnutils_uclient` relays 100 messages through the server to a
+`turnutils_peer`; the row says whether it got through within UCLIENT_TIMEOUT and its loss.
 
 Needs coturn's `turnserver` (`apt-get install -y coturn`). Loopback only; the flood lasts
 `--duration` seconds at most `--rate` datagrams per second.
@@ -26,10 +30,12 @@ import asyncio
 import json
 import os
 import random
+import re
 import shutil
 import socket
 import statistics
 import struct
+import subprocess
 import sys
 import tempfile
 import time
@@ -55,6 +61,8 @@ SEND_INTERVAL = 0.02  # the session's ChannelData: 50 packets/s
 ALLOCATION_INTERVAL = 0.25
 ALLOCATION_TIMEOUT = 3.0
 CHANNEL = 0x4000
+UCLIENT_IP = "127.0.0.4"
+UCLIENT_TIMEOUT = 25.0
 
 
 # --- the flooder (a separate process) --------------------------------------------------------
@@ -303,8 +311,38 @@ async def session(port: int, duration: float, flood_started: asyncio.Event) -> d
 # --- one run ---------------------------------------------------------------------------------
 
 
+async def uclient(server_port: int, peer_port: int) -> dict[str, Any]:
+    """coturn's turnutils_uclient through the server to turnutils_peer: whether it got through
+    within UCLIENT_TIMEOUT, and its loss (100 messages, 20 ms apart)."""
+    began = time.monotonic()
+    process = await asyncio.create_subprocess_exec(
+        "turnutils_uclient", "-u", USER, "-w", PASSWORD, "-p", str(server_port),
+        "-e", "127.0.0.1", "-r", str(peer_port), "-n", "100", "-m", "1", "-L", UCLIENT_IP,
+        "127.0.0.1",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        out, _ = await asyncio.wait_for(process.communicate(), UCLIENT_TIMEOUT)
+    except TimeoutError:
+        process.kill()
+        out, _ = await process.communicate()
+    text = out.decode(errors="replace")
+    match = re.search(r"Total lost packets \d+ \(([\d.]+)%\)", text)
+    return {
+        "uclient_ran": match is not None,
+        "uclient_loss_pct": float(match.group(1)) if match else None,
+        "uclient_s": time.monotonic() - began,
+    }
+
+
 def run(
-    server: Server, label: str, kind: str, rate: int, duration: float, flooders: int = 1
+    server: Server,
+    label: str,
+    kind: str,
+    rate: int,
+    duration: float,
+    flooders: int = 1,
+    uclient_peer: int | None = None,
 ) -> dict[str, Any]:
     async def main() -> dict[str, Any]:
         started = asyncio.Event()
@@ -328,8 +366,15 @@ def run(
             for _ in range(flooders)
         ]
         started.set()
+        coturn_client = None
+        if uclient_peer is not None:
+            coturn_client = asyncio.get_running_loop().create_task(
+                uclient(server.port, uclient_peer)
+            )
         outs = [(await process.communicate())[0] for process in processes]
         result = await measuring
+        if coturn_client is not None:
+            result.update(await coturn_client)
         stats = [json.loads(out) for out in outs]
         sent_bytes = sum(s["sent_bytes"] for s in stats)
         result.update(
@@ -351,17 +396,23 @@ def table(rows: list[dict[str, Any]]) -> str:
     lines = [
         "| flood | server | flood pps | session loss % | RTT median ms | RTT p95 ms "
         "| allocations ok/tried | session requests ok/tried | request p95 ms "
-        "| reflection B/B | server CPU s | load1 |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| reflection B/B | server CPU s | load1 | uclient loss % |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
+        if "uclient_ran" not in r:
+            coturn_client = "-"
+        elif r["uclient_ran"]:
+            coturn_client = f"{r['uclient_loss_pct']:.1f} ({r['uclient_s']:.0f} s)"
+        else:
+            coturn_client = f"never got through ({r['uclient_s']:.0f} s)"
         lines.append(
             f"| {r['flood']} | {r['server']} | {r['flood_pps']:.0f} | {fmt(r['loss_pct'], '.1f')} "
             f"| {fmt(r['rtt_median_ms'], '.2f')} | {fmt(r['rtt_p95_ms'], '.2f')} "
             f"| {r['allocations_ok']}/{r['allocations_tried']} "
             f"| {r['requests_ok']}/{r['requests_tried']} | {fmt(r['request_p95_ms'], '.1f')} "
             f"| {r['reflection']:.3f} "
-            f"| {r['cpu_s']:.2f} | {r['load1']:.2f} |"
+            f"| {r['cpu_s']:.2f} | {r['load1']:.2f} | {coturn_client} |"
         )
     return "\n".join(lines)
 
@@ -386,6 +437,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="flooder processes sharing --rate, all from the one source IP (a busy machine "
         "may not give one process the CPU for the rate)",
     )
+    parser.add_argument(
+        "--uclient",
+        action="store_true",
+        help="also run coturn's turnutils_uclient (to a turnutils_peer) during each flood",
+    )
     parser.add_argument("--json", type=Path, help="write the rows here too")
     parser.add_argument("--flood-worker", choices=FLOODS, help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
@@ -402,6 +458,16 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write("turnserver not found: apt-get install -y coturn (or --servers)\n")
         return 2
     rows: list[dict[str, Any]] = []
+    peer_port = peer = None
+    if args.uclient:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.bind(("127.0.0.1", 0))
+            peer_port = probe.getsockname()[1]
+        peer = subprocess.Popen(
+            ["turnutils_peer", "-L", "127.0.0.1", "-p", str(peer_port)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
     with tempfile.TemporaryDirectory(prefix="flood-bench-") as tmp:
         for kind in args.floods.split(","):
             for label in servers:
@@ -410,10 +476,23 @@ def main(argv: list[str] | None = None) -> int:
                 server = Server(name, Path(tmp), udp_threads, abuse_limits=True)
                 server.start()
                 try:
-                    rows.append(run(server, label, kind, args.rate, args.duration, args.flooders))
+                    rows.append(
+                        run(
+                            server,
+                            label,
+                            kind,
+                            args.rate,
+                            args.duration,
+                            args.flooders,
+                            peer_port,
+                        )  # fmt: skip
+                    )
                 finally:
                     server.stop()
                 sys.stderr.write(table(rows[-1:]).splitlines()[-1] + "\n")
+    if peer is not None:
+        peer.terminate()
+        peer.wait()
     print(f"load average at the end: {os.getloadavg()}, {os.cpu_count()} CPUs")  # noqa: T201
     print(table(rows))  # noqa: T201
     if args.json:

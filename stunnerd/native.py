@@ -45,8 +45,9 @@ its allocations' relay sockets in its own thread, which never takes the GIL: epo
 - counters (packets and bytes per listener and per cluster, both directions; drops by cause;
   packets handed up) are read under the engine's lock without stopping its thread.
 
-Safety: the C side parses only the ChannelData header and the plain Send indication, checks
-every length before reading it, and is fuzzed under ASan/UBSan by tests/stunnerd/
+Safety: the C side parses only the ChannelData header, the plain Send indication and (for a
+stranger's STUN) the attribute headers in search of MESSAGE-INTEGRITY, checks every length
+before reading it, and is fuzzed under ASan/UBSan by tests/stunnerd/
 test_native_fuzz.py (relaycore/fuzz.c drives relay_process with random and mutated datagrams).
 
 How stunnerd uses it (`stunnerd/native_udp.py`, `NativeUdpTransport`): every TURN-UDP listener

@@ -10,7 +10,9 @@
  * dropped on its first bytes, before any copy (counted as DROP_INVALID), and what is handed up
  * from a client with an allocation here, or from a peer, goes to the priority queue, which
  * relay_drain empties first: strangers filling the other queue cannot starve established
- * clients' requests.
+ * clients' requests. A stranger's STUN message without MESSAGE-INTEGRITY spends a token of its
+ * source IP's bucket first (issue 20, relay_strangers), and is dropped (DROP_UNAUTHENTICATED)
+ * past it; one source IP holds at most a share of the strangers' queue.
  *
  * Locking: `lock` guards the tables and counters; the thread holds it only while deciding a
  * batch (never during a syscall). `qlock` guards the hand-up queues and nests inside `lock`.
