@@ -7,7 +7,9 @@ its allocations' relay sockets in its own thread, which never takes the GIL: epo
 `recvmmsg`/`sendmmsg`, and per packet a decision from tables Python fills.
 
 - client -> peer: ChannelData on a bound channel, and Send indications of the plain shape
-  (XOR-PEER-ADDRESS + DATA [+ FINGERPRINT, verified]), for a permitted peer;
+  (XOR-PEER-ADDRESS + DATA [+ FINGERPRINT, verified]), for a permitted peer; an empty payload
+  goes out as a zero-length datagram, as coturn and pion/turn send it and the Python path does
+  (issue 20 #14);
 - peer -> client: ChannelData where a channel is bound, else a Data indication (fresh random
   transaction id, XOR-PEER-ADDRESS, DATA), for a peer with a live permission;
 - the peer policy, both directions, from a verdict table: peer (IP, port) -> cluster id, or
