@@ -156,6 +156,11 @@ LIMIT_FLAGS: dict[str, tuple[str, str]] = {
     "allocation_rate": ("PER_S", "new allocations per second per client IP and process"),
     "error_rate": ("PER_S", "error answers per second per client address; more are dropped"),
     "error_rate_total": ("PER_S", "error answers per second per process; 0: no cap"),
+    "unauthenticated_rate": (
+        "PER_S",
+        "UDP: STUN without MESSAGE-INTEGRITY per second per client IP with no allocation; "
+        "more are dropped unparsed; 0: no limit",
+    ),
 }
 
 
