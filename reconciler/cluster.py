@@ -39,7 +39,7 @@ from stunner_api.vocabulary import OWNED_BY_LABEL
 
 from . import events, kube
 from .apply import Memo, Write, plan_writes
-from .cds import ConfigStore, cds_app, serve
+from .cds import HANDLERS_KEY, ConfigStore, cds_app, serve
 from .loop import THROTTLE, Reconciler
 from .metrics import Metrics, ServedInThread, health_app, metrics_app
 from .relevance import References
@@ -444,10 +444,12 @@ async def run_cluster(settings: ClusterSettings) -> AsyncIterator[Running]:
     health, metrics = await asyncio.to_thread(probes.__enter__)
     async with contextlib.AsyncExitStack() as stack:
         stack.push_async_callback(asyncio.to_thread, probes.__exit__, None, None, None)
+        cds_application = cds_app(mode.store)
         cds = await stack.enter_async_context(
-            serve(cds_app(mode.store), settings.host, settings.cds_port)
+            serve(cds_application, settings.host, settings.cds_port)
         )
         log.info("cluster mode: config discovery service on %s", cds.address)
+        mode.metrics.track_server("cds", cds.stats, cds_application[HANDLERS_KEY].guard)
         mode.start_watching()
         tasks = [
             asyncio.create_task(mode.reconciler.run()),

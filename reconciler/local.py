@@ -16,6 +16,7 @@ import contextlib
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -71,8 +72,21 @@ def renderer(
     return render_objects
 
 
+def _free_loopback_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
 class Dataplanes:
-    """One `stunnerd -w -c <CDS> -i <id>` process per config id."""
+    """One `stunnerd -w -c <CDS> -i <id>` process per config id.
+
+    They share this host, so the health-check and metrics endpoints their configs ask for
+    (`http://:8086` for every Gateway by default) cannot all be had: each stunnerd gets its own
+    loopback ports instead (`--health-address`, `--metrics-address`; `admin_ports`), kept
+    across its restarts. Its config still says whether each endpoint is on.
+    """
 
     def __init__(
         self,
@@ -87,8 +101,12 @@ class Dataplanes:
         self.output = output
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
         self.draining: list[subprocess.Popen[bytes]] = []
+        self.admin_ports: dict[str, tuple[int, int]] = {}  # id -> (health, metrics)
 
     def command(self, id: str) -> list[str]:
+        if id not in self.admin_ports:
+            self.admin_ports[id] = (_free_loopback_port(), _free_loopback_port())
+        health, metrics = self.admin_ports[id]
         return [
             sys.executable,
             "-m",
@@ -98,6 +116,10 @@ class Dataplanes:
             self.cds_address,
             "-i",
             id,
+            "--health-address",
+            f"127.0.0.1:{health}",
+            "--metrics-address",
+            f"127.0.0.1:{metrics}",
             *self.args,
         ]
 
@@ -107,6 +129,7 @@ class Dataplanes:
         self.draining = [proc for proc in self.draining if proc.poll() is None]
         for id in sorted(self.processes.keys() - set(ids)):
             proc = self.processes.pop(id)
+            self.admin_ports.pop(id, None)
             log.info("Gateway %s is gone: draining its stunnerd (pid %d)", id, proc.pid)
             with contextlib.suppress(ProcessLookupError):
                 proc.send_signal(signal.SIGTERM)
@@ -124,7 +147,12 @@ class Dataplanes:
             self.processes[id] = subprocess.Popen(
                 self.command(id), env=env, stdout=self.output, stderr=self.output
             )
-            log.info("started stunnerd for %s (pid %d)", id, self.processes[id].pid)
+            log.info(
+                "started stunnerd for %s (pid %d; health check, when on, at http://127.0.0.1:%d)",
+                id,
+                self.processes[id].pid,
+                self.admin_ports[id][0],
+            )
 
     async def stop(self) -> None:
         """Stop every stunnerd: SIGTERM, then a second signal (exit now), then SIGKILL."""

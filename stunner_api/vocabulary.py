@@ -110,10 +110,12 @@ DEFAULT_DATAPLANE_REPLICAS = 1
 DEFAULT_TERMINATION_GRACE_PERIOD = 3600
 DEFAULT_DATAPLANE_RESOURCE = "Deployment"
 # The Dataplane `default` the chart installs (charts/stunner values `dataplane.spec`; ANCHORS §4's
-# values, stunnerd from the chart's own image, CHART_IMAGE_REPOSITORY:<appVersion>). `stunner
-# render` assumes it when the files hold none; tests/charts/test_default_dataplane.py checks
-# that the chart renders exactly this.
+# values, stunnerd from the chart's dataplane image, CHART_DATAPLANE_IMAGE_REPOSITORY:<appVersion>).
+# `stunner render` assumes it when the files hold none; tests/charts/test_default_dataplane.py
+# checks that the chart renders exactly this. The control plane runs CHART_IMAGE_REPOSITORY (the
+# Dockerfile's default target), stunnerd the dataplane image (its `dataplane` target).
 CHART_IMAGE_REPOSITORY = "localhost/stunner"
+CHART_DATAPLANE_IMAGE_REPOSITORY = "localhost/stunnerd"
 # stunnerd's --max-allocations default; the chart passes its `dataplane.maxAllocations` (this by
 # default) as STUNNER_MAX_ALLOCATIONS, so its allocation alert knows the cap a pod runs with.
 DEFAULT_MAX_ALLOCATIONS = 50000

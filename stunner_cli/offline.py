@@ -22,8 +22,8 @@ from reconciler.render import Plan, RenderSettings, render
 from reconciler.store import Snapshot
 from stunner_api.rules import Settings, validate
 from stunner_api.vocabulary import (
+    CHART_DATAPLANE_IMAGE_REPOSITORY,
     CHART_DATAPLANE_SPEC,
-    CHART_IMAGE_REPOSITORY,
     DATAPLANE,
     DEFAULT_DATAPLANE,
 )
@@ -133,13 +133,13 @@ def check(objects: list[Located], settings: Settings | None = None) -> list[Find
 
 
 def chart_image() -> str:
-    """The image the chart's default Dataplane runs: the chart's, tagged with its appVersion
-    (this distribution's version)."""
+    """The image the chart's default Dataplane runs: the chart's dataplane image, tagged with its
+    appVersion (this distribution's version)."""
     try:
         version = importlib.metadata.version("stunner")
     except importlib.metadata.PackageNotFoundError:
         version = "latest"
-    return f"{CHART_IMAGE_REPOSITORY}:{version}"
+    return f"{CHART_DATAPLANE_IMAGE_REPOSITORY}:{version}"
 
 
 def default_dataplane() -> dict[str, Any]:

@@ -132,12 +132,20 @@ def _gateway_id(gateway: Object) -> str:
 # --- Deployment -------------------------------------------------------------------------------
 
 
-def _probe(path: str) -> dict[str, Any]:
+# Go's probes are both every 15 s. The kubelet probes readiness first as the container starts,
+# before stunnerd has its config, and then only a period later: a pod took 18 s from scheduled
+# to Ready on a real node (issue 19). Readiness is asked every second, so a pod is Ready within a
+# second of having its config, and unready after 10 s without an answer; liveness stays Go's.
+LIVENESS_PROBE_TIMING = {"periodSeconds": 15, "failureThreshold": 3}
+READINESS_PROBE_TIMING = {"periodSeconds": 1, "failureThreshold": 10}
+
+
+def _probe(path: str, timing: Mapping[str, int]) -> dict[str, Any]:
     return {
         "httpGet": {"path": path, "port": HEALTH_PORT, "scheme": "HTTP"},
-        "periodSeconds": 15,
+        "periodSeconds": timing["periodSeconds"],
         "timeoutSeconds": 1,
-        "failureThreshold": 3,
+        "failureThreshold": timing["failureThreshold"],
         "successThreshold": 1,
     }
 
@@ -175,8 +183,8 @@ def deployment(gateway: Object, dataplane: Object, settings: RenderSettings) -> 
     if spec.get("envFrom"):  # Go declares it and drops it; we pass it on
         container["envFrom"] = [_map(e) for e in spec["envFrom"] if isinstance(e, Mapping)]
     if not spec.get("disableHealthCheck"):
-        container["livenessProbe"] = _probe("/live")
-        container["readinessProbe"] = _probe("/ready")
+        container["livenessProbe"] = _probe("/live", LIVENESS_PROBE_TIMING)
+        container["readinessProbe"] = _probe("/ready", READINESS_PROBE_TIMING)
     if spec.get("containerSecurityContext"):
         container["securityContext"] = _map(spec["containerSecurityContext"])
     grace = spec.get("terminationGracePeriodSeconds")

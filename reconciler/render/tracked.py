@@ -11,8 +11,8 @@ dicts of unchanged objects). A GatewayClass or Gateway read is compared without 
 the rules read a Gateway's class and a route's parent Gateways for their spec, render a
 Gateway for its existence (a part's own members, whose status render does read, are compared
 by the part, `core._members_hold`);
-the Nodes are compared by their addresses only (render reads nothing else of them, and their
-status changes with every heartbeat).
+the Nodes are compared by their names and addresses only (render reads nothing else of them,
+and their status changes with every heartbeat).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..store import Kind, Object, Snapshot
+from ..store import Kind, Object, Snapshot, name_of
 
 # (method, arguments) -> what it answered: an object or None (get), or a tuple of objects.
 ReadKey = tuple[str, tuple[Any, ...]]
@@ -112,9 +112,11 @@ def same_kinds(old: Snapshot, new: Snapshot, kinds: Iterable[Kind]) -> bool:
 
 
 def _addresses(nodes: Any) -> list[Any]:
-    """What render reads of the Nodes: their addresses (not their heartbeats)."""
+    """What render reads of the Nodes: their names and addresses (not their heartbeats)."""
     return [
-        (node.get("status") or {}).get("addresses") if isinstance(node, Mapping) else None
+        (name_of(node), (node.get("status") or {}).get("addresses"))
+        if isinstance(node, Mapping)
+        else None
         for node in nodes
     ]
 

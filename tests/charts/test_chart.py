@@ -43,6 +43,7 @@ NON_DEFAULT = (
     "test.gateways={tenant-a/gw,tenant-a/gw2,tenant-b/gw}",
     "test.echoPort=9999",
     "image.repository=registry.example/stunner",
+    "image.dataplaneRepository=registry.example/stunnerd",
     "image.tag=1.2.3",
 )
 VALUE_SETS = {"default": (), "non-default": NON_DEFAULT}
@@ -375,8 +376,8 @@ def test_the_reconciler_and_auth_service_accept_the_charts_arguments(
 
 def test_default_dataplane_runs_the_charts_image(helm: Path) -> None:
     for sets, image in (
-        ((), "localhost/stunner:0.1.0"),
-        (NON_DEFAULT, "registry.example/stunner:1.2.3"),
+        ((), "localhost/stunnerd:0.1.0"),
+        (NON_DEFAULT, "registry.example/stunnerd:1.2.3"),
     ):
         (dataplane,) = of_kind(render(helm, *sets), "Dataplane")
         assert dataplane["metadata"]["name"] == "default"

@@ -144,11 +144,17 @@ def test_the_hooks_route_only_with_their_reference_grant(
 def test_the_hooks_exist_before_the_pod_and_go_when_it_passes(
     manifests: list[dict[str, Any]],
 ) -> None:
+    """The routing hooks come first and go once the test passed; the pod stays for `--logs`
+    (test_helm_test_logs.py) until the next run replaces it."""
     test_hooks = hooks(manifests)
     assert sorted(h["kind"] for h in test_hooks) == ["Pod", "ReferenceGrant", "Service", "UDPRoute"]
     for hook in test_hooks:
         annotations = hook["metadata"]["annotations"]
-        assert "hook-succeeded" in annotations["helm.sh/hook-delete-policy"]
+        policies = annotations["helm.sh/hook-delete-policy"].split(",")
+        if hook["kind"] == "Pod":
+            assert policies == ["before-hook-creation"]
+        else:
+            assert policies == ["before-hook-creation", "hook-succeeded"]
         weight = int(annotations.get("helm.sh/hook-weight", "0"))
         assert weight == (0 if hook["kind"] == "Pod" else -1), hook["kind"]
 

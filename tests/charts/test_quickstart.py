@@ -33,10 +33,13 @@ def test_every_command_from_a_fresh_clone_to_an_echo_is_listed(
     commands = quick_start()
     words = [c.split() for c in commands]
     (dataplane,) = of_kind(default_manifests, "Dataplane")
-    image = dataplane["spec"]["image"]  # what the chart runs by default
-    # the image: built, then handed to the cluster (no published image to pull)
-    assert words[0][:3] == ["docker", "build", "-t"] and words[0][3] == image
-    assert words[1] == ["kind", "load", "docker-image", image]
+    dataplane_image = dataplane["spec"]["image"]  # what the chart's stunnerd pods run
+    (reconciler,) = [d for d in of_kind(default_manifests, "Deployment") if "reconciler" in str(d)]
+    image = reconciler["spec"]["template"]["spec"]["containers"][0]["image"]
+    # the images: built, then handed to the cluster (no published image to pull)
+    assert words[0] == ["docker", "build", "-t", image, "."]
+    assert words[1] == ["docker", "build", "--target", "dataplane", "-t", dataplane_image, "."]
+    assert words[2] == ["kind", "load", "docker-image", image, dataplane_image]
     install = next(i for i, c in enumerate(commands) if c.startswith("helm install "))
     ice = next(i for i, c in enumerate(commands) if c.startswith("helm stunner ice "))
     assert ice - install + 1 <= 4  # from helm install to the ICE servers
@@ -49,7 +52,7 @@ def test_every_command_from_a_fresh_clone_to_an_echo_is_listed(
     assert words[-1] == ["helm", "test", release[0], "-n", release[1]]
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     assert words[ice][-1] in values["test"]["gateways"]
-    assert len(commands) == 7
+    assert len(commands) == 8
     for command in commands:
         for word in command.split():
             if word.startswith(("charts/", "examples/", "./")):

@@ -53,6 +53,12 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- printf "%s:%s" $repository (default .Chart.AppVersion .Values.image.tag) -}}
 {{- end -}}
 
+{{/* The dataplane image: stunnerd alone (the Dockerfile's `dataplane` target). */}}
+{{- define "stunner.dataplaneImage" -}}
+{{- $repository := required "ERROR: image.dataplaneRepository must be set" .Values.image.dataplaneRepository -}}
+{{- printf "%s:%s" $repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+
 {{/* The reconciler's ServiceAccount. */}}
 {{- define "stunner.reconcilerServiceAccount" -}}
 {{- include "stunner.componentName" (tuple . "reconciler") -}}
@@ -186,12 +192,17 @@ the label it matches on is no tenant's way around the webhook.
 {{- end -}}
 
 {{/* The Service (and route backend) of the `helm test` pod's echo peer. */}}
+{{/* The name of every `helm test` hook: the test pod's. `helm test --logs` (helm 3 and 4:
+GetPodLogs in helm's pkg/action/release_testing.go) reads the logs of a Pod named after EACH
+test hook, in the release namespace, whatever the hook's kind: a Service or UDPRoute hook named
+otherwise ends the run in `unable to get pod logs for NAME: pods "NAME" not found`. Named like
+the pod, each reads the pod's logs (printed once per hook). */}}
 {{- define "stunner.testEcho" -}}
-{{- include "stunner.componentName" (tuple . "test-echo") -}}
+{{- include "stunner.componentName" (tuple . "test") -}}
 {{- end -}}
 
 {{/* `helm test` hooks other than the pod: made before it (weight -1), deleted once the test has
-passed, and by the next test run when it failed. */}}
+passed (their names read the pod's logs, not theirs), and by the next test run when it failed. */}}
 {{- define "stunner.testHookAnnotations" -}}
 helm.sh/hook: test
 helm.sh/hook-weight: "-1"
