@@ -5,6 +5,13 @@ and its credentials resolved (any error invalidates the class and every Gateway 
 each Gateway of the class is judged by the rule table; a problem of one listener keeps only that
 listener out (its status says why), any other error keeps the Gateway out. UDPRoutes attach to
 the rendered listeners that allow them; each attached route becomes one cluster.
+
+The Gateways and routes render in parts (`Part`: a Gateway with the routes naming it, joined
+through shared routes), each on a snapshot that records what it read (`tracked.Tracked`), and
+their findings and statuses are put in the order one pass over the sorted snapshot makes. A
+`Renderer` keeps each part's result and, on the next snapshot, renders again only the parts
+whose members, reads or class changed: cluster mode renders with one; `render()` is a fresh
+one, so both take the same path.
 """
 
 from __future__ import annotations
