@@ -1,9 +1,10 @@
 """The render loop (reconciler.loop) with the real render and ConfigStore.
 
 We test: a burst of updates makes one render of the newest objects, renders are a throttle window
-apart, or as long apart as the last render took when that is longer; a Gateway that fails the rules is skipped with its reason logged once, and the rest is
-published; a render that raises publishes nothing and the published configs stay; the findings
-that go away are logged as resolved.
+apart, or as long apart as the last render took when that is longer; a Gateway that fails the
+rules is skipped with its reason logged once, and the rest is published; a render that raises
+publishes nothing and the published configs stay; the findings that go away are logged as
+resolved.
 """
 
 from __future__ import annotations
