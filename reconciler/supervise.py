@@ -8,7 +8,7 @@ line (the task, the exception's type and where it was raised: never its message,
 carry what a file or the API server said) and sets `failed`. `until(stop)` then returns 1, the
 command exits with it, and whatever supervises the process (the kubelet, systemd) restarts it:
 a reconciler with a dead watcher or render loop would otherwise go on serving stale configs
-with nothing to say so. The traceback is logged at DEBUG.
+with nothing to say so. The traceback (its frames, without the message) is logged at DEBUG.
 
 The CDS and auth servers are not tasks: aiohttp serves them from callbacks of the event loop,
 which retries an accept that fails for lack of descriptors; a handler that raises fails its own
@@ -101,7 +101,8 @@ class Supervisor:
             self.failure = failure
         log.critical("%s; exiting so that the process is restarted", failure)
         if exc is not None and log.isEnabledFor(logging.DEBUG):
-            log.debug("core task %s:\n%s", name, "".join(traceback.format_exception(exc)).rstrip())
+            frames = "".join(traceback.format_tb(exc.__traceback__)).rstrip()
+            log.debug("core task %s ended by %s in:\n%s", name, type(exc).__name__, frames)
         self.failed.set()
 
     async def until(self, stop: asyncio.Event) -> int:
