@@ -94,6 +94,9 @@ class _Stat:
         return cls(st.st_mtime_ns, st.st_size, st.st_ino)
 
 
+_UNREAD = _Stat(-1, -1, -1)  # a file that could not be read: its next stat differs
+
+
 @dataclass(frozen=True)
 class _Seen:
     """A file as last read: its stat and the hash of its bytes (None: refused unread)."""
@@ -248,6 +251,21 @@ def parse_manifest(path: Path, text: str | bytes) -> list[tuple[int, Object]]:
     return objects
 
 
+def compose_documents(path: Path, text: str) -> list[yaml.Node]:
+    """The YAML node tree of each document of a file (for the lines of fields), composed as
+    `parse_manifest` composes it (libyaml's parser, within the bounds)."""
+    loader = _BoundedLoader(path, text)
+    nodes: list[yaml.Node] = []
+    try:
+        while loader.check_node():
+            node = loader.get_node()
+            if node is not None:
+                nodes.append(node)
+    finally:
+        loader.dispose()
+    return nodes
+
+
 def _too_large(path: Path, size: int) -> ManifestError:
     return ManifestError(
         path,
@@ -390,7 +408,7 @@ class ManifestDir:
         except FileNotFoundError:
             return  # removed between the listing and now: the next scan sees it
         except OSError as exc:
-            self._report(path, ManifestError(path, 0, f"cannot read: {exc.strerror}"))
+            self._unreadable(path, exc)
             return
         seen = self._seen.get(path)
         if seen is not None and seen.stat == current:
@@ -408,8 +426,8 @@ class ManifestDir:
             return
         except FileNotFoundError:
             return
-        except OSError as exc:  # no descriptor left, no permission: tried again next scan
-            self._report(path, ManifestError(path, 0, f"cannot read: {exc.strerror}"))
+        except OSError as exc:
+            self._unreadable(path, exc)
             return
         if _Stat.of(before) != _Stat.of(after) or _Stat.of(after) != current:
             return  # written while we read it: the next scan reads it whole
@@ -418,6 +436,12 @@ class ManifestDir:
         if seen is not None and seen.digest == digest:
             return  # the same bytes (touched, or rewritten the same): nothing to parse
         self._use(path, data)
+
+    def _unreadable(self, path: Path, exc: OSError) -> None:
+        """No descriptor left, no permission: reported once, and read again at the next scan
+        (its bytes then parsed whatever they are: the error must not outlive the problem)."""
+        self._seen[path] = _Seen(_UNREAD, None)
+        self._report(path, ManifestError(path, 0, f"cannot read: {exc.strerror or exc}"))
 
     def _use(self, path: Path, data: bytes) -> None:
         """Take a file's new bytes, or report why they cannot be used."""

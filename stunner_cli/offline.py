@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import datetime
+import functools
 import importlib.metadata
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -21,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from reconciler.files import ManifestError, manifest_paths, read_manifest
+from reconciler.files import ManifestError, compose_documents, manifest_paths, read_manifest
 from reconciler.render import Plan, RenderSettings, render
 from reconciler.store import Snapshot
 from stunner_api.rules import Settings, validate
@@ -92,10 +93,17 @@ def _segments(field: str) -> Iterator[str | int]:
             yield int(index) if index.isdigit() else index
 
 
+@functools.lru_cache(maxsize=1)  # findings come file by file
+def _documents(path: Path, text: str) -> list[yaml.Node]:
+    """A file's node trees, composed once for all its findings (libyaml's parser: PyYAML's own
+    scanner is quadratic on long flow collections)."""
+    return compose_documents(path, text)
+
+
 def field_line(located: Located, field: str) -> int:
     """The line of `field` ("spec.listeners[1].port") in the object's document; the closest
     existing parent's line when the field is absent."""
-    documents = list(yaml.compose_all(located.text))
+    documents = _documents(located.path, located.text)
     node: Any = None
     for document in documents:
         if document is not None and document.start_mark.line + 1 == located.line:
