@@ -4,9 +4,9 @@ We test, with the bundled example in a directory the reconciler watches: a nesti
 nesting, an alias bomb written and rewritten, an oversized file, a file of 1,001 documents and a
 symlink to a Gateway outside the directory are each refused and logged once with the file,
 while the process stays up and later edits of the Gateway still reach the CDS (the linked
-Gateway never does); and, under a descriptor limit exhausted by idle connections to the CDS (as
-the red team did), the scan's `EMFILE` is logged once, the objects stay, and once the
-connections go the edit made meanwhile is applied.
+Gateway never does); and, with the running process's descriptor limit lowered below what it holds
+(from outside, as running out of descriptors does), the scan's `EMFILE` is logged once, the
+objects stay, and once the limit is raised the edit made meanwhile is applied.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import json
 import os
 import resource
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -58,14 +57,7 @@ def until(condition: Callable[[], bool], proc: subprocess.Popen[bytes], what: st
 
 
 @contextmanager
-def reconciler(
-    manifests: Path, log: Path, cds_port: int, nofile: int | None = None
-) -> Iterator[subprocess.Popen[bytes]]:
-    def limit() -> None:
-        if nofile is not None:
-            hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
-            resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, hard))
-
+def reconciler(manifests: Path, log: Path, cds_port: int) -> Iterator[subprocess.Popen[bytes]]:
     with log.open("wb") as output:
         proc = subprocess.Popen(
             [sys.executable, "-m", "reconciler", "--manifests", str(manifests)]
@@ -73,7 +65,6 @@ def reconciler(
             stdout=output,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            preexec_fn=limit,
         )
         try:
             yield proc
@@ -134,32 +125,27 @@ def test_hostile_files_are_refused_once_and_edits_still_apply(tmp_path: Path) ->
 
 
 def test_running_out_of_descriptors_is_survived(tmp_path: Path) -> None:
+    """The running reconciler's `nofile` limit lowered below the descriptors it holds
+    (prlimit, from outside): every scan fails with EMFILE until the limit is raised again."""
     manifests = tmp_path / "manifests"
     manifests.mkdir()
     first, second = free_port(), free_port()
     prepare(manifests, first, 9)
     cds_port = free_port()
     log = tmp_path / "reconciler.log"
-    nofile = 64
-    with reconciler(manifests, log, cds_port, nofile=nofile) as proc:
+    with reconciler(manifests, log, cds_port) as proc:
         until(lambda: listener_ports(cds_port) == {first}, proc, "first config")
-        # Idle connections to the CDS take the reconciler's descriptors, up to its limit.
-        idle = []
+        limits = resource.prlimit(proc.pid, resource.RLIMIT_NOFILE)
+        # A new descriptor takes the lowest free number, refused from the soft limit on: with 3,
+        # every one (0-2 are stdin, stdout and stderr).
+        resource.prlimit(proc.pid, resource.RLIMIT_NOFILE, (3, limits[1]))
         try:
-            for _ in range(nofile + 16):
-                idle.append(socket.create_connection((HOST, cds_port), timeout=5))
-            until(
-                lambda: len(os.listdir(f"/proc/{proc.pid}/fd")) >= nofile,
-                proc,
-                "the descriptors exhausted",
-            )
             failed = f"scanning {manifests} failed"
             until(lambda: failed in log.read_text(), proc, "the scan failing")
             edit_port(manifests / "gateway.yaml", first, second)  # not lost meanwhile
             time.sleep(0.5)  # more polls fail the same way
         finally:
-            for sock in idle:
-                sock.close()
+            resource.prlimit(proc.pid, resource.RLIMIT_NOFILE, limits)
         until(lambda: listener_ports(cds_port) == {second}, proc, "the edit after EMFILE")
         assert proc.poll() is None
     text = log.read_text()
