@@ -209,8 +209,13 @@ def parse_manifest(path: Path, text: str | bytes) -> list[tuple[int, Object]]:
     """Every object of a YAML (or JSON) file with the line it starts on (1-based); the first
     problem, or a bound passed (the module's docstring), raises `ManifestError` with file and
     line."""
-    if len(text) > MAX_FILE_BYTES:
-        raise _too_large(path, len(text))
+    size = (
+        len(text)
+        if isinstance(text, bytes) or len(text) > MAX_FILE_BYTES
+        else len(text.encode("utf-8", "surrogatepass"))
+    )
+    if size > MAX_FILE_BYTES:
+        raise _too_large(path, size)
     if isinstance(text, bytes):
         try:
             text = text.decode("utf-8")
