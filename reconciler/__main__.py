@@ -290,9 +290,9 @@ def _stop_on_signals() -> asyncio.Event:
     return stop
 
 
-async def serve_cluster(settings: ClusterSettings) -> None:
-    """Run cluster mode until SIGINT or SIGTERM; then release the Lease and stop writing, and
-    keep the CDS serving until the process ends."""
+async def serve_cluster(settings: ClusterSettings) -> int:
+    """Run cluster mode until SIGINT or SIGTERM, or until a core task ends (exit code 1); then
+    release the Lease and stop writing, and keep the CDS serving until the process ends."""
     from .cluster import run_cluster
 
     stop = _stop_on_signals()
@@ -303,13 +303,14 @@ async def serve_cluster(settings: ClusterSettings) -> None:
             running.health_address,
             running.metrics_address,
         )
-        await stop.wait()
+        code = await running.mode.supervisor.until(stop)
         log.info("stopping: releasing the Lease, no more writes")
         await running.mode.shutdown()
+    return code
 
 
-async def serve_local(settings: LocalSettings) -> None:
-    """Run local mode until SIGINT or SIGTERM."""
+async def serve_local(settings: LocalSettings) -> int:
+    """Run local mode until SIGINT or SIGTERM (exit code 0), or until a core task ends (1)."""
     stop = _stop_on_signals()
     async with run_local(settings) as local:
         log.info(
@@ -318,8 +319,9 @@ async def serve_local(settings: LocalSettings) -> None:
             local.cds_address,
             local.auth_address,
         )
-        await stop.wait()
+        code = await local.supervisor.until(stop)
         log.info("stopping")
+    return code
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -341,7 +343,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"stunner-reconciler: {problem}", file=sys.stderr)
             return 2
         try:
-            asyncio.run(serve_cluster(cluster_settings(args)))
+            return asyncio.run(serve_cluster(cluster_settings(args)))
         except ClusterUnavailable as exc:
             print(
                 f"stunner-reconciler: cluster mode: {str(exc).rstrip('.')}; "
@@ -352,7 +354,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         except OSError as exc:
             print(f"stunner-reconciler: {exc}", file=sys.stderr)
             return 1
-        return 0
     if not args.manifests.is_dir():
         print(f"stunner-reconciler: --manifests {args.manifests}: not a directory", file=sys.stderr)
         return 2
@@ -371,11 +372,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         dataplane_args=dataplane_args,
     )
     try:
-        asyncio.run(serve_local(settings))
+        return asyncio.run(serve_local(settings))
     except (ManifestError, OSError) as exc:
         print(f"stunner-reconciler: {exc}", file=sys.stderr)
         return 1
-    return 0
 
 
 if __name__ == "__main__":

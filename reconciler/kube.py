@@ -488,8 +488,10 @@ class Informer:
         backoff_max: float = BACKOFF_MAX,
         on_restart: Callable[[str, str], None] = lambda kind, reason: None,
         not_served_retry: float = NOT_SERVED_RETRY,
+        on_exit: Callable[[str, BaseException | None], None] = lambda name, exc: None,
     ) -> None:
         self.not_served_retry = not_served_retry
+        self.on_exit = on_exit  # the thread ends other than by stop(): (its name, exception)
         self.api = api
         self.cache = cache
         self.watched = watched
@@ -499,7 +501,9 @@ class Informer:
         self.on_restart = on_restart
         self._stop = threading.Event()
         self._watcher: Any = None
-        self._thread = threading.Thread(target=self._run, name=f"watch-{watched.name}", daemon=True)
+        self._thread = threading.Thread(
+            target=self._main, name=f"watch-{watched.name}", daemon=True
+        )
         self.version = ""
 
     def start(self) -> None:
@@ -526,6 +530,15 @@ class Informer:
                 error = exc
         assert error is not None
         raise error
+
+    def _main(self) -> None:
+        try:
+            self._run()
+        except BaseException as exc:
+            self.on_exit(self._thread.name, exc)
+            raise
+        if not self._stop.is_set():
+            self.on_exit(self._thread.name, None)
 
     def _run(self) -> None:
         backoff = self.backoff_initial
