@@ -229,6 +229,13 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
         "--leader-election-id", default=None, help="name of the Lease (92062b70.l7mp.io)"
     )
     group.add_argument(
+        "--leader-election-owner",
+        default="",
+        metavar="DEPLOYMENT",
+        help="the Deployment, in the Lease's namespace, that owns the Lease: deleting it "
+        "deletes the Lease (the chart names the reconciler's own; default: none)",
+    )
+    group.add_argument(
         "--metrics-bind-address",
         type=_bind_address,
         default=":8080",
@@ -276,6 +283,7 @@ def cluster_settings(args: argparse.Namespace) -> ClusterSettings:
         render_settings=render_settings,
         leader_elect=args.leader_elect,
         lease_namespace=args.leader_election_namespace,
+        lease_owner=args.leader_election_owner,
         enable_finalizer=args.enable_finalizer,
         watch_endpoint_slices=not args.disable_endpointslice_controller,
     )

@@ -86,6 +86,8 @@ class ClusterSettings:
     leader_elect: bool = False
     lease_namespace: str = "stunner-system"
     lease_name: str = kube.LEADER_ELECTION_ID
+    # The Deployment (in lease_namespace) that owns the Lease: deleted with it (empty: none).
+    lease_owner: str = ""
     identity: str | None = None
     lease_duration: float = kube.LEASE_DURATION
     renew_deadline: float = kube.RENEW_DEADLINE
@@ -144,6 +146,7 @@ class ClusterMode:
                 lease_duration=settings.lease_duration,
                 renew_deadline=settings.renew_deadline,
                 retry_period=settings.retry_period,
+                owner=settings.lease_owner,
             )
         controller = settings.render_settings.controller_name
         instance = self.elector.identity if self.elector is not None else kube.default_identity()
