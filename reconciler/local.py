@@ -6,7 +6,9 @@
 
 `run_local(settings)` is an async context manager that brings all of it up and yields a
 `LocalMode` with the bound addresses; it stops everything it started on exit (the stunnerds get
-SIGTERM, then a second one, then SIGKILL, so none outlives the reconciler).
+SIGTERM, then a second one, then SIGKILL, so none outlives the reconciler). The watcher, the
+render loop and the dataplanes' keeper are core tasks of a `Supervisor`: one that ends sets
+`LocalMode.supervisor.failed`, and the command exits non-zero (`reconciler.supervise`).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from .files import ManifestDir
 from .loop import THROTTLE, Reconciler, Rendered
 from .render import RenderSettings, render
 from .store import Snapshot
+from .supervise import Supervisor, what_failed
 
 log = logging.getLogger("stunner.local")
 
@@ -189,6 +192,7 @@ class LocalMode:
     cds_address: str
     auth_address: str
     dataplanes: Dataplanes | None
+    supervisor: Supervisor
 
     async def dataplane(self, id: str, timeout: float = 10.0) -> subprocess.Popen[bytes]:
         """The stunnerd started for config `id`, once it is there."""
@@ -239,23 +243,34 @@ async def run_local(settings: LocalSettings) -> AsyncIterator[LocalMode]:
             async for objects in manifests.watch():
                 reconciler.update(objects)
 
-        async def supervise(dataplanes: Dataplanes) -> None:
+        async def keep_dataplanes(dataplanes: Dataplanes) -> None:
             """One stunnerd per published config: started after a render, restarted if it
-            exits."""
+            exits. A start that fails (no descriptor or process left) is tried again at the
+            next render or period."""
+            failing: str | None = None
             while True:
-                dataplanes.reconcile(sorted(store.configs))
+                try:
+                    dataplanes.reconcile(sorted(store.configs))
+                except OSError as exc:
+                    if what_failed(exc) != failing:
+                        failing = what_failed(exc)
+                        log.error("cannot start a stunnerd (%s); trying again", failing)
+                else:
+                    failing = None
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(SUPERVISE_PERIOD), reconciler.rendered:
                         await reconciler.rendered.wait()
 
-        tasks = [asyncio.create_task(feed()), asyncio.create_task(reconciler.run())]
+        supervisor = Supervisor()
+        supervisor.spawn("manifest watcher", feed())
+        supervisor.spawn("render loop", reconciler.run())
         if dataplanes is not None:
-            tasks.append(asyncio.create_task(supervise(dataplanes)))
+            supervisor.spawn("dataplane keeper", keep_dataplanes(dataplanes))
         try:
-            yield LocalMode(store, manifests, reconciler, cds.address, auth.address, dataplanes)
+            yield LocalMode(
+                store, manifests, reconciler, cds.address, auth.address, dataplanes, supervisor
+            )
         finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await supervisor.stop()
             if dataplanes is not None:
                 await dataplanes.stop()

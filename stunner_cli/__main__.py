@@ -268,7 +268,7 @@ def run_cluster(args: argparse.Namespace) -> int:
             from stunner_cli.diff import report
 
             try:
-                objects = offline.load(args.filename)
+                objects = offline.load(args.filename, skipped=_err)
             except ManifestError as e:
                 raise cluster.ClusterError(str(e)) from None
             _out("\n".join(report(client, target, objects)))
@@ -334,7 +334,7 @@ def run_offline(args: argparse.Namespace) -> int:
     from stunner_cli import offline
 
     try:
-        objects = offline.load(args.filename)
+        objects = offline.load(args.filename, skipped=_err)
     except ManifestError as e:
         _err(str(e))
         return FAILED

@@ -192,12 +192,15 @@ the label it matches on is no tenant's way around the webhook.
 {{- end -}}
 
 {{/* The Service (and route backend) of the `helm test` pod's echo peer. */}}
-{{/* The name of every `helm test` hook: the test pod's. `helm test --logs` (helm 3 and 4:
-GetPodLogs in helm's pkg/action/release_testing.go) reads the logs of a Pod named after EACH
-test hook, in the release namespace, whatever the hook's kind: a Service or UDPRoute hook named
-otherwise ends the run in `unable to get pod logs for NAME: pods "NAME" not found`. Named like
-the pod, each reads the pod's logs (printed once per hook). */}}
+{{/* The Service (and route backend) of the `helm test` pod's echo peer. */}}
 {{- define "stunner.testEcho" -}}
+{{- include "stunner.componentName" (tuple . "test-echo") -}}
+{{- end -}}
+
+{{/* The name of `helm test`'s pod, and of every other test hook (the UDPRoutes and the
+ReferenceGrant): helm 3.18 and 4.2.3 `helm test --logs` ask for the logs of a Pod named like each
+test hook, and fail on a name no Pod has (helm/helm#6968, fixed after 4.2.3 by #32129). */}}
+{{- define "stunner.testName" -}}
 {{- include "stunner.componentName" (tuple . "test") -}}
 {{- end -}}
 
