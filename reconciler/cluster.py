@@ -82,6 +82,8 @@ DEFAULT_HEALTH_PORT = 8081  # Go's --health-probe-bind-address
 # was cached since (gc.freeze costs the same however many objects it moves; what refcounting
 # frees is freed frozen or not).
 GC_REFREEZE = 600.0
+LOOP_STALL = 30.0  # seconds without a turn of the event loop after which /healthz fails
+HEARTBEAT = 1.0  # seconds between two beats of the event loop
 
 
 class ClusterUnavailable(Exception):
@@ -115,6 +117,9 @@ class ClusterSettings:
     write_backoff_initial: float = WRITE_BACKOFF_INITIAL
     write_backoff_max: float = WRITE_BACKOFF_MAX
     gc_refreeze: float = GC_REFREEZE
+    # /healthz fails once the event loop has not turned for this long (a wedged loop: the
+    # probes are served from their own thread and would answer regardless).
+    loop_stall: float = LOOP_STALL
     # --enable-finalizer: on shutdown, invalidate our statuses and delete our Deployments and
     # Services (render.finalize), within FINALIZE_TIMEOUT, before the Lease is released.
     enable_finalizer: bool = False
@@ -195,6 +200,7 @@ class ClusterMode:
         self.rendered_once = False
         self.writes_sent = 0
         self.applying = False  # a pass of writes is under way
+        self.heartbeat = time.monotonic()  # the event loop's last turn (_beat)
         self.last_writes: list[Write] = []
         self._backoff: dict[tuple[str, str, str, str], _Backoff] = {}
         self.memo: Memo = {}
@@ -214,6 +220,18 @@ class ClusterMode:
         if not self.writing:
             return False
         return self.elector.leading if self.elector is not None else True
+
+    def alive(self) -> tuple[bool, str]:
+        """Whether the event loop still turns (from the probes' thread)."""
+        stalled = time.monotonic() - self.heartbeat
+        if stalled > self.settings.loop_stall:
+            return False, f"event loop stalled for {stalled:.0f} s"
+        return True, "ok"
+
+    async def _beat(self) -> None:
+        while True:
+            self.heartbeat = time.monotonic()
+            await asyncio.sleep(min(HEARTBEAT, self.settings.loop_stall / 4))
 
     def ready(self) -> tuple[bool, str]:
         fresh, why = self.cache.freshness()
@@ -452,7 +470,7 @@ async def run_cluster(settings: ClusterSettings) -> AsyncIterator[Running]:
     # Health, readiness and metrics answer from their own thread, whatever the loop is doing.
     probes = ServedInThread(
         [
-            (health_app(mode.ready), settings.health_address),
+            (health_app(mode.ready, mode.alive), settings.health_address),
             (metrics_app(mode.metrics), settings.metrics_address),
         ]
     )
@@ -471,6 +489,7 @@ async def run_cluster(settings: ClusterSettings) -> AsyncIterator[Running]:
         supervisor.spawn("first render", mode._first_render(), oneshot=True)
         supervisor.spawn("apply loop", mode._apply_loop())
         supervisor.spawn("cache freezer", mode._freeze_cache())
+        supervisor.spawn("heartbeat", mode._beat())
         if mode.elector is not None:
             supervisor.spawn("leader election", mode.elector.run())
             supervisor.spawn("leadership follower", mode._follow_leadership())

@@ -144,11 +144,19 @@ def metrics_app(metrics: Metrics) -> web.Application:
     return app
 
 
-def health_app(ready: Callable[[], tuple[bool, str]]) -> web.Application:
-    """`/healthz`: 200 while the process serves; `/readyz`: 200 while `ready()` says so, else
-    503 with its reason."""
+def health_app(
+    ready: Callable[[], tuple[bool, str]],
+    alive: Callable[[], tuple[bool, str]] | None = None,
+) -> web.Application:
+    """`/healthz`: 200 while the process serves (and `alive()`, when given, says so: served
+    from its own thread, the probe asks whether the main loop still turns), else 503 with the
+    reason; `/readyz`: 200 while `ready()` says so, else 503 with its reason."""
 
     async def healthz(request: web.Request) -> web.Response:
+        if alive is not None:
+            ok, why = alive()
+            if not ok:
+                return web.Response(status=503, text=why + "\n")
         return web.Response(text="ok\n")
 
     async def readyz(request: web.Request) -> web.Response:

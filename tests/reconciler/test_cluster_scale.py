@@ -2,7 +2,8 @@
 up by it, and a change renders only what it touches.
 
 - /healthz, /readyz and /metrics answer while the reconciler's event loop is blocked (as a
-  render on it would block it): they are served from a thread of their own.
+  render on it would block it): they are served from a thread of their own; /healthz still
+  fails once the loop has not turned for `loop_stall` seconds (a wedged loop).
 - A render runs in another thread than the event loop's, and while one is held mid-render the
   loop still serves the CDS and the probes answer.
 - After the first pass, the echoes of the reconciler's own writes leave nothing to render
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
@@ -71,6 +73,47 @@ def test_the_probes_answer_while_the_event_loop_is_blocked(tmp_path: Path) -> No
                 assert [code for code, _ in answers] == [200, 200, 200], answers
                 assert answers[0][1] == "ok\n"
                 assert "stunner_reconciler_renders_total" in answers[2][1]
+
+    asyncio.run(main())
+
+
+def test_healthz_fails_while_the_event_loop_is_wedged_and_recovers(tmp_path: Path) -> None:
+    """Served from its own thread, /healthz still tells a wedged loop: once the loop has not
+    turned for `loop_stall` seconds it answers 503 with the reason (the kubelet restarts the
+    reconciler); when the loop turns again, 200."""
+
+    async def main() -> None:
+        with FakeApiServer() as fake:
+            k.world(fake)
+            async with k.reconciler(fake, tmp_path, loop_stall=0.5) as running:
+                await k.settled(running, fake)
+                assert running.health_address
+                url = running.health_address + "/healthz"
+                seen: list[tuple[int, str]] = []
+                blocked, released = threading.Event(), threading.Event()
+
+                def probe() -> None:  # polls until the wedge shows, then lets the loop go
+                    blocked.wait(PATIENCE)
+                    deadline = time.monotonic() + PATIENCE
+                    while time.monotonic() < deadline:
+                        seen.append(_get(url))
+                        if seen[-1][0] != 200:
+                            break
+                        time.sleep(0.1)
+                    released.set()
+
+                def wedge() -> None:
+                    blocked.set()
+                    released.wait(3 * PATIENCE)
+
+                prober = threading.Thread(target=probe)
+                prober.start()
+                asyncio.get_running_loop().call_soon(wedge)
+                await asyncio.sleep(0)
+                await asyncio.to_thread(prober.join)
+                code, why = seen[-1]
+                assert code == 503 and why.startswith("event loop stalled for"), seen[-1]
+                await k.eventually(lambda: _get(url)[0] == 200, what="healthz back to 200")
 
     asyncio.run(main())
 
