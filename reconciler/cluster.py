@@ -305,12 +305,18 @@ class ClusterMode:
         """Keep the long-lived objects out of the garbage collector's scans (GC_REFREEZE)."""
         while not self.rendered_once:
             await asyncio.sleep(0.05)
+        # The first freeze collects nothing: a full collection of everything cached is a pause
+        # of a few hundred milliseconds with 1,000 Gateways, which would land in the first pass
+        # (and in the probes answered meanwhile); what cyclic garbage the start-up left is
+        # collected GC_REFREEZE later.
+        gc.freeze()
+        self._frozen_at = self.cache.changes
         while True:
+            await asyncio.sleep(self.settings.gc_refreeze)
             gc.unfreeze()
             gc.collect()
             gc.freeze()
             self._frozen_at = self.cache.changes
-            await asyncio.sleep(self.settings.gc_refreeze)
 
     # --- writing -------------------------------------------------------------------------------
 
