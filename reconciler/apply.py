@@ -294,16 +294,29 @@ def manifest_writes(
     return writes
 
 
-def status_writes(statuses: Iterable[StatusUpdate], current: Current) -> list[Write]:
+def status_writes(
+    statuses: Iterable[StatusUpdate], current: Current, memo: Memo | None = None
+) -> list[Write]:
+    """The status writes the plan needs. `memo` remembers the statuses found in place (by the
+    cached resourceVersion), as for the manifests: a status a kept part of the plan still holds
+    (the very same object) is passed over with one comparison."""
     writes = []
     for update in statuses:
         have = current(update.api_version, update.kind, update.namespace, update.name)
         if have is None:
             continue  # gone since the snapshot: nothing to report on
-        if have.get("status") == update.status:
-            continue  # the common case, compared without a copy
+        key = (update.kind, update.namespace, update.name)
+        version = meta(have).get("resourceVersion")
+        if memo is not None and memo.get(key) == (version, update.status):
+            continue
+        if have.get("status") == update.status:  # the common case, compared without a copy
+            if memo is not None:
+                memo[key] = (version, update.status)
+            continue
         status = desired_status(have, update)
         if have.get("status") == status:
+            if memo is not None:
+                memo[key] = (version, update.status)
             continue
         writes.append(
             Write(
@@ -332,5 +345,5 @@ def plan_writes(
     return [
         *manifest_writes(SERVICE, plan.services, services, current, ours, memo),
         *manifest_writes(DEPLOYMENT, plan.deployments, deployments, current, ours, memo),
-        *status_writes(plan.statuses, current),
+        *status_writes(plan.statuses, current, memo),
     ]

@@ -30,6 +30,7 @@ one stopped) and the command exits 1, for the kubelet to restart it.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import gc
 import logging
@@ -37,7 +38,6 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
 
 from stunner_api.cds import DEFAULT_PORT as DEFAULT_CDS_PORT
 from stunner_api.vocabulary import OWNED_BY_LABEL
@@ -46,27 +46,44 @@ from . import events, kube
 from .apply import Memo, Write, plan_writes
 from .cds import HANDLERS_KEY, ConfigStore, cds_app, serve
 from .loop import THROTTLE, Reconciler
-from .metrics import Metrics, health_app, metrics_app
+from .metrics import Metrics, ServedInThread, health_app, metrics_app
 from .relevance import References
-from .render import Plan, RenderSettings, render
+from .render import Plan, Renderer, RenderSettings
 from .render.finalize import finalized
-from .store import Object, Snapshot, labels_of
+from .render.tracked import same_kinds
+from .store import Kind, Object, Snapshot, labels_of
 from .supervise import Supervisor
 
 log = logging.getLogger("stunner.reconciler")
 
+# What `References.of` reads: while none of these changed, the references stay.
+REFERENCING_KINDS = (
+    Kind.GATEWAY_CLASS,
+    Kind.GATEWAY,
+    Kind.GATEWAY_CONFIG,
+    Kind.STUNNER_UDP_ROUTE,
+    Kind.GATEWAY_API_UDP_ROUTE,
+)
+# Writes in flight at once: a write waits on the API server most of its time (its answer and
+# the admission chain), so a few in flight keep it busy (bench/reconciler_bench.py: the first
+# pass over 1,000 Gateways is 4,000 writes).
+WRITERS = 4
 WRITE_BACKOFF_INITIAL = 0.5
 WRITE_BACKOFF_MAX = 60.0
 FINALIZE_TIMEOUT = 2.0  # seconds --enable-finalizer's writes may take on shutdown (as Go)
 DEFAULT_METRICS_PORT = 8080  # Go's --metrics-bind-address
 DEFAULT_HEALTH_PORT = 8081  # Go's --health-probe-bind-address
-# The cached objects are long-lived and acyclic: kept out of the cyclic garbage collector's
-# scans (gc.freeze), whose full collections otherwise cost more than the render itself with
-# 1,000 Gateways cached (bench/reconciler_bench.py). Every GC_REFREEZE seconds they are
-# unfrozen, collected once and frozen again, so cyclic garbage cannot pile up among them; in
-# between, a render after REFREEZE_CHANGES cache changes freezes the objects cached since.
+# The cached objects, and the parts of the plan the Renderer keeps (~200 objects a Gateway),
+# are long-lived and acyclic: kept out of the cyclic garbage collector's scans (gc.freeze),
+# whose full collections otherwise cost more than the render itself with 1,000 Gateways cached
+# and paused everything for 300 ms at a time after the first pass (bench/reconciler_bench.py).
+# Every GC_REFREEZE seconds they are unfrozen, collected once and frozen again, so cyclic
+# garbage cannot pile up among them; in between, every render freezes what it made and what
+# was cached since (gc.freeze costs the same however many objects it moves; what refcounting
+# frees is freed frozen or not).
 GC_REFREEZE = 600.0
-REFREEZE_CHANGES = 500  # cached changes after which a render freezes the new objects too
+LOOP_STALL = 30.0  # seconds without a turn of the event loop after which /healthz fails
+HEARTBEAT = 1.0  # seconds between two beats of the event loop
 
 
 class ClusterUnavailable(Exception):
@@ -100,6 +117,9 @@ class ClusterSettings:
     write_backoff_initial: float = WRITE_BACKOFF_INITIAL
     write_backoff_max: float = WRITE_BACKOFF_MAX
     gc_refreeze: float = GC_REFREEZE
+    # /healthz fails once the event loop has not turned for this long (a wedged loop: the
+    # probes are served from their own thread and would answer regardless).
+    loop_stall: float = LOOP_STALL
     # --enable-finalizer: on shutdown, invalidate our statuses and delete our Deployments and
     # Services (render.finalize), within FINALIZE_TIMEOUT, before the Lease is released.
     enable_finalizer: bool = False
@@ -133,8 +153,13 @@ class ClusterMode:
             raise ClusterUnavailable(str(exc)) from exc
         self.supervisor = Supervisor()
         self.writer = kube.Writer(self.api, self.cache)
-        self.reconciler = Reconciler(self._render, self.store, throttle=settings.throttle)
+        self.reconciler = Reconciler(
+            self._render, self.store, throttle=settings.throttle, in_thread=True
+        )
+        self.reconciler.published = self._published
+        self.renderer = Renderer(settings.render_settings)
         self.references = References(settings.render_settings.controller_name)
+        self._referenced: Snapshot | None = None  # the snapshot `references` is of
         self.ours: frozenset[str] = frozenset()
         self.elector: kube.LeaseElector | None = None
         if settings.leader_elect:
@@ -174,6 +199,8 @@ class ClusterMode:
         self.writing = True  # false from shutdown on
         self.rendered_once = False
         self.writes_sent = 0
+        self.applying = False  # a pass of writes is under way
+        self.heartbeat = time.monotonic()  # the event loop's last turn (_beat)
         self.last_writes: list[Write] = []
         self._backoff: dict[tuple[str, str, str, str], _Backoff] = {}
         self.memo: Memo = {}
@@ -194,6 +221,18 @@ class ClusterMode:
             return False
         return self.elector.leading if self.elector is not None else True
 
+    def alive(self) -> tuple[bool, str]:
+        """Whether the event loop still turns (from the probes' thread)."""
+        stalled = time.monotonic() - self.heartbeat
+        if stalled > self.settings.loop_stall:
+            return False, f"event loop stalled for {stalled:.0f} s"
+        return True, "ok"
+
+    async def _beat(self) -> None:
+        while True:
+            self.heartbeat = time.monotonic()
+            await asyncio.sleep(min(HEARTBEAT, self.settings.loop_stall / 4))
+
     def ready(self) -> tuple[bool, str]:
         fresh, why = self.cache.freshness()
         if not fresh:
@@ -212,26 +251,49 @@ class ClusterMode:
         self._loop.call_soon_threadsafe(self._consider, new, old)
 
     def _consider(self, new: Object | None, old: Object | None) -> None:
-        if self.rendered_once and self.references.wants(new, old):
-            self.reconciler.trigger()
+        if not self.rendered_once or not self.references.wants(new, old):
+            return
+        if _is_deployment(new if new is not None else old):
+            # Render reads no Deployment: one of ours edited or deleted (or our own write's
+            # echo) only needs the diff against the last plan, which writes it back.
+            self._apply_wanted.set()
+            return
+        self.reconciler.trigger()
 
     def _render(self, objects: Sequence[Object]) -> Plan:
-        """The loop's render step; it reads the cache as it is now (level-based)."""
+        """The loop's render step, in a worker thread; it reads the cache as it is now
+        (level-based) and renders again only the parts of the cluster that changed since the
+        last render (`render.Renderer`)."""
         started = time.perf_counter()
         objects = self.cache.rendered_objects()
         self.reconciler.objects = objects  # what the loop's log counts
         snapshot = Snapshot.from_objects(objects)
-        plan = render(snapshot, self.settings.render_settings, datetime.now(UTC))
-        self.references = References.of(snapshot, self.settings.render_settings.controller_name)
-        self.ours = frozenset(f"{ns}/{name}" for ns, name in self.references.gateways)
+        plan = self.renderer.render(snapshot, datetime.now(UTC))
+        before = self._referenced
+        if before is None or not same_kinds(before, snapshot, REFERENCING_KINDS):
+            controller = self.settings.render_settings.controller_name
+            self.references = References.of(snapshot, controller)
+            self.ours = frozenset(f"{ns}/{name}" for ns, name in self.references.gateways)
+            self._referenced = snapshot
         self.metrics.renders.inc()
         self.metrics.render_duration.observe(time.perf_counter() - started)
-        self.rendered_once = True
-        self._apply_wanted.set()
-        if self._frozen_at is not None and self.cache.changes - self._frozen_at > REFREEZE_CHANGES:
-            gc.freeze()  # the objects cached since the last freeze join the frozen ones
+        self.metrics.parts_rendered.inc(self.renderer.rendered_parts)
+        self.metrics.parts_kept.inc(self.renderer.kept_parts)
+        log.debug(
+            "rendered %d parts again, kept %d, in %.3f s",
+            self.renderer.rendered_parts,
+            self.renderer.kept_parts,
+            time.perf_counter() - started,
+        )
+        if self._frozen_at is not None:
+            gc.freeze()  # what this render made and what was cached since join the frozen
             self._frozen_at = self.cache.changes
         return plan
+
+    def _published(self, plan: object) -> None:
+        """On the loop, after a render's configs went out: the writes may follow."""
+        self.rendered_once = True
+        self._apply_wanted.set()
 
     async def _first_render(self) -> None:
         while not self.cache.synced:
@@ -243,12 +305,18 @@ class ClusterMode:
         """Keep the long-lived objects out of the garbage collector's scans (GC_REFREEZE)."""
         while not self.rendered_once:
             await asyncio.sleep(0.05)
+        # The first freeze collects nothing: a full collection of everything cached is a pause
+        # of a few hundred milliseconds with 1,000 Gateways, which would land in the first pass
+        # (and in the probes answered meanwhile); what cyclic garbage the start-up left is
+        # collected GC_REFREEZE later.
+        gc.freeze()
+        self._frozen_at = self.cache.changes
         while True:
+            await asyncio.sleep(self.settings.gc_refreeze)
             gc.unfreeze()
             gc.collect()
             gc.freeze()
             self._frozen_at = self.cache.changes
-            await asyncio.sleep(self.settings.gc_refreeze)
 
     # --- writing -------------------------------------------------------------------------------
 
@@ -268,12 +336,16 @@ class ClusterMode:
         replica may write."""
         writes = [w for w in self.writes_for(plan) if self._due(w, now)]
         self.last_writes = writes
-        results = []
-        for write in writes:
-            if not self.leading:
-                break
-            results.append(self.writer.send(write))
-        return results
+
+        def send(write: Write) -> kube.WriteResult | None:
+            return self.writer.send(write) if self.leading else None
+
+        if len(writes) <= 1:
+            answered = [send(w) for w in writes]
+        else:  # each write is one object's: they may go in any order, WRITERS at a time
+            with concurrent.futures.ThreadPoolExecutor(WRITERS, "reconciler-writer") as pool:
+                answered = list(pool.map(send, writes))
+        return [result for result in answered if result is not None]
 
     def _send_until(self, writes: Sequence[Write], deadline: float) -> list[kube.WriteResult]:
         """In a thread: the writes, one by one, while time is left."""
@@ -287,7 +359,11 @@ class ClusterMode:
             if not self.leading or not isinstance(plan, Plan):
                 continue
             # The diff and the writes run in a thread: the loop keeps rendering and serving.
-            results = await asyncio.to_thread(self._diff_and_send, plan, time.monotonic())
+            self.applying = True
+            try:
+                results = await asyncio.to_thread(self._diff_and_send, plan, time.monotonic())
+            finally:
+                self.applying = False
             worth = self._account(results)
             if worth and self.leading:
                 await asyncio.to_thread(self.recorder.record, worth)
@@ -394,24 +470,23 @@ class Running:
 
 
 @contextlib.asynccontextmanager
-async def _maybe_serve(app: Any, address: tuple[str, int] | None) -> AsyncIterator[str | None]:
-    if address is None:
-        yield None
-        return
-    async with serve(app, address[0], address[1]) as served:
-        yield served.address
-
-
-@contextlib.asynccontextmanager
 async def run_cluster(settings: ClusterSettings) -> AsyncIterator[Running]:
     """Watch, render, serve CDS and (as the leader) write, until the block ends."""
     mode = ClusterMode(settings)
-    cds_application = cds_app(mode.store)
-    async with (
-        serve(cds_application, settings.host, settings.cds_port) as cds,
-        _maybe_serve(health_app(mode.ready), settings.health_address) as health,
-        _maybe_serve(metrics_app(mode.metrics), settings.metrics_address) as metrics,
-    ):
+    # Health, readiness and metrics answer from their own thread, whatever the loop is doing.
+    probes = ServedInThread(
+        [
+            (health_app(mode.ready, mode.alive), settings.health_address),
+            (metrics_app(mode.metrics), settings.metrics_address),
+        ]
+    )
+    health, metrics = await asyncio.to_thread(probes.__enter__)
+    async with contextlib.AsyncExitStack() as stack:
+        stack.push_async_callback(asyncio.to_thread, probes.__exit__, None, None, None)
+        cds_application = cds_app(mode.store)
+        cds = await stack.enter_async_context(
+            serve(cds_application, settings.host, settings.cds_port)
+        )
         log.info("cluster mode: config discovery service on %s", cds.address)
         mode.metrics.track_server("cds", cds.stats, cds_application[HANDLERS_KEY].guard)
         mode.start_watching()
@@ -420,6 +495,7 @@ async def run_cluster(settings: ClusterSettings) -> AsyncIterator[Running]:
         supervisor.spawn("first render", mode._first_render(), oneshot=True)
         supervisor.spawn("apply loop", mode._apply_loop())
         supervisor.spawn("cache freezer", mode._freeze_cache())
+        supervisor.spawn("heartbeat", mode._beat())
         if mode.elector is not None:
             supervisor.spawn("leader election", mode.elector.run())
             supervisor.spawn("leadership follower", mode._follow_leadership())
@@ -432,6 +508,10 @@ async def run_cluster(settings: ClusterSettings) -> AsyncIterator[Running]:
             await asyncio.to_thread(_join_all, mode.informers)
             mode.api.close()
             gc.unfreeze()
+
+
+def _is_deployment(obj: Object | None) -> bool:
+    return obj is not None and obj.get("kind") == "Deployment"
 
 
 def _join_all(informers: Sequence[kube.Informer]) -> None:

@@ -4,7 +4,15 @@ Any number of triggers (`update(objects)` with the whole current set of objects,
 `trigger()`) between two renders make one render of the newest state: the loop never works
 through a backlog of stale events. Renders are at least `throttle` seconds apart (Go's
 `--throttle-timeout`, 250 ms): the first change after a quiet period renders at once, a burst of
-changes renders once more when the window ends.
+changes renders once more when the window ends. The throttle adapts to the render's cost: after
+a render that took longer than the window, the next one waits as long as that render took, so
+rendering never takes more than half of the time, however large the cluster.
+
+With `in_thread` (cluster mode) the render runs in a worker thread on the objects as they were
+when it started (render is pure; the objects are never changed, only replaced), and its plan is
+published back on the loop: the loop goes on serving the CDS watchers and the auth service
+meanwhile. (The render holds the GIL while it computes; the loop thread gets it back at every
+switch interval, 5 ms, so it is slowed, not stopped.)
 
 Each render makes the published configs exactly the plan's (`ConfigStore.publish`): a changed
 Gateway's watchers get its new config, a vanished Gateway's get the zero config. What render
@@ -55,11 +63,16 @@ class Reconciler:
         *,
         throttle: float = THROTTLE,
         clock: Callable[[], float] = time.monotonic,
+        in_thread: bool = False,
     ) -> None:
         self.render = render
         self.store = store
         self.throttle = throttle
         self.clock = clock
+        self.in_thread = in_thread
+        self.cost = 0.0  # seconds the last render took
+        # Called on the loop after each render's plan is published.
+        self.published: Callable[[Rendered], None] = lambda plan: None
         self.objects: Sequence[Object] = ()
         self.renders = 0
         self.last_plan: Rendered | None = None
@@ -78,11 +91,18 @@ class Reconciler:
 
     def reconcile(self) -> Rendered | None:
         """Render the current objects once and publish the configs (the loop's body)."""
+        return self._publish(self._render())
+
+    def _render(self) -> Rendered | None:
         self.renders += 1
         try:
-            plan = self.render(self.objects)
+            return self.render(self.objects)
         except Exception:
             log.exception("render failed; the published configs stay as they were")
+            return None
+
+    def _publish(self, plan: Rendered | None) -> Rendered | None:
+        if plan is None:
             return None
         self._log_findings(plan.findings)
         changed = self.store.publish(plan.configs)
@@ -94,6 +114,7 @@ class Reconciler:
             len(plan.findings),
         )
         self.last_plan = plan
+        self.published(plan)
         return plan
 
     def _log_findings(self, findings: Sequence[object]) -> None:
@@ -106,13 +127,21 @@ class Reconciler:
 
     async def run(self) -> None:
         """Render on every trigger, coalesced and throttled, until cancelled."""
+        finished = -float("inf")
         while True:
             await self._wanted.wait()
-            wait = self._last_render + self.throttle - self.clock()
+            due = max(self._last_render + self.throttle, finished + self.cost)
+            wait = due - self.clock()
             if wait > 0:
                 await asyncio.sleep(wait)  # triggers meanwhile coalesce into this render
             self._wanted.clear()
             self._last_render = self.clock()
-            self.reconcile()
+            if self.in_thread:
+                plan = await asyncio.to_thread(self._render)
+            else:
+                plan = self._render()
+            finished = self.clock()
+            self.cost = finished - self._last_render
+            self._publish(plan)
             async with self.rendered:
                 self.rendered.notify_all()

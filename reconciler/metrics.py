@@ -3,6 +3,8 @@
 Metrics (each process has its own registry, so several reconcilers in one test process do not
 share counters):
 - `stunner_reconciler_renders_total`, `stunner_reconciler_render_duration_seconds`;
+- `stunner_reconciler_render_parts_total` (parts of the cluster, a Gateway with its routes,
+  rendered again) and `stunner_reconciler_render_parts_kept_total` (kept from the last render);
 - `stunner_reconciler_api_writes_total{verb,kind,result}` (result: "ok" or the HTTP status,
   "0" for no answer);
 - `stunner_reconciler_watch_restarts_total{kind,reason}` (reason: "expired" for a 410 Gone
@@ -14,11 +16,16 @@ share counters):
   the cap), `stunner_reconciler_http_accept_errors_total` (EMFILE and the like), and
   `stunner_reconciler_websocket_closed_total{reason}` (reason: "flooding", 1008, or
   "unmasked", 1002).
+
+Both are served from their own thread (`ServedInThread`), never from the reconciler's loop.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import asyncio
+import contextlib
+import threading
+from collections.abc import Callable, Iterator, Sequence
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -66,13 +73,25 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         self.renders = Counter(
-            "stunner_reconciler_renders", "Renders of the whole snapshot", registry=self.registry
+            "stunner_reconciler_renders",
+            "Renders (each of the parts of the cluster that changed)",
+            registry=self.registry,
         )
         self.render_duration = Histogram(
             "stunner_reconciler_render_duration_seconds",
             "Time one render took",
             registry=self.registry,
             buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+        )
+        self.parts_rendered = Counter(
+            "stunner_reconciler_render_parts",
+            "Parts of the cluster (a Gateway with its routes) rendered again",
+            registry=self.registry,
+        )
+        self.parts_kept = Counter(
+            "stunner_reconciler_render_parts_kept",
+            "Parts of the cluster kept as the last render left them (nothing they read changed)",
+            registry=self.registry,
         )
         self.api_writes = Counter(
             "stunner_reconciler_api_writes",
@@ -125,11 +144,19 @@ def metrics_app(metrics: Metrics) -> web.Application:
     return app
 
 
-def health_app(ready: Callable[[], tuple[bool, str]]) -> web.Application:
-    """`/healthz`: 200 while the process serves; `/readyz`: 200 while `ready()` says so, else
-    503 with its reason."""
+def health_app(
+    ready: Callable[[], tuple[bool, str]],
+    alive: Callable[[], tuple[bool, str]] | None = None,
+) -> web.Application:
+    """`/healthz`: 200 while the process serves (and `alive()`, when given, says so: served
+    from its own thread, the probe asks whether the main loop still turns), else 503 with the
+    reason; `/readyz`: 200 while `ready()` says so, else 503 with its reason."""
 
     async def healthz(request: web.Request) -> web.Response:
+        if alive is not None:
+            ok, why = alive()
+            if not ok:
+                return web.Response(status=503, text=why + "\n")
         return web.Response(text="ok\n")
 
     async def readyz(request: web.Request) -> web.Response:
@@ -141,3 +168,61 @@ def health_app(ready: Callable[[], tuple[bool, str]]) -> web.Application:
     app.router.add_get("/healthz", healthz, allow_head=False)
     app.router.add_get("/readyz", readyz, allow_head=False)
     return app
+
+
+class ServedInThread:
+    """aiohttp apps served from their own thread and event loop, so that what the reconciler's
+    loop does (a render, a burst of watch events) never delays them: the kubelet's probes and
+    Prometheus' scrapes are answered while the main loop is busy. Their handlers only read
+    (`ready()` takes the cache's lock; the metrics' gauges read counters), so they need nothing
+    of the main loop.
+
+        with ServedInThread([(health_app(ready), ("127.0.0.1", 8081))]) as addresses: ...
+
+    An address of None serves nothing (its slot in `addresses` is None); one that cannot be
+    bound raises from `__enter__`, as serving on the main loop would."""
+
+    def __init__(self, apps: Sequence[tuple[web.Application, tuple[str, int] | None]]) -> None:
+        self.apps = list(apps)
+        self.addresses: list[str | None] = []
+        self.thread = threading.Thread(target=self._run, name="reconciler-probes", daemon=True)
+        self._started = threading.Event()
+        self._error: BaseException | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+
+    def _run(self) -> None:
+        try:
+            asyncio.run(self._serve())
+        except BaseException as exc:  # noqa: BLE001  (handed to the starting thread)
+            self._error = exc
+        finally:
+            self._started.set()
+
+    async def _serve(self) -> None:
+        from .cds import serve
+
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        async with contextlib.AsyncExitStack() as stack:
+            for app, address in self.apps:
+                if address is None:
+                    self.addresses.append(None)
+                    continue
+                served = await stack.enter_async_context(serve(app, address[0], address[1]))
+                self.addresses.append(served.address)
+            self._started.set()
+            await self._stop.wait()
+
+    def __enter__(self) -> list[str | None]:
+        self.thread.start()
+        self._started.wait()
+        if self._error is not None:
+            self.thread.join()
+            raise self._error
+        return self.addresses
+
+    def __exit__(self, *exc: object) -> None:
+        if self._loop is not None and self._stop is not None and self.thread.is_alive():
+            self._loop.call_soon_threadsafe(self._stop.set)
+        self.thread.join(10.0)

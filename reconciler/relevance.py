@@ -1,7 +1,8 @@
 """Which watch events are worth a render (pure; the cluster mode's event filter).
 
-Render is level-based and reads the whole snapshot, so an event only decides *whether* to render
-soon. Only objects of our GatewayClasses matter:
+Render is level-based and reads the whole snapshot (and itself renders again only the parts of
+the cluster whose reads changed), so an event only decides *whether* to render soon. Only
+objects of our GatewayClasses matter:
 - a GatewayClass whose controllerName is ours (before or after the change);
 - a Gateway of one of our classes, a UDPRoute with such a Gateway as a parent, a GatewayConfig,
   Dataplane, StaticService or ReferenceGrant: when something other than `status` changed
@@ -11,7 +12,8 @@ soon. Only objects of our GatewayClasses matter:
   backend Service and its EndpointSlices, a Gateway's own Service (its load-balancer address);
 - a Namespace when its labels change (allowedRoutes selectors), a Node when its addresses change
   (public address discovery; its heartbeats are ignored);
-- a Deployment we own (someone edited or deleted it: render and write it back).
+- a Deployment we own (someone edited or deleted it: write it back; render reads no
+  Deployment, so cluster mode only diffs the last plan against it).
 """
 
 from __future__ import annotations

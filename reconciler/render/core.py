@@ -5,12 +5,19 @@ and its credentials resolved (any error invalidates the class and every Gateway 
 each Gateway of the class is judged by the rule table; a problem of one listener keeps only that
 listener out (its status says why), any other error keeps the Gateway out. UDPRoutes attach to
 the rendered listeners that allow them; each attached route becomes one cluster.
+
+The Gateways and routes render in parts (`Part`: a Gateway with the routes naming it, joined
+through shared routes), each on a snapshot that records what it read (`tracked.Tracked`), and
+their findings and statuses are put in the order one pass over the sorted snapshot makes. A
+`Renderer` keeps each part's result and, on the next snapshot, renders again only the parts
+whose members, reads or class changed: cluster mode renders with one; `render()` is a fresh
+one, so both take the same path.
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
@@ -35,6 +42,7 @@ from . import addresses, config, manifests
 from . import conditions as cond
 from .judge import judge, under
 from .plan import Finding, Plan, RenderSettings, StatusUpdate
+from .tracked import ReadKey, Tracked, hold, same, same_kinds
 
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"  # every Namespace has it (Kubernetes 1.22+)
 
@@ -118,8 +126,10 @@ class _Renderer:
         # The rules decide what is ours by the same controller name.
         self.rule_settings = replace(settings.rules, controller_name=settings.controller_name)
         self.now = now
-        self.findings: list[Finding] = []
-        self.statuses: list[StatusUpdate] = []
+        # Each finding and status with the key that orders it in the plan (`_Tagged`).
+        self.key: SortKey = (0,)
+        self.findings: list[tuple[SortKey, Finding]] = []
+        self.statuses: list[tuple[SortKey, StatusUpdate]] = []
         self.configs: dict[str, StunnerConfig] = {}
         self.deployments: dict[str, dict[str, Any]] = {}
         self.services: dict[str, dict[str, Any]] = {}
@@ -132,7 +142,9 @@ class _Renderer:
     def note(self, obj: Object, path: str, message: str, reason: str) -> None:
         kind = str(obj.get("kind"))
         namespace = "" if kind in ("GatewayClass", "Dataplane") else namespace_of(obj)
-        self.findings.append(Finding(kind, namespace, name_of(obj), path, message, reason))
+        self.findings.append(
+            (self.key, Finding(kind, namespace, name_of(obj), path, message, reason))
+        )
 
     def note_problems(self, obj: Object, problems: list[Problem]) -> None:
         for p in problems:
@@ -141,14 +153,23 @@ class _Renderer:
     def set_status(self, obj: Object, status: dict[str, Any]) -> None:
         kind = str(obj.get("kind"))
         namespace = "" if kind == "GatewayClass" else namespace_of(obj)
+        if kind == "GatewayClass":
+            key: SortKey = (0, name_of(obj))
+        elif kind == "Gateway":
+            key = (1, namespace, name_of(obj))
+        else:
+            key = (2, _route_order(obj), namespace, name_of(obj))
         self.statuses.append(
-            StatusUpdate(
-                str(obj.get("apiVersion")),
-                kind,
-                namespace,
-                name_of(obj),
-                cond.generation_of(obj),
-                status,
+            (
+                key,
+                StatusUpdate(
+                    str(obj.get("apiVersion")),
+                    kind,
+                    namespace,
+                    name_of(obj),
+                    cond.generation_of(obj),
+                    status,
+                ),
             )
         )
 
@@ -553,24 +574,34 @@ class _Renderer:
         wanted = [lst.accepted, lst.conflicted, lst.resolved]
         return self.listener_entry(gateway, lst.name, len(lst.routes), wanted)
 
-    # --- the whole snapshot -----------------------------------------------------------------
+    # --- the stages ------------------------------------------------------------------------
+    # Findings are keyed (0) the snapshot's, (1, class) a GatewayClass's, (2, ns, name) a
+    # Gateway's judged, (3, route order, ns, name) a route's, (4, ns, name) a Gateway's
+    # rendered; statuses (0, class), (1, ns, name) Gateways, (2, route order, ns, name) routes:
+    # the order one pass over the sorted snapshot makes them in, whatever part rendered them.
 
-    def run(self) -> Plan:
+    def run_classes(self) -> dict[str, ClassContext]:
+        """The snapshot's own findings, and every GatewayClass of ours with its status."""
+        self.key = (0,)
         for ignored in self.snapshot.ignored:
             self.findings.append(
-                Finding(
-                    ignored.kind,
-                    ignored.namespace,
-                    ignored.name,
-                    "",
-                    ignored.reason,
-                    Reason.INVALID,
+                (
+                    self.key,
+                    Finding(
+                        ignored.kind,
+                        ignored.namespace,
+                        ignored.name,
+                        "",
+                        ignored.reason,
+                        Reason.INVALID,
+                    ),
                 )
             )
         classes: dict[str, ClassContext] = {}
         for gateway_class in self.snapshot.all(Kind.GATEWAY_CLASS):
             if _spec(gateway_class).get("controllerName") != self.controller:
                 continue
+            self.key = (1, name_of(gateway_class))
             ctx = self.resolve_class(gateway_class)
             classes[name_of(gateway_class)] = ctx
             accepted = cond.gateway_class_accepted(self.controller, ctx.error)
@@ -579,31 +610,267 @@ class _Renderer:
             self.set_status(
                 gateway_class, {"conditions": self.conditions(gateway_class, [accepted])}
             )
-        for gateway in self.snapshot.all(Kind.GATEWAY):
-            ctx_ = classes.get(str(_spec(gateway).get("gatewayClassName")))
-            if ctx_ is not None:
-                self.gateways[namespace_of(gateway), name_of(gateway)] = self.plan_gateway(
-                    gateway, ctx_
-                )
-        stunner_routes = self.snapshot.all(Kind.STUNNER_UDP_ROUTE)
-        stunner_ids = {_id(r) for r in stunner_routes}
-        for route in stunner_routes:
+        return classes
+
+    def run_part(self, part: Part, classes: Mapping[str, ClassContext]) -> None:
+        """One part of the cluster: its Gateways (of `classes`) and every route naming one of
+        them (`Part`)."""
+        for gateway in part.gateways:
+            self.key = (2, namespace_of(gateway), name_of(gateway))
+            ctx = classes[str(_spec(gateway).get("gatewayClassName"))]
+            self.gateways[namespace_of(gateway), name_of(gateway)] = self.plan_gateway(gateway, ctx)
+        stunner_ids = {_id(r) for r in part.stunner_routes}
+        for route in part.stunner_routes:
+            self.key = (3, 0, namespace_of(route), name_of(route))
             self.attach_route(route, masked=False)
-        for route in self.snapshot.all(Kind.GATEWAY_API_UDP_ROUTE):
+        for route in part.api_routes:
+            self.key = (3, 1, namespace_of(route), name_of(route))
             self.attach_route(route, masked=_id(route) in stunner_ids)
-        for plan in self.gateways.values():
+        for key, plan in self.gateways.items():
+            self.key = (4, *key)
             self.render_gateway(plan)
         for route, parents, masked in self.route_parents:
             self.route_status(route, parents, masked)
-        return Plan(
-            configs=self.configs,
-            deployments=self.deployments,
-            services=self.services,
-            statuses=tuple(self.statuses),
-            findings=tuple(self.findings),
+
+
+SortKey = tuple[Any, ...]
+# What a cut into parts reads of the snapshot.
+PART_KINDS = (Kind.GATEWAY, Kind.STUNNER_UDP_ROUTE, Kind.GATEWAY_API_UDP_ROUTE)
+GatewayKey = tuple[str, str]  # (namespace, name)
+
+
+def _route_order(route: Object) -> int:
+    """STUNner's UDPRoutes render before Gateway API's (one of the same name masks the other)."""
+    return 1 if group_of(str(route.get("apiVersion"))) == GATEWAY_API_GROUP else 0
+
+
+@dataclass(frozen=True)
+class Part:
+    """Gateways and routes that render together: every route with the Gateways it names, every
+    Gateway with the routes naming it, and a STUNner UDPRoute with the Gateway API one of its
+    name (which it masks). Nothing outside a part changes what the part renders but what it
+    reads of the snapshot, so a part whose reads still hold renders as it did (`Renderer`)."""
+
+    gateways: tuple[Object, ...]  # sorted by (namespace, name), each of a class of ours
+    stunner_routes: tuple[Object, ...]  # sorted
+    api_routes: tuple[Object, ...]  # sorted
+
+    @property
+    def members(self) -> tuple[Object, ...]:
+        return (*self.gateways, *self.stunner_routes, *self.api_routes)
+
+    @property
+    def key(self) -> tuple[frozenset[GatewayKey], frozenset[tuple[int, str, str]]]:
+        routes = (*self.stunner_routes, *self.api_routes)
+        return (
+            frozenset((namespace_of(g), name_of(g)) for g in self.gateways),
+            frozenset((_route_order(r), namespace_of(r), name_of(r)) for r in routes),
         )
+
+
+def parts(snapshot: Snapshot, classes: Collection[str]) -> list[Part]:
+    """The snapshot's Gateways of `classes` and its routes, in parts (see `Part`), in the order
+    of their first member."""
+    parent: dict[Any, Any] = {}
+
+    def find(node: Any) -> Any:
+        root = node
+        while parent.setdefault(root, root) != root:
+            root = parent[root]
+        while parent[node] != root:
+            parent[node], node = root, parent[node]
+        return root
+
+    def union(a: Any, b: Any) -> None:
+        ra, rb = find(a), find(b)
+        if ra != rb:
+            parent[rb] = ra
+
+    gateways = [
+        g for g in snapshot.all(Kind.GATEWAY) if _spec(g).get("gatewayClassName") in classes
+    ]
+    for gateway in gateways:
+        find(("gateway", namespace_of(gateway), name_of(gateway)))
+    routes = [
+        *snapshot.all(Kind.STUNNER_UDP_ROUTE),
+        *snapshot.all(Kind.GATEWAY_API_UDP_ROUTE),
+    ]
+    for route in routes:
+        node = ("route", _id(route))  # the two kinds of one name are one node: masking
+        find(node)
+        for ref in _spec(route).get("parentRefs") or []:
+            if not isinstance(ref, Mapping):
+                continue
+            if (ref.get("group") or GATEWAY_API_GROUP, ref.get("kind") or "Gateway") != (
+                GATEWAY_API_GROUP,
+                "Gateway",
+            ):
+                continue
+            gw_ns = str(ref.get("namespace") or namespace_of(route))
+            union(node, ("gateway", gw_ns, str(ref.get("name") or "")))
+    members: dict[Any, tuple[list[Object], list[Object], list[Object]]] = {}
+    for gateway in gateways:
+        root = find(("gateway", namespace_of(gateway), name_of(gateway)))
+        members.setdefault(root, ([], [], []))[0].append(gateway)
+    for route in routes:
+        root = find(("route", _id(route)))
+        members.setdefault(root, ([], [], []))[1 + _route_order(route)].append(route)
+    return [Part(tuple(g), tuple(s), tuple(a)) for g, s, a in members.values()]
 
 
 def render(snapshot: Snapshot, settings: RenderSettings, now: datetime) -> Plan:
     """The plan of a snapshot: configs, manifests and status of every Gateway of ours."""
-    return _Renderer(snapshot, settings, now).run()
+    return Renderer(settings).render(snapshot, now)
+
+
+@dataclass
+class _Rendered:
+    """What one part rendered, and what it read to render it."""
+
+    members: tuple[Object, ...]  # the part's Gateways and routes as rendered
+    # (apiVersion, kind, namespace, name) -> the status planned for a member
+    planned: Mapping[tuple[str, str, str, str], Mapping[str, Any]]
+    reads: Mapping[ReadKey, Any]
+    classes: Mapping[str, ClassContext]
+    configs: list[tuple[GatewayKey, str, StunnerConfig]]
+    deployments: list[tuple[GatewayKey, str, dict[str, Any]]]
+    services: list[tuple[GatewayKey, str, dict[str, Any]]]
+    findings: list[tuple[SortKey, Finding]]
+    statuses: list[tuple[SortKey, StatusUpdate]]
+
+
+def _members_hold(members: tuple[Object, ...], done: _Rendered) -> bool:
+    """Whether a part's Gateways and routes are the ones it was rendered from: the same, or
+    changed in nothing but a status that is the very status the part planned for them (the
+    echo of our own status write). Render reads a member's status only for the transition
+    times of its conditions, which it keeps from a condition of the same status: from the
+    status it planned, it plans that status again."""
+    if len(members) != len(done.members):
+        return False
+    for new, old in zip(members, done.members, strict=True):
+        if same(new, old):
+            continue
+        if not same(new, old, status=False):
+            return False
+        key = (str(new.get("apiVersion")), str(new.get("kind")), namespace_of(new), name_of(new))
+        if key not in done.planned or new.get("status") != done.planned[key]:
+            return False
+    return True
+
+
+def _same_class(new: ClassContext | None, old: ClassContext) -> bool:
+    """Whether a class renders its Gateways as before: the same GatewayConfig and Dataplane,
+    credentials and error (its own object's status is not read for them)."""
+    return (
+        new is not None
+        and same(new.gateway_config, old.gateway_config)
+        and same(new.dataplane, old.dataplane)
+        and new.auth == old.auth
+        and new.error == old.error
+    )
+
+
+class Renderer:
+    """`render` with a memory: each part of the cluster (`Part`) whose reads of the snapshot
+    still hold, and whose GatewayClass resolves as before, keeps what it rendered last time;
+    the others render again. The plan is the one a render of the whole snapshot makes (the
+    tests check it against one after random edits), but for the time stamped on a condition
+    that flipped: that is the time of the render that rendered the part.
+
+    The GatewayClasses (their GatewayConfig, Dataplane and credentials: a handful of objects)
+    render every time; a change of one renders its Gateways again. Not thread-safe: one render
+    at a time."""
+
+    def __init__(self, settings: RenderSettings) -> None:
+        self.settings = settings
+        self._parts: dict[Any, _Rendered] = {}
+        # The last cut into parts, and what it was cut from: reused while no Gateway or route
+        # changed and the classes of ours are the same.
+        self._cut: tuple[Snapshot, frozenset[str], list[tuple[Part, Any]]] | None = None
+        self.rendered_parts = 0  # of the last render: parts rendered again
+        self.kept_parts = 0  # and kept
+
+    def forget(self) -> None:
+        """Render everything again next time."""
+        self._parts = {}
+        self._cut = None
+
+    def _parts_of(self, snapshot: Snapshot, classes: Collection[str]) -> list[tuple[Part, Any]]:
+        names = frozenset(classes)
+        if self._cut is not None:
+            before, before_names, cut = self._cut
+            if before_names == names and same_kinds(before, snapshot, PART_KINDS):
+                return cut
+        cut = [(part, part.key) for part in parts(snapshot, names)]
+        self._cut = (snapshot, names, cut)
+        return cut
+
+    def render(self, snapshot: Snapshot, now: datetime) -> Plan:
+        top = _Renderer(snapshot, self.settings, now)
+        classes = top.run_classes()
+        kept: dict[Any, _Rendered] = {}
+        self.rendered_parts = self.kept_parts = 0
+        for part, key in self._parts_of(snapshot, classes):
+            done = self._parts.get(key)
+            if (
+                done is None
+                or not _members_hold(part.members, done)
+                or not all(_same_class(classes.get(n), c) for n, c in done.classes.items())
+                or not hold(done.reads, snapshot)
+            ):
+                done = self._render_part(part, snapshot, classes, now)
+                self.rendered_parts += 1
+            else:
+                self.kept_parts += 1
+            kept[key] = done
+        self._parts = kept
+        done_parts = list(kept.values())
+
+        def ordered(items: list[tuple[Any, Any]]) -> list[Any]:
+            items.sort(key=lambda item: item[0])
+            return [item[1] for item in items]
+
+        def by_gateway(field_name: str) -> dict[str, Any]:
+            items = [entry for d in done_parts for entry in getattr(d, field_name)]
+            items.sort(key=lambda item: item[0])
+            return {gw_id: value for _, gw_id, value in items}
+
+        return Plan(
+            configs=by_gateway("configs"),
+            deployments=by_gateway("deployments"),
+            services=by_gateway("services"),
+            statuses=tuple(ordered([*top.statuses, *(s for d in done_parts for s in d.statuses)])),
+            findings=tuple(ordered([*top.findings, *(f for d in done_parts for f in d.findings)])),
+        )
+
+    def _render_part(
+        self, part: Part, snapshot: Snapshot, classes: Mapping[str, ClassContext], now: datetime
+    ) -> _Rendered:
+        tracked = Tracked.of(snapshot)
+        renderer = _Renderer(tracked, self.settings, now)
+        renderer.run_part(part, classes)
+
+        def keyed(values: Mapping[str, Any]) -> list[tuple[GatewayKey, str, Any]]:
+            return [(_key_of(gw_id), gw_id, value) for gw_id, value in values.items()]
+
+        used = {str(_spec(g).get("gatewayClassName")) for g in part.gateways}
+        planned = {
+            (update.api_version, update.kind, update.namespace, update.name): update.status
+            for _, update in renderer.statuses
+        }
+        return _Rendered(
+            members=part.members,
+            planned=planned,
+            reads=tracked.reads,
+            classes={name: classes[name] for name in used},
+            configs=keyed(renderer.configs),
+            deployments=keyed(renderer.deployments),
+            services=keyed(renderer.services),
+            findings=renderer.findings,
+            statuses=renderer.statuses,
+        )
+
+
+def _key_of(gw_id: str) -> GatewayKey:
+    namespace, _, name = gw_id.partition("/")
+    return namespace, name

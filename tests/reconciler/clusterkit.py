@@ -227,13 +227,13 @@ def object_writes(fake: FakeApiServer) -> list[tuple[str, str]]:
 
 async def settled(running: Running, fake: FakeApiServer, quiet: float = 0.4) -> None:
     """Wait until the reconciler has rendered and the fake saw no write (but the Lease's) for
-    `quiet` seconds."""
+    `quiet` seconds, with no pass of writes under way (a slow first write is no quiet)."""
     await eventually(lambda: running.mode.rendered_once, what="first render")
     count, since = len(object_writes(fake)), time.monotonic()
     deadline = since + 15
     while time.monotonic() - since < quiet:
         await asyncio.sleep(0.05)
-        if len(object_writes(fake)) != count:
+        if len(object_writes(fake)) != count or running.mode.applying:
             count, since = len(object_writes(fake)), time.monotonic()
         assert time.monotonic() < deadline, "writes never stopped"
 

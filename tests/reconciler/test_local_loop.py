@@ -1,9 +1,10 @@
 """The render loop (reconciler.loop) with the real render and ConfigStore.
 
 We test: a burst of updates makes one render of the newest objects, renders are a throttle window
-apart; a Gateway that fails the rules is skipped with its reason logged once, and the rest is
-published; a render that raises publishes nothing and the published configs stay; the findings
-that go away are logged as resolved.
+apart, or as long apart as the last render took when that is longer; a Gateway that fails the
+rules is skipped with its reason logged once, and the rest is published; a render that raises
+publishes nothing and the published configs stay; the findings that go away are logged as
+resolved.
 """
 
 from __future__ import annotations
@@ -125,3 +126,32 @@ def test_a_render_that_raises_publishes_nothing(caplog: pytest.LogCaptureFixture
     assert loop.reconcile() is None
     assert dict(store.configs) == before
     assert "render failed; the published configs stay" in caplog.text
+
+
+def test_after_a_slow_render_the_next_waits_as_long_as_it_took() -> None:
+    """The throttle adapts to the render's cost: a render that took 100 s (on the loop's clock)
+    holds the next one back for as long, not for the 10 ms throttle window."""
+
+    async def main() -> None:
+        render = renderer(RenderSettings())
+        now = [0.0]
+
+        def slow(objects: Sequence[Mapping[str, Any]]) -> Rendered:
+            now[0] += 100.0  # the render took 100 s, as the loop's clock says
+            return render(objects)
+
+        loop = Reconciler(slow, ConfigStore(), throttle=0.01, clock=lambda: now[0])
+        task = asyncio.create_task(loop.run())
+        try:
+            base = example_objects()
+            loop.update(base)
+            async with loop.rendered:
+                await asyncio.wait_for(loop.rendered.wait_for(lambda: loop.renders >= 1), 5)
+            assert loop.cost == 100.0
+            loop.update([*base, gateway("gw-1")])
+            await asyncio.sleep(0.5)  # a 10 ms window would have rendered long ago
+            assert loop.renders == 1
+        finally:
+            task.cancel()
+
+    asyncio.run(asyncio.wait_for(main(), 10))
