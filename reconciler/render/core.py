@@ -52,6 +52,18 @@ def _spec(obj: Object | None) -> Mapping[str, Any]:
     return value if isinstance(value, Mapping) else {}
 
 
+def gateway_parent_refs(route: Object) -> list[Mapping[str, Any]]:
+    """A route's parentRefs that name a Gateway (the group and kind default to them); others
+    are not parents this controller answers for."""
+    return [
+        ref
+        for ref in _spec(route).get("parentRefs") or []
+        if isinstance(ref, Mapping)
+        and (ref.get("group") or GATEWAY_API_GROUP, ref.get("kind") or "Gateway")
+        == (GATEWAY_API_GROUP, "Gateway")
+    ]
+
+
 def _id(obj: Object) -> str:
     return f"{namespace_of(obj)}/{name_of(obj)}"
 
@@ -337,14 +349,7 @@ class _Renderer:
             p for p in problems if p.severity == Severity.ERROR and not under(p.path, "spec.rules")
         ]
         parents: list[RouteParent] = []
-        for ref in _spec(route).get("parentRefs") or []:
-            if not isinstance(ref, Mapping):
-                continue
-            if (ref.get("group") or GATEWAY_API_GROUP, ref.get("kind") or "Gateway") != (
-                GATEWAY_API_GROUP,
-                "Gateway",
-            ):
-                continue  # not a Gateway: not a parent this controller answers for
+        for ref in gateway_parent_refs(route):
             gw_ns, gw_name = str(ref.get("namespace") or route_ns), str(ref.get("name") or "")
             parent_ref = {
                 "group": GATEWAY_API_GROUP,
@@ -698,14 +703,7 @@ def parts(snapshot: Snapshot, classes: Collection[str]) -> list[Part]:
     for route in routes:
         node = ("route", _id(route))  # the two kinds of one name are one node: masking
         find(node)
-        for ref in _spec(route).get("parentRefs") or []:
-            if not isinstance(ref, Mapping):
-                continue
-            if (ref.get("group") or GATEWAY_API_GROUP, ref.get("kind") or "Gateway") != (
-                GATEWAY_API_GROUP,
-                "Gateway",
-            ):
-                continue
+        for ref in gateway_parent_refs(route):
             gw_ns = str(ref.get("namespace") or namespace_of(route))
             union(node, ("gateway", gw_ns, str(ref.get("name") or "")))
     members: dict[Any, tuple[list[Object], list[Object], list[Object]]] = {}

@@ -31,6 +31,7 @@ import pytest
 from reconciler.cds import CDS_LIMITS, HANDLERS_KEY, ConfigStore, cds_app, serve
 from stunner_http.server import LIMITS_KEY, Served, ServerLimits
 from tests.reconciler.test_cds import STEP, eventually, make_config, run
+from tests.support.sockets import closed_by_server
 
 ID = "ns1/gw-a"
 WATCH = f"/api/v1/configs/{ID}?watch=true"
@@ -49,18 +50,6 @@ async def cds(
 
 async def open_raw(served: Served) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     return await asyncio.open_connection("127.0.0.1", served.port)
-
-
-async def closed_by_server(reader: asyncio.StreamReader, within: float) -> bool:
-    """Whether the server closes the connection (EOF or reset) within `within` seconds."""
-    try:
-        while await asyncio.wait_for(reader.read(65536), within):
-            pass
-    except TimeoutError:
-        return False
-    except ConnectionError:
-        pass
-    return True
 
 
 async def upgraded(served: Served, path: str = WATCH) -> tuple[Any, Any]:

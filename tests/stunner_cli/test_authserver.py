@@ -18,6 +18,7 @@ from reconciler.cds import ConfigStore, cds_app, serve
 from stunner_api.dataplane import StunnerConfig, validate_config
 from stunner_cli.authserver import apply_frame, follow, run
 from tests.support.ports import free_port
+from tests.support.sockets import closed_by_server
 
 
 def config(id: str, password: str) -> StunnerConfig:
@@ -126,17 +127,6 @@ def test_a_malformed_cds_frame_is_logged_without_its_credentials(
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 3 and all("not a config" in w for w in warnings), warnings
     assert not any("frame-s3cr3t" in r.getMessage() for r in caplog.records)
-
-
-async def closed_by_server(reader: asyncio.StreamReader, within: float) -> bool:
-    try:
-        while await asyncio.wait_for(reader.read(65536), within):
-            pass
-    except TimeoutError:
-        return False
-    except ConnectionError:
-        pass
-    return True
 
 
 def test_the_auth_server_closes_silent_connections_and_caps_them(
