@@ -36,6 +36,7 @@ from http import HTTPStatus
 from typing import Any
 
 from aiohttp import WSMsgType, web
+from aiohttp.typedefs import Middleware
 
 from stunner_api.cds import (
     CONFIG_PATH,
@@ -49,6 +50,8 @@ from stunner_api.cds import (
 )
 from stunner_api.dataplane import StunnerConfig, zero_config
 from stunner_api.ice import IceError, IceQuery, ice_config, turn_auth
+
+from .cds_access import ALLOWED_KEY, Allowed
 
 log = logging.getLogger("stunner.cds-server")
 auth_log = logging.getLogger("stunner.auth-service")
@@ -65,8 +68,12 @@ class Selector:
 
     namespace: str = ""
     name: str = ""
+    # The caller's access (reconciler.cds_access), asked anew for every config; None: all.
+    allowed: Allowed | None = field(default=None, compare=False)
 
     def matches(self, id: str) -> bool:
+        if self.allowed is not None and not self.allowed(id):
+            return False
         if self.name:
             return id == config_id(self.namespace, self.name)
         return not self.namespace or id.startswith(self.namespace + "/")
@@ -180,7 +187,11 @@ async def json_errors(request: web.Request, handler: Handler) -> web.StreamRespo
 
 
 def _selector(request: web.Request) -> Selector:
-    return Selector(request.match_info.get("namespace", ""), request.match_info.get("name", ""))
+    return Selector(
+        request.match_info.get("namespace", ""),
+        request.match_info.get("name", ""),
+        request.get(ALLOWED_KEY),
+    )
 
 
 class CdsHandlers:
@@ -273,10 +284,12 @@ def cds_app(
     *,
     write_timeout: float = WRITE_TIMEOUT,
     heartbeat: float | None = PING_PERIOD,
+    access: Middleware | None = None,
 ) -> web.Application:
-    """The CDS as an aiohttp application over `store`."""
+    """The CDS as an aiohttp application over `store`; `access`: a middleware that decides
+    who reads what (`reconciler.cds_access.Access.middleware`), None: everyone reads all."""
     handlers = CdsHandlers(store, write_timeout=write_timeout, heartbeat=heartbeat)
-    app = web.Application(middlewares=[json_errors])
+    app = web.Application(middlewares=[json_errors, *([access] if access else [])])
     app[STORE_KEY] = store
     app[HANDLERS_KEY] = handlers
     for path in (CONFIGS_PATH, NAMESPACE_PATH, CONFIG_PATH):

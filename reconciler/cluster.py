@@ -35,16 +35,18 @@ from datetime import UTC, datetime
 from typing import Any
 
 from stunner_api.cds import DEFAULT_PORT as DEFAULT_CDS_PORT
-from stunner_api.vocabulary import OWNED_BY_LABEL
+from stunner_api.vocabulary import CDS_TOKEN_AUDIENCE, DEFAULT_SERVICE_ACCOUNT, OWNED_BY_LABEL
 
 from . import events, kube
 from .apply import Memo, Write, plan_writes
 from .cds import ConfigStore, cds_app, serve
+from .cds_access import Access, Account, AuthMode, ReviewUnavailable, TokenVerifier
 from .loop import THROTTLE, Reconciler
 from .metrics import Metrics, health_app, metrics_app
 from .relevance import References
 from .render import Plan, RenderSettings, render
 from .render.finalize import finalized
+from .render.manifests import service_account_of
 from .store import Object, Snapshot, labels_of
 
 log = logging.getLogger("stunner.reconciler")
@@ -97,6 +99,10 @@ class ClusterSettings:
     enable_finalizer: bool = False
     # False (--disable-endpointslice-controller): EndpointSlices are not watched at all.
     watch_endpoint_slices: bool = True
+    # --cds-auth: "required", every CDS request shows a ServiceAccount token (cds_access);
+    # "off", anyone who reaches the port reads every config (Go's behaviour).
+    cds_auth: AuthMode = AuthMode.REQUIRED
+    cds_readers: frozenset[Account] = frozenset()  # --cds-readers: may read every config
 
 
 @dataclass
@@ -170,6 +176,14 @@ class ClusterMode:
         self._apply_wanted = asyncio.Event()
         self._retry_timer: asyncio.TimerHandle | None = None
         self._loop = asyncio.get_running_loop()
+        self.access: Access | None = None
+        if settings.cds_auth == AuthMode.REQUIRED:
+            self.access = Access(
+                TokenVerifier(self._review_token),
+                readers=settings.cds_readers,
+                account_of=self._account_of,
+                registry=self.metrics.registry,
+            )
         self.metrics.cds_clients.set_function(lambda: len(self.store.watchers))
         self.metrics.leader.set_function(lambda: 1 if self.leading else 0)
         self.metrics.cache_fresh.set_function(lambda: 1 if self.cache.freshness()[0] else 0)
@@ -190,6 +204,21 @@ class ClusterMode:
         if not self.rendered_once:
             return False, "first render pending"
         return True, why
+
+    # --- who reads the configs (cds_access) ---------------------------------------------------
+
+    def _review_token(self, token: str) -> dict[str, Any]:
+        """In a thread: the TokenReview of a CDS caller's token."""
+        try:
+            return self.api.review_token(token, (CDS_TOKEN_AUDIENCE,))
+        except Exception as exc:
+            raise ReviewUnavailable(kube.describe(exc)) from None
+
+    def _account_of(self, id: str) -> str:
+        """The ServiceAccount of the pods the last render gave config `id`."""
+        plan = self.reconciler.last_plan
+        deployment = plan.deployments.get(id) if isinstance(plan, Plan) else None
+        return DEFAULT_SERVICE_ACCOUNT if deployment is None else service_account_of(deployment)
 
     # --- watching and rendering ----------------------------------------------------------------
 
@@ -392,7 +421,11 @@ async def run_cluster(settings: ClusterSettings) -> AsyncIterator[Running]:
     """Watch, render, serve CDS and (as the leader) write, until the block ends."""
     mode = ClusterMode(settings)
     async with (
-        serve(cds_app(mode.store), settings.host, settings.cds_port) as cds,
+        serve(
+            cds_app(mode.store, access=mode.access.middleware if mode.access else None),
+            settings.host,
+            settings.cds_port,
+        ) as cds,
         _maybe_serve(health_app(mode.ready), settings.health_address) as health,
         _maybe_serve(metrics_app(mode.metrics), settings.metrics_address) as metrics,
     ):
