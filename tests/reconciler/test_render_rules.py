@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from reconciler.render import Plan, RenderSettings, render
-from reconciler.store import Snapshot
 from reconciler.render.manifests import service_account_of
+from reconciler.store import Snapshot
 from stunnerd.certificates import self_signed_certificate
 from tests.reconciler import clusterkit as k
 from tests.reconciler.clusterkit import Obj, dataplane, gateway_config, listener
