@@ -16,14 +16,19 @@ import asyncio
 import contextlib
 import json
 import logging
-import os
 import signal
 from pathlib import Path
 
 import aiohttp
 
 from reconciler.cds import ConfigStore, auth_app, serve
-from stunner_api.cds import CONFIGS_PATH, PING_PERIOD, RETRY_PERIOD, WATCH_PARAM
+from stunner_api.cds import (
+    CONFIGS_PATH,
+    PING_PERIOD,
+    RETRY_PERIOD,
+    WATCH_PARAM,
+    token_headers,
+)
 from stunner_api.dataplane import ConfigError, validate_config, zero_config
 from stunner_api.vocabulary import CDS_TOKEN_FILE_ENV
 
@@ -43,18 +48,6 @@ def apply_frame(store: ConfigStore, text: str) -> None:
         store.set(config.admin.name, config)
 
 
-def token_headers(token_file: Path | None) -> dict[str, str]:
-    """`Authorization: Bearer` with the token file's content; {} without one (or unreadable)."""
-    if token_file is None:
-        return {}
-    try:
-        token = token_file.read_text().strip()
-    except (OSError, UnicodeDecodeError) as e:
-        log.warning("cannot read the CDS token file %s (%s)", token_file, type(e).__name__)
-        return {}
-    return {"Authorization": f"Bearer {token}"} if token else {}
-
-
 async def follow(
     store: ConfigStore,
     cds_url: str,
@@ -64,13 +57,12 @@ async def follow(
     """Keep `store` equal to the CDS's configs, reconnecting forever; `token_file`: the CDS
     token (default: STUNNER_CDS_TOKEN_FILE)."""
     url = f"{cds_url.rstrip('/')}{CONFIGS_PATH}?{WATCH_PARAM}=true"
-    if token_file is None and os.environ.get(CDS_TOKEN_FILE_ENV):
-        token_file = Path(os.environ[CDS_TOKEN_FILE_ENV])
+    env = {CDS_TOKEN_FILE_ENV: str(token_file)} if token_file is not None else None
     async with aiohttp.ClientSession() as session:
         while True:
             try:
                 async with session.ws_connect(
-                    url, heartbeat=PING_PERIOD, headers=token_headers(token_file)
+                    url, heartbeat=PING_PERIOD, headers=token_headers(env)
                 ) as ws:
                     log.info("watching %s", url)
                     async for message in ws:
