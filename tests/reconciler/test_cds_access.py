@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,8 +23,9 @@ from typing import Any
 import aiohttp
 import pytest
 
-from reconciler.cds_access import Account, AuthMode
+from reconciler.cds_access import Account, AuthMode, TokenVerifier
 from reconciler.cluster import Running
+from reconciler.kube import Api
 from stunner_api.vocabulary import CDS_TOKEN_AUDIENCE
 from tests.reconciler import clusterkit as k
 from tests.support.fakeapi import API_AUDIENCE, FakeApiServer
@@ -253,3 +255,52 @@ def test_the_fake_api_servers_tokens_are_audience_bound() -> None:
         api = fake.issue_token(k.NS, "default")
         review = fake.review_token({"spec": {"token": api, "audiences": [API_AUDIENCE]}})
         assert review["status"]["user"]["username"] == "system:serviceaccount:stunner:default"
+
+
+def test_a_cached_answer_lives_until_the_tokens_expiry_or_five_minutes() -> None:
+    """The cache's clock is the verifier's own (here a hand-moved one): a verified token is
+    asked again after min(its exp, 5 min), a refused one after 10 s; a revoked token (its pod
+    deleted) is thus refused at the latest 5 min later."""
+
+    async def main() -> None:
+        with FakeApiServer() as fake:
+            api = Api(fake.api_client())
+            now = [1000.0]
+            wall = time.time()
+            verifier = TokenVerifier(
+                lambda t: api.review_token(t, (CDS_TOKEN_AUDIENCE,)),
+                clock=lambda: now[0],
+                wall_clock=lambda: wall + now[0] - 1000.0,
+            )
+            long = fake.issue_token(k.NS, "default", (CDS_TOKEN_AUDIENCE,), seconds=3600)
+            short = fake.issue_token(k.NS, "default", (CDS_TOKEN_AUDIENCE,), seconds=60)
+            bogus = long[:-4] + "AAAA"
+            for t in (long, short, bogus):
+                await verifier.account(t)
+            assert verifier.reviews == 3
+            now[0] += 9
+            for t in (long, short, bogus):
+                await verifier.account(t)
+            assert verifier.reviews == 3  # all three cached
+            now[0] += 2  # 11 s: the refused one is asked again
+            assert await verifier.account(bogus) is None and verifier.reviews == 4
+            now[0] += 50  # 61 s: past the short token's exp
+            assert await verifier.account(long) == Account(k.NS, "default")
+            assert verifier.reviews == 4
+            await verifier.account(short)
+            assert verifier.reviews == 5
+            fake.revoke_token(long)
+            now[0] += 240  # 301 s: the long token's answer is stale
+            assert await verifier.account(long) is None and verifier.reviews == 6
+            api.close()
+
+    asyncio.run(main())
+
+
+def test_local_mode_refuses_cds_auth_required(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from reconciler.__main__ import main
+
+    assert main(["--manifests", str(tmp_path), "--cds-auth=required"]) == 2
+    assert "needs cluster mode" in capsys.readouterr().err
