@@ -19,7 +19,8 @@ TokenReview failing (API server away, RBAC missing) 503. Each refusal is counted
 (`stunner_reconciler_cds_refusals_total{reason}`) and logged at most once per `LOG_PERIOD`
 seconds per reason, with the count of the ones not logged; a token is never logged.
 
-Verifying costs the API server a TokenReview, so answers are cached by the token's SHA-256: an
+Verifying costs the API server a TokenReview, so a token that is not a JWT claiming our audience
+(unexpired) is refused without one, and answers are cached by the token's SHA-256: an
 authenticated one until min(the token's `exp`, `MAX_TTL` seconds), a refused one for
 `NEGATIVE_TTL` seconds, an API failure not at all. Concurrent requests with the same token share
 one review, at most `CONCURRENCY` reviews run at once (a flood of made-up tokens cannot swamp
@@ -104,9 +105,9 @@ def parse_readers(text: str) -> frozenset[Account]:
     return frozenset(readers)
 
 
-def token_expiry(token: str) -> float | None:
-    """The `exp` claim of a JWT (read, not verified: only to bound how long a verified token's
-    answer is cached), None when it has none."""
+def token_claims(token: str) -> dict[str, Any] | None:
+    """The claims of a JWT, read and NOT verified (only the TokenReview says whether they are
+    true); None when the token is not JWT-shaped."""
     parts = token.split(".")
     if len(parts) != 3:
         return None
@@ -114,8 +115,28 @@ def token_expiry(token: str) -> float | None:
         payload = json.loads(base64.urlsafe_b64decode(parts[1] + "=" * (-len(parts[1]) % 4)))
     except (ValueError, binascii.Error):
         return None
-    exp = payload.get("exp") if isinstance(payload, dict) else None
+    return payload if isinstance(payload, dict) else None
+
+
+def token_expiry(token: str) -> float | None:
+    """The `exp` claim of a JWT (unverified: only to bound how long a verified token's answer is
+    cached), None when it has none."""
+    exp = (token_claims(token) or {}).get("exp")
     return float(exp) if isinstance(exp, int | float) and not isinstance(exp, bool) else None
+
+
+def could_be_ours(token: str, audience: str, now: float) -> bool:
+    """Whether a token is worth a TokenReview: a JWT that claims our audience and has not
+    expired. Anything else (garbage, a token for the API server) is refused unasked; a forged
+    JWT that claims all this still costs one review (at most CONCURRENCY at once)."""
+    claims = token_claims(token)
+    if claims is None:
+        return False
+    aud = claims.get("aud")
+    audiences = [aud] if isinstance(aud, str) else aud if isinstance(aud, list) else []
+    exp = claims.get("exp")
+    expired = isinstance(exp, int | float) and not isinstance(exp, bool) and exp <= now
+    return audience in audiences and not expired
 
 
 class TokenVerifier:
@@ -158,6 +179,9 @@ class TokenVerifier:
         pending = self._pending.get(key)
         if pending is not None:
             return await asyncio.shield(pending)
+        if not could_be_ours(token, self.audience, self.wall_clock()):
+            self._remember(key, None, self.negative_ttl)
+            return None
         future: asyncio.Future[Account | None] = asyncio.get_running_loop().create_future()
         self._pending[key] = future
         try:
@@ -179,12 +203,15 @@ class TokenVerifier:
             expiry = token_expiry(token)
             left = self.max_ttl if expiry is None else expiry - self.wall_clock()
             ttl = max(0.0, min(self.max_ttl, left))
+        self._remember(key, account, ttl)
+        future.set_result(account)
+        return account
+
+    def _remember(self, key: bytes, account: Account | None, ttl: float) -> None:
         self._cache[key] = (self.clock() + ttl, account)
         self._cache.move_to_end(key)
         while len(self._cache) > self.max_entries:
             self._cache.popitem(last=False)
-        future.set_result(account)
-        return account
 
     def _judge(self, status: Mapping[str, Any]) -> Account | None:
         if status.get("authenticated") is not True:

@@ -214,6 +214,10 @@ def test_token_reviews_are_cached_and_a_failed_review_is_503(tmp_path: Path) -> 
                 for _ in range(5):
                     assert (await get(cds, "/api/v1/configs/stunner/gw", bogus)).status == 401
                 assert fake.token_reviews - before == 2
+                # Not a JWT, or a JWT for the API server: refused without asking at all.
+                for unasked in ("garbage", fake.issue_token(k.NS, "default")):
+                    assert (await get(cds, "/api/v1/configs/stunner/gw", unasked)).status == 401
+                assert fake.token_reviews - before == 2
                 # The API server refuses the review (RBAC): 503, nothing cached.
                 fake.forbid("authentication.k8s.io", "tokenreviews")
                 fresh = cds_token(fake, k.NS, "default")
@@ -259,8 +263,8 @@ def test_the_fake_api_servers_tokens_are_audience_bound() -> None:
 
 def test_a_cached_answer_lives_until_the_tokens_expiry_or_five_minutes() -> None:
     """The cache's clock is the verifier's own (here a hand-moved one): a verified token is
-    asked again after min(its exp, 5 min), a refused one after 10 s; a revoked token (its pod
-    deleted) is thus refused at the latest 5 min later."""
+    asked again after min(its exp, 5 min), a refused one after 10 s, an expired one not at all;
+    a revoked token (its pod deleted) is thus refused at the latest 5 min later."""
 
     async def main() -> None:
         with FakeApiServer() as fake:
@@ -287,11 +291,11 @@ def test_a_cached_answer_lives_until_the_tokens_expiry_or_five_minutes() -> None
             now[0] += 50  # 61 s: past the short token's exp
             assert await verifier.account(long) == Account(k.NS, "default")
             assert verifier.reviews == 4
-            await verifier.account(short)
-            assert verifier.reviews == 5
+            # Expired by its own claim: refused without asking.
+            assert await verifier.account(short) is None and verifier.reviews == 4
             fake.revoke_token(long)
             now[0] += 240  # 301 s: the long token's answer is stale
-            assert await verifier.account(long) is None and verifier.reviews == 6
+            assert await verifier.account(long) is None and verifier.reviews == 5
             api.close()
 
     asyncio.run(main())
