@@ -27,6 +27,7 @@ WORKDIR /src
 # is not an error.
 COPY pyproject.toml README.md setup.py* ./
 COPY stunner_api/ stunner_api/
+COPY stunner_http/ stunner_http/
 COPY stunnerd/ stunnerd/
 COPY reconciler/ reconciler/
 COPY webhook/ webhook/

@@ -10,7 +10,14 @@
    last watcher has the frame; and, for reference, the same with 200 of stunnerd's `CdsSource`
    clients in that one process, where the 200 config parses queue on one CPU.
 
+3. with `--ping-flood N` (issue 20 #4), instead: the fan-out to `--watchers` honest watchers
+   with no flood, then with N connections (another process) sending masked WebSocket pings as
+   fast as they can, reconnecting whenever the CDS closes them (1008, past the frame budget).
+   Reported: the delivery percentiles of both, the flooding connections closed, and the ERROR
+   lines the CDS logged. Target: the same p99 <= 1 s.
+
     .venv/bin/python bench/cds_bench.py [--edits 100] [--watchers 200] [--updates 50]
+    .venv/bin/python bench/cds_bench.py --ping-flood 8 [--watchers 20] [--updates 50]
 
 Check the load average before you trust a run: the machine is shared.
 """
@@ -21,6 +28,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import shutil
 import statistics
@@ -32,7 +40,7 @@ from pathlib import Path
 
 from websockets.asyncio.client import connect
 
-from reconciler.cds import ConfigStore, cds_app, serve
+from reconciler.cds import HANDLERS_KEY, ConfigStore, cds_app, serve
 from reconciler.demo import EXAMPLE, prepare
 from reconciler.local import LocalSettings, run_local
 from stunner_api.dataplane import StunnerConfig, validate_config
@@ -42,8 +50,8 @@ GATEWAY_ID = "stunner/local-gateway"
 TARGET = 1.0  # seconds
 
 
-def say(text: str = "") -> None:
-    sys.stdout.write(text + "\n")
+def say(text: str = "", end: str = "\n") -> None:
+    sys.stdout.write(text + end)
     sys.stdout.flush()
 
 
@@ -141,11 +149,77 @@ async def watchers_child(address: str, count: int, client: str) -> None:
     await asyncio.gather(*(one() for _ in range(count)))
 
 
-async def fan_out(watchers: int, updates: int, client: str) -> list[float]:
-    """Per update: seconds until the last of `watchers` watchers has it."""
+def masked(opcode: int, payload: bytes) -> bytes:
+    mask = os.urandom(4)
+    body = bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
+    return bytes([0x80 | opcode, 0x80 | len(payload)]) + mask + body
+
+
+async def flood_child(address: str, count: int) -> None:
+    """Child process: `count` connections flooding the watch URL with pings, reconnecting."""
+    host, port = address.removeprefix("http://").rsplit(":", 1)
+    namespace, name = GATEWAY_ID.split("/")
+    path = f"/api/v1/configs/{namespace}/{name}?watch=true"
+    burst = masked(0x9, b"flood") * 4096
+    connections = 0
+
+    async def to_eof(reader: asyncio.StreamReader) -> None:
+        with contextlib.suppress(OSError):
+            await reader.read(-1)  # what the CDS sends (pongs, a close), until it closes
+
+    async def one() -> None:
+        nonlocal connections
+        while True:
+            try:
+                reader, writer = await asyncio.open_connection(host, int(port))
+                writer.write(
+                    (
+                        f"GET {path} HTTP/1.1\r\nHost: {host}\r\nUpgrade: websocket\r\n"
+                        "Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+                        "Sec-WebSocket-Version: 13\r\n\r\n"
+                    ).encode()
+                )
+                await reader.readuntil(b"\r\n\r\n")
+                connections += 1
+                drain = asyncio.create_task(to_eof(reader))
+                while not drain.done():
+                    writer.write(burst)
+                    await writer.drain()
+                writer.close()
+            except (OSError, asyncio.IncompleteReadError):
+                await asyncio.sleep(0.01)
+
+    async def report() -> None:
+        while True:
+            await asyncio.sleep(0.5)
+            sys.stdout.write(f"{connections}\n")
+            sys.stdout.flush()
+
+    await asyncio.gather(report(), *(one() for _ in range(count)))
+
+
+class _Errors(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.count = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.count += 1
+
+
+async def fan_out(
+    watchers: int, updates: int, client: str, flood: int = 0
+) -> tuple[list[float], str]:
+    """Per update: seconds until the last of `watchers` watchers has it; and, with `flood`
+    flooding connections, what the flood did."""
     store = ConfigStore()
     store.set(GATEWAY_ID, config(0))
-    async with serve(cds_app(store)) as served:
+    app = cds_app(store)
+    errors = _Errors()
+    logging.getLogger().addHandler(errors)
+    flooder: asyncio.subprocess.Process | None = None
+    flooded = [0]
+    async with serve(app) as served:
         child = await asyncio.create_subprocess_exec(
             sys.executable,
             os.path.abspath(__file__),
@@ -177,6 +251,23 @@ async def fan_out(watchers: int, updates: int, client: str) -> list[float]:
                     await asyncio.sleep(0.005)
 
             await all_have(0)
+            if flood:
+                flooder = await asyncio.create_subprocess_exec(
+                    sys.executable,
+                    os.path.abspath(__file__),
+                    "--flood-child",
+                    served.address,
+                    str(flood),
+                    stdout=asyncio.subprocess.PIPE,
+                )
+
+                async def count_floods() -> None:
+                    assert flooder is not None and flooder.stdout is not None
+                    async for line in flooder.stdout:
+                        flooded[0] = int(line)
+
+                flood_reader = asyncio.create_task(count_floods())
+                await asyncio.sleep(2.0)  # the flood under way
             samples = []
             for version in range(1, updates + 1):
                 await asyncio.sleep(0.2)
@@ -184,11 +275,22 @@ async def fan_out(watchers: int, updates: int, client: str) -> list[float]:
                 store.set(GATEWAY_ID, config(version))
                 await all_have(version)
                 samples.append(max(received[version]) - start)
-            return samples
+            guard = getattr(app[HANDLERS_KEY], "guard", None)  # None before issue 20
+            closed = "?" if guard is None else guard.flooding
+            what = (
+                f"{flooded[0]} flooding connections made, {closed} closed with 1008, "
+                f"{errors.count} ERROR log lines"
+            )
+            return samples, what
         finally:
+            logging.getLogger().removeHandler(errors)
             reader.cancel()
             child.terminate()
             await child.wait()
+            if flooder is not None:
+                flood_reader.cancel()
+                flooder.terminate()
+                await flooder.wait()
 
 
 def main() -> int:
@@ -196,8 +298,15 @@ def main() -> int:
     parser.add_argument("--edits", type=int, default=100)
     parser.add_argument("--watchers", type=int, default=200)
     parser.add_argument("--updates", type=int, default=50)
+    parser.add_argument("--ping-flood", type=int, default=0, metavar="N")
     parser.add_argument("--watchers-child", nargs=3, metavar=("ADDRESS", "COUNT", "CLIENT"))
+    parser.add_argument("--flood-child", nargs=2, metavar=("ADDRESS", "COUNT"))
     args = parser.parse_args()
+    if args.flood_child:
+        address, count = args.flood_child
+        with contextlib.suppress(KeyboardInterrupt):
+            asyncio.run(flood_child(address, int(count)))
+        return 0
     if args.watchers_child:
         address, count, client = args.watchers_child
         with contextlib.suppress(KeyboardInterrupt):
@@ -208,16 +317,25 @@ def main() -> int:
         return 1
     say(f"command: {' '.join([sys.executable, *sys.argv])}")
     say(f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}, {os.cpu_count()} CPUs")
+    if args.ping_flood:
+        quiet, _ = asyncio.run(fan_out(args.watchers, args.updates, "frame"))
+        say(f"update -> all {args.watchers} watchers, no flood: {percentiles(quiet)}")
+        flooded, what = asyncio.run(fan_out(args.watchers, args.updates, "frame", args.ping_flood))
+        say(f"update -> all {args.watchers} watchers, {args.ping_flood} flooding: ", end="")
+        say(f"{percentiles(flooded)}")
+        say(f"  {what}")
+        say(f"  target p99 <= {TARGET:.0f} s: {verdict(flooded)}")
+        return 0 if verdict(flooded) == "PASS" else 1
     edits = asyncio.run(edit_to_watcher(args.edits))
     say(f"edit -> stunnerd's CDS watch ({args.edits} edits): {percentiles(edits)}")
     say(f"  target p99 <= {TARGET:.0f} s: {verdict(edits)}")
-    fan = asyncio.run(fan_out(args.watchers, args.updates, "frame"))
+    fan, _ = asyncio.run(fan_out(args.watchers, args.updates, "frame"))
     say(
         f"update -> all {args.watchers} watchers' frames ({args.updates} updates), the last: "
         f"{percentiles(fan)}"
     )
     say(f"  target p99 <= {TARGET:.0f} s: {verdict(fan)}")
-    parsed = asyncio.run(fan_out(args.watchers, args.updates, "stunnerd"))
+    parsed, _ = asyncio.run(fan_out(args.watchers, args.updates, "stunnerd"))
     say(
         f"update -> all {args.watchers} stunnerd CdsSource clients in ONE process, parsed "
         f"(their parses serialised on one CPU), the last: {percentiles(parsed)}"

@@ -1,17 +1,23 @@
 """Flood benchmark: a legitimate TURN session while one source floods the server, stunnerd
 side by side with coturn in one run (issue 15 item 12).
 
-For each flood and server: a flooder process sends from one UDP source port on 127.0.0.1,
-bounded in rate and time, either random bytes (`garbage`) or unauthenticated 28-byte Allocate
-requests, each with a new transaction id (`allocate`); meanwhile a client that allocated
-before the flood relays ChannelData through a channel to an echo peer every 20 ms (loss and
-RTT), and a new client tries an allocation every 250 ms, each on its own socket with RFC 8489
+For each flood and server: a flooder process sends from one source IP (127.0.0.2; the whole of
+127/8 is on lo), bounded in rate and time, either random bytes (`garbage`) or unauthenticated
+28-byte Allocate requests, each with a new transaction id, from one source port (`allocate`)
+or from 256 source ports in turn (`allocate-ports`, issue 20 #6: the ip:port error budget
+never catches it); meanwhile a client that allocated before the flood (from 127.0.0.3) relays
+ChannelData through a channel to an echo peer every 20 ms (loss and RTT), and a new client
+tries an allocation every 250 ms, each from its own source IP (127.0.0.10 on) with RFC 8489
 retransmissions for at most 3 s (allocations that succeed / tried). The flooder counts what it
 gets back (reflection: bytes answered per byte sent). stunnerd runs at `-u 1` and at its
 default process count; coturn with its defaults (one relay thread per CPU).
 
-    .venv/bin/python bench/flood_bench.py                      # both floods, 4 s each
+    .venv/bin/python bench/flood_bench.py                      # the three floods, 4 s each
     .venv/bin/python bench/flood_bench.py --rate 160000 --duration 6 --json out.json
+
+With `--uclient`, coturn's own test client also runs during each flood, from 127.0.0.4 (as the
+issue-20 red team did): `turnutils_uclient` relays 100 messages through the server to a
+`turnutils_peer`; the row says whether it got through within UCLIENT_TIMEOUT and its loss.
 
 Needs coturn's `turnserver` (`apt-get install -y coturn`). Loopback only; the flood lasts
 `--duration` seconds at most `--rate` datagrams per second.
@@ -24,10 +30,12 @@ import asyncio
 import json
 import os
 import random
+import re
 import shutil
 import socket
 import statistics
 import struct
+import subprocess
 import sys
 import tempfile
 import time
@@ -45,22 +53,42 @@ from stunnerd.stun import Class, Message, Method  # noqa: E402
 
 USER, PASSWORD = "user", "pass"
 KEY = long_term_key(USER, REALM, PASSWORD)
-FLOODS = ("garbage", "allocate")
+FLOODS = ("garbage", "allocate", "allocate-ports")
+FLOOD_IP = "127.0.0.2"  # the flooder's source IP; the honest clients' are others
+SESSION_IP = "127.0.0.3"
+FLOOD_PORTS = 256  # source ports of `allocate-ports`
 SEND_INTERVAL = 0.02  # the session's ChannelData: 50 packets/s
 ALLOCATION_INTERVAL = 0.25
 ALLOCATION_TIMEOUT = 3.0
 CHANNEL = 0x4000
+UCLIENT_IP = "127.0.0.4"
+UCLIENT_TIMEOUT = 25.0
 
 
 # --- the flooder (a separate process) --------------------------------------------------------
 
 
+def drain(sock: socket.socket) -> tuple[int, int]:
+    """Datagrams and bytes waiting on a non-blocking socket, read."""
+    count = size = 0
+    while True:
+        try:
+            reply = sock.recv(2048)
+        except BlockingIOError:
+            return count, size
+        count += 1
+        size += len(reply)
+
+
 def flood(kind: str, port: int, rate: int, duration: float) -> None:
     """Send `kind` datagrams to 127.0.0.1:port for `duration` s at most `rate`/s; print what
     was sent and received as JSON."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    sock.bind(("127.0.0.1", 0))
-    sock.setblocking(False)
+    socks = []
+    for _ in range(FLOOD_PORTS if kind == "allocate-ports" else 1):
+        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        sock.bind((FLOOD_IP, 0))
+        sock.setblocking(False)
+        socks.append(sock)
     rng = random.Random(15)
     if kind == "garbage":
         pool = [rng.randbytes(rng.randint(20, 200)) for _ in range(4096)]
@@ -71,29 +99,30 @@ def flood(kind: str, port: int, rate: int, duration: float) -> None:
             for _ in range(4096)
         ]
     target = ("127.0.0.1", port)
-    sent = sent_bytes = received = received_bytes = 0
+    sent = sent_bytes = received = received_bytes = rounds = 0
     start = time.monotonic()
     end = start + duration
     burst = max(1, rate // 1000)
     while (now := time.monotonic()) < end:
         for data in pool[sent % 4096 : sent % 4096 + burst]:
             try:
-                sock.sendto(data, target)
+                socks[sent % len(socks)].sendto(data, target)
             except BlockingIOError:
                 continue
             sent += 1
             sent_bytes += len(data)
-        while True:
-            try:
-                reply = sock.recv(2048)
-            except BlockingIOError:
-                break
-            received += 1
-            received_bytes += len(reply)
+        rounds += 1
+        got, got_bytes = drain(socks[rounds % len(socks)])  # one port's replies per round
+        received += got
+        received_bytes += got_bytes
         ahead = start + sent / rate - now
         if ahead > 0:
             time.sleep(ahead)
     seconds = time.monotonic() - start
+    for sock in socks:
+        got, got_bytes = drain(sock)
+        received += got
+        received_bytes += got_bytes
     sys.stdout.write(
         json.dumps(
             {
@@ -169,8 +198,8 @@ async def signed(
         return None
 
 
-async def allocate(port: int, limit: float = ALLOCATION_TIMEOUT) -> Endpoint | None:
-    client = await endpoint(remote_addr=("127.0.0.1", port))
+async def allocate(port: int, ip: str, limit: float = ALLOCATION_TIMEOUT) -> Endpoint | None:
+    client = await endpoint(remote_addr=("127.0.0.1", port), local_addr=(ip, 0))
     answer = await signed(client, Method.ALLOCATE, {"REQUESTED-TRANSPORT": 17}, limit)
     if answer is None or answer.message_class != Class.SUCCESS:
         assert client.transport is not None
@@ -187,7 +216,7 @@ async def session(port: int, duration: float, flood_started: asyncio.Event) -> d
     _, peer = await loop.create_datagram_endpoint(Echo, local_addr=("127.0.0.1", 0))
     assert peer.transport is not None
     peer_address = peer.transport.get_extra_info("sockname")
-    client = await allocate(port, 10.0)
+    client = await allocate(port, SESSION_IP, 10.0)
     if client is None:
         raise RuntimeError("the session's allocation failed before the flood")
     # Permission and channel, then echo everything the peer receives.
@@ -250,7 +279,8 @@ async def session(port: int, duration: float, flood_started: asyncio.Event) -> d
         client.transport.sendto(struct.pack("!HH", CHANNEL, len(payload)) + payload)
         sent += 1
         if now >= next_allocation:
-            attempts.append(loop.create_task(allocate(port)))
+            ip = f"127.0.0.{10 + len(attempts) % 240}"  # a new source IP each time
+            attempts.append(loop.create_task(allocate(port, ip)))
             requests.append(loop.create_task(request(len(requests))))
             next_allocation += ALLOCATION_INTERVAL
         await asyncio.sleep(SEND_INTERVAL)
@@ -281,25 +311,76 @@ async def session(port: int, duration: float, flood_started: asyncio.Event) -> d
 # --- one run ---------------------------------------------------------------------------------
 
 
-def run(server: Server, label: str, kind: str, rate: int, duration: float) -> dict[str, Any]:
+async def uclient(server_port: int, peer_port: int) -> dict[str, Any]:
+    """coturn's turnutils_uclient through the server to turnutils_peer: whether it got through
+    within UCLIENT_TIMEOUT, and its loss (100 messages, 20 ms apart)."""
+    began = time.monotonic()
+    process = await asyncio.create_subprocess_exec(
+        "turnutils_uclient", "-u", USER, "-w", PASSWORD, "-p", str(server_port),
+        "-e", "127.0.0.1", "-r", str(peer_port), "-n", "100", "-m", "1", "-L", UCLIENT_IP,
+        "127.0.0.1",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        out, _ = await asyncio.wait_for(process.communicate(), UCLIENT_TIMEOUT)
+    except TimeoutError:
+        process.kill()
+        out, _ = await process.communicate()
+    text = out.decode(errors="replace")
+    match = re.search(r"Total lost packets \d+ \(([\d.]+)%\)", text)
+    return {
+        "uclient_ran": match is not None,
+        "uclient_loss_pct": float(match.group(1)) if match else None,
+        "uclient_s": time.monotonic() - began,
+    }
+
+
+def run(
+    server: Server,
+    label: str,
+    kind: str,
+    rate: int,
+    duration: float,
+    flooders: int = 1,
+    uclient_peer: int | None = None,
+) -> dict[str, Any]:
     async def main() -> dict[str, Any]:
         started = asyncio.Event()
         measuring = asyncio.get_running_loop().create_task(session(server.port, duration, started))
         await asyncio.sleep(1.0)  # the session is set up before the flood
         cpu0 = cpu_seconds(server.pid)
-        flooder = await asyncio.create_subprocess_exec(
-            sys.executable, __file__, "--flood-worker", kind, "--port", str(server.port),
-            "--rate", str(rate), "--duration", str(duration),
-            stdout=asyncio.subprocess.PIPE,
-        )  # fmt: skip
+        processes = [
+            await asyncio.create_subprocess_exec(
+                sys.executable,
+                __file__,
+                "--flood-worker",
+                kind,
+                "--port",
+                str(server.port),
+                "--rate",
+                str(rate // flooders),
+                "--duration",
+                str(duration),
+                stdout=asyncio.subprocess.PIPE,
+            )  # fmt: skip
+            for _ in range(flooders)
+        ]
         started.set()
-        out, _ = await flooder.communicate()
+        coturn_client = None
+        if uclient_peer is not None:
+            coturn_client = asyncio.get_running_loop().create_task(
+                uclient(server.port, uclient_peer)
+            )
+        outs = [(await process.communicate())[0] for process in processes]
         result = await measuring
-        flood_stats = json.loads(out)
+        if coturn_client is not None:
+            result.update(await coturn_client)
+        stats = [json.loads(out) for out in outs]
+        sent_bytes = sum(s["sent_bytes"] for s in stats)
         result.update(
             server=label, flood=kind, cpu_s=cpu_seconds(server.pid) - cpu0,
-            flood_pps=flood_stats["sent"] / flood_stats["seconds"],
-            reflection=flood_stats["received_bytes"] / max(1, flood_stats["sent_bytes"]),
+            flood_pps=sum(s["sent"] / s["seconds"] for s in stats),
+            reflection=sum(s["received_bytes"] for s in stats) / max(1, sent_bytes),
             load1=os.getloadavg()[0],
         )  # fmt: skip
         return result
@@ -315,24 +396,32 @@ def table(rows: list[dict[str, Any]]) -> str:
     lines = [
         "| flood | server | flood pps | session loss % | RTT median ms | RTT p95 ms "
         "| allocations ok/tried | session requests ok/tried | request p95 ms "
-        "| reflection B/B | server CPU s | load1 |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| reflection B/B | server CPU s | load1 | uclient loss % |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
+        if "uclient_ran" not in r:
+            coturn_client = "-"
+        elif r["uclient_ran"]:
+            coturn_client = f"{r['uclient_loss_pct']:.1f} ({r['uclient_s']:.0f} s)"
+        else:
+            coturn_client = f"never got through ({r['uclient_s']:.0f} s)"
         lines.append(
             f"| {r['flood']} | {r['server']} | {r['flood_pps']:.0f} | {fmt(r['loss_pct'], '.1f')} "
             f"| {fmt(r['rtt_median_ms'], '.2f')} | {fmt(r['rtt_p95_ms'], '.2f')} "
             f"| {r['allocations_ok']}/{r['allocations_tried']} "
             f"| {r['requests_ok']}/{r['requests_tried']} | {fmt(r['request_p95_ms'], '.1f')} "
             f"| {r['reflection']:.3f} "
-            f"| {r['cpu_s']:.2f} | {r['load1']:.2f} |"
+            f"| {r['cpu_s']:.2f} | {r['load1']:.2f} | {coturn_client} |"
         )
     return "\n".join(lines)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--floods", default=",".join(FLOODS), help="garbage,allocate")
+    parser.add_argument(
+        "--floods", default=",".join(FLOODS), help="garbage,allocate,allocate-ports"
+    )
     parser.add_argument(
         "--servers",
         default="stunnerd,stunnerd-py,stunnerd-py-u1,coturn",
@@ -341,6 +430,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--rate", type=int, default=160000, help="flood datagrams/s at most")
     parser.add_argument("--duration", type=float, default=4.0, help="seconds of flood per run")
+    parser.add_argument(
+        "--flooders",
+        type=int,
+        default=1,
+        help="flooder processes sharing --rate, all from the one source IP (a busy machine "
+        "may not give one process the CPU for the rate)",
+    )
+    parser.add_argument(
+        "--uclient",
+        action="store_true",
+        help="also run coturn's turnutils_uclient (to a turnutils_peer) during each flood",
+    )
     parser.add_argument("--json", type=Path, help="write the rows here too")
     parser.add_argument("--flood-worker", choices=FLOODS, help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
@@ -357,6 +458,16 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write("turnserver not found: apt-get install -y coturn (or --servers)\n")
         return 2
     rows: list[dict[str, Any]] = []
+    peer_port = peer = None
+    if args.uclient:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.bind(("127.0.0.1", 0))
+            peer_port = probe.getsockname()[1]
+        peer = subprocess.Popen(
+            ["turnutils_peer", "-L", "127.0.0.1", "-p", str(peer_port)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
     with tempfile.TemporaryDirectory(prefix="flood-bench-") as tmp:
         for kind in args.floods.split(","):
             for label in servers:
@@ -365,10 +476,23 @@ def main(argv: list[str] | None = None) -> int:
                 server = Server(name, Path(tmp), udp_threads, abuse_limits=True)
                 server.start()
                 try:
-                    rows.append(run(server, label, kind, args.rate, args.duration))
+                    rows.append(
+                        run(
+                            server,
+                            label,
+                            kind,
+                            args.rate,
+                            args.duration,
+                            args.flooders,
+                            peer_port,
+                        )  # fmt: skip
+                    )
                 finally:
                     server.stop()
                 sys.stderr.write(table(rows[-1:]).splitlines()[-1] + "\n")
+    if peer is not None:
+        peer.terminate()
+        peer.wait()
     print(f"load average at the end: {os.getloadavg()}, {os.cpu_count()} CPUs")  # noqa: T201
     print(table(rows))  # noqa: T201
     if args.json:

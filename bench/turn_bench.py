@@ -258,7 +258,7 @@ class Server:
             argv = [stunnerd or "stunnerd", "-c", str(path)]
             if not self.abuse_limits:
                 argv += ["--allocation-rate=1000000", "--error-rate=1000000",
-                         "--error-rate-total=0"]  # fmt: skip
+                         "--error-rate-total=0", "--unauthenticated-rate=0"]  # fmt: skip
             if self.udp_threads is not None:
                 argv.append(f"--udp-thread-num={self.udp_threads}")
         else:

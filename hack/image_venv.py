@@ -22,7 +22,8 @@ from pathlib import Path
 DISTRIBUTION = "stunner"
 # The dataplane image runs stunnerd alone: its command and the packages it imports.
 DATAPLANE_SCRIPTS = frozenset({"stunnerd"})
-DATAPLANE_PACKAGES = frozenset({"stunnerd", "stunner_api"})
+# stunner_http: the connection discipline of stunnerd's admin server (health check, metrics).
+DATAPLANE_PACKAGES = frozenset({"stunnerd", "stunner_api", "stunner_http"})
 # The webhook's gunicorn configuration, which the chart names by its path in the venv.
 WEBHOOK_GUNICORN_CONF = ("webhook", "gunicorn.conf.py")
 

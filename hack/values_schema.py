@@ -29,6 +29,7 @@ PULL_POLICY = {"type": "string", "enum": ["Always", "IfNotPresent", "Never"]}
 K8S_OBJECT = {"type": "object"}
 DNS_SUBDOMAIN = "^[a-z0-9]([-.a-z0-9]*[a-z0-9])?$"
 NAMESPACED_NAME = "^[a-z0-9][-a-z0-9]*/[a-z0-9][-.a-z0-9]*$"
+CIDR_LIST = r"^ *([0-9a-fA-F.:]+(/[0-9]+)? *(, *[0-9a-fA-F.:]+(/[0-9]+)? *)*)?$"
 
 # Kubernetes-typed maps whose keys are not ours to list.
 FREE_FORM = {
@@ -66,6 +67,9 @@ CONSTRAINTS: dict[str, dict[str, Any]] = {
     "webhook.gatewayAPIFailurePolicy": FAILURE_POLICY,
     "webhook.timeoutSeconds": {"type": "integer", "minimum": 1, "maximum": 30},
     "webhook.nodePortRange": {"type": "string", "pattern": "^[0-9]+-[0-9]+$"},
+    # Comma-separated CIDRs (IPv4 or IPv6); the webhook checks each at start.
+    "webhook.podCIDRs": {"type": "string", "pattern": CIDR_LIST},
+    "webhook.serviceCIDRs": {"type": "string", "pattern": CIDR_LIST},
     "webhook.certificate.validityDays": {"type": "integer", "minimum": 1},
     "dataplane.spec.replicas": {"type": "integer", "minimum": 0},
     "dataplane.spec.terminationGracePeriodSeconds": {"type": "integer", "minimum": 0},

@@ -252,6 +252,13 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
         "--leader-election-id", default=None, help="name of the Lease (92062b70.l7mp.io)"
     )
     group.add_argument(
+        "--leader-election-owner",
+        default="",
+        metavar="DEPLOYMENT",
+        help="the Deployment, in the Lease's namespace, that owns the Lease: deleting it "
+        "deletes the Lease (the chart names the reconciler's own; default: none)",
+    )
+    group.add_argument(
         "--metrics-bind-address",
         type=_bind_address,
         default=":8080",
@@ -299,6 +306,7 @@ def cluster_settings(args: argparse.Namespace) -> ClusterSettings:
         render_settings=render_settings,
         leader_elect=args.leader_elect,
         lease_namespace=args.leader_election_namespace,
+        lease_owner=args.leader_election_owner,
         enable_finalizer=args.enable_finalizer,
         watch_endpoint_slices=not args.disable_endpointslice_controller,
         cds_auth=AuthMode(args.cds_auth or AuthMode.REQUIRED),
@@ -315,9 +323,9 @@ def _stop_on_signals() -> asyncio.Event:
     return stop
 
 
-async def serve_cluster(settings: ClusterSettings) -> None:
-    """Run cluster mode until SIGINT or SIGTERM; then release the Lease and stop writing, and
-    keep the CDS serving until the process ends."""
+async def serve_cluster(settings: ClusterSettings) -> int:
+    """Run cluster mode until SIGINT or SIGTERM, or until a core task ends (exit code 1); then
+    release the Lease and stop writing, and keep the CDS serving until the process ends."""
     from .cluster import run_cluster
 
     stop = _stop_on_signals()
@@ -328,13 +336,14 @@ async def serve_cluster(settings: ClusterSettings) -> None:
             running.health_address,
             running.metrics_address,
         )
-        await stop.wait()
+        code = await running.mode.supervisor.until(stop)
         log.info("stopping: releasing the Lease, no more writes")
         await running.mode.shutdown()
+    return code
 
 
-async def serve_local(settings: LocalSettings) -> None:
-    """Run local mode until SIGINT or SIGTERM."""
+async def serve_local(settings: LocalSettings) -> int:
+    """Run local mode until SIGINT or SIGTERM (exit code 0), or until a core task ends (1)."""
     stop = _stop_on_signals()
     async with run_local(settings) as local:
         log.info(
@@ -343,8 +352,9 @@ async def serve_local(settings: LocalSettings) -> None:
             local.cds_address,
             local.auth_address,
         )
-        await stop.wait()
+        code = await local.supervisor.until(stop)
         log.info("stopping")
+    return code
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -366,7 +376,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"stunner-reconciler: {problem}", file=sys.stderr)
             return 2
         try:
-            asyncio.run(serve_cluster(cluster_settings(args)))
+            return asyncio.run(serve_cluster(cluster_settings(args)))
         except ClusterUnavailable as exc:
             print(
                 f"stunner-reconciler: cluster mode: {str(exc).rstrip('.')}; "
@@ -377,7 +387,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         except OSError as exc:
             print(f"stunner-reconciler: {exc}", file=sys.stderr)
             return 1
-        return 0
     if args.cds_auth == AuthMode.REQUIRED:
         print(
             "stunner-reconciler: --cds-auth=required needs cluster mode (the tokens are checked "
@@ -403,11 +412,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         dataplane_args=dataplane_args,
     )
     try:
-        asyncio.run(serve_local(settings))
+        return asyncio.run(serve_local(settings))
     except (ManifestError, OSError) as exc:
         print(f"stunner-reconciler: {exc}", file=sys.stderr)
         return 1
-    return 0
 
 
 if __name__ == "__main__":

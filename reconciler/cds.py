@@ -9,8 +9,14 @@ stunnerd drains) and forgotten.
 GET `/api/v1/configs[/{namespace}[/{name}]]`, and the same with `?watch=true` over WebSocket
 (text frames, one full config each: the current ones on connect, then every change). An unknown
 id is a 404 `{code, message}` (a watch on it is accepted and waits: stunnerd may start before
-its Gateway renders). The server pings every watcher and drops one that does not answer. The
-`node` parameter (Go's premium relay-address discovery) is accepted and ignored.
+its Gateway renders). The server pings every watcher and drops one that does not answer. A
+watcher sends nothing but its keepalive: one past WATCH_BUDGET frames is closed with 1008, an
+unmasked frame with 1002 (stunner_http.websocket). The `node` parameter (Go's premium
+relay-address discovery) is accepted and ignored.
+
+`serve` runs an app with the connection discipline of every server of ours
+(stunner_http.server): a request deadline, a cap on connections (CDS_LIMITS, AUTH_LIMITS, an
+admin endpoint's otherwise), accept errors logged at a bounded rate.
 
 Every watcher has its own bounded queue: at most one pending config per id, a newer one replacing
 an older one that was not sent yet (latest config wins). Publishing never waits for a watcher; a
@@ -27,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import time
@@ -50,6 +57,9 @@ from stunner_api.cds import (
 )
 from stunner_api.dataplane import StunnerConfig, zero_config
 from stunner_api.ice import IceError, IceQuery, ice_config, turn_auth
+from stunner_http.server import LIMITS_KEY, NAME_KEY, RateLimitedLog, Served, ServerLimits
+from stunner_http.server import serve as serve_http
+from stunner_http.websocket import FrameBudget, WebSocketGuard
 
 from .cds_access import ALLOWED_KEY, Allowed
 
@@ -59,7 +69,16 @@ auth_log = logging.getLogger("stunner.auth-service")
 # One frame is one config (a few kB; TLS certificates make it larger): wait for the socket to
 # drain once this much is buffered, so a watcher that does not read blocks only its own sender.
 WRITER_LIMIT = 64 * 1024
-SHUTDOWN_TIMEOUT = 1.0
+# A watch client sends nothing but its keepalive: a pong per ping of ours and a ping of its own,
+# each every PING_PERIOD (0.4 frames a second). Allowed: 16 at once, then 4 a second (or 4 per
+# heartbeat where it is shorter), ten times that; a ping flood runs at thousands a second.
+WATCH_BUDGET = FrameBudget(burst=16, rate=4.0)
+MAX_CLIENT_MESSAGE = 4096  # a close frame's reason is at most 123 bytes
+# Connections per server (stunner_http.server): every stunnerd replica holds one CDS watch
+# (1,000 Gateways with a few replicas each fit), and the auth service answers an application
+# server's short requests.
+CDS_LIMITS = ServerLimits(max_connections=8192)
+AUTH_LIMITS = ServerLimits(max_connections=1024)
 
 
 @dataclass(frozen=True)
@@ -204,6 +223,8 @@ class CdsHandlers:
         self.write_timeout = write_timeout
         self.heartbeat = heartbeat
         self.sockets: set[web.WebSocketResponse] = set()
+        rate = max(WATCH_BUDGET.rate, 4 / heartbeat) if heartbeat else WATCH_BUDGET.rate
+        self.guard = WebSocketGuard(dataclasses.replace(WATCH_BUDGET, rate=rate))
 
     async def get(self, request: web.Request) -> web.StreamResponse:
         selector = _selector(request)
@@ -221,8 +242,11 @@ class CdsHandlers:
         return web.Response(text=body, content_type="application/json")
 
     async def watch(self, request: web.Request, selector: Selector) -> web.WebSocketResponse:
-        ws = web.WebSocketResponse(
-            heartbeat=self.heartbeat, writer_limit=WRITER_LIMIT, compress=False
+        ws = self.guard.response(
+            heartbeat=self.heartbeat,
+            writer_limit=WRITER_LIMIT,
+            compress=False,
+            max_msg_size=MAX_CLIENT_MESSAGE,
         )
         await ws.prepare(request)
         watcher = Watcher(selector, peer=request.remote or "?")
@@ -231,19 +255,24 @@ class CdsHandlers:
             watcher.offer(id, text)
         self.store.watchers.add(watcher)
         self.sockets.add(ws)
-        log.info("watcher %s connected for %s", watcher.peer, selector)
+        # Anyone may connect: one DEBUG line each (issue 20); `store.watchers` counts them.
+        log.debug("watcher %s connected for %s", watcher.peer, selector)
         sender = asyncio.create_task(self._send(ws, watcher, request))
         try:
-            async for message in ws:  # control frames are handled inside; clients send no data
+            # Control frames are handled inside; a client sending more (the guard's budget) or
+            # an unmasked frame is closed there.
+            async for message in ws:
                 if message.type == WSMsgType.ERROR:
                     break
+        except ConnectionError:
+            pass  # the client went away: not an error
         finally:
             self.store.watchers.discard(watcher)
             self.sockets.discard(ws)
             sender.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await sender
-            log.info("watcher %s for %s disconnected", watcher.peer, selector)
+            log.debug("watcher %s for %s disconnected", watcher.peer, selector)
         return ws
 
     async def _send(
@@ -253,7 +282,8 @@ class CdsHandlers:
             for text in await watcher.take():
                 try:
                     await asyncio.wait_for(ws.send_str(text), self.write_timeout)
-                except (TimeoutError, ConnectionError) as exc:
+                except (TimeoutError, ConnectionError, RuntimeError) as exc:
+                    # RuntimeError: aiohttp's "cannot write to closing transport"
                     self.store.watchers.discard(watcher)
                     self.store.dropped_watchers += 1
                     log.warning(
@@ -289,9 +319,14 @@ def cds_app(
     """The CDS as an aiohttp application over `store`; `access`: a middleware that decides
     who reads what (`reconciler.cds_access.Access.middleware`), None: everyone reads all."""
     handlers = CdsHandlers(store, write_timeout=write_timeout, heartbeat=heartbeat)
-    app = web.Application(middlewares=[json_errors, *([access] if access else [])])
+    app = web.Application(
+        middlewares=[json_errors, *([access] if access else [])],
+        client_max_size=MAX_CLIENT_MESSAGE,
+    )
     app[STORE_KEY] = store
     app[HANDLERS_KEY] = handlers
+    app[LIMITS_KEY] = CDS_LIMITS
+    app[NAME_KEY] = "CDS"
     for path in (CONFIGS_PATH, NAMESPACE_PATH, CONFIG_PATH):
         app.router.add_get(path, handlers.get, allow_head=False)
 
@@ -312,51 +347,44 @@ def auth_app(
     `public_address`: the address put in the URIs unless the request names one (Go's
     STUNNER_PUBLIC_ADDR)."""
 
+    # Anyone may send a bad query: a WARNING line per 10 s at most, with a count.
+    bad_queries = RateLimitedLog(auth_log, AUTH_LIMITS.log_period)
+
     def answer(build: Builder) -> Handler:
         async def handler(request: web.Request) -> web.StreamResponse:
             try:
                 query = IceQuery.from_params(request.query)
                 body = build(store.configs, query, int(clock()), public_address)
             except IceError as exc:
-                auth_log.warning("%s %s: %s", request.method, request.path, exc.message)
+                bad_queries.event(
+                    logging.WARNING,
+                    "%s %s: %d %s",
+                    request.method,
+                    request.path[:64],
+                    int(exc.status),
+                    exc.message,
+                )
                 return _json_error(exc.status, exc.message)
             auth_log.debug("%s %s: answered", request.method, request.path)
             return web.Response(text=json.dumps(body), content_type="application/json")
 
         return handler
 
-    app = web.Application(middlewares=[json_errors])
+    app = web.Application(middlewares=[json_errors], client_max_size=MAX_CLIENT_MESSAGE)
     app[STORE_KEY] = store
+    app[LIMITS_KEY] = AUTH_LIMITS
+    app[NAME_KEY] = "auth service"
     app.router.add_get("/", answer(turn_auth), allow_head=False)
     app.router.add_get("/ice", answer(ice_config), allow_head=False)
     return app
-
-
-@dataclass
-class Served:
-    """A running aiohttp application: its base URL."""
-
-    host: str
-    port: int
-
-    @property
-    def address(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}"
 
 
 @contextlib.asynccontextmanager
 async def serve(
     app: web.Application, host: str = "127.0.0.1", port: int = 0
 ) -> AsyncIterator[Served]:
-    """Serve `app` on host:port (0: any free port) until the block ends; open WebSockets are
-    closed on exit."""
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT)
-    await runner.setup()
-    try:
-        site = web.TCPSite(runner, host, port)
-        await site.start()
-        bound = runner.addresses[0]
-        yield Served(host, int(bound[1]))
-    finally:
-        await runner.cleanup()
+    """Serve `app` on host:port (0: any free port) until the block ends, with the connection
+    discipline of `stunner_http.server` and the app's limits (CDS_LIMITS, AUTH_LIMITS, else
+    an admin endpoint's); open WebSockets are closed on exit."""
+    async with serve_http(app, host, port) as served:
+        yield served

@@ -48,6 +48,7 @@ from prometheus_client import CollectorRegistry, Counter
 
 from stunner_api.cds import InvalidId, config_id, split_id
 from stunner_api.vocabulary import CDS_AUTH_HEADERS, CDS_TOKEN_AUDIENCE
+from stunner_http.server import RateLimitedLog
 
 log = logging.getLogger("stunner.cds-server")
 
@@ -225,7 +226,8 @@ class TokenVerifier:
 
 
 class RefusalLog:
-    """Refusals counted, and logged at most once per `period` seconds per reason."""
+    """Refusals counted, and logged at most once per `period` seconds per reason (the shared
+    stunner_http.server.RateLimitedLog, one per reason)."""
 
     def __init__(
         self,
@@ -241,20 +243,13 @@ class RefusalLog:
         )
         self.period = period
         self.clock = clock
-        self._last: dict[str, float] = {}
-        self._quiet: dict[str, int] = {}
+        self._logs: dict[str, RateLimitedLog] = {}
 
     def refused(self, reason: str, message: str) -> None:
         self.counter.labels(reason).inc()
-        now = self.clock()
-        last = self._last.get(reason)
-        if last is not None and now - last < self.period:
-            self._quiet[reason] = self._quiet.get(reason, 0) + 1
-            return
-        self._last[reason] = now
-        quiet = self._quiet.pop(reason, 0)
-        more = f" ({quiet} more {reason} refusals not logged)" if quiet else ""
-        log.warning("CDS request refused (%s): %s%s", reason, message, more)
+        if reason not in self._logs:
+            self._logs[reason] = RateLimitedLog(log, self.period, self.clock)
+        self._logs[reason].event(logging.WARNING, "CDS request refused (%s): %s", reason, message)
 
 
 def bearer_token(headers: Mapping[str, str]) -> str | None:

@@ -20,6 +20,11 @@ away, the informers relist, the changes found trigger one render, and its writes
 
 SIGTERM (`ClusterMode.shutdown`): the Lease is released and writing stops; the CDS keeps
 serving until the process ends, so stunnerd sees no gap it does not have to.
+
+The render, apply and leader-election loops and the informers' watch threads are core tasks of
+one `Supervisor` (`reconciler.supervise`): one that ends unexpectedly is logged, the Lease is
+released (without `--enable-finalizer`'s deletions: the restarted process takes over where this
+one stopped) and the command exits 1, for the kubelet to restart it.
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ from stunner_api.vocabulary import CDS_TOKEN_AUDIENCE, DEFAULT_SERVICE_ACCOUNT, 
 
 from . import events, kube
 from .apply import Memo, Write, plan_writes
-from .cds import ConfigStore, cds_app, serve
+from .cds import HANDLERS_KEY, ConfigStore, cds_app, serve
 from .cds_access import Access, Account, AuthMode, ReviewUnavailable, TokenVerifier
 from .loop import THROTTLE, Reconciler
 from .metrics import Metrics, health_app, metrics_app
@@ -48,6 +53,7 @@ from .render import Plan, RenderSettings, render
 from .render.finalize import finalized
 from .render.manifests import service_account_of
 from .store import Object, Snapshot, labels_of
+from .supervise import Supervisor
 
 log = logging.getLogger("stunner.reconciler")
 
@@ -82,6 +88,8 @@ class ClusterSettings:
     leader_elect: bool = False
     lease_namespace: str = "stunner-system"
     lease_name: str = kube.LEADER_ELECTION_ID
+    # The Deployment (in lease_namespace) that owns the Lease: deleted with it (empty: none).
+    lease_owner: str = ""
     identity: str | None = None
     lease_duration: float = kube.LEASE_DURATION
     renew_deadline: float = kube.RENEW_DEADLINE
@@ -129,6 +137,7 @@ class ClusterMode:
             self.api = kube.Api(kube.load_client(settings.kubeconfig))
         except kube.ConfigUnavailable as exc:
             raise ClusterUnavailable(str(exc)) from exc
+        self.supervisor = Supervisor()
         self.writer = kube.Writer(self.api, self.cache)
         self.reconciler = Reconciler(self._render, self.store, throttle=settings.throttle)
         self.references = References(settings.render_settings.controller_name)
@@ -143,6 +152,7 @@ class ClusterMode:
                 lease_duration=settings.lease_duration,
                 renew_deadline=settings.renew_deadline,
                 retry_period=settings.retry_period,
+                owner=settings.lease_owner,
             )
         controller = settings.render_settings.controller_name
         instance = self.elector.identity if self.elector is not None else kube.default_identity()
@@ -163,6 +173,7 @@ class ClusterMode:
                 backoff_max=settings.watch_backoff_max,
                 on_restart=self._watch_restarted,
                 not_served_retry=settings.not_served_retry,
+                on_exit=self.supervisor.thread_ended,
             )
             for watched in self.cache.watched
         ]
@@ -371,8 +382,12 @@ class ClusterMode:
 
     async def shutdown(self) -> None:
         """Stop writing and release the Lease (SIGTERM); watches and CDS go on meanwhile. With
-        `enable_finalizer` the leader first leaves the finalized plan behind."""
-        finalize = self.settings.enable_finalizer and self.leading
+        `enable_finalizer` the leader first leaves the finalized plan behind, unless a core task
+        ended (the process is to be restarted, not uninstalled)."""
+        finalize = (
+            self.settings.enable_finalizer and self.leading and not self.supervisor.failed.is_set()
+        )
+        self.supervisor.wind_down()  # the elector's loop and the watches end from here on
         self.writing = False
         plan = self.reconciler.last_plan
         if finalize and isinstance(plan, Plan):
@@ -420,32 +435,27 @@ async def _maybe_serve(app: Any, address: tuple[str, int] | None) -> AsyncIterat
 async def run_cluster(settings: ClusterSettings) -> AsyncIterator[Running]:
     """Watch, render, serve CDS and (as the leader) write, until the block ends."""
     mode = ClusterMode(settings)
+    cds_application = cds_app(mode.store, access=mode.access.middleware if mode.access else None)
     async with (
-        serve(
-            cds_app(mode.store, access=mode.access.middleware if mode.access else None),
-            settings.host,
-            settings.cds_port,
-        ) as cds,
+        serve(cds_application, settings.host, settings.cds_port) as cds,
         _maybe_serve(health_app(mode.ready), settings.health_address) as health,
         _maybe_serve(metrics_app(mode.metrics), settings.metrics_address) as metrics,
     ):
         log.info("cluster mode: config discovery service on %s", cds.address)
+        mode.metrics.track_server("cds", cds.stats, cds_application[HANDLERS_KEY].guard)
         mode.start_watching()
-        tasks = [
-            asyncio.create_task(mode.reconciler.run()),
-            asyncio.create_task(mode._first_render()),
-            asyncio.create_task(mode._apply_loop()),
-            asyncio.create_task(mode._freeze_cache()),
-        ]
+        supervisor = mode.supervisor
+        supervisor.spawn("render loop", mode.reconciler.run())
+        supervisor.spawn("first render", mode._first_render(), oneshot=True)
+        supervisor.spawn("apply loop", mode._apply_loop())
+        supervisor.spawn("cache freezer", mode._freeze_cache())
         if mode.elector is not None:
-            tasks.append(asyncio.create_task(mode.elector.run()))
-            tasks.append(asyncio.create_task(mode._follow_leadership()))
+            supervisor.spawn("leader election", mode.elector.run())
+            supervisor.spawn("leadership follower", mode._follow_leadership())
         try:
             yield Running(mode, cds.address, health, metrics)
         finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await supervisor.stop()
             mode.writing = False
             mode.stop_watching()
             await asyncio.to_thread(_join_all, mode.informers)

@@ -501,8 +501,10 @@ class Informer:
         backoff_max: float = BACKOFF_MAX,
         on_restart: Callable[[str, str], None] = lambda kind, reason: None,
         not_served_retry: float = NOT_SERVED_RETRY,
+        on_exit: Callable[[str, BaseException | None], None] = lambda name, exc: None,
     ) -> None:
         self.not_served_retry = not_served_retry
+        self.on_exit = on_exit  # the thread ends other than by stop(): (its name, exception)
         self.api = api
         self.cache = cache
         self.watched = watched
@@ -512,7 +514,9 @@ class Informer:
         self.on_restart = on_restart
         self._stop = threading.Event()
         self._watcher: Any = None
-        self._thread = threading.Thread(target=self._run, name=f"watch-{watched.name}", daemon=True)
+        self._thread = threading.Thread(
+            target=self._main, name=f"watch-{watched.name}", daemon=True
+        )
         self.version = ""
 
     def start(self) -> None:
@@ -539,6 +543,15 @@ class Informer:
                 error = exc
         assert error is not None
         raise error
+
+    def _main(self) -> None:
+        try:
+            self._run()
+        except BaseException as exc:
+            self.on_exit(self._thread.name, exc)
+            raise
+        if not self._stop.is_set():
+            self.on_exit(self._thread.name, None)
 
     def _run(self) -> None:
         backoff = self.backoff_initial
@@ -702,6 +715,7 @@ class LeaseElector:
         lease_duration: float = LEASE_DURATION,
         renew_deadline: float = RENEW_DEADLINE,
         retry_period: float = RETRY_PERIOD,
+        owner: str = "",
     ) -> None:
         if not retry_period < renew_deadline < lease_duration:
             raise ValueError("leader election needs retry period < renew deadline < lease duration")
@@ -718,6 +732,13 @@ class LeaseElector:
         self._observed_at = 0.0
         self._last_renewal = 0.0
         self._stopped = False
+        # The Deployment (in the Lease's namespace) the Lease is owned by, so that deleting it
+        # (`helm uninstall`) deletes the Lease: the replica cannot release it then, its
+        # ServiceAccount being deleted with it, and a Lease left behind would keep the next
+        # install's reconciler from leading for a lease duration.
+        self.owner = owner
+        self._owner_reference: dict[str, Any] | None = None
+        self._owner_warned = False
 
     @property
     def path(self) -> str:
@@ -744,6 +765,47 @@ class LeaseElector:
             "leaseTransitions": transitions,
         }
 
+    def owner_reference(self) -> dict[str, Any] | None:
+        """The ownerReference to the `owner` Deployment, looked up once (None without an owner,
+        or while it cannot be read: the Lease is written without one then)."""
+        if not self.owner:
+            return None
+        if self._owner_reference is None:
+            try:
+                deployment = self.api.request(
+                    "GET", _path(DEPLOYMENT, "v1", self.namespace, self.owner)
+                )
+            except ApiException as exc:
+                if not self._owner_warned:  # said once; tried again at every write
+                    self._owner_warned = True
+                    log.warning(
+                        "the Lease's owner, Deployment %s/%s: %s",
+                        self.namespace,
+                        self.owner,
+                        describe(exc),
+                    )
+                return None
+            self._owner_reference = {
+                "apiVersion": "apps/v1",
+                "kind": "Deployment",
+                "name": self.owner,
+                "uid": deployment["metadata"]["uid"],
+            }
+        return self._owner_reference
+
+    def _owned(self, metadata: dict[str, Any]) -> None:
+        """`metadata` with our owner's reference (replacing one to an older Deployment of the
+        same name: a reinstall's Lease whose owner is gone)."""
+        reference = self.owner_reference()
+        if reference is None:
+            return
+        references = [
+            r
+            for r in metadata.get("ownerReferences") or []
+            if not (r.get("kind") == "Deployment" and r.get("name") == self.owner)
+        ]
+        metadata["ownerReferences"] = [*references, reference]
+
     def try_acquire_or_renew(self) -> bool:
         """One round (blocking): True if we hold the Lease afterwards."""
         now = time.monotonic()
@@ -752,10 +814,12 @@ class LeaseElector:
         except ApiException as exc:
             if exc.status != 404:
                 raise
+            metadata: dict[str, Any] = {"name": self.name, "namespace": self.namespace}
+            self._owned(metadata)
             body = {
                 "apiVersion": "coordination.k8s.io/v1",
                 "kind": "Lease",
-                "metadata": {"name": self.name, "namespace": self.namespace},
+                "metadata": metadata,
                 "spec": self._spec(_micro_time(datetime.now(UTC)), 0),
             }
             self.api.request("POST", _path(LEASE, "v1", self.namespace), body=body)
@@ -774,6 +838,7 @@ class LeaseElector:
         else:
             acquire, transitions = _micro_time(datetime.now(UTC)), transitions + 1
         lease["spec"] = self._spec(acquire, transitions)
+        self._owned(lease.setdefault("metadata", {}))
         self.api.request("PUT", self.path, body=lease)  # 409 if another got there first
         return True
 

@@ -6,7 +6,9 @@
 
 `run_local(settings)` is an async context manager that brings all of it up and yields a
 `LocalMode` with the bound addresses; it stops everything it started on exit (the stunnerds get
-SIGTERM, then a second one, then SIGKILL, so none outlives the reconciler).
+SIGTERM, then a second one, then SIGKILL, so none outlives the reconciler). The watcher, the
+render loop and the dataplanes' keeper are core tasks of a `Supervisor`: one that ends sets
+`LocalMode.supervisor.failed`, and the command exits non-zero (`reconciler.supervise`).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import contextlib
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -32,6 +35,7 @@ from .files import ManifestDir
 from .loop import THROTTLE, Reconciler, Rendered
 from .render import RenderSettings, render
 from .store import Snapshot
+from .supervise import Supervisor, what_failed
 
 log = logging.getLogger("stunner.local")
 
@@ -71,8 +75,21 @@ def renderer(
     return render_objects
 
 
+def _free_loopback_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
 class Dataplanes:
-    """One `stunnerd -w -c <CDS> -i <id>` process per config id."""
+    """One `stunnerd -w -c <CDS> -i <id>` process per config id.
+
+    They share this host, so the health-check and metrics endpoints their configs ask for
+    (`http://:8086` for every Gateway by default) cannot all be had: each stunnerd gets its own
+    loopback ports instead (`--health-address`, `--metrics-address`; `admin_ports`), kept
+    across its restarts. Its config still says whether each endpoint is on.
+    """
 
     def __init__(
         self,
@@ -87,8 +104,12 @@ class Dataplanes:
         self.output = output
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
         self.draining: list[subprocess.Popen[bytes]] = []
+        self.admin_ports: dict[str, tuple[int, int]] = {}  # id -> (health, metrics)
 
     def command(self, id: str) -> list[str]:
+        if id not in self.admin_ports:
+            self.admin_ports[id] = (_free_loopback_port(), _free_loopback_port())
+        health, metrics = self.admin_ports[id]
         return [
             sys.executable,
             "-m",
@@ -98,6 +119,10 @@ class Dataplanes:
             self.cds_address,
             "-i",
             id,
+            "--health-address",
+            f"127.0.0.1:{health}",
+            "--metrics-address",
+            f"127.0.0.1:{metrics}",
             *self.args,
         ]
 
@@ -107,6 +132,7 @@ class Dataplanes:
         self.draining = [proc for proc in self.draining if proc.poll() is None]
         for id in sorted(self.processes.keys() - set(ids)):
             proc = self.processes.pop(id)
+            self.admin_ports.pop(id, None)
             log.info("Gateway %s is gone: draining its stunnerd (pid %d)", id, proc.pid)
             with contextlib.suppress(ProcessLookupError):
                 proc.send_signal(signal.SIGTERM)
@@ -124,7 +150,12 @@ class Dataplanes:
             self.processes[id] = subprocess.Popen(
                 self.command(id), env=env, stdout=self.output, stderr=self.output
             )
-            log.info("started stunnerd for %s (pid %d)", id, self.processes[id].pid)
+            log.info(
+                "started stunnerd for %s (pid %d; health check, when on, at http://127.0.0.1:%d)",
+                id,
+                self.processes[id].pid,
+                self.admin_ports[id][0],
+            )
 
     async def stop(self) -> None:
         """Stop every stunnerd: SIGTERM, then a second signal (exit now), then SIGKILL."""
@@ -161,6 +192,7 @@ class LocalMode:
     cds_address: str
     auth_address: str
     dataplanes: Dataplanes | None
+    supervisor: Supervisor
 
     async def dataplane(self, id: str, timeout: float = 10.0) -> subprocess.Popen[bytes]:
         """The stunnerd started for config `id`, once it is there."""
@@ -211,23 +243,34 @@ async def run_local(settings: LocalSettings) -> AsyncIterator[LocalMode]:
             async for objects in manifests.watch():
                 reconciler.update(objects)
 
-        async def supervise(dataplanes: Dataplanes) -> None:
+        async def keep_dataplanes(dataplanes: Dataplanes) -> None:
             """One stunnerd per published config: started after a render, restarted if it
-            exits."""
+            exits. A start that fails (no descriptor or process left) is tried again at the
+            next render or period."""
+            failing: str | None = None
             while True:
-                dataplanes.reconcile(sorted(store.configs))
+                try:
+                    dataplanes.reconcile(sorted(store.configs))
+                except OSError as exc:
+                    if what_failed(exc) != failing:
+                        failing = what_failed(exc)
+                        log.error("cannot start a stunnerd (%s); trying again", failing)
+                else:
+                    failing = None
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(SUPERVISE_PERIOD), reconciler.rendered:
                         await reconciler.rendered.wait()
 
-        tasks = [asyncio.create_task(feed()), asyncio.create_task(reconciler.run())]
+        supervisor = Supervisor()
+        supervisor.spawn("manifest watcher", feed())
+        supervisor.spawn("render loop", reconciler.run())
         if dataplanes is not None:
-            tasks.append(asyncio.create_task(supervise(dataplanes)))
+            supervisor.spawn("dataplane keeper", keep_dataplanes(dataplanes))
         try:
-            yield LocalMode(store, manifests, reconciler, cds.address, auth.address, dataplanes)
+            yield LocalMode(
+                store, manifests, reconciler, cds.address, auth.address, dataplanes, supervisor
+            )
         finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await supervisor.stop()
             if dataplanes is not None:
                 await dataplanes.stop()

@@ -8,16 +8,58 @@ share counters):
 - `stunner_reconciler_watch_restarts_total{kind,reason}` (reason: "expired" for a 410 Gone
   relist, "error" for a failed list or watch);
 - `stunner_reconciler_cds_clients` (open CDS watches), `stunner_reconciler_leader` (1 while this
-  replica holds the Lease), `stunner_reconciler_cache_fresh`.
+  replica holds the Lease), `stunner_reconciler_cache_fresh`;
+- per server (`server`: "cds"), its connection discipline (stunner_http):
+  `stunner_reconciler_http_connections` (open), `stunner_reconciler_http_refused_total` (past
+  the cap), `stunner_reconciler_http_accept_errors_total` (EMFILE and the like), and
+  `stunner_reconciler_websocket_closed_total{reason}` (reason: "flooding", 1008, or
+  "unmasked", 1002).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
+
+from stunner_http.server import NAME_KEY, ConnectionStats
+from stunner_http.websocket import WebSocketGuard
+
+
+class _Servers(Collector):
+    """The counters of our servers, read at scrape time."""
+
+    def __init__(self) -> None:
+        self.servers: dict[str, tuple[ConnectionStats, WebSocketGuard | None]] = {}
+
+    def collect(self) -> Iterator[Metric]:
+        prefix = "stunner_reconciler_"
+        open_ = GaugeMetricFamily(
+            prefix + "http_connections", "Open connections", labels=["server"]
+        )
+        refused = CounterMetricFamily(
+            prefix + "http_refused", "Connections closed at once: past the cap", labels=["server"]
+        )
+        errors = CounterMetricFamily(
+            prefix + "http_accept_errors", "Failed accepts (EMFILE...)", labels=["server"]
+        )
+        closed = CounterMetricFamily(
+            prefix + "websocket_closed",
+            "WebSocket clients closed by the guard",
+            labels=["server", "reason"],
+        )
+        for name, (stats, guard) in sorted(self.servers.items()):
+            open_.add_metric([name], stats.open)
+            refused.add_metric([name], stats.refused)
+            errors.add_metric([name], stats.accept_errors)
+            if guard is not None:
+                closed.add_metric([name, "flooding"], guard.flooding)
+                closed.add_metric([name, "unmasked"], guard.unmasked)
+        yield from (open_, refused, errors, closed)
 
 
 class Metrics:
@@ -58,6 +100,15 @@ class Metrics:
             registry=self.registry,
         )
 
+        self._servers = _Servers()
+        self.registry.register(self._servers)
+
+    def track_server(
+        self, name: str, stats: ConnectionStats, guard: WebSocketGuard | None = None
+    ) -> None:
+        """Export a server's connection counters (and its WebSocket guard's) as `server=name`."""
+        self._servers.servers[name] = (stats, guard)
+
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
 
@@ -69,6 +120,7 @@ def metrics_app(metrics: Metrics) -> web.Application:
         return response
 
     app = web.Application()
+    app[NAME_KEY] = "metrics"  # served with an admin endpoint's limits (stunner_http.server)
     app.router.add_get("/metrics", handler, allow_head=False)
     return app
 
@@ -85,6 +137,7 @@ def health_app(ready: Callable[[], tuple[bool, str]]) -> web.Application:
         return web.Response(status=200 if ok else 503, text=why + "\n")
 
     app = web.Application()
+    app[NAME_KEY] = "health"  # served with an admin endpoint's limits (stunner_http.server)
     app.router.add_get("/healthz", healthz, allow_head=False)
     app.router.add_get("/readyz", readyz, allow_head=False)
     return app

@@ -25,9 +25,14 @@ from http import HTTPStatus
 from typing import Any
 
 from .cds import listener_parts
-from .dataplane import AuthConfig, StunnerConfig
+from .dataplane import AuthConfig, ListenerConfig, StunnerConfig
 
 DEFAULT_TTL = 86400  # seconds: one day, as the Go auth service
+# The longest ttl handed out: a week. Go's auth service sets none (ANCHORS §5 documents only
+# the default): ttl=10^12 would mint credentials valid for 31,000 years, and a 4,000-digit
+# ttl a 4,000-digit username.
+MAX_TTL = 7 * 86400
+_TTL_DIGITS = frozenset("0123456789")
 SERVICE_TURN = "turn"
 ICE_TRANSPORT_POLICIES = ("all", "public", "relay")
 DEFAULT_ICE_TRANSPORT_POLICY = "all"
@@ -42,6 +47,19 @@ class IceError(Exception):
         super().__init__(message)
         self.status = status
         self.message = message
+
+
+def parse_ttl(text: str) -> int:
+    """`ttl`: 1 to MAX_TTL seconds in ASCII digits (at most 10 of them), nothing else: no sign,
+    space, `_` or other scripts' digits, which Python's int() takes; empty: DEFAULT_TTL. The
+    error does not repeat the value (it can be anything, of any length)."""
+    if not text:
+        return DEFAULT_TTL
+    if len(text) <= 10 and not set(text) - _TTL_DIGITS:
+        ttl = int(text)
+        if 0 < ttl <= MAX_TTL:
+            return ttl
+    raise IceError(HTTPStatus.BAD_REQUEST, f'"ttl" must be a number of seconds from 1 to {MAX_TTL}')
 
 
 @dataclass(frozen=True)
@@ -62,15 +80,7 @@ class IceQuery:
         service = params.get("service", "")
         if service != SERVICE_TURN:
             raise IceError(HTTPStatus.BAD_REQUEST, '"service" must be "turn"')
-        ttl_text = params.get("ttl", "")
-        try:
-            ttl = int(ttl_text) if ttl_text else DEFAULT_TTL
-        except ValueError:
-            raise IceError(
-                HTTPStatus.BAD_REQUEST, f'"ttl" must be an integer: {ttl_text!r}'
-            ) from None
-        if ttl <= 0:
-            raise IceError(HTTPStatus.BAD_REQUEST, f'"ttl" must be positive: {ttl}')
+        ttl = parse_ttl(params.get("ttl", ""))
         policy = params.get("iceTransportPolicy", "") or DEFAULT_ICE_TRANSPORT_POLICY
         if policy not in ICE_TRANSPORT_POLICIES:
             raise IceError(
@@ -123,27 +133,46 @@ def credentials(auth: AuthConfig, user_id: str, ttl: int, now: int) -> tuple[str
 
 
 def _advertised(address: str) -> str:
-    """A listener address a client can use; an unexpanded `$STUNNER_ADDR` is not one."""
-    return "" if not address or "$" in address else address
+    """A listener address a client can use; an unexpanded `$STUNNER_ADDR` or a wildcard is
+    not one."""
+    return "" if not address or "$" in address or address in ("0.0.0.0", "::") else address
+
+
+def _address(listener: ListenerConfig, query: IceQuery, public_address: str) -> str:
+    """The address in a listener's URI: the first of the `public-addr` parameter,
+    `public_address` (the server's STUNNER_PUBLIC_ADDR), the listener's public address, its
+    address; "" when none of them is one a client can use."""
+    return (
+        query.public_address
+        or public_address
+        or _advertised(listener.public_address)
+        or _advertised(listener.address)
+    )
 
 
 def listener_uris(config: StunnerConfig, query: IceQuery, public_address: str = "") -> list[str]:
-    """The TURN URIs of `config`'s listeners that pass `query`'s filters. The address is the
-    first of: the `public-addr` parameter, `public_address` (the server's STUNNER_PUBLIC_ADDR),
-    the listener's public address, its address, 0.0.0.0."""
+    """The TURN URIs of `config`'s listeners that pass `query`'s filters, at `_address`'s
+    address, else 0.0.0.0 (as Go's auth service)."""
     uris = []
     for listener in config.listeners:
         if not query.matches(listener.name):
             continue
-        address = (
-            query.public_address
-            or public_address
-            or _advertised(listener.public_address)
-            or _advertised(listener.address)
-            or WILDCARD_ADDRESS
-        )
+        address = _address(listener, query, public_address) or WILDCARD_ADDRESS
         uris.append(listener.model_copy(update={"public_address": address}).uri())
     return uris
+
+
+def unaddressed(
+    configs: Mapping[str, StunnerConfig], query: IceQuery, public_address: str = ""
+) -> list[tuple[str, ListenerConfig]]:
+    """(config id, listener) of each listener passing `query`'s filters whose URI would carry
+    0.0.0.0: no address a client can use (`stunner ice` refuses to print those)."""
+    return [
+        (id, listener)
+        for id in sorted(configs)
+        for listener in configs[id].listeners
+        if query.matches(listener.name) and not _address(listener, query, public_address)
+    ]
 
 
 def _matching(

@@ -26,14 +26,30 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from stunner_api.dataplane import StunnerConfig, redacted
-from stunner_api.ice import DEFAULT_TTL, IceError, IceQuery, ice_config
+from stunner_api.cds import listener_parts
+from stunner_api.dataplane import ListenerConfig, StunnerConfig, redacted
+from stunner_api.ice import (
+    DEFAULT_TTL,
+    IceError,
+    IceQuery,
+    ice_config,
+    parse_ttl,
+    unaddressed,
+)
 from stunner_api.vocabulary import DEFAULT_DATAPLANE
 
 if TYPE_CHECKING:
     from reconciler.render import Plan
 
 OK, FAILED, USAGE = 0, 1, 2
+
+
+def _ttl(text: str) -> int:
+    """--ttl as the auth service takes `ttl` (stunner_api.ice.parse_ttl)."""
+    try:
+        return parse_ttl(text)
+    except IceError as e:
+        raise argparse.ArgumentTypeError(e.message) from None
 
 
 def _out(text: str) -> None:
@@ -80,7 +96,12 @@ def build_parser() -> argparse.ArgumentParser:
     config.add_argument("--interval", type=float, default=1.0, help=argparse.SUPPRESS)
     cluster("status", "each stunnerd pod's /status, one line per pod")
     ice = cluster("ice", "the ICE servers a browser passes to RTCPeerConnection")
-    ice.add_argument("--ttl", type=int, default=DEFAULT_TTL, help="ephemeral credentials' lifetime")
+    ice.add_argument(
+        "--ttl",
+        type=_ttl,
+        default=DEFAULT_TTL,
+        help="ephemeral credentials' lifetime in seconds (1 to 604800, a week)",
+    )
     ice.add_argument("--username", default="", help="the user id in ephemeral credentials")
     for name, help in (
         (
@@ -201,12 +222,21 @@ def show_rendered(plan: Plan, output: str, show_secrets: bool) -> str:
     )
 
 
+def public(listener: dict[str, Any]) -> str:
+    """A listener's public address in stunnerd's /status: ADDRESS:PORT, or "pending" until the
+    reconciler finds one (see `ice`, which says what is missing)."""
+    address = listener.get("public_address")
+    if not address:
+        return "pending"
+    return f"{address}:{listener.get('public_port') or listener.get('port', '-')}"
+
+
 def status_line(entry: dict[str, Any]) -> str:
     status = entry["status"]
     if "error" in status:
         return f"{entry['pod']}: unreachable: {status['error']}"
     listeners = ", ".join(
-        f"{listener.get('name')}={listener.get('protocol')}"
+        f"{listener.get('name')}={listener.get('protocol')} public={public(listener)}"
         for listener in status.get("listeners", [])
     )
     return (
@@ -238,7 +268,7 @@ def run_cluster(args: argparse.Namespace) -> int:
             from stunner_cli.diff import report
 
             try:
-                objects = offline.load(args.filename)
+                objects = offline.load(args.filename, skipped=_err)
             except ManifestError as e:
                 raise cluster.ClusterError(str(e)) from None
             _out("\n".join(report(client, target, objects)))
@@ -255,10 +285,14 @@ def run_cluster(args: argparse.Namespace) -> int:
                 namespace=target.gateway_namespace,
                 gateway=target.gateway,
             )
+            by_id = {c.admin.name: c for c in configs}
             try:
-                answer = ice_config({c.admin.name: c for c in configs}, query, now=int(time.time()))
+                answer = ice_config(by_id, query, now=int(time.time()))
             except IceError as e:
                 raise cluster.ClusterError(e.message) from None
+            missing = unaddressed(by_id, query)
+            if missing:
+                return no_public_address(client, missing)
             _out(json.dumps(answer, indent=2))
             return OK
         last = show_config(configs, args.output, args.show_secrets)
@@ -274,12 +308,33 @@ def run_cluster(args: argparse.Namespace) -> int:
         client.close()  # type: ignore[no-untyped-call]
 
 
+def no_public_address(client: Any, missing: list[tuple[str, ListenerConfig]]) -> int:
+    """`ice` with listeners that have no public address: what is missing, per listener, and
+    no ICE configuration (its URIs would say 0.0.0.0, which no client can reach)."""
+    from stunner_cli.cluster import why_no_address
+
+    by_gateway: dict[str, list[str]] = {}
+    for gw_id, listener in missing:
+        parts = listener_parts(listener.name)
+        by_gateway.setdefault(gw_id, []).append(parts[2] if parts else listener.name)
+    for gw_id, names in by_gateway.items():
+        why = why_no_address(client, gw_id)
+        for name in names:
+            reason = why.get(name) or why.get("") or "the Gateway has no such listener any more"
+            _err(f"{gw_id}: listener {name} has no public address: {reason}")
+    _err(
+        "no ICE configuration printed: its TURN URIs would say 0.0.0.0, which no client can "
+        "reach (`helm stunner status` shows each listener's public address or pending)"
+    )
+    return FAILED
+
+
 def run_offline(args: argparse.Namespace) -> int:
     from reconciler.files import ManifestError
     from stunner_cli import offline
 
     try:
-        objects = offline.load(args.filename)
+        objects = offline.load(args.filename, skipped=_err)
     except ManifestError as e:
         _err(str(e))
         return FAILED

@@ -185,3 +185,65 @@ def dataplane_status(client: kubernetes.client.ApiClient, target: Target) -> lis
             status = {"error": str(e)}
         out.append({"pod": f"{namespace}/{name}", "status": status})
     return out
+
+
+def why_no_address(client: kubernetes.client.ApiClient, gateway_id: str) -> dict[str, str]:
+    """Why a Gateway's listeners have no public address, by listener name: the reconciler's
+    own address finding (reconciler.render.addresses) run over the live Gateway, its Services
+    and the Nodes. A listener the cluster does give an address is one the reconciler has not
+    rendered yet. An empty answer when the Gateway cannot be read; {"": why} when the Services
+    or Nodes cannot."""
+    from reconciler.kube import NODE, WATCHED, Api, describe
+    from reconciler.render import addresses
+    from stunner_api.vocabulary import (
+        GATEWAY,
+        LISTENER_PROTOCOLS,
+        LISTENER_TRANSPORT,
+        RELATED_GATEWAY_NAME,
+        SERVICE,
+    )
+
+    namespace, _, name = gateway_id.partition("/")
+    api = Api(client)
+    live: dict[str, list[dict[str, Any]]] = {}
+    for watched in WATCHED:
+        if watched.info in (GATEWAY, SERVICE, NODE):
+            try:
+                live[watched.info.kind], _ = api.list(watched, watched.versions[0])
+            except Exception as e:  # ApiException (403 and the like), urllib3 errors
+                return {"": f"cannot tell why: listing {watched.name}: {describe(e)}"}
+    gateway = next(
+        (
+            g
+            for g in live.get("Gateway", [])
+            if (g.get("metadata") or {}).get("namespace") == namespace
+            and (g.get("metadata") or {}).get("name") == name
+        ),
+        None,
+    )
+    if gateway is None:
+        return {"": "the Gateway is not in the cluster"}
+    services = [
+        s
+        for s in live.get("Service", [])
+        if (s.get("metadata") or {}).get("namespace") == namespace
+        and ((s.get("metadata") or {}).get("annotations") or {}).get(RELATED_GATEWAY_NAME)
+        == gateway_id
+    ]
+    service = addresses.gateway_service(gateway, services)
+    out: dict[str, str] = {}
+    for listener in (gateway.get("spec") or {}).get("listeners") or []:
+        protocol = LISTENER_PROTOCOLS.get(str(listener.get("protocol", "")).upper())
+        port = listener.get("port")
+        if protocol is None or not isinstance(port, int):
+            continue
+        found = addresses.public_address(
+            gateway, service, live.get("Node", []), port, LISTENER_TRANSPORT[protocol]
+        )
+        out[str(listener.get("name"))] = (
+            found.missing
+            if not found
+            else f"the cluster offers {found.address}:{found.port} ({found.source}) but the "
+            "running config does not have it yet: is the reconciler running? (its log says)"
+        )
+    return out

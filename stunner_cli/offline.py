@@ -3,21 +3,26 @@ manifest files, with no cluster. Every finding says file, line and field.
 
 `render` gives what the reconciler would produce: each Gateway's dataplane config, Service and
 Deployment. When the files hold no Dataplane `default` (the chart installs it, so users rarely
-write one), the chart's is assumed (`default_dataplane`)."""
+write one), the chart's is assumed (`default_dataplane`).
+
+The files are read as local mode reads them (`reconciler.files`: the same walk of a directory,
+the same bounds on size, documents, nesting and nodes, the same symbolic links not followed), so
+`check -f DIR` says what `stunner-reconciler --manifests DIR` would take."""
 
 from __future__ import annotations
 
 import copy
 import datetime
+import functools
 import importlib.metadata
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from reconciler.files import ManifestError, parse_manifest
+from reconciler.files import ManifestError, compose_documents, manifest_paths, read_manifest
 from reconciler.render import Plan, RenderSettings, render
 from reconciler.store import Snapshot
 from stunner_api.rules import Settings, validate
@@ -53,22 +58,28 @@ class Finding:
         return f"{self.path}:{self.line}:{field} {self.severity}: {self.message} ({self.reason})"
 
 
-def manifest_files(target: Path) -> list[Path]:
-    """The YAML/JSON files of a file or a directory (recursively, sorted)."""
+def manifest_files(
+    target: Path, skipped: Callable[[str], None] = lambda problem: None
+) -> list[Path]:
+    """The YAML/JSON files of a file or a directory (recursively, sorted, as local mode reads
+    it); each symbolic link not followed is passed to `skipped` as `file: why`."""
     if target.is_file():
         return [target]
     if not target.is_dir():
         raise ManifestError(target, 0, "no such file or directory")
-    suffixes = {".yaml", ".yml", ".json"}
-    return sorted(p for p in target.rglob("*") if p.is_file() and p.suffix in suffixes)
+    paths, links = manifest_paths(target)
+    for path, why in sorted(links.items()):
+        skipped(f"{path}: {why}; not followed")
+    return [path for path, _ in paths]
 
 
-def load(target: Path) -> list[Located]:
-    """Every object of the manifests; ManifestError (file and line) on a malformed file."""
+def load(target: Path, skipped: Callable[[str], None] = lambda problem: None) -> list[Located]:
+    """Every object of the manifests; ManifestError (file and line) on a malformed file or one
+    past a bound; the links not followed go to `skipped`."""
     out = []
-    for path in manifest_files(target):
-        text = path.read_text(encoding="utf-8")
-        for line, obj in parse_manifest(path, text):
+    for path in manifest_files(target, skipped):
+        text, objects = read_manifest(path)
+        for line, obj in objects:
             out.append(Located(path, line, text, dict(obj)))
     return out
 
@@ -82,10 +93,17 @@ def _segments(field: str) -> Iterator[str | int]:
             yield int(index) if index.isdigit() else index
 
 
+@functools.lru_cache(maxsize=1)  # findings come file by file
+def _documents(path: Path, text: str) -> list[yaml.Node]:
+    """A file's node trees, composed once for all its findings (libyaml's parser: PyYAML's own
+    scanner is quadratic on long flow collections)."""
+    return compose_documents(path, text)
+
+
 def field_line(located: Located, field: str) -> int:
     """The line of `field` ("spec.listeners[1].port") in the object's document; the closest
     existing parent's line when the field is absent."""
-    documents = list(yaml.compose_all(located.text))
+    documents = _documents(located.path, located.text)
     node: Any = None
     for document in documents:
         if document is not None and document.start_mark.line + 1 == located.line:

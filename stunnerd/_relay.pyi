@@ -16,6 +16,9 @@ class Engine:
         queue_limit: int = 4096,
         queue_bytes: int = 8 << 20,
         max_message: int = 4096,
+        stranger_rate: float = 0.0,
+        stranger_ips: int = 65536,
+        per_source: int = 0,
     ) -> None: ...
     def start(self) -> None: ...
     def stop(self) -> None: ...

@@ -1,11 +1,11 @@
 """The admin HTTP endpoints of stunnerd: health checks, `/status`, Prometheus metrics.
 
-Served by aiohttp (GET and HEAD only), with bounds a kubelet probe or a Prometheus scrape never
-reaches: a request line or header field of at most 8 KiB, at most 64 header fields, no body,
-and HEADER_DEADLINE seconds for a connection to deliver a complete request (aiohttp's
-keep-alive timer is armed when a connection opens and is not reset by partial data, so a
-client trickling one header line every few seconds is closed at the deadline). Oversized
-requests get 400 without a traceback in the log.
+Served by aiohttp (GET and HEAD only) with the connection discipline every server of ours has
+(`stunner_http.server`), with bounds a kubelet probe or a Prometheus scrape never reaches: a
+request line or header field of at most 8 KiB, at most 64 header fields, no body,
+HEADER_DEADLINE seconds for a connection to deliver a complete request (a client trickling one
+header line every few seconds is closed at the deadline), MAX_CONNECTIONS connections at once.
+Oversized requests get 400 without a traceback in the log.
 
 The handlers read a narrow view of the dataplane (`AdminView`), never the daemon itself.
 """
@@ -28,6 +28,8 @@ from .router import PEER_POLICY
 if TYPE_CHECKING:
     from aiohttp import web
 
+    from stunner_http.server import ConnectionStats, GuardedSite, ServerLimits
+
 # aiohttp (~10 MiB of RSS) is imported when a server starts: a stunnerd with no admin endpoint
 # (health check and metrics both off) never loads it (bench/rss_bench.py).
 
@@ -38,10 +40,14 @@ Route = Callable[[], Response]
 RoutesFor = Callable[[str], dict[str, Route]]  # the endpoint URL's path -> {path: handler}
 
 HEADER_DEADLINE = 5.0  # seconds for a connection to deliver a complete request
-MAX_LINE = 8190  # request line and each header line
-MAX_HEADERS = 64
+MAX_CONNECTIONS = 64  # concurrent connections: probes and a scrape need a few
 MAX_BODY = 1024  # GET and HEAD only: no body is expected
-SHUTDOWN_TIMEOUT = 1.0  # a probe in flight at stop gets this long to finish
+
+
+def _admin_limits() -> ServerLimits:
+    from stunner_http.server import ServerLimits  # loaded with the server
+
+    return ServerLimits(request_deadline=HEADER_DEADLINE, max_connections=MAX_CONNECTIONS)
 
 
 class AdminView(MetricsView, Protocol):
@@ -72,23 +78,20 @@ def parse_endpoint(url: str, default_port: int) -> Endpoint:
     return Endpoint(parts.hostname or "", parts.port or default_port, parts.path or "/")
 
 
-class _ServerLog(logging.LoggerAdapter):  # type: ignore[type-arg]
-    """aiohttp's server log: a malformed or oversized request is the client's fault, answered
-    with 400 and noted at DEBUG in one line; anything else keeps its traceback at ERROR."""
-
-    def log(self, level: int, msg: object, *args: Any, **kwargs: Any) -> None:
-        from aiohttp.http_exceptions import HttpProcessingError  # loaded with the server
-
-        error = kwargs.get("exc_info")
-        if isinstance(error, HttpProcessingError):
-            self.logger.debug(
-                "bad request: %d %s", error.code, " ".join(error.message.split())[:120]
-            )
-            return
-        self.logger.log(level, msg, *args, **kwargs)
+def parse_address(text: str) -> tuple[str, int]:
+    """`HOST:PORT` (`[v6]:PORT`; an empty host is every interface) for --health-address."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isascii() or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"invalid address {text!r}: expected HOST:PORT")
+    return host.removeprefix("[").removesuffix("]"), int(port)
 
 
-_SERVER_LOG = _ServerLog(logging.getLogger("stunner.admin"))
+def relocate(url: str, address: str) -> str:
+    """`url` served at `address` (HOST:PORT) instead: its scheme and path stay."""
+    host, port = parse_address(address)
+    path = urlsplit(url).path
+    netloc = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    return f"http://{netloc}{path}"
 
 
 class HttpServer:
@@ -100,7 +103,11 @@ class HttpServer:
         self.routes: dict[str, Route] = {}
         self.url = ""
         self._runner: web.AppRunner | None = None
-        self._site: web.TCPSite | None = None
+        self._site: GuardedSite | None = None
+
+    @property
+    def stats(self) -> ConnectionStats | None:
+        return None if self._site is None else self._site.stats
 
     @property
     def port(self) -> int:
@@ -111,29 +118,15 @@ class HttpServer:
     async def start(self, url: str, default_port: int) -> None:
         from aiohttp import web
 
+        from stunner_http.server import start
+
         endpoint = parse_endpoint(url, default_port)
         self.routes = self.routes_for(endpoint.path)
         app = web.Application(client_max_size=MAX_BODY)
         app.router.add_route("*", "/{path:.*}", self._serve)
-        runner = web.AppRunner(
-            app,
-            access_log=None,
-            logger=_SERVER_LOG,
-            handle_signals=False,
-            shutdown_timeout=SHUTDOWN_TIMEOUT,
-            keepalive_timeout=HEADER_DEADLINE,
-            max_line_size=MAX_LINE,
-            max_field_size=MAX_LINE,
-            max_headers=MAX_HEADERS,
+        self._runner, self._site = await start(
+            app, endpoint.host, endpoint.port, self.name, _admin_limits()
         )
-        await runner.setup()
-        site = web.TCPSite(runner, endpoint.host or None, endpoint.port, reuse_address=True)
-        try:
-            await site.start()
-        except BaseException:
-            await runner.cleanup()
-            raise
-        self._runner, self._site = runner, site
         self.url = url
         log.info("%s server listening on %s", self.name, url)
 
@@ -210,4 +203,12 @@ def metrics_routes(view: MetricsView, path: str) -> dict[str, Route]:
     return {path: metrics}
 
 
-__all__ = ["AdminView", "HttpServer", "health_routes", "metrics_routes", "render_metrics"]
+__all__ = [
+    "AdminView",
+    "HttpServer",
+    "health_routes",
+    "metrics_routes",
+    "parse_address",
+    "relocate",
+    "render_metrics",
+]

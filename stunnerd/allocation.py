@@ -180,7 +180,10 @@ class Allocation(asyncio.DatagramProtocol):
         if cluster is None or self.relay is None or peer[0] not in self.permissions:
             scope.stats.dropped += 1
             return
-        self.relay.sendto(payload, peer)
+        if payload:
+            self.relay.sendto(payload, peer)
+        else:
+            _send_empty(self.relay, peer)
         counters = scope.cluster_counters[cluster]
         counters.tx_packets += 1
         counters.tx_bytes += len(payload)
@@ -236,3 +239,22 @@ class Allocation(asyncio.DatagramProtocol):
         if self.relay is not None:
             self.relay.close()
             self.relay = None
+
+
+def _send_empty(relay: RelaySocket, peer: Address) -> None:
+    """Relay a zero-length datagram (issue 20 #14: ChannelData of length 0, a Send indication
+    with an empty DATA), as coturn (write_to_peerchannel, handle_turn_send) and pion/turn
+    (handleChannelData: RelaySocket.WriteTo) and the native engine do. asyncio's datagram
+    transport silently skips an empty `sendto` (CPython 3.11), so it goes out on its socket."""
+    get_extra_info = getattr(relay, "get_extra_info", None)
+    held = get_extra_info("socket") if get_extra_info is not None else None
+    if held is None:  # the native engine's allocation: its send takes an empty payload
+        relay.sendto(b"", peer)
+        return
+    sock = socket.socket(held.family, held.type, fileno=held.fileno())  # not a duplicate
+    try:
+        sock.sendto(b"", peer)
+    except OSError as exc:  # a full buffer or an ICMP error: a UDP datagram is lost
+        log.debug("relay %s: %s", peer, exc)
+    finally:
+        sock.detach()

@@ -20,6 +20,7 @@ from stunner_api.dataplane import (
 )
 
 from . import logs, native
+from .admin import parse_address
 from .auth import NonceManager
 from .daemon import ApplyError, Stunner
 from .ledger import UserAllocations
@@ -29,6 +30,15 @@ from .sources import DEFAULT_CDS_ADDRESS, ConfigSource, SourceError, source_for
 from .worker_pool import WorkerPool, udp_process_count, usable_cpus
 
 log = logging.getLogger("stunner.stunnerd")
+
+
+def _address(text: str) -> str:
+    try:
+        if text:
+            parse_address(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -101,6 +111,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="after SIGTERM, exit when the last allocation is gone or after this long "
         "(default 3600, the operator's terminationGracePeriodSeconds)",
     )
+    for kind, what in (("health", "health-check"), ("metrics", "metrics")):
+        parser.add_argument(
+            f"--{kind}-address",
+            type=_address,
+            default="",
+            metavar="HOST:PORT",
+            help=f"serve the {what} endpoint here instead of at the address in the config "
+            "(which still says whether it is on, and the path); for several stunnerds on one "
+            "host",
+        )
     limits = parser.add_argument_group(
         "abuse limits", "bounds Go STUNner's config has no key for; each flag's env is shown"
     )
@@ -136,6 +156,11 @@ LIMIT_FLAGS: dict[str, tuple[str, str]] = {
     "allocation_rate": ("PER_S", "new allocations per second per client IP and process"),
     "error_rate": ("PER_S", "error answers per second per client address; more are dropped"),
     "error_rate_total": ("PER_S", "error answers per second per process; 0: no cap"),
+    "unauthenticated_rate": (
+        "PER_S",
+        "UDP: STUN without MESSAGE-INTEGRITY per second per client IP with no allocation; "
+        "more are dropped unparsed; 0: no limit",
+    ),
 }
 
 
@@ -367,6 +392,8 @@ async def _main(args: argparse.Namespace, override: str | None) -> int:
         force_ready=args.force_ready_status,
         workers=workers,
         limits=limits_from(args),
+        health_address=args.health_address,
+        metrics_address=args.metrics_address,
     )
     return await run_with_workers(args, stunner)
 

@@ -6,6 +6,7 @@ back: a config that cannot be applied (a port already in use, say) is refused wh
 
 from __future__ import annotations
 
+import errno
 import logging
 from collections.abc import Iterable
 from functools import partial
@@ -19,7 +20,7 @@ from stunner_api.dataplane import (
 )
 from stunner_api.restart import restart_needed  # the rule `helm stunner diff` predicts with
 
-from .admin import HttpServer, health_routes, metrics_routes
+from .admin import HttpServer, health_routes, metrics_routes, relocate
 from .auth import NonceManager
 from .core import ApplyError as ApplyError
 from .core import DataplaneCore, Plan
@@ -42,8 +43,13 @@ class Stunner:
         force_ready: bool = False,
         workers: WorkerPool | None = None,
         limits: Limits | None = None,
+        health_address: str = "",
+        metrics_address: str = "",
     ) -> None:
         self.config: StunnerConfig | None = None
+        # --health-address/--metrics-address: where the endpoints listen when the config turns
+        # them on (several stunnerds on one host: local mode).
+        self.admin_addresses = (health_address, metrics_address)
         self.force_ready = force_ready  # --force-ready-status: stay ready while draining
         self._configured = False  # a real (non-zero) config has been applied
         # Fixed paths, as Go STUNner's; the metrics path comes from metrics_endpoint.
@@ -186,7 +192,9 @@ class Stunner:
             (self.health, config.admin.healthcheck_endpoint, DEFAULT_HEALTHCHECK_PORT),
             (self.metrics, config.admin.metrics_endpoint, DEFAULT_METRICS_PORT),
         ]
-        for server, url, default_port in wanted:
+        for (server, url, default_port), address in zip(wanted, self.admin_addresses, strict=True):
+            if url and address:
+                url = relocate(url, address)
             if server.url == url:
                 continue
             await server.stop()
@@ -194,7 +202,21 @@ class Stunner:
                 continue
             try:
                 await server.start(url, default_port)
-            except (OSError, ValueError) as exc:
+            except OSError as exc:
+                hint = ""
+                if exc.errno == errno.EADDRINUSE:
+                    hint = (
+                        " (another process, maybe another stunnerd on this host, holds the port;"
+                        " --health-address/--metrics-address move it)"
+                    )
+                log.error(
+                    "cannot start the %s server on %s: %s%s; the TURN service runs without it",
+                    server.name,
+                    url,
+                    exc.strerror or exc,
+                    hint,
+                )
+            except ValueError as exc:
                 log.error("cannot start the %s server on %s: %s", server.name, url, exc)
 
     async def close(self) -> None:

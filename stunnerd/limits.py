@@ -59,6 +59,13 @@ class Limits:
     # is not even parsed.
     error_rate: float = 100.0
     error_rate_total: float = 5000.0
+    # STUN messages without MESSAGE-INTEGRITY from a client without an allocation, per second
+    # per source IP (a burst of twice that), over UDP; past it they are dropped before they are
+    # parsed (issue 20: one source's Allocate flood must not shut others out). A browser's
+    # first Allocate and its srflx Binding requests are a handful per ICE gathering; 50/s with
+    # a burst of 100 lets ~50 browsers behind one NAT start a call in the same second, and is
+    # ~1/2000 of the flood that shut stunnerd out. Keyed by IP, not port: ports are free.
+    unauthenticated_rate: float = 50.0
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> Limits:
@@ -81,8 +88,11 @@ class Limits:
 
 class RateLimiter:
     """Token buckets: `rate` per second per key (bursts of twice that) and `total_rate` for
-    all keys together. A rate of 0 means no limit. At most `max_keys` keys are tracked; past
-    that the table starts afresh (a spoofed flood cannot grow it)."""
+    all keys together. A rate of 0 means no limit. At most `max_keys` keys are tracked: when a
+    new key finds the table full, the full buckets are forgotten (a new bucket starts full, so
+    nothing is lost), and if every bucket is in use the table starts afresh (counted in
+    `resets`): a spoofed flood cannot grow it. The native engine's strangers' buckets
+    (relay.c, stranger_admitted) decide exactly the same."""
 
     def __init__(
         self,
@@ -98,6 +108,7 @@ class RateLimiter:
         self._buckets: dict[Any, tuple[float, float]] = {}  # key -> (tokens, when)
         self._total = (2 * total_rate, clock())
         self.refused = 0
+        self.resets = 0
 
     def allow(self, key: Any) -> bool:
         now = self._clock()
@@ -115,7 +126,8 @@ class RateLimiter:
         entry = buckets.get(key)
         if entry is None:
             if len(buckets) >= self._max_keys:
-                buckets.clear()
+                self._forget_full(now)
+                buckets = self._buckets
             tokens = 2 * self.rate
         else:
             tokens = min(2 * self.rate, entry[0] + (now - entry[1]) * self.rate)
@@ -125,6 +137,17 @@ class RateLimiter:
             return False
         buckets[key] = (tokens - 1, now)
         return True
+
+    def _forget_full(self, now: float) -> None:
+        rate, full = self.rate, 2 * self.rate
+        live = {k: v for k, v in self._buckets.items() if v[0] + (now - v[1]) * rate < full}
+        if len(live) >= self._max_keys:
+            live = {}
+            self.resets += 1
+        self._buckets = live
+
+    def __len__(self) -> int:
+        return len(self._buckets)
 
     def seconds_to_token(self, key: Any) -> float:
         """How long until `key` has a token again (0: it has one, or there is no limit)."""

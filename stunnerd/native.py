@@ -7,7 +7,9 @@ its allocations' relay sockets in its own thread, which never takes the GIL: epo
 `recvmmsg`/`sendmmsg`, and per packet a decision from tables Python fills.
 
 - client -> peer: ChannelData on a bound channel, and Send indications of the plain shape
-  (XOR-PEER-ADDRESS + DATA [+ FINGERPRINT, verified]), for a permitted peer;
+  (XOR-PEER-ADDRESS + DATA [+ FINGERPRINT, verified]), for a permitted peer; an empty payload
+  goes out as a zero-length datagram, as coturn and pion/turn send it and the Python path does
+  (issue 20 #14);
 - peer -> client: ChannelData where a channel is bound, else a Data indication (fresh random
   transaction id, XOR-PEER-ADDRESS, DATA), for a peer with a live permission;
 - the peer policy, both directions, from a verdict table: peer (IP, port) -> cluster id, or
@@ -29,12 +31,25 @@ its allocations' relay sockets in its own thread, which never takes the GIL: epo
   amount of work. A stranger whose error answers Python rate-limits (--error-rate) is muted
   (`mute`) until its budget refills: its STUN is then dropped in the engine ("rate_limited"),
   as Python would drop it unparsed.
+- strangers' unauthenticated STUN (issue 20): a STUN message without MESSAGE-INTEGRITY from a
+  client without an allocation spends a token of its source IP's bucket (`stranger_rate` per
+  second, a burst of twice that; the port is not part of the key: ports are free to vary)
+  before it is handed up; past the budget it is dropped in the engine and counted as
+  "unauthenticated_rate". The engine finds MESSAGE-INTEGRITY by walking the attribute headers
+  (`relay_has_integrity`), without verifying it: a forged one only buys the flooder a trip to
+  Python, whose error budget (--error-rate, the mute above) and the per-source share of the
+  strangers' queue bound it. At most `stranger_ips` source IPs are tracked: when the table is
+  full, full buckets are forgotten (nothing is lost), and if every one is in use the table
+  starts afresh (`bucket_resets`). One source IP holds at most `per_source` places in the
+  strangers' queue (dropped as "queue_full" past it), so one flooder cannot fill it. The
+  pure-Python UDP path applies the same rule (`transports.UdpListenerProtocol`).
 - expiry is by monotonic timestamps (`time.monotonic()`), checked per packet: no timer per entry.
 - counters (packets and bytes per listener and per cluster, both directions; drops by cause;
   packets handed up) are read under the engine's lock without stopping its thread.
 
-Safety: the C side parses only the ChannelData header and the plain Send indication, checks
-every length before reading it, and is fuzzed under ASan/UBSan by tests/stunnerd/
+Safety: the C side parses only the ChannelData header, the plain Send indication and (for a
+stranger's STUN) the attribute headers in search of MESSAGE-INTEGRITY, checks every length
+before reading it, and is fuzzed under ASan/UBSan by tests/stunnerd/
 test_native_fuzz.py (relaycore/fuzz.c drives relay_process with random and mutated datagrams).
 
 How stunnerd uses it (`stunnerd/native_udp.py`, `NativeUdpTransport`): every TURN-UDP listener
@@ -127,6 +142,8 @@ class NativeCounters:
     clusters: dict[str, list[int]] = field(default_factory=dict)
     drops: dict[str, int] = field(default_factory=dict)
     handed_up: int = 0
+    stranger_ips: int = 0  # source IPs whose unauthenticated-STUN bucket is tracked
+    bucket_resets: int = 0  # times that table was full of live buckets and started afresh
 
 
 class NativeRelay:
@@ -139,13 +156,24 @@ class NativeRelay:
         queue_limit: int = 4096,
         queue_bytes: int = 8 << 20,
         max_message: int = 4096,
+        stranger_rate: float = 0.0,
+        stranger_ips: int = 65536,
+        per_source: int = 0,
     ) -> None:
         reason = unavailable_reason()
         if reason is not None:
             raise RuntimeError(f"the native relay is not available: {reason}")
         assert _relay is not None
         self.clusters = clusters or ClusterIds()
-        self._engine = _relay.Engine(listener.fileno(), queue_limit, queue_bytes, max_message)
+        self._engine = _relay.Engine(
+            listener.fileno(),
+            queue_limit,
+            queue_bytes,
+            max_message,
+            stranger_rate=stranger_rate,
+            stranger_ips=stranger_ips,
+            per_source=per_source,
+        )
         self._loop: asyncio.AbstractEventLoop | None = None
 
     # --- lifecycle --------------------------------------------------------------------------
@@ -264,4 +292,6 @@ class NativeRelay:
             clusters={self.clusters.name_of(i): list(v) for i, v in raw["clusters"].items()},
             drops=dict(raw["drops"]),
             handed_up=raw["handed_up"],
+            stranger_ips=raw["stranger_ips"],
+            bucket_resets=raw["bucket_resets"],
         )

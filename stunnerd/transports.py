@@ -20,6 +20,7 @@ from stunner_api.dataplane import ListenerConfig
 
 from . import stun
 from .allocation import Downstream
+from .limits import RateLimiter
 from .turn import TurnServer
 
 if TYPE_CHECKING:
@@ -33,12 +34,36 @@ log = logging.getLogger("stunner.listener")
 MAX_STREAM_BUFFER = 4 * 65536  # a TCP client may have this much unframed data in flight
 
 
+STRANGER_IPS = 65536  # source IPs whose unauthenticated-STUN budget is tracked at a time
+
+
+def has_integrity(data: bytes) -> bool:
+    """Whether a STUN message carries MESSAGE-INTEGRITY: its attribute headers walked by their
+    lengths (padded to 4) while a whole header fits; nothing is verified. The native engine's
+    relay_has_integrity, byte for byte."""
+    offset, end = 20, len(data)
+    while offset + 4 <= end:
+        if data[offset] == 0 and data[offset + 1] == 0x08:
+            return True
+        length = (data[offset + 2] << 8) | data[offset + 3]
+        offset += 4 + length + (-length % 4)
+    return False
+
+
 class UdpListenerProtocol(asyncio.DatagramProtocol):
-    def __init__(self, server: TurnServer) -> None:
+    def __init__(self, server: TurnServer, engine_limits_strangers: bool = False) -> None:
         self.server = server
         self.transport: asyncio.DatagramTransport | None = None
         self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.pins: ClientPins | None = None  # one process per listener: see ClientPins
+        # Strangers' STUN without MESSAGE-INTEGRITY, per source IP (--unauthenticated-rate,
+        # issue 20); None where the native engine has already spent the token.
+        limits = server.context.limits
+        self.unauthenticated: RateLimiter | None = (
+            None
+            if engine_limits_strangers
+            else RateLimiter(limits.unauthenticated_rate, max_keys=STRANGER_IPS)
+        )
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.DatagramTransport, transport)
@@ -61,10 +86,25 @@ class UdpListenerProtocol(asyncio.DatagramProtocol):
             self.server.handle(data, allocation.downstream)
             if self.pins is not None:
                 self.pins.pin(addr)
-        elif data[4:8] != stun.COOKIE_BYTES or data[0] & 0xC0:
-            self.server.stats.dropped += 1  # garbage from a stranger: judged on its first bytes
+        elif (
+            data[4:8] != stun.COOKIE_BYTES
+            or data[0] & 0xC0
+            or len(data) != 20 + ((data[2] << 8) | data[3])
+            or data[3] & 3
+            or len(data) > self.server.context.limits.max_udp_message
+        ):
+            # Garbage from a stranger, judged on its first bytes as the native engine judges
+            # it (relay.c, plausible); parse_message would refuse it all the same.
+            self.server.stats.dropped += 1
         elif self.server.context.error_answers.exhausted(addr):
             self.server.stats.rate_limited += 1  # a stranger over its error budget (turn.py)
+        elif (
+            self.unauthenticated is not None
+            and self.unauthenticated.rate > 0
+            and not has_integrity(data)
+            and not self.unauthenticated.allow(addr[0])
+        ):
+            self.server.stats.rate_limited += 1  # its source IP is over its budget (issue 20)
         else:
             self.server.handle(data, self._downstream(addr))
 

@@ -98,11 +98,17 @@ def world() -> list[dict[str, Any]]:
         k.dataplane(),
         k.static_service(),
         k.gateway(k.listener(), tls, name="gw"),
-        k.gateway(name="eph", gateway_class="ephemeral"),
+        _addressed(k.gateway(name="eph", gateway_class="ephemeral")),  # `ice` prints its URIs
         k.gateway(name="ref", gateway_class="byref"),
         k.gateway(name="bad", gateway_class="badref"),
         k.route(parents=("gw", "eph", "ref", "bad")),
     ]
+
+
+def _addressed(gateway: dict[str, Any]) -> dict[str, Any]:
+    """A Gateway with a public address (its spec.addresses), so `stunner ice` answers for it."""
+    gateway["spec"]["addresses"] = [{"type": "IPAddress", "value": "192.0.2.10"}]
+    return gateway
 
 
 def log_texts(records: Iterable[logging.LogRecord]) -> list[str]:

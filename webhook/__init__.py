@@ -28,7 +28,10 @@ the application factory (and so gunicorn) with a message naming the variable:
   a StaticService must not overlap. Unset, they are read from the API at start: the pod CIDRs
   from every Node's ``spec.podCIDRs``, the service CIDRs from the ``ServiceCIDR`` objects
   (networking.k8s.io/v1). The start-up log says which CIDRs are guarded and where they came
-  from, or warns that the check is off.
+  from. A list neither set nor offered by the API (Nodes without ``spec.podCIDRs``, a cluster
+  before ServiceCIDRs) is not guessed: the log warns, and every StaticService admitted unchecked
+  gets an admission warning (``response.warnings``, which kubectl prints) naming the missing
+  fact and the variable (chart value ``webhook.podCIDRs`` / ``webhook.serviceCIDRs``).
 - ``STUNNER_WEBHOOK_NODE_PORT_RANGE``: ``low-high`` (default ``30000-32767``).
 
 The Kubernetes API is reached with the official client, configured in-cluster, else from
@@ -156,9 +159,10 @@ def with_cluster_networks(
     found = discover() if discover and not (settings.pod_cidrs and settings.service_cidrs) else None
     prefix = "StaticService prefixes:"
     lists: dict[str, tuple[str, ...]] = {}
-    for what, variable, given, source in (
-        ("pod", POD_CIDRS, settings.pod_cidrs, "Nodes' spec.podCIDRs"),
-        ("service", SERVICE_CIDRS, settings.service_cidrs, "ServiceCIDR objects"),
+    unknown: list[tuple[str, str]] = []
+    for what, variable, value, given, source in (
+        ("pod", POD_CIDRS, "podCIDRs", settings.pod_cidrs, "Nodes' spec.podCIDRs"),
+        ("service", SERVICE_CIDRS, "serviceCIDRs", settings.service_cidrs, "ServiceCIDR objects"),
     ):
         cidrs, origin = given, variable
         if not cidrs and found is not None:
@@ -166,21 +170,31 @@ def with_cluster_networks(
         lists[what] = cidrs
         if cidrs:
             log.info("%s guarding %s CIDRs %s (from %s)", prefix, what, ", ".join(cidrs), origin)
-        else:
-            log.warning(
-                "%s no %s CIDRs: %s is unset and the API offered none, so a StaticService may "
-                "reach the %s network; set %s",
-                prefix,
-                what,
-                variable,
-                what,
-                variable,
-            )
+            continue
+        missing = (found.pod_missing if what == "pod" else found.service_missing) if found else ""
+        why = (
+            f"it is unknown ({missing or 'the API was not read'}); set {variable} "
+            f"(the chart's webhook.{value}) to the {what} CIDRs"
+        )
+        unknown.append((what, why))
+        log.warning(
+            "%s no %s CIDRs, so a StaticService may reach the %s network (each admission "
+            "says so in a warning): %s",
+            prefix,
+            what,
+            what,
+            why,
+        )
     for problem in found.problems if found else ():
         log.warning("%s reading the cluster's networks: %s", prefix, problem)
     if not lists["pod"] and not lists["service"]:
         log.warning("%s the StaticService backdoor check is off", prefix)
-    return replace(settings, pod_cidrs=lists["pod"], service_cidrs=lists["service"])
+    return replace(
+        settings,
+        pod_cidrs=lists["pod"],
+        service_cidrs=lists["service"],
+        unknown_networks=tuple(unknown),
+    )
 
 
 def _state() -> _State:

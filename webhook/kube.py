@@ -209,6 +209,9 @@ class ClusterNetworks:
     pod_cidrs: tuple[str, ...]
     service_cidrs: tuple[str, ...]
     problems: tuple[str, ...]  # one line per list that could not be read
+    # Why a list is empty, the missing fact ("" when it is not empty).
+    pod_missing: str = ""
+    service_missing: str = ""
 
 
 def discover_cluster_networks(
@@ -217,9 +220,19 @@ def discover_cluster_networks(
     """The service CIDRs (every ServiceCIDR's ``spec.cidrs``, networking.k8s.io/v1, served
     since Kubernetes 1.33) and the pod CIDRs (every Node's ``spec.podCIDRs``, set where the
     cluster allocates node CIDRs). Never raises: what cannot be read is left empty, with the
-    reason in ``problems``."""
+    reason in ``problems``, and why each empty list is empty in ``pod_missing`` and
+    ``service_missing``.
+
+    Where Nodes carry no pod CIDR (EKS and AKS CNIs, Calico IPAM, a cluster that allocates none)
+    no other API says what the pod network is: the CNI allocates from its own pools (VPC
+    subnets, IPPools), the controller manager's ``--cluster-cidr`` is unset then or hidden (managed
+    control planes), the ClusterCIDR kind (networking.k8s.io/v1alpha1) was removed in 1.29, and
+    running Pods' IPs are points, not the network's extent (guarding them would refuse
+    10.244.0.0/16 yet pass 10.244.0.99/32 beside them) and listing Pods reads every pod spec. So
+    the webhook does not guess: the missing fact is reported (see webhook.with_cluster_networks)."""
     kube = KubeLookup(api_client, timeout)
     problems: list[str] = []
+    failures: list[tuple[str, str]] = []  # (kind, why its list could not be read)
     try:
         service = _cidrs(
             kube,
@@ -228,6 +241,7 @@ def discover_cluster_networks(
             (SERVICE_CIDR.group, SERVICE_CIDR.preferred_version, SERVICE_CIDR.plural),
             "cidrs",
             problems,
+            failures,
         )
         pod = _cidrs(
             kube,
@@ -236,11 +250,21 @@ def discover_cluster_networks(
             (),
             "podCIDRs",
             problems,
+            failures,
         )
     finally:
         if api_client is None:
             kube.close()
-    return ClusterNetworks(pod, service, tuple(problems))
+    failed = {kind: problem for kind, problem in failures}
+    return ClusterNetworks(
+        pod,
+        service,
+        tuple(problems),
+        pod_missing="" if pod else failed.get("Node", "no Node has spec.podCIDRs"),
+        service_missing=""
+        if service
+        else failed.get("ServiceCIDR", "no ServiceCIDR object (served since Kubernetes 1.33)"),
+    )
 
 
 def _cidrs(
@@ -250,6 +274,7 @@ def _cidrs(
     args: tuple[str, ...],
     key: str,
     problems: list[str],
+    failures: list[tuple[str, str]],
 ) -> tuple[str, ...]:
     """The CIDRs under ``spec.<key>`` of every object of ``kind``, each once, in order."""
     what = f"the {kind.kind}s"
@@ -257,9 +282,11 @@ def _cidrs(
         body = kube._call(what, call, *args)
     except LookupFailed as e:  # 403, timeouts, no client configuration
         problems.append(str(e))
+        failures.append((kind.kind, str(e)))
         return ()
     if body is None:
         problems.append(f"{what}: not served by this API server")
+        failures.append((kind.kind, f"{what} are not served by this API server"))
         return ()
     out: list[str] = []
     items = body.get("items")

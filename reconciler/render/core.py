@@ -30,9 +30,9 @@ from stunner_api.vocabulary import (
 )
 from stunner_api.vocabulary import ConditionReason as Reason
 
-from ..store import Kind, Object, Snapshot, labels_of, matches_selector, meta, name_of, namespace_of
+from ..store import Kind, Object, Snapshot, labels_of, matches_selector, name_of, namespace_of
+from . import addresses, config, manifests
 from . import conditions as cond
-from . import config, manifests
 from .judge import judge, under
 from .plan import Finding, Plan, RenderSettings, StatusUpdate
 
@@ -423,76 +423,26 @@ class _Renderer:
     # --- public addresses (ANCHORS §2.6) ----------------------------------------------------
 
     def gateway_service(self, gateway: Object) -> Object | None:
-        """The live Service exposing a Gateway: of the Services of its namespace annotated with
-        it (and owned by it, when its uid is known), a LoadBalancer before an ExternalName
-        before a NodePort before a ClusterIP one."""
-        uid = meta(gateway).get("uid")
-        candidates = [
-            svc
-            for svc in self.snapshot.services_of_gateway(namespace_of(gateway), _id(gateway))
-            if not uid
-            or any(o.get("uid") == uid for o in meta(svc).get("ownerReferences") or [])
-            or (name_of(svc) == name_of(gateway) and not meta(svc).get("ownerReferences"))
-        ]
-        rank = {"LoadBalancer": 0, "ExternalName": 1, "NodePort": 2, "ClusterIP": 3}
-        candidates.sort(key=lambda svc: rank.get(str(_spec(svc).get("type", "ClusterIP")), 4))
-        return candidates[0] if candidates else None
+        """The live Service exposing a Gateway (addresses.gateway_service)."""
+        services = self.snapshot.services_of_gateway(namespace_of(gateway), _id(gateway))
+        return addresses.gateway_service(gateway, services)
 
     def public_address(self, gateway: Object, listener: ListenerPlan) -> tuple[str, int] | None:
-        port = listener.port or 0
-        addresses = _spec(gateway).get("addresses") or []
-        if addresses and isinstance(addresses[0], Mapping) and addresses[0].get("value"):
-            return str(addresses[0]["value"]), port
-        service = self.gateway_service(gateway)
-        if service is None:
-            return None
-        service_port = next(
-            (
-                p
-                for p in _spec(service).get("ports") or []
-                if isinstance(p, Mapping)
-                and p.get("port") == port
-                and (p.get("protocol") or "TCP") == listener.transport
-            ),
-            None,
+        found = addresses.public_address(
+            gateway,
+            self.gateway_service(gateway),
+            self.snapshot.all(Kind.NODE),
+            listener.port or 0,
+            listener.transport,
         )
-        if service_port is None:
+        if found.no_port:
             self.note(
                 gateway,
                 f"spec.listeners[{listener.index}]",
-                f"no {listener.transport} port {port} on Service {_id(service)}: enable "
-                "mixed-protocol-LB support to expose listeners of both transports",
+                found.missing,
                 Reason.ADDRESS_NOT_ASSIGNED,
             )
-            return None
-        if _spec(service).get("type", "ClusterIP") == "LoadBalancer":
-            ingress = [
-                i
-                for i in ((service.get("status") or {}).get("loadBalancer") or {}).get("ingress")
-                or []
-                if isinstance(i, Mapping)
-            ]
-            chosen = next(
-                (
-                    i
-                    for i in ingress
-                    if any(
-                        s.get("port") == port and (s.get("protocol") or "TCP") == listener.transport
-                        for s in i.get("ports") or []
-                    )
-                ),
-                ingress[0] if ingress else None,
-            )
-            if chosen is not None and (chosen.get("ip") or chosen.get("hostname")):
-                return str(chosen.get("ip") or chosen.get("hostname")), port
-        node_port = service_port.get("nodePort")
-        if isinstance(node_port, int) and node_port:
-            for kind in ("ExternalIP", "ExternalDNS"):
-                for node in self.snapshot.all(Kind.NODE):
-                    for address in (node.get("status") or {}).get("addresses") or []:
-                        if address.get("type") == kind and address.get("address"):
-                            return str(address["address"]), node_port
-        return None
+        return (found.address, found.port) if found else None
 
     # --- one Gateway ------------------------------------------------------------------------
 

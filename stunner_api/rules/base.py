@@ -134,6 +134,10 @@ class Settings:
     pod_cidrs: tuple[str, ...] = ()
     service_cidrs: tuple[str, ...] = ()
     node_port_range: tuple[int, int] = (30000, 32767)
+    # The cluster networks a caller meant to guard and could not learn: (network, why and what
+    # supplies it), e.g. ("pod", "it is unknown (no Node has spec.podCIDRs); set ..."). The
+    # webhook fills it; a StaticService admitted unchecked then says so in a warning.
+    unknown_networks: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,7 @@ def staticservice_prefixes(req: Request) -> list[Problem]:
             warning("spec.prefixes", "empty, the StaticService gives access to nothing", REASON)
         )
     cluster = _cluster_networks(req.settings)
+    unchecked = False
     for i, prefix in enumerate(prefixes):
         path = f"spec.prefixes[{i}]"
         try:
@@ -65,6 +66,7 @@ def staticservice_prefixes(req: Request) -> list[Problem]:
                 )
             )
             continue
+        unchecked = True
         for what, net in cluster:
             if network.version == net.version and network.overlaps(net):
                 problems.append(
@@ -75,6 +77,15 @@ def staticservice_prefixes(req: Request) -> list[Problem]:
                         REASON,
                     )
                 )
+    if unchecked:
+        for what, why in req.settings.unknown_networks:
+            problems.append(
+                warning(
+                    "spec.prefixes",
+                    f"not checked against the cluster's {what} network: {why}",
+                    REASON,
+                )
+            )
     return problems
 
 

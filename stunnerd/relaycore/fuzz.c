@@ -7,7 +7,10 @@
  * Sets up an engine on a loopback listener with allocations (IPv4 and IPv6 relay sockets),
  * permissions, channels, verdicts and mutes, starts its thread, then per iteration builds a
  * datagram (a valid ChannelData or Send indication, mutated, or random bytes) in a heap buffer of
- * exactly its size, and either decides it directly (relay_process, as a client or a peer
+ * exactly its size (or a STUN request with random attributes, MESSAGE-INTEGRITY among them,
+ * from strangers of many source IPs: their budgets, the bounded bucket table and the
+ * per-source share of the strangers' queue, with tiny bounds so that they fill), and either
+ * decides it directly (relay_process, as a client or a peer
  * packet) or sends it through the real sockets to the thread. The tables change under it
  * meanwhile. Prints the outcomes; any memory or undefined-behaviour error aborts with the
  * sanitizer's report.
@@ -87,6 +90,31 @@ static size_t put_send(uint8_t *b, const relay_addr *peer, const uint8_t *payloa
         memcpy(b + off + 4, &crc, 4);
         off += 8;
     }
+    return off;
+}
+
+/* A STUN request with up to 6 attributes of random types (MESSAGE-INTEGRITY often) and
+ * lengths, their headers consistent or not. */
+static size_t put_request(uint8_t *b, size_t cap) {
+    b[0] = 0x00, b[1] = (uint8_t)(rnd() % 2 ? 0x03 : 0x01);
+    uint32_t cookie = htonl(0x2112A442);
+    memcpy(b + 4, &cookie, 4);
+    for (int i = 0; i < 12; i++) b[8 + i] = (uint8_t)rnd();
+    size_t off = 20;
+    int n = (int)(rnd() % 7);
+    for (int i = 0; i < n && off + 4 <= cap; i++) {
+        uint16_t type = rnd() % 3 ? (uint16_t)(rnd() % 0x30) : 0x0008;
+        size_t alen = rnd() % 4 ? rnd() % 40 : rnd() % 0x10000;
+        b[off] = (uint8_t)(type >> 8), b[off + 1] = (uint8_t)type;
+        b[off + 2] = (uint8_t)(alen >> 8), b[off + 3] = (uint8_t)alen;
+        off += 4;
+        size_t fill = alen + (4 - alen % 4) % 4;
+        if (off + fill > cap || rnd() % 8 == 0) break; /* a header that overruns the message */
+        for (size_t k = 0; k < fill; k++) b[off + k] = (uint8_t)rnd();
+        off += fill;
+    }
+    size_t length = off - 20;
+    b[2] = (uint8_t)(length >> 8), b[3] = (uint8_t)length;
     return off;
 }
 
@@ -181,6 +209,7 @@ int main(int argc, char **argv) {
         }
     }
     for (int p = 0; p < npeers; p++) relay_set_verdict(e, &peers[p], p);
+    relay_strangers(e, 5.0, 4, 2); /* 5/s, burst 10; 4 source IPs; 2 queued per IP */
     relay_start(e);
 
     long outcomes[3] = {0}, sent = 0;
@@ -212,7 +241,10 @@ int main(int argc, char **argv) {
         /* a datagram */
         size_t len, plen = rnd() % 4 ? rnd() % 200 : rnd() % sizeof payload;
         uint32_t kind = rnd() % 8;
-        if (kind < 3) {
+        int stranger_request = rnd() % 4 == 0;
+        if (stranger_request) {
+            len = put_request(scratch, sizeof scratch);
+        } else if (kind < 3) {
             scratch[0] = 0x40, scratch[1] = (uint8_t)(rnd() % 3);
             scratch[2] = (uint8_t)(plen >> 8), scratch[3] = (uint8_t)plen;
             memcpy(scratch + 4, payload, plen);
@@ -227,10 +259,14 @@ int main(int argc, char **argv) {
             for (size_t i = 0; i < len; i++) scratch[i] = (uint8_t)rnd();
         }
         if (rnd() % 4) len = mutate(scratch, len, sizeof scratch);
+        if (stranger_request && len >= 20 && rnd() % 2) { /* plausible: its length matches */
+            len &= ~(size_t)3;
+            scratch[2] = (uint8_t)((len - 20) >> 8), scratch[3] = (uint8_t)(len - 20);
+        }
         uint8_t *data = malloc(len ? len : 1); /* exactly len: ASan sees any over-read */
         memcpy(data, scratch, len);
         int source = rnd() % 3 ? RELAY_SRC_CLIENT : RELAY_SRC_PEER;
-        if (rnd() % 8 == 0) { /* through the sockets, to the thread */
+        if (rnd() % 8 == 0 && !stranger_request) { /* through the sockets, to the thread */
             if (source == RELAY_SRC_CLIENT)
                 sendto(client, data, len, 0, (struct sockaddr *)&listen_ss, sizeof(struct sockaddr_in));
             else {
@@ -244,6 +280,12 @@ int main(int argc, char **argv) {
             struct sockaddr_storage from;
             relay_addr from_addr = source == RELAY_SRC_CLIENT ? clients[rnd() % ALLOCS] : peers[p];
             if (rnd() % 8 == 0) from_addr.port ^= 1; /* a stranger */
+            if (stranger_request) { /* a stranger of one of many source IPs */
+                source = RELAY_SRC_CLIENT;
+                from_addr = clients[0];
+                from_addr.port = (uint16_t)(from_addr.port + 1000 + rnd() % 64);
+                from_addr.ip[15] = (uint8_t)(1 + rnd() % 16);
+            }
             relay_sockaddr_from_addr(&from, rnd() % 2 ? AF_INET6 : AF_INET, &from_addr);
             if (from.ss_family == 0) relay_sockaddr_from_addr(&from, AF_INET6, &from_addr);
             uint64_t handle = handles[which] ^ (rnd() % 16 == 0 ? (uint64_t)rnd() << 20 : 0);

@@ -85,12 +85,16 @@ static PyObject *format_address(const struct sockaddr_storage *ss) {
 }
 
 static int Engine_init(EngineObject *self, PyObject *args, PyObject *kwargs) {
-    static char *names[] = {"listener_fd", "queue_limit", "queue_bytes", "max_message", NULL};
+    static char *names[] = {"listener_fd", "queue_limit",  "queue_bytes", "max_message",
+                            "stranger_rate", "stranger_ips", "per_source", NULL};
     int fd;
     unsigned int queue_limit = 4096, max_message = RELAY_MAX_MESSAGE;
+    unsigned int stranger_ips = RELAY_BUCKET_LIMIT, per_source = 0;
+    double stranger_rate = 0.0;
     Py_ssize_t queue_bytes = 8 << 20;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "i|InI", names, &fd, &queue_limit,
-                                     &queue_bytes, &max_message))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "i|InIdII", names, &fd, &queue_limit,
+                                     &queue_bytes, &max_message, &stranger_rate, &stranger_ips,
+                                     &per_source))
         return -1;
     if (self->ready) {
         PyErr_SetString(PyExc_RuntimeError, "the relay engine is already initialised");
@@ -98,6 +102,11 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kwargs) {
     }
     if (queue_limit == 0 || queue_bytes <= 0) {
         PyErr_SetString(PyExc_ValueError, "queue_limit and queue_bytes must be positive");
+        return -1;
+    }
+    if (!(stranger_rate >= 0 && stranger_rate < 1e9) || stranger_ips == 0) {
+        PyErr_SetString(PyExc_ValueError,
+                        "stranger_rate is a number >= 0 (0: no limit), stranger_ips >= 1");
         return -1;
     }
     if (max_message < 20) {
@@ -111,6 +120,7 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kwargs) {
         return -1;
     }
     self->engine.max_message = max_message;
+    relay_strangers(&self->engine, stranger_rate, stranger_ips, per_source);
     self->ready = 1;
     return 0;
 }
@@ -418,9 +428,11 @@ done:
 static PyObject *Engine_counters(EngineObject *self, PyObject *unused) {
     if (engine_check(self) < 0) return NULL;
     relay_engine *e = &self->engine;
-    uint64_t listener[4], drops[DROP_COUNT], handed_up;
-    uint32_t n;
+    uint64_t listener[4], drops[DROP_COUNT], handed_up, resets;
+    uint32_t n, stranger_ips;
     pthread_mutex_lock(&e->lock);
+    resets = e->bucket_resets;
+    stranger_ips = e->buckets.used;
     memcpy(listener, e->listener, sizeof listener);
     memcpy(drops, e->drops, sizeof drops);
     handed_up = e->handed_up;
@@ -451,9 +463,10 @@ static PyObject *Engine_counters(EngineObject *self, PyObject *unused) {
         Py_XDECREF(by_cause);
         return NULL;
     }
-    return Py_BuildValue("{s(KKKK)sNsNsK}", "listener", listener[0], listener[1], listener[2],
-                         listener[3], "clusters", by_cluster, "drops", by_cause, "handed_up",
-                         handed_up);
+    return Py_BuildValue("{s(KKKK)sNsNsKsIsK}", "listener", listener[0], listener[1],
+                         listener[2], listener[3], "clusters", by_cluster, "drops", by_cause,
+                         "handed_up", handed_up, "stranger_ips", stranger_ips, "bucket_resets",
+                         resets);
 }
 
 static PyObject *Engine_thread_cpu(EngineObject *self, PyObject *unused) {

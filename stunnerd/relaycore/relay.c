@@ -15,6 +15,7 @@
 
 #define COOKIE 0x2112A442u
 #define FINGERPRINT_XOR 0x5354554Eu
+#define ATTR_MESSAGE_INTEGRITY 0x0008
 #define ATTR_XOR_PEER_ADDRESS 0x0012
 #define ATTR_DATA 0x0013
 #define ATTR_FINGERPRINT 0x8028
@@ -26,7 +27,7 @@
 
 const char *const relay_drop_names[DROP_COUNT] = {
     "no_permission", "forbidden", "expired", "too_big", "send_error", "queue_full", "invalid",
-    "rate_limited",
+    "rate_limited", "unauthenticated_rate",
 };
 
 /* --- small helpers ------------------------------------------------------------------------ */
@@ -225,6 +226,7 @@ int relay_new(relay_engine *e, int listen_fd, uint32_t queue_limit, size_t queue
     e->listen_family = family;
     e->qbytes_limit = queue_bytes;
     e->max_message = RELAY_MAX_MESSAGE;
+    e->bucket_limit = RELAY_BUCKET_LIMIT;
     for (int q = 0; q < RELAY_QUEUES; q++) {
         e->queues[q].cap = queue_limit ? queue_limit : 1;
         e->queues[q].items = calloc(e->queues[q].cap, sizeof *e->queues[q].items);
@@ -290,6 +292,8 @@ void relay_free(relay_engine *e) {
     table_free(&e->by_client);
     table_free(&e->verdicts);
     table_free(&e->muted);
+    table_free(&e->buckets);
+    table_free(&e->queued);
     free(e->clusters);
     for (int q = 0; q < RELAY_QUEUES; q++) {
         relay_queue *queue = &e->queues[q];
@@ -516,6 +520,17 @@ int relay_mute(relay_engine *e, const relay_addr *client, double until) {
     return rc;
 }
 
+void relay_strangers(relay_engine *e, double rate, uint32_t ips, uint32_t per_source) {
+    pthread_mutex_lock(&e->lock);
+    e->stranger_rate = rate > 0 ? rate : 0;
+    e->bucket_limit = ips ? ips : 1;
+    table_free(&e->buckets);
+    pthread_mutex_unlock(&e->lock);
+    pthread_mutex_lock(&e->qlock);
+    e->per_source = per_source;
+    pthread_mutex_unlock(&e->qlock);
+}
+
 void relay_clear_verdicts(relay_engine *e) {
     pthread_mutex_lock(&e->lock);
     table_free(&e->verdicts);
@@ -594,6 +609,52 @@ static int verdict_of(relay_engine *e, const relay_addr *peer) {
         if (e->relay_ports && e->relay_ports[peer->port]) return -1; /* stunnerd's relay socket */
     }
     return v;
+}
+
+int relay_has_integrity(const uint8_t *b, size_t len) {
+    for (size_t off = 20; off + 4 <= len;) {
+        if (be16(b + off) == ATTR_MESSAGE_INTEGRITY) return 1;
+        size_t alen = be16(b + off + 2);
+        off += 4 + alen + (4 - alen % 4) % 4;
+    }
+    return 0;
+}
+
+/* Whether a stranger's unauthenticated STUN message from `addr` is within its source IP's
+ * budget, spending one token if so: a token bucket of 2 * rate tokens refilled at `rate` per
+ * second, kept as GCRA's theoretical arrival time `tat` (the bucket is full when tat <= now;
+ * each message moves tat by 1/rate; a message is admitted while tat - now <= 2 - 1/rate, the
+ * time the bucket takes to refill all but one token). stunnerd.limits.RateLimiter decides
+ * exactly the same with (tokens, time). The table holds at most bucket_limit IPs: when it is
+ * full, the full buckets are forgotten (a new one starts full: nothing is lost), and only if
+ * every bucket is in use the table starts afresh (counted in bucket_resets). */
+static int stranger_admitted(relay_engine *e, const relay_addr *addr, double now) {
+    double interval = 1.0 / e->stranger_rate, tolerance = 2.0 - interval;
+    relay_addr k = ip_key(addr);
+    relay_entry *b = table_find(&e->buckets, &k);
+    double tat = b && b->expiry > now ? b->expiry : now;
+    if (tat - now > tolerance + 1e-9) return 0;
+    if (!b) {
+        relay_table *t = &e->buckets;
+        if (t->used >= e->bucket_limit) {
+            for (uint32_t i = 0; i < t->cap; i++) {
+                relay_entry *s = &t->slots[i];
+                if (s->state == 1 && s->expiry <= now) {
+                    s->state = 2;
+                    t->used--;
+                    t->deleted++;
+                }
+            }
+            if (t->used >= e->bucket_limit) {
+                table_free(t);
+                e->bucket_resets++;
+            }
+        }
+        b = table_put(t, &k);
+        if (!b) return 1; /* out of memory: admitted, as without a limit */
+    }
+    b->expiry = tat + interval;
+    return 1;
 }
 
 static int drop(relay_engine *e, int cause) {
@@ -730,6 +791,9 @@ int relay_process(relay_engine *e, int source, uint64_t handle, const struct soc
     if (!a) { /* a stranger's STUN message: Python's, unless its error budget is spent */
         relay_entry *m = e->muted.used ? table_find(&e->muted, &addr) : NULL;
         if (m && m->expiry > now) return drop(e, DROP_RATE_LIMITED);
+        if (e->stranger_rate > 0 && !relay_has_integrity(data, len) &&
+            !stranger_admitted(e, &addr, now))
+            return drop(e, DROP_UNAUTHENTICATED);
         return RELAY_UP;
     }
     if (data[0] != 0x00 || data[1] != SEND_INDICATION || now >= a->expires) return RELAY_UP;
@@ -751,16 +815,27 @@ int relay_payload_to_peer(relay_engine *e, uint64_t handle, const relay_addr *pe
 void relay_hand_up(relay_engine *e, int source, uint64_t handle, const struct sockaddr *from,
                    socklen_t fromlen, const uint8_t *data, size_t len) {
     int known = source == RELAY_SRC_PEER;
+    relay_addr key;
+    memset(&key, 0, sizeof key);
     if (!known) {
         relay_addr client;
         relay_addr_from_sockaddr(&client, from);
         known = table_find(&e->by_client, &client) != NULL;
+        key = ip_key(&client);
     }
     relay_queue *queue = &e->queues[known ? RELAY_QUEUE_KNOWN : RELAY_QUEUE_STRANGERS];
     pthread_mutex_lock(&e->qlock);
     relay_up *up = NULL;
-    if (queue->len < queue->cap && queue->bytes + len <= e->qbytes_limit)
+    /* A stranger's source IP holds at most per_source places in its queue: one source cannot
+     * fill it for the others (issue 20). */
+    relay_entry *share = !known && e->per_source ? table_find(&e->queued, &key) : NULL;
+    int fair = !share || (uint32_t)share->value < e->per_source;
+    if (fair && queue->len < queue->cap && queue->bytes + len <= e->qbytes_limit)
         up = malloc(sizeof *up + len);
+    if (up && !known && e->per_source) {
+        if (!share) share = table_put(&e->queued, &key);
+        if (share) share->value++;
+    }
     if (!up) {
         pthread_mutex_unlock(&e->qlock);
         e->drops[DROP_QUEUE_FULL]++;
@@ -773,6 +848,7 @@ void relay_hand_up(relay_engine *e, int source, uint64_t handle, const struct so
     memcpy(&up->from, from, fromlen);
     up->fromlen = fromlen;
     up->len = (uint32_t)len;
+    up->counted = share != NULL;
     memcpy(up->data, data, len);
     queue->items[(queue->head + queue->len) % queue->cap] = up;
     queue->bytes += len;
@@ -797,6 +873,13 @@ uint32_t relay_drain(relay_engine *e, relay_up **out, uint32_t max) {
             queue->len--;
             queue->bytes -= up->len;
             out[n++] = up;
+            if (up->counted) {
+                relay_addr client;
+                relay_addr_from_sockaddr(&client, (const struct sockaddr *)&up->from);
+                relay_addr key = ip_key(&client);
+                relay_entry *share = table_find(&e->queued, &key);
+                if (share && --share->value <= 0) table_del(&e->queued, &key);
+            }
         }
     }
     if (e->queues[RELAY_QUEUE_KNOWN].len + e->queues[RELAY_QUEUE_STRANGERS].len == 0) {

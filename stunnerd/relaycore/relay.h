@@ -10,7 +10,9 @@
  * dropped on its first bytes, before any copy (counted as DROP_INVALID), and what is handed up
  * from a client with an allocation here, or from a peer, goes to the priority queue, which
  * relay_drain empties first: strangers filling the other queue cannot starve established
- * clients' requests.
+ * clients' requests. A stranger's STUN message without MESSAGE-INTEGRITY spends a token of its
+ * source IP's bucket first (issue 20, relay_strangers), and is dropped (DROP_UNAUTHENTICATED)
+ * past it; one source IP holds at most a share of the strangers' queue.
  *
  * Locking: `lock` guards the tables and counters; the thread holds it only while deciding a
  * batch (never during a syscall). `qlock` guards the hand-up queues and nests inside `lock`.
@@ -75,6 +77,7 @@ enum relay_drop {
     DROP_QUEUE_FULL,
     DROP_INVALID,      /* cannot be STUN or ChannelData, or a stranger's ChannelData */
     DROP_RATE_LIMITED, /* a stranger over its error-answer budget (relay_mute) */
+    DROP_UNAUTHENTICATED, /* a stranger's STUN without MESSAGE-INTEGRITY past its IP's budget */
     DROP_COUNT
 };
 extern const char *const relay_drop_names[DROP_COUNT];
@@ -88,6 +91,7 @@ enum { CL_TX_PACKETS, CL_TX_BYTES, CL_RX_PACKETS, CL_RX_BYTES };               /
 #define RELAY_VERDICT_OWN 0x40000000
 #define RELAY_VERDICT_LIMIT 65536
 #define RELAY_MUTED_LIMIT 65536
+#define RELAY_BUCKET_LIMIT 65536 /* source IPs with a stranger's budget in use (relay_strangers) */
 #define RELAY_BATCH 32
 #define RELAY_BUFFER 65536
 #define RELAY_MAX_MESSAGE 4096 /* STUN over UDP, by default (stunnerd.limits.max_udp_message) */
@@ -99,6 +103,7 @@ typedef struct relay_up {
     struct sockaddr_storage from;
     socklen_t fromlen;
     uint32_t len;
+    int counted; /* counted in `queued` (a stranger's packet) */
     uint8_t data[];
 } relay_up;
 
@@ -133,6 +138,13 @@ typedef struct relay_engine {
     relay_table by_client; /* client address -> allocation slot */
     relay_table verdicts;  /* peer address -> cluster id (>= 0, maybe | OWN) or forbidden (-1) */
     relay_table muted;     /* stranger's address -> until when its STUN is dropped (expiry) */
+    /* Unauthenticated STUN from strangers (issue 20): a token bucket per source IP (port 0),
+     * `stranger_rate` per second with a burst of twice that, kept as the bucket's theoretical
+     * arrival time (GCRA) in `expiry`; at most `bucket_limit` IPs (relay_strangers). */
+    relay_table buckets;
+    double stranger_rate;  /* 0: no limit */
+    uint32_t bucket_limit;
+    uint64_t bucket_resets; /* times the table was full of live buckets and started afresh */
     const volatile uint8_t *relay_ports; /* 65536 bytes or NULL (Python keeps it alive) */
     uint64_t listener[4];
     uint64_t (*clusters)[4];
@@ -146,6 +158,8 @@ typedef struct relay_engine {
     pthread_mutex_t qlock;
     relay_queue queues[RELAY_QUEUES];
     size_t qbytes_limit;
+    relay_table queued;   /* a stranger's IP (port 0) -> its packets in the strangers' queue */
+    uint32_t per_source;  /* at most this many of them per IP (0: no cap) */
     /* the thread */
     pthread_t thread;
     int running;
@@ -184,6 +198,10 @@ void relay_clear_verdicts(relay_engine *e);
  * (relay_now's clock), counted as DROP_RATE_LIMITED: Python's error-answer budget for it is
  * spent, and Python would drop them unparsed. */
 int relay_mute(relay_engine *e, const relay_addr *client, double until);
+/* The budget of strangers' unauthenticated STUN (issue 20): `rate` messages per second per
+ * source IP, a burst of twice that (0: no limit), for at most `ips` source IPs at a time; and
+ * at most `per_source` packets of one source IP in the strangers' queue (0: no cap). */
+void relay_strangers(relay_engine *e, double rate, uint32_t ips, uint32_t per_source);
 
 /* The packet path. relay_process decides one packet (lock held) and fills *out on RELAYED;
  * relay_flush sends decided packets (scratch: `count` headers of the caller's) and counts
@@ -212,5 +230,8 @@ socklen_t relay_sockaddr_from_addr(struct sockaddr_storage *ss, int family, cons
 int relay_parse_send(const uint8_t *b, size_t len, relay_addr *peer, const uint8_t **payload,
                      size_t *plen);
 uint32_t relay_crc32(const uint8_t *b, size_t len);
+/* Whether a STUN message carries MESSAGE-INTEGRITY: its attributes walked by their lengths
+ * (padded to 4) from the header on, while a whole attribute header fits; nothing is verified. */
+int relay_has_integrity(const uint8_t *b, size_t len);
 
 #endif

@@ -423,3 +423,25 @@ def test_helm_test_pod_runs_the_images_own_client(default_manifests: list[dict[s
     from stunner_cli.__main__ import build_parser
 
     build_parser().parse_args(container["args"])  # the CLI accepts exactly these arguments
+
+
+def test_the_reconcilers_lease_is_owned_by_its_deployment(
+    default_manifests: list[dict[str, Any]],
+) -> None:
+    """`helm uninstall` deletes the Lease with the reconciler's Deployment (its owner), found
+    on a real cluster (tests/cluster): the Lease outlived the release and held the next
+    install's reconciler back for a lease duration. It may read that Deployment."""
+    (deployment,) = [
+        d for d in of_kind(default_manifests, "Deployment") if "reconciler" in d["metadata"]["name"]
+    ]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    name = deployment["metadata"]["name"]
+    assert f"--leader-election-owner={name}" in container["args"]
+    from reconciler.__main__ import build_parser as reconciler_parser
+
+    args = reconciler_parser().parse_args(container["args"])
+    assert args.leader_election_owner == name
+    (role,) = [r for r in of_kind(default_manifests, "ClusterRole") if "reconciler" in str(r)]
+    assert any(
+        "deployments" in rule["resources"] and "get" in rule["verbs"] for rule in role["rules"]
+    )

@@ -41,7 +41,9 @@ def cluster_objects(
     """The example, the chart's Dataplane and test hooks, and what the API server adds: the
     echo Service's ClusterIP and the EndpointSlice of the test pod."""
     test_hooks = [h for h in hooks(manifests) if h["kind"] != "Pod"]
-    (service,) = of_kind(test_hooks, "Service")
+    (service,) = [
+        s for s in of_kind(manifests, "Service") if s["metadata"]["name"].endswith("-echo")
+    ]
     service["spec"]["clusterIP"] = "10.96.0.10"
     endpoints = {
         "apiVersion": "discovery.k8s.io/v1",
@@ -55,7 +57,7 @@ def cluster_objects(
         "endpoints": [{"addresses": [POD_IP], "conditions": {"ready": True}}],
         "ports": [{"name": "echo", "port": echo_port, "protocol": "UDP"}],
     }
-    chart = of_kind(manifests, "Dataplane") + [endpoints] + test_hooks
+    chart = of_kind(manifests, "Dataplane") + [endpoints, service] + test_hooks
     if not grant:
         chart = [o for o in chart if o["kind"] != "ReferenceGrant"]
     located = [offline.Located(ROOT / "charts", 1, "", o) for o in chart]
@@ -145,12 +147,28 @@ def test_the_hooks_exist_before_the_pod_and_go_when_it_passes(
     manifests: list[dict[str, Any]],
 ) -> None:
     test_hooks = hooks(manifests)
-    assert sorted(h["kind"] for h in test_hooks) == ["Pod", "ReferenceGrant", "Service", "UDPRoute"]
+    assert sorted(h["kind"] for h in test_hooks) == ["Pod", "ReferenceGrant", "UDPRoute"]
     for hook in test_hooks:
         annotations = hook["metadata"]["annotations"]
-        assert "hook-succeeded" in annotations["helm.sh/hook-delete-policy"]
+        policy = annotations["helm.sh/hook-delete-policy"].split(",")
         weight = int(annotations.get("helm.sh/hook-weight", "0"))
         assert weight == (0 if hook["kind"] == "Pod" else -1), hook["kind"]
+        # the pod stays for `helm test --logs` until the next run; the others go when it passes
+        want = ["before-hook-creation"] + ([] if hook["kind"] == "Pod" else ["hook-succeeded"])
+        assert policy == want, hook["kind"]
+
+
+def test_helm_test_logs_finds_a_pod_for_every_test_hook(manifests: list[dict[str, Any]]) -> None:
+    """helm 3.18 and 4.2.3 `helm test --logs` read, after the hooks' delete policies ran, the
+    logs of a Pod in the release namespace named like each test hook, and fail on a hook whose
+    name no Pod has (helm/helm#6968, #9098). Found on a real cluster (tests/cluster): the
+    echo Service, UDPRoute and ReferenceGrant were named stunner-test-echo and the pod was
+    deleted when it passed, so `helm test --logs` failed after a passing test."""
+    test_hooks = hooks(manifests)
+    (pod,) = of_kind(test_hooks, "Pod")
+    assert pod["metadata"]["namespace"] == NAMESPACE
+    assert "hook-succeeded" not in pod["metadata"]["annotations"]["helm.sh/hook-delete-policy"]
+    assert {h["metadata"]["name"] for h in test_hooks} == {pod["metadata"]["name"]}
 
 
 def test_no_gateways_to_echo_through_means_allocation_only(helm: Path) -> None:

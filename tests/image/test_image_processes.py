@@ -173,6 +173,21 @@ def test_the_build_checks_pass_from_slash_and_cover_every_command(image_venvs: I
     assert "check: stunnerd._relay" in dataplane
 
 
+def image_check(image_venvs: ImageVenvs, image: str, pythonpath: Path) -> str:
+    """Run the Dockerfile's check in a venv with `pythonpath` first on sys.path; return what it
+    said on failure (it must fail)."""
+    done = subprocess.run(
+        [image_venvs.bin(image, "python"), str(ROOT / "hack" / "image_venv.py"), "check"],
+        env={"PYTHONPATH": str(pythonpath)},
+        cwd="/",
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode != 0, done.stdout
+    return done.stderr
+
+
 def test_the_check_fails_when_a_module_gunicorn_loads_late_is_missing(
     image_venvs: ImageVenvs, tmp_path: Path
 ) -> None:
@@ -181,30 +196,12 @@ def test_the_check_fails_when_a_module_gunicorn_loads_late_is_missing(
     Dockerfile runs must fail and say so."""
     (tmp_path / "packaging").mkdir()
     (tmp_path / "packaging" / "__init__.py").write_text("raise ModuleNotFoundError('packaging')\n")
-    done = subprocess.run(
-        [image_venvs.bin("controlplane", "python"), str(ROOT / "hack" / "image_venv.py"), "check"],
-        env={"PYTHONPATH": str(tmp_path)},
-        cwd="/",
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert done.returncode != 0
-    assert "packaging" in done.stderr
+    assert "packaging" in image_check(image_venvs, "controlplane", tmp_path)
 
 
 def test_the_check_fails_when_the_source_tree_shadows_the_venv(image_venvs: ImageVenvs) -> None:
     """The other fault: a check run in the build's WORKDIR imported the source folder."""
-    done = subprocess.run(
-        [image_venvs.bin("dataplane", "python"), str(ROOT / "hack" / "image_venv.py"), "check"],
-        env={"PYTHONPATH": str(ROOT)},
-        cwd="/",
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert done.returncode != 0
-    assert "not from the venv" in done.stderr
+    assert "not from the venv" in image_check(image_venvs, "dataplane", ROOT)
 
 
 def test_the_dataplane_venv_carries_stunnerd_alone(image_venvs: ImageVenvs) -> None:

@@ -178,7 +178,7 @@ def test_public_address_precedence() -> None:
     [
         ("/ice", CONFIGS, {}, 400, '"service" must be "turn"'),
         ("/", CONFIGS, {"service": "stun"}, 400, '"service" must be "turn"'),
-        ("/ice", CONFIGS, {"service": "turn", "ttl": "soon"}, 400, '"ttl" must be an integer'),
+        ("/ice", CONFIGS, {"service": "turn", "ttl": "soon"}, 400, '"ttl" must be a number'),
         ("/ice", CONFIGS, {"service": "turn", "gateway": "gw-a"}, 400, '"gateway" needs'),
         ("/ice", CONFIGS, {"service": "turn", "iceTransportPolicy": "x"}, 400, "must be one of"),
         ("/ice", {}, {"service": "turn"}, 500, "no STUNner configuration available"),
@@ -216,3 +216,38 @@ def test_secrets_are_in_no_log_line(caplog: pytest.LogCaptureFixture) -> None:
     ask("/ice", service="nope")
     assert caplog.records
     assert SECRET not in caplog.text and "pass-1" not in caplog.text
+
+
+@pytest.mark.parametrize(
+    "ttl",
+    [
+        " 60",  # int() strips spaces
+        "60 ",
+        "+60",
+        "1_000",  # int() takes underscores
+        "\u0666\u0660",  # Arabic-Indic 60: int() takes any script's digits
+        "0",
+        "-5",
+        "604801",  # a week and a second
+        "10" + "0" * 11,  # 10^12: 31,000 years
+        "9223372036854775807",  # int64's largest: Go's overflow
+        "9" * 4000,
+        "6e1",
+    ],
+)
+def test_a_bad_ttl_is_400_and_not_echoed(ttl: str, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
+    for path in ("/", "/ice"):
+        status, body = ask(path, service="turn", username="alice", ttl=ttl)
+        assert status == 400 and body["code"] == 400
+        assert body["message"] == '"ttl" must be a number of seconds from 1 to 604800'
+    # Nor logged: the log line says what is wrong, not what was sent.
+    assert all(len(r.getMessage()) < 200 for r in caplog.records)
+    assert "9" * 20 not in caplog.text
+
+
+@pytest.mark.parametrize(("ttl", "expected"), [("1", 1), ("0060", 60), ("604800", 604800)])
+def test_a_good_ttl_is_taken(ttl: str, expected: int) -> None:
+    status, body = ask("/", service="turn", username="alice", namespace="ns2", ttl=ttl)
+    assert status == 200 and body["ttl"] == expected
+    assert body["username"] == f"{NOW + expected}:alice"

@@ -167,6 +167,10 @@ def test_health_metrics_and_readiness(tmp_path: Path) -> None:
                     "stunner_reconciler_render_duration_seconds_bucket",
                     'stunner_reconciler_api_writes_total{kind="Service",result="ok",verb="create"}',
                     "stunner_reconciler_cds_clients 0.0",
+                    # The CDS's connection discipline (stunner_http; issue 20).
+                    'stunner_reconciler_http_refused_total{server="cds"} 0.0',
+                    'stunner_reconciler_http_accept_errors_total{server="cds"} 0.0',
+                    'stunner_reconciler_websocket_closed_total{reason="flooding",server="cds"} 0.0',
                     "stunner_reconciler_leader 1.0",
                     "stunner_reconciler_cache_fresh 1.0",
                 ):

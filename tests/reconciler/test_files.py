@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from pathlib import Path
 
 import pytest
 
-from reconciler.files import ManifestDir, ManifestError, parse_manifest
+from reconciler.files import ManifestDir, ManifestError, parse_manifest, read_manifest
 
 GATEWAY = """\
 apiVersion: gateway.networking.k8s.io/v1
@@ -175,3 +176,182 @@ def test_watch_yields_after_each_change(tmp_path: Path) -> None:
         await watch.aclose()
 
     asyncio.run(main())
+
+
+# --- hostile files: bounded, reported once, the last good objects kept -------------------------
+
+
+def nesting_bomb() -> str:
+    return "[" * 100_000  # 100,000 nested flow sequences: RecursionError in the parser before
+
+
+def block_nesting_bomb() -> str:
+    return "".join(f"{' ' * level}k:\n" for level in range(1500)) + " " * 1500 + "v\n"
+
+
+def alias_bomb(comment: str = "") -> str:
+    """A ConfigMap whose data is 9 levels of 9 aliases (387 million nodes expanded)."""
+    lines = [f"# {comment}", "apiVersion: v1", "kind: ConfigMap", "metadata: {name: lol}", "data:"]
+    lines.append("  a0: &a0 [x, x, x, x, x, x, x, x, x]")
+    for level in range(1, 9):
+        lines.append(f"  a{level}: &a{level} [{', '.join([f'*a{level - 1}'] * 9)}]")
+    return "\n".join(lines) + "\n"
+
+
+def too_many_documents() -> str:
+    return "".join(f"---\n{GATEWAY.format(name=f'gw{n}')}" for n in range(1001))
+
+
+def oversized() -> str:
+    # A valid object padded with a comment past 4 MiB.
+    return GATEWAY.format(name="big") + "#" * (4 * 1024 * 1024) + "\n"
+
+
+BOMBS = {
+    "nesting": (nesting_bomb, 1, "invalid YAML: while increasing flow level exceeded maximum"),
+    "block nesting": (block_nesting_bomb, 100, "nested more than 100 levels deep"),
+    "block sequences": (lambda: "- " * 3000 + "x\n", 1, "nested more than 100 levels deep"),
+    "alias bomb": (alias_bomb, 11, "more than 300000 nodes, each alias counted as what it names"),
+    "recursive alias": (lambda: "a: &a [b, *a]\n", 1, "alias *a is inside the node it names"),
+    "documents": (too_many_documents, 12001, "more than 1000 documents in one file"),
+    "oversized": (oversized, 0, f"{len(oversized())} bytes, more than the 4 MiB a file may have"),
+}
+
+
+@pytest.mark.parametrize("bomb", sorted(BOMBS))
+def test_a_hostile_file_is_refused_once_and_keeps_the_last_good_objects(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, bomb: str
+) -> None:
+    make, line, message = BOMBS[bomb]
+    path = tmp_path / "hostile.yaml"
+    path.write_text(GATEWAY.format(name="kept"))
+    other = tmp_path / "other.yaml"
+    other.write_text(GATEWAY.format(name="other"))
+    directory = ManifestDir(tmp_path)
+    directory.scan()
+    with caplog.at_level(logging.ERROR, logger="stunner.manifests"):
+        path.write_text(make())
+        assert directory.scan() is False
+        assert names(directory) == ["Gateway/kept", "Gateway/other"]
+        [error] = directory.errors
+        assert (error.path, error.line) == (path, line)
+        assert message in error.message
+        # Other files' edits still apply; the refusal is not logged again.
+        other.write_text(GATEWAY.format(name="edited"))
+        assert directory.scan() is True
+        assert names(directory) == ["Gateway/kept", "Gateway/edited"]
+    assert caplog.text.count(str(path)) == 1
+    assert "keeping the 1 objects read before" in caplog.text
+    # The same refusal through the loader `stunner render/check -f` uses.
+    with pytest.raises(ManifestError) as info:
+        read_manifest(path)
+    assert str(info.value) == str(error)
+
+
+def test_an_alias_bomb_rewritten_is_refused_and_logged_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Rewritten, the old loader compared the old and new parsed objects: 33 s expanding both.
+    path = tmp_path / "lol.yaml"
+    path.write_text(alias_bomb("first"))
+    directory = ManifestDir(tmp_path)
+    with caplog.at_level(logging.ERROR, logger="stunner.manifests"):
+        assert directory.scan() is False
+        path.write_text(alias_bomb("rewritten"))
+        assert directory.scan() is False
+    assert directory.objects() == []
+    assert [(e.path, e.line) for e in directory.errors] == [(path, 11)]
+    assert caplog.text.count(f"{path}:11: more than 300000 nodes") == 1
+
+
+def test_aliases_within_the_bound_are_read(tmp_path: Path) -> None:
+    (tmp_path / "a.yaml").write_text(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: c}\n"
+        "data: {base: &base [x, y], copy: *base, merged: {<<: {k: v}, l: w}}\n"
+    )
+    directory = ManifestDir(tmp_path)
+    assert directory.scan() is True
+    [config] = directory.objects()
+    assert config["data"]["copy"] == ["x", "y"]
+    assert config["data"]["merged"] == {"k": "v", "l": "w"}
+
+
+def test_a_change_is_decided_from_the_bytes(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "gateway.yaml"
+    path.write_text(GATEWAY.format(name="gw"))
+    directory = ManifestDir(tmp_path)
+    with caplog.at_level(logging.INFO, logger="stunner.manifests"):
+        directory.scan()
+        stat = path.stat()
+        os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))  # touched
+        assert directory.scan() is False  # the same bytes: not parsed again
+        assert caplog.text.count(f"manifest {path}: 1 objects") == 1
+        path.write_text("# a comment\n" + GATEWAY.format(name="gw"))  # new bytes: parsed
+        assert directory.scan() is True
+        assert caplog.text.count(f"manifest {path}: 1 objects") == 2
+
+
+def test_a_symlink_out_of_the_directory_is_not_followed(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    manifests = tmp_path / "manifests"
+    (manifests / "sub").mkdir(parents=True)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.yaml").write_text(GATEWAY.format(name="outside"))
+    (manifests / "gateway.yaml").write_text(GATEWAY.format(name="gw"))
+    (manifests / "zz.yaml").symlink_to(outside / "secret.yaml")
+    (manifests / "linked-dir").symlink_to(outside)
+    (manifests / "nowhere.yaml").symlink_to(tmp_path / "missing.yaml")
+    # A link inside the directory is read (a ConfigMap volume is made of such links); hidden
+    # directories (the volume's ..data) are not walked themselves.
+    (manifests / "..data").mkdir()
+    (manifests / "..data" / "route.yaml").write_text(ROUTE)
+    (manifests / "route.yaml").symlink_to(manifests / "..data" / "route.yaml")
+    directory = ManifestDir(manifests)
+    with caplog.at_level(logging.ERROR, logger="stunner.manifests"):
+        assert directory.scan() is True
+        assert names(directory) == ["Gateway/gw", "UDPRoute/route"]
+        assert directory.scan() is False
+    refused = [manifests / "linked-dir", manifests / "nowhere.yaml", manifests / "zz.yaml"]
+    assert [e.path for e in directory.errors] == refused
+    for path in refused:
+        assert caplog.text.count(f"{path}: a symbolic link out of the directory") == 1
+    assert "outside" not in names(directory)
+    # The link removed: its report goes.
+    (manifests / "zz.yaml").unlink()
+    directory.scan()
+    assert [e.path for e in directory.errors] == refused[:2]
+
+
+def test_the_watch_survives_a_scan_that_fails(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The directory taken away (a volume unmounted): logged once, the objects kept, the watch
+    goes on and takes the directory back."""
+    manifests = tmp_path / "manifests"
+    manifests.mkdir()
+    (manifests / "gateway.yaml").write_text(GATEWAY.format(name="one"))
+
+    async def main() -> None:
+        watch = ManifestDir(manifests, poll_interval=0.02).watch()
+        first = await asyncio.wait_for(anext(watch), 5)
+        assert [obj["metadata"]["name"] for obj in first] == ["one"]
+        pending = asyncio.ensure_future(anext(watch))
+        manifests.rename(tmp_path / "away")
+        while caplog.text.count("scanning") < 1:
+            await asyncio.sleep(0.02)
+        for _ in range(5):  # several more polls fail the same way
+            await asyncio.sleep(0.02)
+        (tmp_path / "away").rename(manifests)
+        (manifests / "gateway.yaml").write_text(GATEWAY.format(name="two"))
+        second = await asyncio.wait_for(pending, 5)
+        assert [obj["metadata"]["name"] for obj in second] == ["two"]
+        await watch.aclose()
+
+    with caplog.at_level(logging.INFO, logger="stunner.manifests"):
+        asyncio.run(main())
+    assert caplog.text.count(f"scanning {manifests} failed: {manifests}: not a directory") == 1
+    assert f"scanning {manifests} works again" in caplog.text

@@ -144,3 +144,84 @@ def test_sigterm_releases_the_lease_stops_writing_and_keeps_serving_cds(tmp_path
                         assert "10.0.0.8/32" in await response.text()
 
     asyncio.run(main())
+
+
+def _deployment(uid_hint: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "stunner-reconciler", "namespace": "stunner-system"},
+        "spec": {
+            "selector": {"matchLabels": {"app": uid_hint}},
+            "template": {
+                "metadata": {"labels": {"app": uid_hint}},
+                "spec": {"containers": [{"name": "reconciler", "image": "stunner"}]},
+            },
+        },
+    }
+
+
+def test_the_lease_is_owned_by_the_reconcilers_deployment(tmp_path: Path) -> None:
+    """With ``--leader-election-owner`` (the chart names the reconciler's Deployment) the Lease
+    carries an ownerReference to that Deployment, so that deleting it (``helm uninstall``)
+    deletes the Lease. Found on a real cluster (tests/cluster): the replica cannot release the
+    Lease on uninstall (its ServiceAccount goes at once), the Lease stayed behind, and the next
+    install's reconciler led, and so created the Gateways' Deployments, only after a lease
+    duration (15 s). A Lease left by an older install (its owner's uid gone) gets the new one."""
+
+    async def main() -> None:
+        with FakeApiServer() as fake:
+            k.world(fake)
+            deployment = fake.seed(_deployment("reconciler"))
+            uid = deployment["metadata"]["uid"]
+            fake.seed(
+                {
+                    "apiVersion": "coordination.k8s.io/v1",
+                    "kind": "Lease",
+                    "metadata": {
+                        "name": "92062b70.l7mp.io",
+                        "namespace": "stunner-system",
+                        "ownerReferences": [
+                            {
+                                "apiVersion": "apps/v1",
+                                "kind": "Deployment",
+                                "name": "stunner-reconciler",
+                                "uid": "an-older-install",
+                            }
+                        ],
+                    },
+                    "spec": {"holderIdentity": ""},  # released
+                }
+            )
+            async with k.reconciler(
+                fake,
+                tmp_path,
+                leader_elect=True,
+                identity="a",
+                lease_owner="stunner-reconciler",
+                **LEASE,
+            ) as a:
+                await k.eventually(lambda: a.mode.leading, what="a leads")
+                assert lease(fake)["metadata"]["ownerReferences"] == [
+                    {
+                        "apiVersion": "apps/v1",
+                        "kind": "Deployment",
+                        "name": "stunner-reconciler",
+                        "uid": uid,
+                    }
+                ]
+
+    asyncio.run(main())
+
+
+def test_without_an_owner_deployment_the_lease_is_still_taken(tmp_path: Path) -> None:
+    async def main() -> None:
+        with FakeApiServer() as fake:
+            k.world(fake)
+            async with k.reconciler(
+                fake, tmp_path, leader_elect=True, identity="a", lease_owner="missing", **LEASE
+            ) as a:
+                await k.eventually(lambda: a.mode.leading, what="a leads")
+                assert not lease(fake)["metadata"].get("ownerReferences")
+
+    asyncio.run(main())

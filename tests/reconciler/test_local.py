@@ -100,6 +100,11 @@ def test_manifests_to_a_running_stunnerd_and_an_edit_reaching_it(tmp_path: Path)
                 second_id = "stunner/second-gateway"
                 second_proc = await local.dataplane(second_id)
                 await wait_until_serving(HOST, second_port, second_proc)
+                # Both stunnerds ask for http://:8086: each has its own loopback port instead.
+                ports = local.dataplanes.admin_ports
+                assert ports[GATEWAY_ID][0] != ports[second_id][0]
+                for id in (GATEWAY_ID, second_id):
+                    assert await get_json(f"http://{HOST}:{ports[id][0]}/live") == {}
                 (manifests / "second.yaml").unlink()
                 await asyncio.to_thread(second_proc.wait, 10)  # no allocations: exits at once
                 assert second_proc.returncode == 0
@@ -116,6 +121,7 @@ def test_manifests_to_a_running_stunnerd_and_an_edit_reaching_it(tmp_path: Path)
         output.close()
     log = (tmp_path / "stunnerd.log").read_text()
     assert "pass-1" not in log
+    assert "cannot start the health-check server" not in log
 
 
 def reconciler_command(*args: str) -> list[str]:

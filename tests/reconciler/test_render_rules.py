@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from reconciler.render import Plan, RenderSettings, render
+from reconciler.render import Plan, RenderSettings, addresses, render
 from reconciler.render.manifests import service_account_of
 from reconciler.store import Snapshot
 from stunnerd.certificates import self_signed_certificate
@@ -677,13 +677,94 @@ def node(*addresses: tuple[str, str]) -> Obj:
             [live_service("NodePort", node_port=31000), node(("ExternalDNS", "node.example.com"))],
             ("node.example.com", 31000),
         ),
+        (
+            [live_service("NodePort", node_port=31000), node(("InternalIP", "192.168.1.5"))],
+            ("192.168.1.5", 31000),
+        ),
+        (
+            [
+                live_service(node_port=31000),
+                node(("Hostname", "n1"), ("InternalIP", "192.168.1.5")),
+            ],
+            ("192.168.1.5", 31000),
+        ),
+        ([live_service(node_port=31000), node(("Hostname", "n1"))], ("", 0)),
+        ([live_service("NodePort", node_port=31000)], ("", 0)),
         ([live_service("ClusterIP")], ("", 0)),
     ],
-    ids=["lb-ip", "lb-hostname", "lb-per-port", "nodeport-ip", "nodeport-dns", "clusterip"],
+    ids=[
+        "lb-ip",
+        "lb-hostname",
+        "lb-per-port",
+        "nodeport-ip",
+        "nodeport-dns",
+        "nodeport-internal-ip",
+        "lb-without-ingress-internal-ip",
+        "lb-without-ingress-no-node-address",
+        "nodeport-no-nodes",
+        "clusterip",
+    ],
 )
 def test_public_address_discovery(objects: list[Obj], public: tuple[str, int]) -> None:
     rendered = plan_of(*objects).configs["stunner/gw"].listeners[0]
     assert (rendered.public_address, rendered.public_port) == public
+
+
+def test_the_config_the_status_and_the_cli_agree_on_the_node_fallback() -> None:
+    """A LoadBalancer with no ingress yet (no LB controller) on a node with only an InternalIP:
+    the config's public address, the Gateway's status.addresses and Programmed all say the
+    node's address and the nodePort; the ingress, once it comes, replaces it."""
+    waiting = [live_service(node_port=31000), node(("InternalIP", "192.168.1.5"))]
+    plan = plan_of(*waiting)
+    rendered = plan.configs["stunner/gw"].listeners[0]
+    assert (rendered.public_address, rendered.public_port) == ("192.168.1.5", 31000)
+    status = plan.status_of("Gateway", "stunner", "gw")
+    assert status is not None and status["addresses"] == [
+        {"type": "IPAddress", "value": "192.168.1.5"}
+    ]
+    assert conditions(status)["Programmed"] == ("True", "Programmed")
+    arrived = [live_service(ingress=[{"ip": "203.0.113.1"}], node_port=31000), waiting[1]]
+    rendered = plan_of(*arrived).configs["stunner/gw"].listeners[0]
+    assert (rendered.public_address, rendered.public_port) == ("203.0.113.1", 3478)
+    nothing = plan_of(live_service(node_port=31000))
+    status = nothing.status_of("Gateway", "stunner", "gw")
+    assert status is not None and "addresses" not in status
+    assert conditions(status)["Programmed"] == ("False", "AddressNotAssigned")
+
+
+@pytest.mark.parametrize(
+    ("objects", "missing"),
+    [
+        ([], "no Service exposes it yet"),
+        (
+            [live_service(node_port=31000)],
+            "its Service stunner/gw (LoadBalancer) has no public address yet (no LoadBalancer "
+            "ingress, nodePort 31000 but no Node with an address: "
+            "ExternalIP/ExternalDNS/InternalIP)",
+        ),
+        (
+            [live_service("NodePort", node_port=31000), node(("Hostname", "n1"))],
+            "its Service stunner/gw (NodePort) has no public address yet (nodePort 31000 but no "
+            "Node with an address: ExternalIP/ExternalDNS/InternalIP)",
+        ),
+        (
+            [live_service()],
+            "its Service stunner/gw (LoadBalancer) has no public address yet (no LoadBalancer "
+            "ingress, no node port): is there a load-balancer controller?",
+        ),
+        ([live_service("ClusterIP")], "its Service stunner/gw is of type ClusterIP"),
+    ],
+    ids=["no-service", "lb-no-node", "nodeport-no-node", "lb-no-nodeport", "clusterip"],
+)
+def test_what_is_missing_is_said(objects: list[Obj], missing: str) -> None:
+    """The phrase `stunner ice` prints when a listener has no public address."""
+    gw = gateway()
+    services = [o for o in objects if o["kind"] == "Service"]
+    nodes = [o for o in objects if o["kind"] == "Node"]
+    found = addresses.public_address(
+        gw, addresses.gateway_service(gw, services), nodes, 3478, "UDP"
+    )
+    assert not found and found.missing.startswith(missing), found.missing
 
 
 def test_the_load_balancer_service_the_gateway_owns_is_preferred() -> None:

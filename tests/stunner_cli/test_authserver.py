@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 from pathlib import Path
@@ -13,6 +14,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from reconciler import cds
 from reconciler.cds import ConfigStore, cds_app, serve
 from reconciler.cds_access import Access, Account, TokenVerifier
 from reconciler.kube import Api
@@ -169,5 +171,55 @@ def test_the_auth_service_shows_the_cds_its_projected_token(tmp_path: Path) -> N
                 with contextlib.suppress(asyncio.CancelledError):
                     await follower
             api.close()
+
+
+async def closed_by_server(reader: asyncio.StreamReader, within: float) -> bool:
+    try:
+        while await asyncio.wait_for(reader.read(65536), within):
+            pass
+    except TimeoutError:
+        return False
+    except ConnectionError:
+        pass
+    return True
+
+
+def test_the_auth_server_closes_silent_connections_and_caps_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 20 #2: `stunner auth-server` with the auth service's limits (a shorter deadline and
+    a cap of 3 here): a connection that sends nothing is closed at the deadline, a fourth one
+    at once, and a query is answered again once one goes; a bad ttl is refused without being
+    echoed."""
+    limits = dataclasses.replace(cds.AUTH_LIMITS, request_deadline=1.0, max_connections=3)
+    monkeypatch.setattr(cds, "AUTH_LIMITS", limits)
+
+    async def main() -> None:
+        cds_store = ConfigStore()
+        cds_store.set("media/gw", config("media/gw", "first"))
+        async with serve(cds_app(cds_store)) as cds_served:
+            port = free_port()
+            server = asyncio.create_task(run(cds_served.address, "127.0.0.1", port, ""))
+            ice = f"http://127.0.0.1:{port}/ice?service=turn"
+
+            async def up() -> bool:
+                with contextlib.suppress(aiohttp.ClientError):
+                    return (await get(ice))[0] == 200
+                return False
+
+            await eventually(up)
+            silent = [await asyncio.open_connection("127.0.0.1", port) for _ in range(3)]
+            extra, extra_writer = await asyncio.open_connection("127.0.0.1", port)
+            assert await closed_by_server(extra, 0.5)  # past the cap: at once
+            extra_writer.close()
+            for reader, writer in silent:  # at the 1 s deadline, not never
+                assert await closed_by_server(reader, 5.0)
+                writer.close()
+            assert await up()
+            status, body = await get(ice + "&ttl=" + "9" * 4000)
+            assert status == 400 and "9999" not in body["message"]
+            server.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await server
 
     asyncio.run(asyncio.wait_for(main(), 20))

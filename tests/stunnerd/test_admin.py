@@ -361,3 +361,35 @@ def test_a_second_request_on_a_kept_alive_connection_has_the_same_deadline(
             await server.stop()
 
     asyncio.run(main())
+
+
+def test_past_the_connection_cap_a_connection_is_closed_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 20 #2: at most MAX_CONNECTIONS at once (2 here); the next is closed at once and
+    counted, and a probe is answered again when one goes."""
+    monkeypatch.setattr(admin, "MAX_CONNECTIONS", 2)
+
+    async def main() -> None:
+        server = await started_server(monkeypatch, 30.0)
+        try:
+            held = [await asyncio.open_connection("127.0.0.1", server.port) for _ in range(2)]
+            for _ in range(100):
+                if server.stats is not None and server.stats.open == 2:
+                    break
+                await asyncio.sleep(0.02)
+            reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+            assert await asyncio.wait_for(reader.read(), 5) == b""  # not after 30 s
+            writer.close()
+            assert server.stats is not None and server.stats.refused == 1
+            held[0][1].close()
+            for _ in range(100):
+                if server.stats.open == 1:
+                    break
+                await asyncio.sleep(0.02)
+            assert (await get(f"http://127.0.0.1:{server.port}/live")) == (200, "ok")
+            held[1][1].close()
+        finally:
+            await server.stop()
+
+    asyncio.run(main())

@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 from stunnerd import stun
@@ -324,3 +325,30 @@ def test_a_turn_udp_and_tcp_stunnerd_loads_no_tls_or_admin_server_machinery() ->
     assert "stunnerd.transports" in loaded  # the daemon did build its listeners
     deferred = [m for m in loaded if m.split(".")[0] in DEFERRED_MODULES or m in DEFERRED_MODULES]
     assert deferred == []
+
+
+def test_health_address_moves_the_endpoint_and_a_taken_port_is_one_clear_line(
+    stunnerd: StartStunnerd,
+) -> None:
+    """Issue 20 #13: several stunnerds on one host (local mode) each get their own health
+    address; one whose port is taken says so in one line and keeps serving TURN."""
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        taken = holder.getsockname()[1]
+        port, health = free_port(), free_port()
+        moved = stunnerd("--health-address", f"127.0.0.1:{health}", f"turn://u:p@127.0.0.1:{port}")
+        blocked_port = free_port()
+        blocked = stunnerd(
+            "--health-address", f"127.0.0.1:{taken}", f"turn://u:p@127.0.0.1:{blocked_port}"
+        )
+        assert binding_answered(port) and binding_answered(blocked_port)
+        with urllib.request.urlopen(f"http://127.0.0.1:{health}/live", timeout=5) as answer:
+            assert answer.status == 200
+        stderr = blocked.stop()
+        moved.stop()
+    lines = [line for line in stderr.splitlines() if "health-check server" in line]
+    assert len(lines) == 1, stderr
+    assert f"on http://127.0.0.1:{taken}:" in lines[0] and "in use" in lines[0]
+    assert "runs without it" in lines[0] and "Traceback" not in stderr
+    assert blocked.returncode == 0

@@ -1,5 +1,9 @@
 """The native engine parses exactly what the Python path parses (stunnerd.stun, turn.py).
 
+A stranger's STUN past its budget (issue 20): the engine drops as unauthenticated exactly
+what the Python path (`transports.has_integrity`) rate-limits. Zero-length payloads are relayed
+by both paths (tests/stunnerd/test_abuse_strangers.py runs both on them).
+
 Mutated Send indications and ChannelData are decided by the engine (`reinject`, synchronous)
 and by the Python codec; the engine must relay exactly the datagrams Python would relay, with
 the same payload to the same peer, drop what cannot be STUN or ChannelData on its first bytes
@@ -18,6 +22,7 @@ from hypothesis import strategies as st
 from stunnerd import native, stun
 from stunnerd.limits import Limits
 from stunnerd.stun import Class, Message, Method
+from stunnerd.transports import has_integrity
 
 from .test_native_relay import CHANNEL, CLUSTER, Rig
 
@@ -143,3 +148,59 @@ def test_data_indications_match_the_python_encoder(rig: Rig) -> None:
     finally:
         rig.bind()
         rig.engine.decide(rig.peer_address, CLUSTER)
+
+
+@pytest.fixture(scope="module")
+def strangers() -> Iterator[Rig]:
+    rig = Rig(stranger_rate=0.5)  # a burst of one unsigned message per source IP
+    yield rig
+    rig.close()
+
+
+_stranger_ips = iter(f"127.1.{i // 250}.{i % 250 + 1}" for i in range(60000))
+
+
+@settings(
+    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    attributes=st.lists(
+        st.tuples(
+            st.sampled_from([0x0006, 0x0008, 0x0014, 0x8022, 0x0019]), st.binary(max_size=30)
+        ),
+        max_size=5,
+    ),
+    bad_length=st.none() | st.tuples(st.integers(0, 4), st.integers(0, 0xFFFF)),
+)
+def test_message_integrity_is_found_as_the_python_path_finds_it(
+    strangers: Rig,
+    attributes: list[tuple[int, bytes]],
+    bad_length: tuple[int, int] | None,
+) -> None:
+    """A stranger past its budget: what the engine drops as unauthenticated is exactly what
+    the Python path (transports.has_integrity) rate-limits, for attribute headers of any
+    length, MESSAGE-INTEGRITY anywhere or nowhere."""
+    body = bytearray()
+    for index, (kind, value) in enumerate(attributes):
+        length = len(value)
+        if bad_length is not None and bad_length[0] == index:
+            length = bad_length[1]  # a header that lies about its length
+        body += struct.pack("!HH", kind, length) + value + bytes(-len(value) % 4)
+    header = Message(Method.BINDING, Class.REQUEST).encode(fingerprint=False)[:20]
+    data = header[:2] + struct.pack("!H", len(body)) + header[4:] + bytes(body)
+    address = (f"::ffff:{next(_stranger_ips)}", 5000)
+
+    def decide(datagram: bytes) -> int:
+        packet = native.HandedUp(native.SOURCE_CLIENT, 0, address, datagram)
+        return strangers.engine.reinject(packet)
+
+    assert decide(header[:2] + b"\0\0" + header[4:]) == native.UP  # its one token
+    before = strangers.engine.counters().drops["unauthenticated_rate"]
+    outcome = decide(data)
+    dropped = strangers.engine.counters().drops["unauthenticated_rate"] - before
+    if _invalid(data):
+        assert (outcome, dropped) == (native.DROPPED, 0)
+    elif has_integrity(data):
+        assert (outcome, dropped) == (native.UP, 0)
+    else:
+        assert (outcome, dropped) == (native.DROPPED, 1)

@@ -12,6 +12,7 @@ import shutil
 import socket
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -52,7 +53,9 @@ def udp(family: socket.AddressFamily = socket.AF_INET, host: str = HOST) -> sock
 class Rig:
     """A dual-stack listener socket with its engine, one client, one relay socket, one peer."""
 
-    def __init__(self, queue_limit: int = 4096, relay_ports: bytearray | None = None) -> None:
+    def __init__(
+        self, queue_limit: int = 4096, relay_ports: bytearray | None = None, **engine: Any
+    ) -> None:
         self.listener = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
         self.listener.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
         self.listener.bind(("::", 0))
@@ -61,7 +64,7 @@ class Rig:
         self.peer = udp()
         self.relay = udp()
         self.relay_address = self.relay.getsockname()
-        self.engine = native.NativeRelay(self.listener, queue_limit=queue_limit)
+        self.engine = native.NativeRelay(self.listener, queue_limit=queue_limit, **engine)
         if relay_ports is not None:
             self.engine.watch_relay_ports(relay_ports)
         self.engine.start()

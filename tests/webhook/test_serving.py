@@ -298,10 +298,43 @@ def test_cidrs_are_discovered_from_the_api(fake: FakeApiServer) -> None:
     finally:
         api_client.close()
     assert denied.pod_cidrs == denied.service_cidrs == ()
+    assert denied.pod_missing == "cannot read the Nodes from the Kubernetes API: HTTP 403 Forbidden"
     assert denied.problems == (
         "cannot read the ServiceCIDRs from the Kubernetes API: HTTP 403 Forbidden",
         "cannot read the Nodes from the Kubernetes API: HTTP 403 Forbidden",
     )
+
+
+def test_nodes_without_pod_cidrs_leave_a_stated_gap(
+    tmp_path: Path, kubeconfig: Path, fake: FakeApiServer
+) -> None:
+    """Nodes with no spec.podCIDRs (issue 19's cluster): the webhook does not guess the pod
+    network. A StaticService it cannot judge is admitted with a warning in the AdmissionReview
+    (kubectl prints it) naming the missing fact and the setting; the service network, known,
+    is still enforced. With the setting, the same StaticService is refused."""
+    fake.seed(service_cidr("kubernetes", "10.96.0.0/12"))
+    fake.seed(node("a"))
+    (tmp_path / "unset").mkdir()
+    (tmp_path / "set").mkdir()
+    with Webhook(tmp_path / "unset", kubeconfig, workers=1) as server:
+        admitted = server.review("/validate", admission_review(static_service("10.244.0.0/16")))
+        assert admitted["allowed"] is True
+        assert admitted["warnings"] == [
+            "spec.prefixes: not checked against the cluster's pod network: it is unknown (no "
+            "Node has spec.podCIDRs); set STUNNER_WEBHOOK_POD_CIDRS (the chart's "
+            "webhook.podCIDRs) to the pod CIDRs"
+        ]
+        refused = server.review("/validate", admission_review(static_service("10.96.0.10/32")))
+        assert "overlaps the service network 10.96.0.0/12" in refused["status"]["message"]
+        gone = static_service("10.244.0.0/16")
+        deleted = admission_review(gone, operation="DELETE", old=gone)
+        assert "warnings" not in server.review("/validate", deleted)
+    assert "no pod CIDRs, so a StaticService may reach the pod network" in server.log()
+    given = {"STUNNER_WEBHOOK_POD_CIDRS": "10.244.0.0/16"}
+    with Webhook(tmp_path / "set", kubeconfig, env=given, workers=1) as server:
+        refused = server.review("/validate", admission_review(static_service("10.244.0.0/16")))
+        assert refused["allowed"] is False and "warnings" not in refused
+        assert "overlaps the pod network 10.244.0.0/16" in refused["status"]["message"]
 
 
 def test_the_environment_wins_and_the_log_says_where_cidrs_came_from(

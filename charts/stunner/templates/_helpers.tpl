@@ -192,12 +192,20 @@ the label it matches on is no tenant's way around the webhook.
 {{- end -}}
 
 {{/* The Service (and route backend) of the `helm test` pod's echo peer. */}}
+{{/* The Service (and route backend) of the `helm test` pod's echo peer. */}}
 {{- define "stunner.testEcho" -}}
 {{- include "stunner.componentName" (tuple . "test-echo") -}}
 {{- end -}}
 
+{{/* The name of `helm test`'s pod, and of every other test hook (the UDPRoutes and the
+ReferenceGrant): helm 3.18 and 4.2.3 `helm test --logs` ask for the logs of a Pod named like each
+test hook, and fail on a name no Pod has (helm/helm#6968, fixed after 4.2.3 by #32129). */}}
+{{- define "stunner.testName" -}}
+{{- include "stunner.componentName" (tuple . "test") -}}
+{{- end -}}
+
 {{/* `helm test` hooks other than the pod: made before it (weight -1), deleted once the test has
-passed, and by the next test run when it failed. */}}
+passed (their names read the pod's logs, not theirs), and by the next test run when it failed. */}}
 {{- define "stunner.testHookAnnotations" -}}
 helm.sh/hook: test
 helm.sh/hook-weight: "-1"

@@ -1,0 +1,173 @@
+"""A Gateway listener's public address (ANCHORS §2.6), and why there is none.
+
+One decision for three readers: render puts it in the dataplane config (`public_address`,
+`public_port`) and the Gateway's status (`status.addresses`, `Programmed`); `stunner ice` and
+`stunner status` read the config the CDS serves and, when a listener has none, run this same
+function over the live objects to say what is missing.
+
+The order is Go's: the Gateway's `spec.addresses[0]`; a LoadBalancer Service's ingress (the
+entry naming the listener's port first); then, for a Service with node ports (NodePort, or a
+LoadBalancer whose ingress has not come), a Node's address and the listener's nodePort. Go takes
+a Node's ExternalIP, else its ExternalDNS, and stops there; we add the InternalIP as the last
+resort: on bare-metal, kubeadm and kind clusters Nodes carry only an InternalIP, it is the
+address the NodePort answers on, and without it `ice` handed out `0.0.0.0`. A LoadBalancer
+ingress, once it arrives, replaces the node address (a public address changes in place).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from stunner_api.vocabulary import SERVICE_TYPE
+
+from ..store import Object, meta, name_of, namespace_of
+
+# Preferred first: Go's two, then ours (see the module's note).
+NODE_ADDRESS_TYPES = ("ExternalIP", "ExternalDNS", "InternalIP")
+SERVICE_TYPE_RANK = {"LoadBalancer": 0, "ExternalName": 1, "NodePort": 2, "ClusterIP": 3}
+NO_PORT_HINT = "enable mixed-protocol-LB support to expose listeners of both transports"
+
+
+@dataclass(frozen=True)
+class PublicAddress:
+    """A listener's public address and port, where it came from; or, with `address` empty,
+    what is missing (`missing`, a phrase to follow "has no public address yet: ")."""
+
+    address: str = ""
+    port: int = 0
+    source: str = ""
+    missing: str = ""
+    no_port: bool = False  # the Service has no port for the listener (a finding in render)
+
+    def __bool__(self) -> bool:
+        return bool(self.address)
+
+
+def _spec(obj: Object | None) -> Mapping[str, Any]:
+    value = (obj or {}).get("spec")
+    return value if isinstance(value, Mapping) else {}
+
+
+def _id(obj: Object) -> str:
+    return f"{namespace_of(obj)}/{name_of(obj)}"
+
+
+def gateway_service(gateway: Object, services: Iterable[Object]) -> Object | None:
+    """The Service exposing a Gateway among `services` (those of its namespace annotated with
+    it): owned by it when its uid is known, a LoadBalancer before an ExternalName before a
+    NodePort before a ClusterIP one."""
+    uid = meta(gateway).get("uid")
+    candidates = [
+        svc
+        for svc in services
+        if not uid
+        or any(o.get("uid") == uid for o in meta(svc).get("ownerReferences") or [])
+        or (name_of(svc) == name_of(gateway) and not meta(svc).get("ownerReferences"))
+    ]
+    candidates.sort(key=lambda svc: SERVICE_TYPE_RANK.get(_service_type(svc), 4))
+    return candidates[0] if candidates else None
+
+
+def _service_type(service: Object) -> str:
+    return str(_spec(service).get("type") or "ClusterIP")
+
+
+def node_address(nodes: Iterable[Object]) -> tuple[str, str] | None:
+    """The first Node address by type preference (NODE_ADDRESS_TYPES), nodes in the order
+    given: (address, "Node NAME's TYPE")."""
+    listed = list(nodes)
+    for kind in NODE_ADDRESS_TYPES:
+        for node in listed:
+            for address in (node.get("status") or {}).get("addresses") or []:
+                if (
+                    isinstance(address, Mapping)
+                    and address.get("type") == kind
+                    and address.get("address")
+                ):
+                    return str(address["address"]), f"Node {name_of(node)}'s {kind}"
+    return None
+
+
+def public_address(
+    gateway: Object,
+    service: Object | None,
+    nodes: Iterable[Object],
+    port: int,
+    transport: str,
+) -> PublicAddress:
+    """The public address of a Gateway listener on `port`/`transport` (see the module)."""
+    addresses = _spec(gateway).get("addresses") or []
+    if addresses and isinstance(addresses[0], Mapping) and addresses[0].get("value"):
+        return PublicAddress(str(addresses[0]["value"]), port, "the Gateway's spec.addresses")
+    if service is None:
+        return PublicAddress(missing="no Service exposes it yet")
+    svc, type_ = _id(service), _service_type(service)
+    service_port = next(
+        (
+            p
+            for p in _spec(service).get("ports") or []
+            if isinstance(p, Mapping)
+            and p.get("port") == port
+            and (p.get("protocol") or "TCP") == transport
+        ),
+        None,
+    )
+    if service_port is None:
+        return PublicAddress(
+            missing=f"no {transport} port {port} on Service {svc}: {NO_PORT_HINT}",
+            no_port=True,
+        )
+    if type_ == "LoadBalancer":
+        ingress = [
+            i
+            for i in ((service.get("status") or {}).get("loadBalancer") or {}).get("ingress") or []
+            if isinstance(i, Mapping)
+        ]
+        chosen = next(
+            (
+                i
+                for i in ingress
+                if any(
+                    isinstance(s, Mapping)
+                    and s.get("port") == port
+                    and (s.get("protocol") or "TCP") == transport
+                    for s in i.get("ports") or []
+                )
+            ),
+            ingress[0] if ingress else None,
+        )
+        if chosen is not None and (chosen.get("ip") or chosen.get("hostname")):
+            return PublicAddress(
+                str(chosen.get("ip") or chosen.get("hostname")), port, "LoadBalancer ingress"
+            )
+    node_port = service_port.get("nodePort")
+    if isinstance(node_port, int) and node_port > 0:
+        found = node_address(nodes)
+        if found is not None:
+            return PublicAddress(found[0], node_port, f"{found[1]} and nodePort {node_port}")
+        lb = "no LoadBalancer ingress, " if type_ == "LoadBalancer" else ""
+        return PublicAddress(
+            missing=f"its Service {svc} ({type_}) has no public address yet ({lb}nodePort "
+            f"{node_port} but no Node with an address: {'/'.join(NODE_ADDRESS_TYPES)})"
+        )
+    if type_ == "LoadBalancer":
+        return PublicAddress(
+            missing=f"its Service {svc} (LoadBalancer) has no public address yet (no "
+            "LoadBalancer ingress, no node port): is there a load-balancer controller?"
+        )
+    return PublicAddress(
+        missing=f"its Service {svc} is of type {type_}, which has no public address: set the "
+        f"Gateway's {SERVICE_TYPE} annotation to LoadBalancer or NodePort, or give the Gateway "
+        "spec.addresses"
+    )
+
+
+__all__ = [
+    "NODE_ADDRESS_TYPES",
+    "PublicAddress",
+    "gateway_service",
+    "node_address",
+    "public_address",
+]

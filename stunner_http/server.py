@@ -1,0 +1,384 @@
+"""Serve an aiohttp application with the connection discipline of stunnerd's TCP listeners.
+
+- **Request deadline**: a connection has `request_deadline` seconds from its opening (and from
+  the end of each answer) to deliver a complete request head, or it is closed: one that sends
+  nothing, trickles a header line every few seconds, or idles after an answer. aiohttp's
+  keep-alive timer does this: it is armed when a connection opens and after each answer, and no
+  partial data moves it. A WebSocket, once upgraded, is no longer under it (its own heartbeat
+  is).
+- **Bounded requests**: a request line or header field of at most `max_line` bytes, at most
+  `max_headers` fields; a malformed or oversized request gets 400, logged at DEBUG in one line.
+- **A cap on concurrent connections**, per server (`max_connections`) and for every server of
+  the process together (the `nofile` soft limit less a reserve for everything else the process
+  opens): a connection past either is closed at once and counted (`ConnectionStats.refused`).
+- **Our own accept loop.** asyncio's (CPython 3.11) logs `socket.accept() out of system
+  resource` with a traceback on EMFILE and goes on accepting up to `backlog` times in the same
+  tick, each failure scheduling another retry: hundreds of ERROR lines a second and a busy CPU.
+  Here a resource error (EMFILE, ENFILE, ENOBUFS, ENOMEM) is counted, logged at most once per
+  `log_period` seconds with the count since the last line, and accepting pauses
+  `ACCEPT_PAUSE` seconds.
+- **A client's fault is not our error**: a request aiohttp cannot parse, or a connection reset
+  by the client, is one DEBUG line; anything else keeps its traceback at ERROR.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import logging
+import resource
+import socket
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
+
+log = logging.getLogger("stunner.http")
+
+RESOURCE_ERRORS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+ACCEPT_PAUSE = 0.1  # seconds without accepting after a resource error
+# Descriptors kept free for what is not a client connection (files, API-server connections,
+# subprocess pipes, listening sockets): at most half of the `nofile` soft limit.
+FD_RESERVE = 256
+SHUTDOWN_TIMEOUT = 1.0
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    """The bounds of one server. The defaults fit an admin endpoint (probes, a scrape)."""
+
+    request_deadline: float = 10.0  # stunnerd's TCP listeners give a first message 10 s
+    max_connections: int = 64
+    max_line: int = 8190
+    max_headers: int = 64
+    backlog: int = 128
+    log_period: float = 10.0  # at most one line per this many seconds per recurring event
+
+
+@dataclass
+class ConnectionStats:
+    """What one server did with its connections."""
+
+    accepted: int = 0
+    refused: int = 0  # past the cap: closed at once
+    accept_errors: int = 0  # EMFILE and the like
+    open: int = 0
+
+
+class RateLimitedLog:
+    """One log line per `period` seconds for a recurring event, with the count since the last
+    line (the first occurrence is logged at once)."""
+
+    def __init__(
+        self,
+        logger: logging.Logger,
+        period: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.logger = logger
+        self.period = period
+        self.clock = clock
+        self._count = 0
+        self._last: float | None = None
+
+    def event(self, level: int, message: str, *args: object) -> bool:
+        """Count one occurrence; log it if the last line is `period` old. True if logged."""
+        self._count += 1
+        now = self.clock()
+        if self._last is not None and now - self._last < self.period:
+            return False
+        self.logger.log(level, message + " [%d since the last such line]", *args, self._count)
+        self._count = 0
+        self._last = now
+        return True
+
+
+class _Process:
+    """The client connections every server of this process holds together."""
+
+    open = 0
+
+    @staticmethod
+    def cap() -> int:
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft == resource.RLIM_INFINITY:
+            return 1 << 30
+        return max(0, soft - min(FD_RESERVE, soft // 2))
+
+
+class _ServerLog(logging.LoggerAdapter):  # type: ignore[type-arg]
+    """aiohttp's server log: a request it cannot parse, or a client that went away, is one
+    DEBUG line; anything else keeps its traceback at ERROR."""
+
+    def log(self, level: int, msg: object, *args: Any, **kwargs: Any) -> None:
+        error = kwargs.get("exc_info")
+        if isinstance(error, HttpProcessingError):
+            self.logger.debug(
+                "bad request: %d %s", error.code, " ".join(str(error.message).split())[:120]
+            )
+            return
+        if isinstance(error, ConnectionError):
+            self.logger.debug("client went away: %s", error)
+            return
+        self.logger.log(level, msg, *args, **kwargs)
+
+
+class _Counted(asyncio.Protocol):
+    """aiohttp's protocol for one connection, counted while it is open."""
+
+    __slots__ = ("inner", "stats", "_counted")
+
+    def __init__(self, inner: asyncio.Protocol, stats: ConnectionStats) -> None:
+        self.inner = inner
+        self.stats = stats
+        self._counted = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._counted = True
+        self.stats.open += 1
+        _Process.open += 1
+        self.inner.connection_made(transport)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._counted:
+            self._counted = False
+            self.stats.open -= 1
+            _Process.open -= 1
+        self.inner.connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        self.inner.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        return self.inner.eof_received()
+
+    def pause_writing(self) -> None:
+        self.inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        self.inner.resume_writing()
+
+
+class _Listening:
+    """What aiohttp's runner reads of a site's server: its sockets, and close()."""
+
+    def __init__(self, sockets: list[socket.socket], tasks: list[asyncio.Task[None]]) -> None:
+        self.sockets = sockets
+        self.tasks = tasks
+
+    def close(self) -> None:
+        for task in self.tasks:
+            task.cancel()
+        for sock in self.sockets:
+            sock.close()
+
+    async def wait_stopped(self) -> None:
+        """Stop the accept loops and wait for them: their readers are off the selector before
+        the sockets close (a closed socket's fd may be reused at once)."""
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+
+
+def _listening_sockets(host: str, port: int, backlog: int) -> list[socket.socket]:
+    """Bound, listening, non-blocking sockets for host:port (`""`: every interface, IPv4 and
+    IPv6), as asyncio's create_server binds them."""
+    infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    sockets: list[socket.socket] = []
+    seen: set[tuple[Any, ...]] = set()
+    try:
+        for family, type_, proto, _, address in infos:
+            if (family, address) in seen:
+                continue
+            seen.add((family, address))
+            try:
+                sock = socket.socket(family, type_, proto)
+            except OSError:
+                continue  # a family this host does not have (no IPv6)
+            sockets.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            try:
+                sock.bind(address)
+            except OSError as e:
+                if e.errno == errno.EADDRNOTAVAIL:  # the family is not enabled (bpo-30945)
+                    sockets.pop().close()
+                    continue
+                raise
+            sock.listen(backlog)
+            sock.setblocking(False)
+        if not sockets:
+            raise OSError(errno.EADDRNOTAVAIL, f"no address to listen on for {host}:{port}")
+    except BaseException:
+        for sock in sockets:
+            sock.close()
+        raise
+    return sockets
+
+
+class GuardedSite(web.BaseSite):
+    """A TCP site with our accept loop: the cap, counted refusals, rate-limited accept errors."""
+
+    __slots__ = ("_host", "_port", "_limits", "_label", "stats", "_error_log", "_refused_log")
+
+    def __init__(
+        self, runner: web.BaseRunner, host: str, port: int, limits: ServerLimits, label: str
+    ) -> None:
+        super().__init__(runner, backlog=limits.backlog)
+        self._host = host
+        self._port = port
+        self._limits = limits
+        self._label = label
+        self.stats = ConnectionStats()
+        self._error_log = RateLimitedLog(log, limits.log_period)
+        self._refused_log = RateLimitedLog(log, limits.log_period)
+
+    @property
+    def name(self) -> str:
+        host = f"[{self._host}]" if ":" in self._host else self._host
+        return f"{self._label} on {host}:{self._port}".lstrip()
+
+    async def start(self) -> None:
+        await super().start()
+        sockets = _listening_sockets(self._host, self._port, self._limits.backlog)
+        self._port = sockets[0].getsockname()[1]
+        loop = asyncio.get_running_loop()
+        tasks = [loop.create_task(self._accept(sock)) for sock in sockets]
+        self._server = _Listening(sockets, tasks)  # type: ignore[assignment]
+
+    async def stop(self) -> None:
+        if isinstance(self._server, _Listening):
+            await self._server.wait_stopped()
+        await super().stop()  # closes the sockets
+
+    def _admit(self) -> bool:
+        return self.stats.open < self._limits.max_connections and _Process.open < _Process.cap()
+
+    def _protocol(self) -> _Counted:
+        factory = self._runner.server
+        assert factory is not None
+        return _Counted(factory(), self.stats)
+
+    async def _accept(self, sock: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                conn, _ = await loop.sock_accept(sock)
+            except OSError as exc:
+                if exc.errno in (errno.ECONNABORTED, errno.EPROTO, errno.EINTR):
+                    continue  # the client gave up before we accepted
+                self.stats.accept_errors += 1
+                self._error_log.event(
+                    logging.ERROR,
+                    "%s: cannot accept a connection: %s (%d open here, %d in the process)",
+                    self.name,
+                    exc.strerror or exc,
+                    self.stats.open,
+                    _Process.open,
+                )
+                await asyncio.sleep(ACCEPT_PAUSE)
+                continue
+            if not self._admit():
+                self.stats.refused += 1
+                self._refused_log.event(
+                    logging.WARNING,
+                    "%s: connections refused: %d open (cap %d), %d in the process (cap %d)",
+                    self.name,
+                    self.stats.open,
+                    self._limits.max_connections,
+                    _Process.open,
+                    _Process.cap(),
+                )
+                conn.close()
+                continue
+            self.stats.accepted += 1
+            conn.setblocking(False)
+            try:
+                await loop.connect_accepted_socket(self._protocol, conn)
+            except OSError as exc:  # the client reset before its transport was made
+                log.debug("%s: connection lost at accept: %s", self.name, exc)
+                conn.close()
+            except Exception as exc:  # a bug: keep accepting, say so at a bounded rate
+                conn.close()
+                self._error_log.event(
+                    logging.ERROR, "%s: cannot serve a connection: %r", self.name, exc
+                )
+
+
+@dataclass
+class Served:
+    """A running server: its base URL and counters."""
+
+    host: str
+    port: int
+    stats: ConnectionStats = field(default_factory=ConnectionStats)
+
+    @property
+    def address(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+
+LIMITS_KEY = web.AppKey("stunner_http.limits", ServerLimits)
+NAME_KEY = web.AppKey("stunner_http.name", str)  # what the server's log lines call it
+
+
+def runner_for(app: web.Application, limits: ServerLimits) -> web.AppRunner:
+    """An AppRunner with the deadline and the request bounds of `limits`."""
+    return web.AppRunner(
+        app,
+        access_log=None,
+        logger=_ServerLog(logging.getLogger("stunner.http")),
+        handle_signals=False,
+        shutdown_timeout=SHUTDOWN_TIMEOUT,
+        keepalive_timeout=limits.request_deadline,
+        max_line_size=limits.max_line,
+        max_field_size=limits.max_line,
+        max_headers=limits.max_headers,
+    )
+
+
+async def start(
+    app: web.Application,
+    host: str,
+    port: int,
+    name: str = "",
+    limits: ServerLimits | None = None,
+) -> tuple[web.AppRunner, GuardedSite]:
+    """Start serving `app` on host:port (0: a free port; `""`: every interface); `name` labels
+    its log lines; `limits` default to the app's own (`app[LIMITS_KEY]`), else ServerLimits().
+    Stop with `runner.cleanup()`."""
+    limits = limits or app.get(LIMITS_KEY) or ServerLimits()
+    name = name or app.get(NAME_KEY, "")
+    runner = runner_for(app, limits)
+    await runner.setup()
+    site = GuardedSite(runner, host, port, limits, name)
+    try:
+        await site.start()
+    except BaseException:
+        await runner.cleanup()
+        raise
+    return runner, site
+
+
+@contextlib.asynccontextmanager
+async def serve(
+    app: web.Application,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    *,
+    name: str = "",
+    limits: ServerLimits | None = None,
+) -> AsyncIterator[Served]:
+    """Serve `app` on host:port until the block ends (see `start`)."""
+    runner, site = await start(app, host, port, name, limits)
+    try:
+        bound = runner.addresses[0]
+        yield Served(host, int(bound[1]), site.stats)
+    finally:
+        await runner.cleanup()
