@@ -68,6 +68,7 @@ def test_cluster_mode_process_leads_and_releases_on_sigterm(tmp_path: Path) -> N
             with pytest.raises(urllib.error.HTTPError) as refused:
                 urllib.request.urlopen(url, timeout=5)
             assert refused.value.code == 401
+            refused.value.close()
             token = fake.issue_token(k.NS, "default", (CDS_TOKEN_AUDIENCE,))
             request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
             with urllib.request.urlopen(request, timeout=5) as response:
