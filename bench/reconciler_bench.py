@@ -49,6 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from cds_bench import percentiles, say  # noqa: E402  (bench/ is on the path: run as a script)
 
+from stunner_api.vocabulary import CDS_TOKEN_AUDIENCE  # noqa: E402
 from tests.reconciler import clusterkit as k  # noqa: E402
 from tests.support.fakeapi import FakeApiServer  # noqa: E402
 from tests.support.ports import free_port  # noqa: E402
@@ -281,7 +282,13 @@ async def run(args: argparse.Namespace) -> int:
             samples: list[float] = []
             slow: list[str] = []  # edits slower than 0.5 s: when, for the curious
             url = f"ws://127.0.0.1:{cds_port}/api/v1/configs/{NS}/gw-0?watch=true"
-            async with aiohttp.ClientSession() as session, session.ws_connect(url) as ws:
+            # As gw-0's stunnerd: its pod's projected token (the CDS requires one).
+            token = fake.issue_token(NS, "default", (CDS_TOKEN_AUDIENCE,))
+            headers = {"Authorization": f"Bearer {token}"}
+            async with (
+                aiohttp.ClientSession() as session,
+                session.ws_connect(url, headers=headers) as ws,
+            ):
                 await ws.receive(timeout=10)  # the current config
                 for edit in range(1, args.edits + 1):
                     prefix = edit_static_service(fake, 0, edit)

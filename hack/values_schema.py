@@ -27,6 +27,8 @@ PORT = {"type": "integer", "minimum": 1, "maximum": 65535}
 FAILURE_POLICY = {"type": "string", "enum": ["Fail", "Ignore"]}
 PULL_POLICY = {"type": "string", "enum": ["Always", "IfNotPresent", "Never"]}
 K8S_OBJECT = {"type": "object"}
+DNS_SUBDOMAIN = "^[a-z0-9]([-.a-z0-9]*[a-z0-9])?$"
+NAMESPACED_NAME = "^[a-z0-9][-a-z0-9]*/[a-z0-9][-.a-z0-9]*$"
 CIDR_LIST = r"^ *([0-9a-fA-F.:]+(/[0-9]+)? *(, *[0-9a-fA-F.:]+(/[0-9]+)? *)*)?$"
 
 # Kubernetes-typed maps whose keys are not ours to list.
@@ -43,6 +45,7 @@ FREE_FORM = {
     "webhook.certificate.issuerRef",
     "dataplane.spec.resources",
     "observability.labels",
+    "networkPolicy.auth.namespaceSelector",
 }
 CONSTRAINTS: dict[str, dict[str, Any]] = {
     "image.repository": {"type": "string", "minLength": 1},
@@ -75,6 +78,11 @@ CONSTRAINTS: dict[str, dict[str, Any]] = {
     "observability.allocationAlertRatio": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
     "test.timeoutSeconds": {"type": "integer", "minimum": 1},
     "test.echoPort": {"type": "integer", "minimum": 1024, "maximum": 65535},  # non-root pod
+    "cdsAuth.mode": {"type": "string", "enum": ["required", "off"]},
+    "cdsAuth.readerServiceAccount": {
+        "type": "string",
+        "pattern": "^[a-z0-9]([-.a-z0-9]*[a-z0-9])?$",
+    },
 }
 ITEMS: dict[str, dict[str, Any]] = {
     "imagePullSecrets": K8S_OBJECT,
@@ -87,6 +95,12 @@ ITEMS: dict[str, dict[str, Any]] = {
     "dataplane.spec.args": {"type": "string"},
     "dataplane.spec.env": K8S_OBJECT,
     "test.gateways": {"type": "string", "pattern": "^[a-z0-9][-a-z0-9]*/[a-z0-9][-.a-z0-9]*$"},
+    "cdsAuth.extraReaders": {
+        "type": "string",
+        "pattern": "^[a-z0-9][-a-z0-9]*/[a-z0-9][-.a-z0-9]*$",
+    },
+    "networkPolicy.cds.extraFrom": K8S_OBJECT,
+    "networkPolicy.auth.extraFrom": K8S_OBJECT,
 }
 
 

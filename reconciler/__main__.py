@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING
 from stunner_api.cds import DEFAULT_PORT as DEFAULT_CDS_PORT
 from stunner_api.vocabulary import DEFAULT_CONTROLLER_NAME
 
+from .cds_access import Account, AuthMode, parse_readers
 from .files import ManifestError
 from .local import DEFAULT_AUTH_PORT, LocalSettings, run_local
 from .loop import THROTTLE
@@ -143,6 +144,13 @@ def _label_filter(text: str) -> tuple[str, ...]:
     return tuple(key.strip() for key in text.split(",") if key.strip())
 
 
+def _readers(text: str) -> frozenset[Account]:
+    try:
+        return parse_readers(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 DATAPLANE_MODES = ("managed", "legacy")
 LEGACY_REFUSED = (
     "--dataplane-mode=legacy is not supported: in legacy mode Go STUNner writes each Gateway's "
@@ -219,6 +227,21 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
         help="on shutdown, the leader invalidates the statuses of our GatewayClasses and "
         "Gateways and deletes their Deployments and Services (at most 2 s; default false)",
     )
+    group.add_argument(
+        "--cds-auth",
+        choices=[str(m) for m in AuthMode],
+        default=None,
+        help="required (the default in cluster mode): a CDS client shows a ServiceAccount token "
+        "and reads only its Gateway's config; off: anyone who reaches the CDS reads every "
+        "config (local mode: always off)",
+    )
+    group.add_argument(
+        "--cds-readers",
+        type=_readers,
+        default=frozenset(),
+        metavar="NS/SA,...",
+        help="ServiceAccounts that may read every config from the CDS (the auth service's)",
+    )
     group.add_argument("--leader-elect", action="store_true", help="run leader election")
     group.add_argument(
         "--leader-election-namespace",
@@ -286,6 +309,8 @@ def cluster_settings(args: argparse.Namespace) -> ClusterSettings:
         lease_owner=args.leader_election_owner,
         enable_finalizer=args.enable_finalizer,
         watch_endpoint_slices=not args.disable_endpointslice_controller,
+        cds_auth=AuthMode(args.cds_auth or AuthMode.REQUIRED),
+        cds_readers=args.cds_readers,
     )
 
 
@@ -362,6 +387,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         except OSError as exc:
             print(f"stunner-reconciler: {exc}", file=sys.stderr)
             return 1
+    if args.cds_auth == AuthMode.REQUIRED:
+        print(
+            "stunner-reconciler: --cds-auth=required needs cluster mode (the tokens are checked "
+            "with the Kubernetes API); local mode serves the CDS on --address (127.0.0.1) only",
+            file=sys.stderr,
+        )
+        return 2
     if not args.manifests.is_dir():
         print(f"stunner-reconciler: --manifests {args.manifests}: not a directory", file=sys.stderr)
         return 2

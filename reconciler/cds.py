@@ -43,6 +43,7 @@ from http import HTTPStatus
 from typing import Any
 
 from aiohttp import WSMsgType, web
+from aiohttp.typedefs import Middleware
 
 from stunner_api.cds import (
     CONFIG_PATH,
@@ -59,6 +60,8 @@ from stunner_api.ice import IceError, IceQuery, ice_config, turn_auth
 from stunner_http.server import LIMITS_KEY, NAME_KEY, RateLimitedLog, Served, ServerLimits
 from stunner_http.server import serve as serve_http
 from stunner_http.websocket import FrameBudget, WebSocketGuard
+
+from .cds_access import ALLOWED_KEY, Allowed
 
 log = logging.getLogger("stunner.cds-server")
 auth_log = logging.getLogger("stunner.auth-service")
@@ -84,8 +87,12 @@ class Selector:
 
     namespace: str = ""
     name: str = ""
+    # The caller's access (reconciler.cds_access), asked anew for every config; None: all.
+    allowed: Allowed | None = field(default=None, compare=False)
 
     def matches(self, id: str) -> bool:
+        if self.allowed is not None and not self.allowed(id):
+            return False
         if self.name:
             return id == config_id(self.namespace, self.name)
         return not self.namespace or id.startswith(self.namespace + "/")
@@ -199,7 +206,11 @@ async def json_errors(request: web.Request, handler: Handler) -> web.StreamRespo
 
 
 def _selector(request: web.Request) -> Selector:
-    return Selector(request.match_info.get("namespace", ""), request.match_info.get("name", ""))
+    return Selector(
+        request.match_info.get("namespace", ""),
+        request.match_info.get("name", ""),
+        request.get(ALLOWED_KEY),
+    )
 
 
 class CdsHandlers:
@@ -303,10 +314,15 @@ def cds_app(
     *,
     write_timeout: float = WRITE_TIMEOUT,
     heartbeat: float | None = PING_PERIOD,
+    access: Middleware | None = None,
 ) -> web.Application:
-    """The CDS as an aiohttp application over `store`."""
+    """The CDS as an aiohttp application over `store`; `access`: a middleware that decides
+    who reads what (`reconciler.cds_access.Access.middleware`), None: everyone reads all."""
     handlers = CdsHandlers(store, write_timeout=write_timeout, heartbeat=heartbeat)
-    app = web.Application(middlewares=[json_errors], client_max_size=MAX_CLIENT_MESSAGE)
+    app = web.Application(
+        middlewares=[json_errors, *([access] if access else [])],
+        client_max_size=MAX_CLIENT_MESSAGE,
+    )
     app[STORE_KEY] = store
     app[HANDLERS_KEY] = handlers
     app[LIMITS_KEY] = CDS_LIMITS

@@ -38,18 +38,21 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Any
 
 from stunner_api.cds import DEFAULT_PORT as DEFAULT_CDS_PORT
-from stunner_api.vocabulary import OWNED_BY_LABEL
+from stunner_api.vocabulary import CDS_TOKEN_AUDIENCE, DEFAULT_SERVICE_ACCOUNT, OWNED_BY_LABEL
 
 from . import events, kube
 from .apply import Memo, Write, plan_writes
 from .cds import HANDLERS_KEY, ConfigStore, cds_app, serve
+from .cds_access import Access, Account, AuthMode, ReviewUnavailable, TokenVerifier
 from .loop import THROTTLE, Reconciler
 from .metrics import Metrics, ServedInThread, health_app, metrics_app
 from .relevance import References
 from .render import Plan, Renderer, RenderSettings
 from .render.finalize import finalized
+from .render.manifests import service_account_of
 from .render.tracked import same_kinds
 from .store import Kind, Object, Snapshot, labels_of
 from .supervise import Supervisor
@@ -125,6 +128,10 @@ class ClusterSettings:
     enable_finalizer: bool = False
     # False (--disable-endpointslice-controller): EndpointSlices are not watched at all.
     watch_endpoint_slices: bool = True
+    # --cds-auth: "required", every CDS request shows a ServiceAccount token (cds_access);
+    # "off", anyone who reaches the port reads every config (Go's behaviour).
+    cds_auth: AuthMode = AuthMode.REQUIRED
+    cds_readers: frozenset[Account] = frozenset()  # --cds-readers: may read every config
 
 
 @dataclass
@@ -208,6 +215,14 @@ class ClusterMode:
         self._apply_wanted = asyncio.Event()
         self._retry_timer: asyncio.TimerHandle | None = None
         self._loop = asyncio.get_running_loop()
+        self.access: Access | None = None
+        if settings.cds_auth == AuthMode.REQUIRED:
+            self.access = Access(
+                TokenVerifier(self._review_token),
+                readers=settings.cds_readers,
+                account_of=self._account_of,
+                registry=self.metrics.registry,
+            )
         self.metrics.cds_clients.set_function(lambda: len(self.store.watchers))
         self.metrics.leader.set_function(lambda: 1 if self.leading else 0)
         self.metrics.cache_fresh.set_function(lambda: 1 if self.cache.freshness()[0] else 0)
@@ -240,6 +255,21 @@ class ClusterMode:
         if not self.rendered_once:
             return False, "first render pending"
         return True, why
+
+    # --- who reads the configs (cds_access) ---------------------------------------------------
+
+    def _review_token(self, token: str) -> dict[str, Any]:
+        """In a thread: the TokenReview of a CDS caller's token."""
+        try:
+            return self.api.review_token(token, (CDS_TOKEN_AUDIENCE,))
+        except Exception as exc:
+            raise ReviewUnavailable(kube.describe(exc)) from None
+
+    def _account_of(self, id: str) -> str:
+        """The ServiceAccount of the pods the last render gave config `id`."""
+        plan = self.reconciler.last_plan
+        deployment = plan.deployments.get(id) if isinstance(plan, Plan) else None
+        return DEFAULT_SERVICE_ACCOUNT if deployment is None else service_account_of(deployment)
 
     # --- watching and rendering ----------------------------------------------------------------
 
@@ -483,7 +513,9 @@ async def run_cluster(settings: ClusterSettings) -> AsyncIterator[Running]:
     health, metrics = await asyncio.to_thread(probes.__enter__)
     async with contextlib.AsyncExitStack() as stack:
         stack.push_async_callback(asyncio.to_thread, probes.__exit__, None, None, None)
-        cds_application = cds_app(mode.store)
+        cds_application = cds_app(
+            mode.store, access=mode.access.middleware if mode.access else None
+        )
         cds = await stack.enter_async_context(
             serve(cds_application, settings.host, settings.cds_port)
         )

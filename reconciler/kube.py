@@ -85,6 +85,7 @@ ENDPOINT_SLICE = KindInfo("discovery.k8s.io", "EndpointSlice", "endpointslices",
 DEPLOYMENT = KindInfo("apps", "Deployment", "deployments", ("v1",))
 LEASE = KindInfo("coordination.k8s.io", "Lease", "leases", ("v1",))
 EVENT = KindInfo("events.k8s.io", "Event", "events", ("v1",))
+TOKEN_REVIEWS = "/apis/authentication.k8s.io/v1/tokenreviews"  # the CDS's token checks
 
 
 def _path(info: KindInfo, version: str, namespace: str = "", name: str = "") -> str:
@@ -188,10 +189,11 @@ class Api:
         content_type: str = "application/json",
         stream: bool = False,
         timeout: float | None = REQUEST_TIMEOUT,
+        field_manager: bool = True,
     ) -> Any:
         """The decoded JSON answer, or the raw response when `stream`; ApiException if the
         answer is not 2xx. A create, update or patch carries `fieldManager=FIELD_MANAGER`."""
-        if method in FIELD_MANAGED_METHODS:
+        if method in FIELD_MANAGED_METHODS and field_manager:
             query = [*query, ("fieldManager", FIELD_MANAGER)]
         headers = {"Accept": "application/json", "Content-Type": content_type}
         serialized = self.client.param_serialize(
@@ -283,6 +285,17 @@ class Api:
             options["preconditions"] = {"uid": write.uid}  # type: ignore[assignment]
         self.request("DELETE", path, body=options)
         return None
+
+    def review_token(self, token: str, audiences: Sequence[str]) -> dict[str, Any]:
+        """The status of a TokenReview of `token` for `audiences` (authenticated, user,
+        audiences, error). The token is in the request body only, never in an error."""
+        body = {
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenReview",
+            "spec": {"token": token, "audiences": list(audiences)},
+        }
+        answer = self.request("POST", TOKEN_REVIEWS, body=body, field_manager=False)
+        return dict(answer.get("status") or {})
 
     def create_event(self, body: Mapping[str, Any]) -> None:
         """Record an events.k8s.io/v1 Event (reconciler.events builds it)."""

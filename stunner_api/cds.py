@@ -14,7 +14,12 @@ A config id is `<namespace>/<name>` of the Gateway, which is also the config's `
 
 from __future__ import annotations
 
+import os
 import urllib.parse
+from collections.abc import Mapping
+from pathlib import Path
+
+from .vocabulary import CDS_TOKEN_FILE_ENV
 
 DEFAULT_PORT = 13478
 DEFAULT_ADDRESS = f":{DEFAULT_PORT}"
@@ -71,3 +76,17 @@ def listener_parts(listener_name: str) -> tuple[str, str, str] | None:
     if len(parts) != 3 or not all(parts):
         return None
     return parts[0], parts[1], parts[2]
+
+
+def token_headers(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """`Authorization: Bearer <token>` from the file STUNNER_CDS_TOKEN_FILE names in `env`
+    (default: the process's), read now (the kubelet rotates it); {} when none is set or it
+    cannot be read. For the CDS's readers (the auth service, `helm test`)."""
+    name = (os.environ if env is None else env).get(CDS_TOKEN_FILE_ENV)
+    if not name:
+        return {}
+    try:
+        token = Path(name).read_text().strip()
+    except (OSError, UnicodeDecodeError):
+        return {}
+    return {"Authorization": f"Bearer {token}"} if token else {}

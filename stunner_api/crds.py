@@ -174,6 +174,7 @@ FIELD_RULES: dict[type[Model], dict[str, dict[str, Any]]] = {
         "imagePullPolicy": {"enum": list(PULL_POLICIES)},
         "replicas": {"minimum": 0},
         "terminationGracePeriodSeconds": {"minimum": 0},
+        "serviceAccountName": {"pattern": DNS_NAME.pattern},
     },
 }
 

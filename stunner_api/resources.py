@@ -247,6 +247,9 @@ class DataplaneSpec(Model):
     topology_spread_constraints: list[dict[str, Any]] = Field(default_factory=list)
     termination_grace_period_seconds: int | None = None
     host_network: bool = False
+    # The pods' ServiceAccount ("default" when unset): the CDS serves the Gateway's config to
+    # this account of the Gateway's namespace only (not Go's: an addition, issue 20 #5).
+    service_account_name: str | None = None
     disable_health_check: bool = False
     enable_metrics_endpoint: bool = False
     offload_engine: str | None = None

@@ -173,6 +173,22 @@ RELATED_GATEWAY_NAMESPACE = "stunner.l7mp.io/related-gateway-namespace"
 APP_LABEL = "app"
 APP_VALUE = "stunner"
 
+# --- who may read configs from the CDS (issue 20 #5) -------------------------------------------
+# stunnerd (and the auth service) present a projected ServiceAccount token of this audience to
+# the CDS; the reconciler checks it with a TokenReview asking for this audience only, so the
+# token is useless against the API server and a token minted for the API server is refused here.
+CDS_TOKEN_AUDIENCE = "stunner.l7mp.io/config-discovery"
+CDS_TOKEN_VOLUME = "stunner-cds-token"
+CDS_TOKEN_DIR = "/var/run/secrets/stunner.l7mp.io/cds"
+CDS_TOKEN_PATH = "token"  # the file's name inside CDS_TOKEN_DIR
+CDS_TOKEN_FILE = f"{CDS_TOKEN_DIR}/{CDS_TOKEN_PATH}"
+CDS_TOKEN_EXPIRATION = 3600  # seconds; the kubelet rotates the file at 80 % of it
+CDS_TOKEN_FILE_ENV = "STUNNER_CDS_TOKEN_FILE"  # where stunnerd reads the token from
+# The headers the CDS reads a bearer token from: the API server's service proxy strips
+# Authorization (kubernetes/kubernetes#38775), so the CLI sends the second one.
+CDS_AUTH_HEADERS = ("Authorization", "X-Stunner-Authorization")
+DEFAULT_SERVICE_ACCOUNT = "default"
+
 # --- authentication ---------------------------------------------------------------------------
 
 

@@ -4,6 +4,10 @@ It watches every config on the CDS (`/api/v1/configs?watch=true`, one WebSocket 
 config, the zero config for a deleted Gateway), keeps them in a `ConfigStore`, and serves the
 reconciler's own `GET /` and `GET /ice` over it (reconciler.cds.auth_app). The chart runs it in
 its own Deployment behind a ClusterIP Service: it is unauthenticated.
+
+To the CDS it shows the projected ServiceAccount token in STUNNER_CDS_TOKEN_FILE (the chart
+mounts one of the CDS's audience and lists its account in the reconciler's `--cds-readers`),
+read again at every (re)connect as the kubelet rotates it; never logged.
 """
 
 from __future__ import annotations
@@ -13,12 +17,20 @@ import contextlib
 import json
 import logging
 import signal
+from pathlib import Path
 
 import aiohttp
 
 from reconciler.cds import ConfigStore, auth_app, serve
-from stunner_api.cds import CONFIGS_PATH, PING_PERIOD, RETRY_PERIOD, WATCH_PARAM
+from stunner_api.cds import (
+    CONFIGS_PATH,
+    PING_PERIOD,
+    RETRY_PERIOD,
+    WATCH_PARAM,
+    token_headers,
+)
 from stunner_api.dataplane import ConfigError, validate_config, zero_config
+from stunner_api.vocabulary import CDS_TOKEN_FILE_ENV
 
 log = logging.getLogger("stunner.auth")
 
@@ -36,13 +48,22 @@ def apply_frame(store: ConfigStore, text: str) -> None:
         store.set(config.admin.name, config)
 
 
-async def follow(store: ConfigStore, cds_url: str, retry: float = RETRY_PERIOD) -> None:
-    """Keep `store` equal to the CDS's configs, reconnecting forever."""
+async def follow(
+    store: ConfigStore,
+    cds_url: str,
+    retry: float = RETRY_PERIOD,
+    token_file: Path | None = None,
+) -> None:
+    """Keep `store` equal to the CDS's configs, reconnecting forever; `token_file`: the CDS
+    token (default: STUNNER_CDS_TOKEN_FILE)."""
     url = f"{cds_url.rstrip('/')}{CONFIGS_PATH}?{WATCH_PARAM}=true"
+    env = {CDS_TOKEN_FILE_ENV: str(token_file)} if token_file is not None else None
     async with aiohttp.ClientSession() as session:
         while True:
             try:
-                async with session.ws_connect(url, heartbeat=PING_PERIOD) as ws:
+                async with session.ws_connect(
+                    url, heartbeat=PING_PERIOD, headers=token_headers(env)
+                ) as ws:
                     log.info("watching %s", url)
                     async for message in ws:
                         if message.type == aiohttp.WSMsgType.TEXT:

@@ -1,5 +1,12 @@
 """The cluster side of `helm stunner`: everything goes through the Kubernetes API server (the
-service proxy to the CDS, the pod proxy to stunnerd's /status), never to a pod IP."""
+service proxy to the CDS, the pod proxy to stunnerd's /status), never to a pod IP.
+
+The CDS serves configs only to ServiceAccount tokens of its audience (reconciler.cds_access).
+The API server's service proxy strips `Authorization` (kubernetes/kubernetes#38775), so the CLI
+mints a short-lived token (TokenRequest, `READER_TOKEN_SECONDS`) for the chart's reader account
+(`READER_ACCOUNT` in the CDS's namespace) and sends it as `X-Stunner-Authorization`: whoever RBAC
+lets `create serviceaccounts/token` on that account reads the configs through the CLI, nobody
+else. The token is never printed."""
 
 from __future__ import annotations
 
@@ -12,11 +19,13 @@ import kubernetes.config
 
 from stunner_api.cds import CONFIGS_PATH, DEFAULT_PORT, NAMESPACE_PATH, config_path
 from stunner_api.dataplane import StunnerConfig, validate_config
-from stunner_api.vocabulary import APP_LABEL, APP_VALUE
+from stunner_api.vocabulary import APP_LABEL, APP_VALUE, CDS_AUTH_HEADERS, CDS_TOKEN_AUDIENCE
 
 CDS_SERVICE = "stunner-config-discovery"
 CDS_LABEL = "stunner.l7mp.io/config-discovery-service=true"
 STATUS_PORT = 8086
+READER_ACCOUNT = "stunner-config-reader"  # the chart's cdsAuth.readerServiceAccount
+READER_TOKEN_SECONDS = 600  # the shortest a TokenRequest may ask for
 TIMEOUT = 10.0
 
 
@@ -45,9 +54,40 @@ def connect(kubeconfig: str | None, context: str | None) -> kubernetes.client.Ap
         ) from None
 
 
-def _proxy_get(call: Any, what: str, *args: Any) -> Any:
+def reader_token(client: kubernetes.client.ApiClient, namespace: str) -> str | None:
+    """A fresh token of the CDS's audience for the reader account in `namespace`; None when the
+    account does not exist (a release whose CDS asks for none)."""
+    core = kubernetes.client.CoreV1Api(client)
+    request = kubernetes.client.AuthenticationV1TokenRequest(
+        spec=kubernetes.client.V1TokenRequestSpec(
+            audiences=[CDS_TOKEN_AUDIENCE], expiration_seconds=READER_TOKEN_SECONDS
+        )
+    )
     try:
-        response = call(*args, _preload_content=False, _request_timeout=TIMEOUT)
+        answer = core.create_namespaced_service_account_token(
+            READER_ACCOUNT, namespace, request, _request_timeout=TIMEOUT
+        )
+    except kubernetes.client.exceptions.ApiException as e:
+        if e.status == 404:
+            return None
+        if e.status == 403:
+            raise ClusterError(
+                f"reading configs needs a token of ServiceAccount {namespace}/{READER_ACCOUNT} "
+                "and RBAC refuses you `create serviceaccounts/token` on it: ask for it, or read "
+                "a Gateway's config as its dataplane does"
+            ) from None
+        raise ClusterError(
+            f"minting a token for {namespace}/{READER_ACCOUNT}: HTTP {e.status} {e.reason}"
+        ) from None
+    except Exception as e:
+        raise ClusterError(f"cannot reach the Kubernetes API: {e}") from None
+    token = answer.status.token if answer.status is not None else None
+    return str(token) if token else None
+
+
+def _proxy_get(call: Any, what: str, *args: Any, headers: dict[str, str] | None = None) -> Any:
+    try:
+        response = call(*args, _preload_content=False, _request_timeout=TIMEOUT, _headers=headers)
         return json.loads(response.data)
     except kubernetes.client.exceptions.ApiException as e:
         raise ClusterError(f"{what}: HTTP {e.status} {e.reason}: {_message(e.body)}") from None
@@ -100,12 +140,15 @@ def cds_configs(client: kubernetes.client.ApiClient, target: Target) -> list[Stu
     else:
         path = CONFIGS_PATH
     core = kubernetes.client.CoreV1Api(client)
+    token = reader_token(client, namespace)
+    headers = {CDS_AUTH_HEADERS[1]: f"Bearer {token}"} if token else None
     body = _proxy_get(
         core.connect_get_namespaced_service_proxy_with_path,
         f"the config discovery service {namespace}/{CDS_SERVICE}",
         f"{CDS_SERVICE}:{DEFAULT_PORT}",
         namespace,
         path.lstrip("/"),
+        headers=headers,
     )
     items = body.get("items", []) if "items" in body else [body]
     return [validate_config(item) for item in items if isinstance(item, dict)]

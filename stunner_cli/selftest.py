@@ -19,7 +19,7 @@ import time
 import urllib.request
 from collections.abc import Sequence
 
-from stunner_api.cds import CONFIGS_PATH
+from stunner_api.cds import CONFIGS_PATH, token_headers
 from stunner_api.dataplane import StunnerConfig, validate_config
 from stunner_api.ice import credentials
 
@@ -34,7 +34,9 @@ def _address(text: str) -> tuple[str, int]:
 
 
 def _fetch(cds_url: str, timeout: float) -> list[StunnerConfig]:
-    with urllib.request.urlopen(cds_url.rstrip("/") + CONFIGS_PATH, timeout=timeout) as answer:
+    # The chart runs this pod as the CDS's reader account, with its projected token.
+    request = urllib.request.Request(cds_url.rstrip("/") + CONFIGS_PATH, headers=token_headers())
+    with urllib.request.urlopen(request, timeout=timeout) as answer:
         items = json.load(answer).get("items", [])
     return [validate_config(item) for item in items]
 

@@ -10,6 +10,13 @@ has the same two operations:
   config; a config identical to the last one yielded is not yielded again. The watch never fails:
   a missing file or an unreachable CDS is retried every `retry_period` seconds.
 
+With STUNNER_CDS_TOKEN_FILE set (the rendered Deployment sets it to its projected ServiceAccount
+token), the CDS client reads that file at every request and (re)connect, since the kubelet
+rotates it, and sends `Authorization: Bearer <token>`; without it, or with no file there, no
+header is sent (local mode, a hand-written config). A refused watch (401, 403) keeps the running
+config and retries with back-off, `retry_period` doubling up to `REFUSED_BACKOFF_MAX` seconds.
+The token is never logged.
+
 The CDS watch ignores the zero config, which the CDS sends when the Gateway is deleted: a draining
 stunnerd keeps serving its last config (Go's `suppressDelete`).
 """
@@ -46,6 +53,7 @@ from stunner_api.dataplane import (
     is_zero_config,
     load_config_checked,
 )
+from stunner_api.vocabulary import CDS_TOKEN_FILE_ENV
 
 file_log = logging.getLogger("stunner.config-file-client")
 cds_log = logging.getLogger("stunner.cds-client")
@@ -54,6 +62,7 @@ DEFAULT_CDS_ADDRESS = DEFAULT_ADDRESS
 DEFAULT_NAMESPACE = "default"
 FILE_POLL_INTERVAL = 0.25
 HTTP_TIMEOUT = 5.0
+REFUSED_BACKOFF_MAX = 15.0  # seconds between retries of a watch the CDS refuses (401, 403)
 
 # host:port, :port or [v6]:port, with no scheme: the address of a CDS server.
 _HOST_PORT = re.compile(r"(\[[0-9A-Fa-f:.%\w]*\]|[^/\\:\[\]]*):(\d{1,5})")
@@ -203,6 +212,9 @@ class CdsSource:
         self.retry_period = retry_period
         self.ping_period = ping_period
         self.pong_wait = pong_wait
+        token_file = (os.environ if env is None else env).get(CDS_TOKEN_FILE_ENV) or None
+        self.token_file = Path(token_file) if token_file else None
+        self._token_unreadable = False
         scheme, netloc = _split_address(address)
         secure = scheme in ("https", "wss")
         path = config_path(namespace, name)
@@ -216,10 +228,29 @@ class CdsSource:
     def __repr__(self) -> str:
         return f"CdsSource({self.origin!r}, {self.namespace}/{self.name})"
 
+    def auth_headers(self) -> dict[str, str]:
+        """`Authorization: Bearer` with the token file's current content; {} without one."""
+        if self.token_file is None:
+            return {}
+        try:
+            token = self.token_file.read_text().strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            if not self._token_unreadable:
+                cds_log.warning(
+                    "cannot read the CDS token file %s (%s): connecting without a token",
+                    self.token_file,
+                    exc.strerror if isinstance(exc, OSError) else "not text",
+                )
+                self._token_unreadable = True
+            return {}
+        self._token_unreadable = False
+        return {"Authorization": f"Bearer {token}"} if token else {}
+
     def _get(self) -> bytes:
         # No proxies: the CDS is in-cluster, and a stray http_proxy must not capture it.
         opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-        request = urllib.request.Request(self.url, headers={"Accept": "application/json"})
+        headers = {"Accept": "application/json"} | self.auth_headers()
+        request = urllib.request.Request(self.url, headers=headers)
         try:
             with opener.open(request, timeout=HTTP_TIMEOUT) as response:
                 body: bytes = response.read()
@@ -248,16 +279,18 @@ class CdsSource:
     async def watch(self) -> AsyncGenerator[StunnerConfig, None]:
         # websockets is loaded by a CDS watch only: a config file needs none of it.
         from websockets.asyncio.client import connect
-        from websockets.exceptions import WebSocketException
+        from websockets.exceptions import InvalidStatus, WebSocketException
         from websockets.typing import Origin
 
         last_json: str | None = None
         failing = False
+        delay = self.retry_period
         while True:
             try:
                 async with connect(
                     self.ws_url,
                     origin=Origin(self.origin),
+                    additional_headers=self.auth_headers(),
                     ping_interval=self.ping_period,
                     ping_timeout=self.pong_wait,
                     open_timeout=max(self.pong_wait, 1.0),
@@ -266,6 +299,7 @@ class CdsSource:
                 ) as ws:
                     cds_log.info("connected to CDS server %s", self.ws_url)
                     failing = False
+                    delay = self.retry_period
                     async for message in ws:
                         checked = self._parse(message)
                         if checked is None:
@@ -279,6 +313,28 @@ class CdsSource:
                         log_warnings(cds_log, self.ws_url, warnings)
                         yield config
                 cds_log.info("CDS server %s closed the connection; reconnecting", self.ws_url)
+            except InvalidStatus as exc:
+                status = exc.response.status_code
+                refused = status in (401, 403)
+                level = logging.DEBUG if failing else logging.WARNING
+                cds_log.log(
+                    level,
+                    "CDS server %s refused the watch of %s/%s: HTTP %d %s%s; keeping the running "
+                    "config, retrying with back-off",
+                    self.ws_url,
+                    self.namespace,
+                    self.name,
+                    status,
+                    _error_message(bytes(exc.response.body or b"")) or exc.response.reason_phrase,
+                    " (no token: is STUNNER_CDS_TOKEN_FILE set?)"
+                    if status == 401 and not self.auth_headers()
+                    else "",
+                )
+                failing = True
+                if refused:
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, max(REFUSED_BACKOFF_MAX, self.retry_period))
+                    continue
             except (OSError, TimeoutError, WebSocketException) as exc:
                 level = logging.DEBUG if failing else logging.WARNING
                 cds_log.log(

@@ -5,7 +5,8 @@ free port; `cds.address` is `http://127.0.0.1:<port>`). `cds.set_config("ns/name
 `StunnerConfig`, or JSON text served as is, so that client tests can send a config the client must
 refuse), `cds.delete("ns/name")` (its watchers get the zero config), `await cds.disconnect_all()`
 (the clients should reconnect). `cds.requests` records every request path with its query, and
-`cds.origins` the Origin header of every WebSocket client.
+`cds.origins` the Origin header of every WebSocket client. `access` (a middleware such as
+`reconciler.cds_access.Access.middleware`) decides who reads what, as in cluster mode.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
 from reconciler.cds import HANDLERS_KEY, ConfigStore, cds_app, serve
 from stunner_api.dataplane import StunnerConfig
@@ -46,10 +48,12 @@ class CdsServer:
 
 
 @contextlib.asynccontextmanager
-async def run_cds_server(host: str = "127.0.0.1", port: int = 0) -> AsyncIterator[CdsServer]:
+async def run_cds_server(
+    host: str = "127.0.0.1", port: int = 0, access: Middleware | None = None
+) -> AsyncIterator[CdsServer]:
     """A running CDS server on `host:port`; closed (with its connections) on exit."""
     store = ConfigStore()
-    cds = CdsServer(store, cds_app(store))
+    cds = CdsServer(store, cds_app(store, access=access))
 
     @web.middleware
     async def record(request: web.Request, handler: web.RequestHandler) -> web.StreamResponse:

@@ -33,6 +33,7 @@ from reconciler.render import RenderSettings, render
 from reconciler.render import config as render_config
 from reconciler.store import Snapshot
 from stunner_api.rules import Settings
+from stunner_api.vocabulary import CDS_TOKEN_AUDIENCE
 from stunner_cli.__main__ import main as stunner
 from tests.reconciler import clusterkit as k
 from tests.support.background import Background
@@ -148,14 +149,19 @@ def _statuses_and_events(fake: FakeApiServer) -> list[str]:
     ]
 
 
-def _get(url: str) -> str:
-    with urllib.request.urlopen(url, timeout=5) as response:
+def _get(url: str, token: str = "") -> str:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    with urllib.request.urlopen(
+        urllib.request.Request(url, headers=headers), timeout=5
+    ) as response:
         return str(response.read().decode())
 
 
 def test_cluster_mode_logs_statuses_and_metrics_hold_nosecret(
     everything: pytest.LogCaptureFixture, tmp_path: Path
 ) -> None:
+    tokens: list[str] = []  # the CDS token a stunnerd would show: never logged either
+
     async def main() -> list[str]:
         with FakeApiServer() as fake:
             for obj in world():
@@ -163,6 +169,8 @@ def test_cluster_mode_logs_statuses_and_metrics_hold_nosecret(
             fake.refuse("PUT", "deployments", 422)  # a refused write is logged
             fake.refuse("POST", "deployments", 422)
             fake.refuse("PATCH", "deployments", 422)
+            token = fake.issue_token(k.NS, "default", (CDS_TOKEN_AUDIENCE,))
+            tokens.append(token)
             async with k.reconciler(fake, tmp_path) as running:
                 await k.settled(running, fake)
                 k.update(  # static -> ephemeral: the change path logs too
@@ -182,7 +190,7 @@ def test_cluster_mode_logs_statuses_and_metrics_hold_nosecret(
                 assert running.metrics_address is not None
                 metrics = await asyncio.to_thread(_get, f"{running.metrics_address}/metrics")
                 cds = await asyncio.to_thread(
-                    _get, f"{running.cds_address}/api/v1/configs/{k.NS}/gw"
+                    _get, f"{running.cds_address}/api/v1/configs/{k.NS}/gw", token
                 )
                 assert leaks([cds]) != []  # the CDS hands the dataplane its credentials
             return [*_statuses_and_events(fake), metrics]
@@ -191,7 +199,7 @@ def test_cluster_mode_logs_statuses_and_metrics_hold_nosecret(
     logged = log_texts(everything.records)
     assert any("refused" in line for line in logged), "the refused write was not exercised"
     assert any("badauth" in t for t in texts), "the bad authRef Secret was not reported"
-    assert leaks(texts + logged) == []
+    assert leaks(texts + logged, *tokens) == []
 
 
 # --- local mode ---------------------------------------------------------------------------------

@@ -18,6 +18,14 @@ from typing import Any
 from stunner_api.vocabulary import (
     APP_LABEL,
     APP_VALUE,
+    CDS_TOKEN_AUDIENCE,
+    CDS_TOKEN_DIR,
+    CDS_TOKEN_EXPIRATION,
+    CDS_TOKEN_FILE,
+    CDS_TOKEN_FILE_ENV,
+    CDS_TOKEN_PATH,
+    CDS_TOKEN_VOLUME,
+    DEFAULT_SERVICE_ACCOUNT,
     DEFAULT_TERMINATION_GRACE_PERIOD,
     DISABLE_HEALTH_CHECK_EXPOSE,
     DISABLE_SESSION_AFFINITY,
@@ -150,6 +158,32 @@ def _probe(path: str, timing: Mapping[str, int]) -> dict[str, Any]:
     }
 
 
+# The pod's credential for the CDS (issue 20 #5): a ServiceAccount token bound to the pod and to
+# the CDS's audience only, which the kubelet rotates; stunnerd reads it at each (re)connect.
+CDS_TOKEN_SOURCE: Mapping[str, Any] = {
+    "name": CDS_TOKEN_VOLUME,
+    "projected": {
+        "sources": [
+            {
+                "serviceAccountToken": {
+                    "audience": CDS_TOKEN_AUDIENCE,
+                    "expirationSeconds": CDS_TOKEN_EXPIRATION,
+                    "path": CDS_TOKEN_PATH,
+                }
+            }
+        ]
+    },
+}
+
+
+def service_account_of(deployment: Mapping[str, Any]) -> str:
+    """The ServiceAccount a rendered Deployment's pods run as (the CDS serves the Gateway's
+    config to it only)."""
+    pod_spec = _view(_view(_view(deployment.get("spec")).get("template")).get("spec"))
+    name = pod_spec.get("serviceAccountName")
+    return name if isinstance(name, str) and name else DEFAULT_SERVICE_ACCOUNT
+
+
 def deployment(gateway: Object, dataplane: Object, settings: RenderSettings) -> dict[str, Any]:
     """The stunnerd Deployment of a Gateway, from its Dataplane template."""
     spec = _view(dataplane.get("spec"))
@@ -168,6 +202,7 @@ def deployment(gateway: Object, dataplane: Object, settings: RenderSettings) -> 
         {"name": "STUNNER_NAMESPACE", "value": namespace_of(gateway)},
         {"name": "STUNNER_NODENAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
         {"name": "STUNNER_CONFIG_ORIGIN", "value": settings.config_discovery_url},
+        {"name": CDS_TOKEN_FILE_ENV, "value": CDS_TOKEN_FILE},
         *[_map(e) for e in spec.get("env") or [] if isinstance(e, Mapping)],
     ]
     container: dict[str, Any] = {
@@ -179,6 +214,7 @@ def deployment(gateway: Object, dataplane: Object, settings: RenderSettings) -> 
         "env": env,
         "ports": [{"name": "metrics-port", "containerPort": METRICS_PORT, "protocol": "TCP"}],
         "resources": _map(spec.get("resources")) or _map(DEFAULT_RESOURCES),
+        "volumeMounts": [{"name": CDS_TOKEN_VOLUME, "mountPath": CDS_TOKEN_DIR, "readOnly": True}],
     }
     if spec.get("envFrom"):  # Go declares it and drops it; we pass it on
         container["envFrom"] = [_map(e) for e in spec["envFrom"] if isinstance(e, Mapping)]
@@ -194,7 +230,12 @@ def deployment(gateway: Object, dataplane: Object, settings: RenderSettings) -> 
         if isinstance(grace, int)
         else DEFAULT_TERMINATION_GRACE_PERIOD,
         "hostNetwork": bool(spec.get("hostNetwork")),
+        "volumes": [_copy(CDS_TOKEN_SOURCE)],
+        # stunnerd never calls the API server: only the CDS token above is mounted.
+        "automountServiceAccountToken": False,
     }
+    if isinstance(spec.get("serviceAccountName"), str) and spec["serviceAccountName"]:
+        pod_spec["serviceAccountName"] = spec["serviceAccountName"]
     for key in ("affinity", "securityContext"):
         if spec.get(key):
             pod_spec[key] = _map(spec[key])

@@ -70,6 +70,7 @@ def default_manifests() -> Iterator[list[dict[str, Any]]]:
 # What helm 4 maps every rendered kind to before it renders against a cluster.
 CHART_TYPES = (
     ResourceType("", "v1", "serviceaccounts", "ServiceAccount"),
+    ResourceType("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy"),
     ResourceType(
         "rbac.authorization.k8s.io", "v1", "clusterroles", "ClusterRole", namespaced=False
     ),

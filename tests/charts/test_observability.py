@@ -6,6 +6,7 @@ allocation alert compares against the cap stunnerd is started with."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -18,6 +19,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from stunner_api.vocabulary import CDS_TOKEN_AUDIENCE
 from stunner_cli import offline
 from stunnerd.cli import build_parser as stunnerd_parser
 from stunnerd.cli import limits_from
@@ -135,11 +137,15 @@ def running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]
                 stderr=subprocess.DEVNULL,
             )
         )
+        # What the kubelet writes for t/gw's stunnerd pod: the CDS requires its token.
+        token = tmp / "token"
+        token.write_text(api.issue_token("t", "default", (CDS_TOKEN_AUDIENCE,)))
         try:
             yield {
                 "stunnerd": f"http://127.0.0.1:{metrics}/metrics",
                 "reconciler": f"http://127.0.0.1:{reconciler_metrics}/metrics",
                 "cds": f"http://127.0.0.1:{cds}",
+                "token": str(token),
             }
         finally:
             for process in processes:
@@ -223,6 +229,7 @@ def test_the_config_alert_counts_one_cds_watch_per_stunnerd(
     stunnerd = subprocess.Popen(
         [sys.executable, "-m", "stunnerd", "-w", "-u", "1", "-c", running["cds"], "-i", "t/gw"],
         stderr=subprocess.DEVNULL,
+        env=os.environ | {"STUNNER_CDS_TOKEN_FILE": running["token"]},
     )
     try:
         until(lambda: gauge(scrape(clients), "stunner_reconciler_cds_clients") == 1, "a watch")

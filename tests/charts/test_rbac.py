@@ -9,17 +9,21 @@ request it makes.
 from __future__ import annotations
 
 import asyncio
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from stunner_api.vocabulary import CDS_TOKEN_AUDIENCE
 from tests.charts.conftest import of_kind
 from tests.support.fakeapi import (
     CORE_TYPES,
     GATEWAY_TYPES,
     SUBJECT_ACCESS_REVIEWS,
+    TOKEN_REVIEWS,
     FakeApiServer,
     ResourceType,
 )
@@ -65,6 +69,9 @@ class RecordingApiServer(FakeApiServer):
         for method, path in list(self.requests):
             if path == SUBJECT_ACCESS_REVIEWS:
                 out.add(("authorization.k8s.io", "subjectaccessreviews", "create"))
+                continue
+            if path == TOKEN_REVIEWS:
+                out.add(("authentication.k8s.io", "tokenreviews", "create"))
                 continue
             routed = self.route(path)
             if isinstance(routed, dict):
@@ -121,6 +128,9 @@ def test_reconciler_roles_grant_exactly_what_cluster_mode_asks(
     async def scenario() -> None:
         k.world(api, gw_route)
         async with k.reconciler(api, tmp_path, leader_elect=True, identity="a", **lease) as r:
+            # Leading first: settled() alone passes when the first render beats the Lease
+            # (no writes yet), and the first pass then writes the edited Dataplane's Deployment.
+            await k.eventually(lambda: r.mode.leading, what="a leads")
             await k.settled(r, api)
             api.refuse("PUT", "deployments", 409)
             k.update(api, "stunner.l7mp.io/v1", "Dataplane", "default", _more_replicas, ns="")
@@ -135,6 +145,16 @@ def test_reconciler_roles_grant_exactly_what_cluster_mode_asks(
             await k.eventually(lambda: _asked(api, ("", "services", "delete")))
             await k.eventually(lambda: _asked(api, ("coordination.k8s.io", "leases", "update")))
             await k.eventually(lambda: _asked(api, ("events.k8s.io", "events", "create")))
+            # A stunnerd's CDS request: its token is checked with a TokenReview.
+            token = api.issue_token(k.NS, "default", (CDS_TOKEN_AUDIENCE,))
+            url = f"{r.cds_address}/api/v1/configs/{k.NS}/gw"
+            request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
+            try:
+                answer = await asyncio.to_thread(urllib.request.urlopen, request, timeout=5)
+            except urllib.error.HTTPError as error:  # 404: its Gateway is gone by now
+                answer = error
+            answer.close()
+            assert _asked(api, ("authentication.k8s.io", "tokenreviews", "create"))
 
     asyncio.run(asyncio.wait_for(scenario(), 60))
     cluster = granted(role_named(default_manifests, "ClusterRole", "reconciler"))

@@ -78,6 +78,29 @@ def environment(container: dict[str, Any], venv_bin: Path, **more: str) -> dict[
     return env | more
 
 
+def projected_tokens(
+    fake: FakeApiServer, pod: dict[str, Any], namespace: str, env: dict[str, str], tmp: Path
+) -> dict[str, str]:
+    """What the kubelet does for the pod's projected serviceAccountToken volumes: a token of the
+    pod's ServiceAccount for each one's audience, in a file; the env's paths under the volumes'
+    mount points moved to those files."""
+    account = pod.get("serviceAccountName") or "default"
+    (container,) = pod["containers"]
+    mounts = {m["name"]: m["mountPath"] for m in container.get("volumeMounts", [])}
+    moved = dict(env)
+    for volume in pod.get("volumes", []):
+        for source in volume.get("projected", {}).get("sources", []):
+            token = source.get("serviceAccountToken")
+            if token is None or volume["name"] not in mounts:
+                continue
+            path = tmp / f"{namespace}-{account}-{volume['name']}" / token["path"]
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(fake.issue_token(namespace, account, (token["audience"],)))
+            mounted = f"{mounts[volume['name']]}/{token['path']}"
+            moved = {k: str(path) if v == mounted else v for k, v in moved.items()}
+    return moved
+
+
 def expand(args: list[str], env: dict[str, str]) -> list[str]:
     """The kubelet's $(VAR) expansion of command and args."""
     return [re.sub(r"\$\((\w+)\)", lambda m: env.get(m.group(1), m.group(0)), a) for a in args]
@@ -300,6 +323,9 @@ def test_the_control_plane_and_the_dataplane_run_from_their_images(
         # stunnerd, from the dataplane venv, as the rendered Deployment runs it.
         (stunnerd,) = deployment["spec"]["template"]["spec"]["containers"]
         env = environment(stunnerd, image_venvs.dataplane / "bin")
+        env = projected_tokens(
+            fake, deployment["spec"]["template"]["spec"], namespace, env, tmp_path
+        )
         assert env["STUNNER_CONFIG_ORIGIN"].endswith(":13478")
         env["STUNNER_CONFIG_ORIGIN"] = cds
         argv = in_venv(expand(stunnerd["command"] + stunnerd["args"], env), image_venvs.dataplane)
@@ -318,6 +344,10 @@ def test_the_control_plane_and_the_dataplane_run_from_their_images(
             for a in auth["args"]
         ]
         env = environment(auth, image_venvs.controlplane / "bin")
+        auth_pod = [
+            d for d in of_kind(chart, "Deployment") if d["metadata"]["name"] == "stunner-auth"
+        ][0]["spec"]["template"]["spec"]
+        env = projected_tokens(fake, auth_pod, NAMESPACE, env, tmp_path)
         processes.start("auth", in_venv(auth["command"] + args, image_venvs.controlplane), env)
         ice_url = f"http://127.0.0.1:{auth_port}/ice?service=turn"
 
@@ -337,6 +367,7 @@ def test_the_control_plane_and_the_dataplane_run_from_their_images(
         (pod,) = of_kind(chart, "Pod")
         (test,) = pod["spec"]["containers"]
         env = environment(test, image_venvs.controlplane / "bin")
+        env = projected_tokens(fake, pod["spec"], NAMESPACE, env, tmp_path)
         args = [f"--cds-url={cds}" if a.startswith("--cds-url=") else a for a in test["args"]]
         argv = in_venv(expand(test["command"] + args, env), image_venvs.controlplane)
         done = subprocess.run(argv, env=env, cwd="/", capture_output=True, text=True, timeout=120)

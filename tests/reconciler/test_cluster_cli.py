@@ -7,9 +7,13 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
+import pytest
+
+from stunner_api.vocabulary import CDS_TOKEN_AUDIENCE
 from tests.reconciler import clusterkit as k
 from tests.support.fakeapi import FakeApiServer
 from tests.support.ports import free_port
@@ -60,7 +64,14 @@ def test_cluster_mode_process_leads_and_releases_on_sigterm(tmp_path: Path) -> N
             _until(lambda: _lease(fake).get("holderIdentity"))
             _until(lambda: fake.get_object("apps/v1", "Deployment", k.NS, "gw") is not None)
             url = f"http://127.0.0.1:{cds}/api/v1/configs/{k.NS}/gw"
-            with urllib.request.urlopen(url, timeout=5) as response:
+            # --cds-auth=required is cluster mode's default: no token, no config.
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                urllib.request.urlopen(url, timeout=5)
+            assert refused.value.code == 401
+            refused.value.close()
+            token = fake.issue_token(k.NS, "default", (CDS_TOKEN_AUDIENCE,))
+            request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
+            with urllib.request.urlopen(request, timeout=5) as response:
                 assert response.status == 200
             proc.send_signal(signal.SIGTERM)
             _, stderr = proc.communicate(timeout=20)

@@ -19,6 +19,7 @@ from typing import Any
 import aiohttp
 
 from reconciler.cluster import Running
+from stunner_api.vocabulary import CDS_TOKEN_AUDIENCE
 from tests.reconciler import clusterkit as k
 from tests.support.fakeapi import FakeApiServer
 
@@ -44,9 +45,13 @@ class CdsWatcher:
         self.frames: list[dict[str, Any]] = []
         self.task: asyncio.Task[None] | None = None
 
-    async def run(self, address: str, id: str) -> None:
+    async def run(self, address: str, id: str, token: str) -> None:
         url = address.replace("http://", "ws://") + f"/api/v1/configs/{id}?watch=true"
-        async with aiohttp.ClientSession() as session, session.ws_connect(url) as ws:
+        headers = {"Authorization": f"Bearer {token}"}
+        async with (
+            aiohttp.ClientSession() as session,
+            session.ws_connect(url, headers=headers) as ws,
+        ):
             async for message in ws:
                 self.frames.append(json.loads(message.data))
 
@@ -67,7 +72,8 @@ def test_only_the_leader_writes_and_a_dead_leaders_successor_changes_no_config(
                 assert not b.mode.leading and b.mode.writes_sent == 0
                 assert lease(fake)["spec"]["holderIdentity"] == "a"
                 watcher = CdsWatcher()
-                watcher.task = asyncio.create_task(watcher.run(b.cds_address, "stunner/gw"))
+                token = fake.issue_token(k.NS, "default", (CDS_TOKEN_AUDIENCE,))
+                watcher.task = asyncio.create_task(watcher.run(b.cds_address, "stunner/gw", token))
                 await k.eventually(lambda: watcher.frames, what="the first config")
                 # The leader dies: its tasks stop, the Lease is not released.
                 killed_at = time.monotonic()
@@ -110,6 +116,7 @@ def test_sigterm_releases_the_lease_stops_writing_and_keeps_serving_cds(tmp_path
     async def main() -> None:
         with FakeApiServer() as fake:
             k.world(fake)
+            token = fake.issue_token(k.NS, "default", (CDS_TOKEN_AUDIENCE,))
             async with replica(fake, tmp_path, "a") as a:
                 await k.eventually(lambda: a.mode.leading, what="a leads")
                 async with replica(fake, tmp_path, "b") as b:
@@ -128,7 +135,10 @@ def test_sigterm_releases_the_lease_stops_writing_and_keeps_serving_cds(tmp_path
                     assert a.mode.writes_sent == sent
                     async with (
                         aiohttp.ClientSession() as session,
-                        session.get(a.cds_address + "/api/v1/configs/stunner/gw") as response,
+                        session.get(
+                            a.cds_address + "/api/v1/configs/stunner/gw",
+                            headers={"Authorization": f"Bearer {token}"},
+                        ) as response,
                     ):
                         assert response.status == 200
                         assert "10.0.0.8/32" in await response.text()

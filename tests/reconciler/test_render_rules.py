@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from reconciler.render import Plan, RenderSettings, addresses, render
+from reconciler.render.manifests import service_account_of
 from reconciler.store import Snapshot
 from stunnerd.certificates import self_signed_certificate
 from tests.reconciler import clusterkit as k
@@ -861,6 +862,7 @@ def test_the_deployment() -> None:
         "STUNNER_NAMESPACE",
         "STUNNER_NODENAME",
         "STUNNER_CONFIG_ORIGIN",
+        "STUNNER_CDS_TOKEN_FILE",
         "EXTRA",
     ]
     assert container["envFrom"] == [{"configMapRef": {"name": "more-env"}}]
@@ -874,6 +876,46 @@ def test_the_deployment() -> None:
     assert container["livenessProbe"]["periodSeconds"] == 15  # Go's
     assert container["readinessProbe"]["periodSeconds"] == 1  # Ready a second after its config
     assert container["resources"] == {"limits": {"memory": "20M"}, "requests": {"cpu": "250m"}}
+
+
+def test_the_deployment_carries_a_cds_token_of_the_cds_audience_only() -> None:
+    """stunnerd's credential for the CDS (issue 20 #5): a projected token bound to the CDS's
+    audience, mounted read-only where STUNNER_CDS_TOKEN_FILE says; no API-server token; the
+    Dataplane's serviceAccountName is the pod's (and the one the CDS serves the config to)."""
+    pod = plan_of(dataplane()).deployments["stunner/gw"]["spec"]["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is False
+    assert "serviceAccountName" not in pod
+    assert pod["volumes"] == [
+        {
+            "name": "stunner-cds-token",
+            "projected": {
+                "sources": [
+                    {
+                        "serviceAccountToken": {
+                            "audience": "stunner.l7mp.io/config-discovery",
+                            "expirationSeconds": 3600,
+                            "path": "token",
+                        }
+                    }
+                ]
+            },
+        }
+    ]
+    container = pod["containers"][0]
+    assert container["volumeMounts"] == [
+        {
+            "name": "stunner-cds-token",
+            "mountPath": "/var/run/secrets/stunner.l7mp.io/cds",
+            "readOnly": True,
+        }
+    ]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["STUNNER_CDS_TOKEN_FILE"] == "/var/run/secrets/stunner.l7mp.io/cds/token"
+    deployment = plan_of(dataplane()).deployments["stunner/gw"]
+    assert service_account_of(deployment) == "default"
+    own = plan_of(dataplane(serviceAccountName="stunnerd")).deployments["stunner/gw"]
+    assert own["spec"]["template"]["spec"]["serviceAccountName"] == "stunnerd"
+    assert service_account_of(own) == "stunnerd"
 
 
 def test_deployment_defaults_and_switches() -> None:

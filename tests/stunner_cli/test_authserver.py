@@ -8,6 +8,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -15,8 +16,12 @@ import pytest
 
 from reconciler import cds
 from reconciler.cds import ConfigStore, cds_app, serve
+from reconciler.cds_access import Access, Account, TokenVerifier
+from reconciler.kube import Api
 from stunner_api.dataplane import StunnerConfig, validate_config
+from stunner_api.vocabulary import CDS_TOKEN_AUDIENCE
 from stunner_cli.authserver import apply_frame, follow, run
+from tests.support.fakeapi import FakeApiServer
 from tests.support.ports import free_port
 from tests.support.sockets import closed_by_server
 
@@ -127,6 +132,46 @@ def test_a_malformed_cds_frame_is_logged_without_its_credentials(
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 3 and all("not a config" in w for w in warnings), warnings
     assert not any("frame-s3cr3t" in r.getMessage() for r in caplog.records)
+
+
+def test_the_auth_service_shows_the_cds_its_projected_token(tmp_path: Path) -> None:
+    """With cdsAuth required the auth service runs as the reader account: it reads every
+    config with its token (STUNNER_CDS_TOKEN_FILE, read at each connect); without one the CDS
+    refuses it and it keeps retrying."""
+
+    async def main() -> None:
+        with FakeApiServer() as fake:
+            api = Api(fake.api_client())
+            access = Access(
+                TokenVerifier(lambda token: api.review_token(token, (CDS_TOKEN_AUDIENCE,))),
+                readers={Account("stunner-system", "stunner-config-reader")},
+                account_of=lambda id: "default",
+            )
+            cds_store = ConfigStore()
+            for id in ("a/gw", "b/gw"):
+                cds_store.set(id, config(id, "secret-" + id[0]))
+            token = tmp_path / "token"
+            async with serve(cds_app(cds_store, access=access.middleware)) as cds:
+                store = ConfigStore()
+                follower = asyncio.create_task(
+                    follow(store, cds.address, retry=0.05, token_file=token)
+                )
+                await asyncio.sleep(0.3)  # no token file yet: refused, retried
+                assert not store.configs
+                token.write_text(
+                    fake.issue_token(
+                        "stunner-system", "stunner-config-reader", (CDS_TOKEN_AUDIENCE,)
+                    )
+                )
+
+                async def arrived() -> bool:
+                    return set(store.configs) == {"a/gw", "b/gw"}
+
+                await eventually(arrived)
+                follower.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await follower
+            api.close()
 
 
 def test_the_auth_server_closes_silent_connections_and_caps_them(

@@ -24,7 +24,9 @@ from typing import Any
 
 from aiohttp import web
 
+from reconciler.cds_access import Account
 from stunner_api.dataplane import StunnerConfig
+from stunner_cli.cluster import READER_ACCOUNT
 from stunnerd.admin import status_of
 from tests.reconciler import clusterkit as k
 from tests.support.fakeapi import FakeApiServer
@@ -104,8 +106,12 @@ def test_ice_and_status_before_and_after_a_node_address(tmp_path: Path) -> None:
                     },
                 }
             )
+            # As the chart installs it: the CLI reads the CDS as the reader account.
+            reader = {"name": READER_ACCOUNT, "namespace": CDS_NAMESPACE}
+            fake.seed({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": reader})
+            readers = frozenset({Account(CDS_NAMESPACE, READER_ACCOUNT)})
             kubeconfig = fake.write_kubeconfig(tmp_path / "kubeconfig")
-            async with k.reconciler(fake, tmp_path) as running:
+            async with k.reconciler(fake, tmp_path, cds_readers=readers) as running:
                 await k.settled(running, fake)
                 host, _, port = running.cds_address.removeprefix("http://").rpartition(":")
                 fake.proxy(

@@ -49,15 +49,27 @@ What it does:
   /apis/authorization.k8s.io/v1/subjectaccessreviews`` answers from the rules given to
   :meth:`FakeApiServer.allow` (everything else is denied); the reviews asked are kept in
   :attr:`FakeApiServer.access_reviews`.
+- ServiceAccount tokens, as the API server and the kubelet issue them: ``POST
+  /api/v1/namespaces/NS/serviceaccounts/SA/token`` (TokenRequest: the account must exist, at
+  least 600 s, default 3600 s) and :meth:`FakeApiServer.issue_token` (what the kubelet does for a
+  projected volume) issue JWT-shaped tokens with ``aud``, ``exp`` and ``sub``; ``POST
+  /apis/authentication.k8s.io/v1/tokenreviews`` answers authenticated only for a token this
+  server issued, not expired and not revoked (:meth:`FakeApiServer.revoke_token`), with one of
+  the audiences asked (none asked: the API server's own), ``status.audiences`` the ones in
+  common, as kube-apiserver does; the reviews are counted in :attr:`FakeApiServer.token_reviews`.
+  The Service proxy passes the request's headers on except ``Authorization``, which the real
+  one strips (kubernetes/kubernetes#38775).
 
 Not implemented: server-side apply, list pagination, deletecollection, admission webhooks.
 """
 
 from __future__ import annotations
 
+import base64
 import copy
 import json
 import re
+import secrets
 import socket
 import threading
 import time
@@ -109,6 +121,7 @@ CORE_TYPES = (
     ResourceType("", "v1", "namespaces", "Namespace", namespaced=False, status_subresource=True),
     ResourceType("", "v1", "secrets", "Secret"),
     ResourceType("", "v1", "configmaps", "ConfigMap"),
+    ResourceType("", "v1", "serviceaccounts", "ServiceAccount"),
     ResourceType("", "v1", "services", "Service", status_subresource=True),
     ResourceType("", "v1", "endpoints", "Endpoints"),
     ResourceType("", "v1", "pods", "Pod", status_subresource=True),
@@ -189,6 +202,39 @@ GATEWAY_TYPES = (
 
 
 SUBJECT_ACCESS_REVIEWS = "/apis/authorization.k8s.io/v1/subjectaccessreviews"
+TOKEN_REVIEWS = "/apis/authentication.k8s.io/v1/tokenreviews"
+TOKEN_REQUEST_PATH = re.compile(r"^/api/v1/namespaces/([^/]+)/serviceaccounts/([^/]+)/token$")
+API_AUDIENCE = "https://kubernetes.default.svc.cluster.local"  # the API server's own audience
+MIN_TOKEN_SECONDS = 600
+# Request headers the proxy does not pass on: hop-by-hop ones, and Authorization (stripped).
+UNPROXIED_HEADERS = frozenset(
+    {
+        "authorization",
+        "host",
+        "connection",
+        "content-length",
+        "transfer-encoding",
+        "keep-alive",
+        "upgrade",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "accept-encoding",
+    }
+)
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+@dataclass(frozen=True)
+class IssuedToken:
+    username: str
+    audiences: tuple[str, ...]
+    expires: float  # epoch seconds
+
+
 PROXY_PATH = re.compile(
     r"^/api/v1/namespaces/([^/]+)/(services|pods)/([^/:]+)(?::([^/]+))?/proxy(/.*)?$"
 )
@@ -415,6 +461,8 @@ class FakeApiServer:
         self.forbidden: set[tuple[str, str]] = set()  # (group, plural) answered with 403
         self.access_rules: list[AccessRule] = []
         self.access_reviews: list[JSON] = []  # the SubjectAccessReview specs asked
+        self.tokens: dict[str, IssuedToken] = {}  # every token issued, by its text
+        self.token_reviews = 0  # TokenReviews answered
         # (namespace, "services"|"pods", name, port) -> a real backend (host, port) on loopback
         self.proxied: dict[tuple[str, str, str, str], tuple[str, int]] = {}
         self._httpd: ThreadingHTTPServer | None = None
@@ -510,7 +558,7 @@ class FakeApiServer:
         as a kube-apiserver reaches a Service or pod inside the cluster."""
         self.proxied[(namespace, resource, name, str(port))] = (str(to[0]), int(to[1]))
 
-    def forward(self, path: str, query: str) -> tuple[int, str, bytes] | None:
+    def forward(self, path: str, query: str, headers: Any = None) -> tuple[int, str, bytes] | None:
         """The backend's answer to a GET through the proxy; None when the path is no proxy's."""
         match = PROXY_PATH.match(urllib.parse.unquote(path))  # "name%3A13478" as the client sends
         if match is None:
@@ -522,8 +570,11 @@ class FakeApiServer:
                 503, "ServiceUnavailable", f'no endpoints available for {resource[:-1]} "{name}"'
             )
         url = f"http://{backend[0]}:{backend[1]}{rest or '/'}" + (f"?{query}" if query else "")
+        passed = {k: v for k, v in (headers or {}).items() if k.lower() not in UNPROXIED_HEADERS}
         try:
-            with urllib.request.urlopen(url, timeout=10) as answer:
+            with urllib.request.urlopen(
+                urllib.request.Request(url, headers=passed), timeout=10
+            ) as answer:
                 return answer.status, answer.headers.get("Content-Type", ""), answer.read()
         except urllib.error.HTTPError as e:
             return e.code, e.headers.get("Content-Type", ""), e.read()
@@ -539,7 +590,8 @@ class FakeApiServer:
         return [
             (method, path)
             for method, path in self.requests
-            if method in ("POST", "PUT", "PATCH", "DELETE") and path != SUBJECT_ACCESS_REVIEWS
+            if method in ("POST", "PUT", "PATCH", "DELETE")
+            and path not in (SUBJECT_ACCESS_REVIEWS, TOKEN_REVIEWS)
         ]
 
     def refuse(self, method: str, plural: str, code: int | None) -> None:
@@ -574,6 +626,109 @@ class FakeApiServer:
             "kind": "SubjectAccessReview",
             "metadata": {"creationTimestamp": None},
             "spec": spec,
+            "status": status,
+        }
+
+    # --- ServiceAccount tokens -------------------------------------------------------------------
+
+    def issue_token(
+        self,
+        namespace: str,
+        account: str,
+        audiences: tuple[str, ...] = (API_AUDIENCE,),
+        seconds: int = 3600,
+    ) -> str:
+        """A token of `namespace/account` for `audiences`, as a projected volume holds it."""
+        username = f"system:serviceaccount:{namespace}:{account}"
+        now = time.time()
+        claims = {
+            "aud": list(audiences),
+            "exp": int(now + seconds),
+            "iat": int(now),
+            "iss": API_AUDIENCE,
+            "sub": username,
+            "kubernetes.io": {"namespace": namespace, "serviceaccount": {"name": account}},
+        }
+        header = _b64(json.dumps({"alg": "RS256", "kid": "fake"}).encode())
+        token = f"{header}.{_b64(json.dumps(claims).encode())}.{_b64(secrets.token_bytes(32))}"
+        self.tokens[token] = IssuedToken(username, tuple(audiences), now + seconds)
+        return token
+
+    def revoke_token(self, token: str) -> None:
+        """The token's pod is gone: it no longer authenticates."""
+        self.tokens.pop(token, None)
+
+    def request_token(self, namespace: str, account: str, body: Any) -> JSON:
+        """The answered TokenRequest (POST .../serviceaccounts/NAME/token)."""
+        if ("", "serviceaccounts/token") in self.forbidden:
+            raise ApiError(
+                403,
+                "Forbidden",
+                f'serviceaccounts "{account}" is forbidden: User "fake" cannot create resource '
+                f'"serviceaccounts/token" in API group "" in the namespace "{namespace}"',
+            )
+        if self.get_object("v1", "ServiceAccount", namespace, account) is None:
+            raise ApiError(404, "NotFound", f'serviceaccounts "{account}" not found')
+        spec = body.get("spec") if isinstance(body, dict) else None
+        if not isinstance(spec, dict):
+            raise ApiError(400, "BadRequest", "a TokenRequest needs a spec")
+        seconds = int(spec.get("expirationSeconds") or 3600)
+        if seconds < MIN_TOKEN_SECONDS:
+            raise ApiError(
+                422,
+                "Invalid",
+                f'TokenRequest.authentication.k8s.io "{account}" is invalid: '
+                "spec.expirationSeconds: Invalid value: "
+                f"{seconds}: may not specify a duration less than 10 minutes",
+            )
+        audiences = tuple(spec.get("audiences") or (API_AUDIENCE,))
+        token = self.issue_token(namespace, account, audiences, seconds)
+        expires = datetime.fromtimestamp(self.tokens[token].expires, UTC)
+        return {
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenRequest",
+            "metadata": {"name": account, "namespace": namespace, "creationTimestamp": _now()},
+            "spec": {"audiences": list(audiences), "expirationSeconds": seconds},
+            "status": {
+                "token": token,
+                "expirationTimestamp": expires.strftime("%Y-%m-%dT%H:%M:%SZ"),
+            },
+        }
+
+    def review_token(self, review: Any) -> JSON:
+        """The answered TokenReview."""
+        if not isinstance(review, dict) or not isinstance(review.get("spec"), dict):
+            raise ApiError(400, "BadRequest", "a TokenReview needs a spec")
+        spec = review["spec"]
+        self.token_reviews += 1
+        asked = tuple(spec.get("audiences") or (API_AUDIENCE,))
+        issued = self.tokens.get(str(spec.get("token") or ""))
+        status: JSON = {"user": {}}
+        if issued is None or issued.expires <= time.time():
+            status["error"] = (
+                "[invalid bearer token, square/go-jose: error in cryptographic primitive]"
+            )
+        elif not (common := [a for a in asked if a in issued.audiences]):
+            status["error"] = "[invalid bearer token, token audiences is invalid]"
+        else:
+            namespace, account = issued.username.split(":")[2:]
+            status = {
+                "authenticated": True,
+                "user": {
+                    "username": issued.username,
+                    "groups": [
+                        "system:serviceaccounts",
+                        f"system:serviceaccounts:{namespace}",
+                        "system:authenticated",
+                    ],
+                },
+                "audiences": common,
+            }
+        return {
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenReview",
+            "metadata": {"creationTimestamp": None},
+            "spec": {"audiences": list(spec.get("audiences") or [])},  # the token is not echoed
             "status": status,
         }
 
@@ -1204,13 +1359,24 @@ class _Handler(BaseHTTPRequestHandler):
                 fake._stopping.wait(fake.delay)
             if fake.fail_status:
                 raise ApiError(fake.fail_status, "InternalError", "injected failure")
-            if method == "GET" and (forwarded := fake.forward(url.path, url.query)) is not None:
+            if (
+                method == "GET"
+                and (forwarded := fake.forward(url.path, url.query, self.headers)) is not None
+            ):
                 code, ctype, data = forwarded
                 self.send_response(code)
                 self.send_header("Content-Type", ctype or "application/octet-stream")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
+                return
+            if url.path == TOKEN_REVIEWS and method == "POST":
+                if ("authentication.k8s.io", "tokenreviews") in fake.forbidden:
+                    raise ApiError(403, "Forbidden", "tokenreviews are forbidden")
+                self._send_json(201, fake.review_token(body))
+                return
+            if method == "POST" and (token_path := TOKEN_REQUEST_PATH.match(url.path)):
+                self._send_json(201, fake.request_token(*token_path.groups(), body))
                 return
             if url.path == SUBJECT_ACCESS_REVIEWS and method == "POST":
                 if ("authorization.k8s.io", "subjectaccessreviews") in fake.forbidden:

@@ -211,3 +211,24 @@ helm.sh/hook: test
 helm.sh/hook-weight: "-1"
 helm.sh/hook-delete-policy: before-hook-creation,hook-succeeded
 {{- end -}}
+
+{{/* The CDS token of a pod that reads configs (cdsAuth): a projected ServiceAccount token of the
+CDS's audience, as reconciler/render/manifests.py renders it into every stunnerd pod (the words
+are stunner_api/vocabulary.py's; tests/charts check they agree). */}}
+{{- define "stunner.cdsTokenVolume" -}}
+- name: stunner-cds-token
+  projected:
+    sources:
+      - serviceAccountToken:
+          audience: stunner.l7mp.io/config-discovery
+          expirationSeconds: 3600
+          path: token
+{{- end -}}
+
+{{- define "stunner.cdsTokenMount" -}}
+- {name: stunner-cds-token, mountPath: /var/run/secrets/stunner.l7mp.io/cds, readOnly: true}
+{{- end -}}
+
+{{- define "stunner.cdsTokenEnv" -}}
+- {name: STUNNER_CDS_TOKEN_FILE, value: /var/run/secrets/stunner.l7mp.io/cds/token}
+{{- end -}}
