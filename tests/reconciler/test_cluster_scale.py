@@ -24,15 +24,18 @@ from typing import Any
 
 from reconciler.render import Plan
 from reconciler.store import Snapshot
+from stunner_api.vocabulary import CDS_TOKEN_AUDIENCE
 from tests.reconciler import clusterkit as k
 from tests.support.fakeapi import FakeApiServer
 
 PATIENCE = 20.0  # seconds a probe may take before it counts as not answered (no timing test)
 
 
-def _get(url: str) -> tuple[int, str]:
+def _get(url: str, token: str = "") -> tuple[int, str]:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
     try:
-        with urllib.request.urlopen(url, timeout=PATIENCE) as response:
+        request = urllib.request.Request(url, headers=headers)
+        with urllib.request.urlopen(request, timeout=PATIENCE) as response:
             return response.status, response.read().decode()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read().decode()
@@ -143,7 +146,9 @@ def test_a_render_runs_off_the_loop_which_serves_the_cds_meanwhile(tmp_path: Pat
                 try:
                     # Held mid-render: the loop answers a CDS request, the probes answer.
                     cds = f"{running.cds_address}/api/v1/configs/{k.NS}/gw"
-                    assert (await asyncio.to_thread(_get, cds))[0] == 200
+                    # as the Gateway's stunnerd asks: with its pod's projected token
+                    token = fake.issue_token(k.NS, "default", (CDS_TOKEN_AUDIENCE,))
+                    assert (await asyncio.to_thread(_get, cds, token))[0] == 200
                     assert (await asyncio.to_thread(_get, running.health_address + "/healthz"))[
                         0
                     ] == 200
