@@ -204,6 +204,12 @@ def release(
     if _installed(release):  # a disposable cluster: a previous run's leftovers go
         _delete_examples(kube)
         release.run_helm("uninstall", RELEASE, "-n", NAMESPACE, "--wait")
+    # The quick start is for a fresh cluster: STUNner's CRDs, which `helm uninstall` keeps (as
+    # helm does with crds/), go too, so that each run installs the chart's own. helm 3 skips
+    # crds/ that exist; helm 4 applies them server-side and conflicts with an older copy helm 3
+    # wrote (README: upgrading the CRDs).
+    kube.ok("delete", "-f", str(ROOT / "charts" / "stunner" / "crds"), "--ignore-not-found",
+            timeout=180)  # fmt: skip
     yield release
     _delete_examples(kube)
     if _installed(release):
