@@ -38,6 +38,11 @@ LIST_VERSION = "v1"
 PING_PERIOD = 5.0
 PONG_WAIT = 8.0
 WRITE_TIMEOUT = 2.0
+# How long a connection attempt may take, TCP and WebSocket handshake together. A CDS answers in
+# milliseconds; during a reconciler rollout the first attempt after a replica ends can reach an
+# endpoint that never answers, and waiting PONG_WAIT for it left a stunnerd on a stale config for
+# ~10 s on a real node (issue 19's cluster run); past this the next attempt is a retry away.
+OPEN_TIMEOUT = 2.0
 RETRY_PERIOD = 1.0
 PONG_PAYLOAD = b"keepalive"
 

@@ -39,6 +39,7 @@ from typing import Protocol
 from stunner_api.cds import (
     DEFAULT_ADDRESS,
     NODE_PARAM,
+    OPEN_TIMEOUT,
     PING_PERIOD,
     PONG_WAIT,
     RETRY_PERIOD,
@@ -293,7 +294,7 @@ class CdsSource:
                     additional_headers=self.auth_headers(),
                     ping_interval=self.ping_period,
                     ping_timeout=self.pong_wait,
-                    open_timeout=max(self.pong_wait, 1.0),
+                    open_timeout=min(max(self.pong_wait, 1.0), OPEN_TIMEOUT),
                     close_timeout=min(1.0, self.pong_wait),
                     proxy=None,
                 ) as ws:

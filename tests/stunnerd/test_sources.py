@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from stunner_api.cds import OPEN_TIMEOUT, PONG_WAIT
 from stunner_api.dataplane import ConfigError, StunnerConfig
 from stunnerd.sources import CdsSource, FileSource, SourceError, source_for
 from tests.cds_server import run_cds_server
@@ -279,6 +280,68 @@ def test_cds_watch_waits_for_a_late_server(logs: Records) -> None:
     run(main)
 
 
+async def accept_and_send_a_config(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, realm: str
+) -> None:
+    """A WebSocket handshake answered by hand, then one text frame: a config of `realm`."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    key = next(
+        line.split(b":", 1)[1].strip()
+        for line in head.split(b"\r\n")
+        if line.lower().startswith(b"sec-websocket-key:")
+    )
+    magic = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
+    accept = base64.b64encode(hashlib.sha1(key + magic).digest())
+    writer.write(
+        b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n"
+        b"Connection: Upgrade\r\nSec-WebSocket-Accept: " + accept + b"\r\n\r\n"
+    )
+    payload = config_text(realm).encode()
+    assert 126 <= len(payload) < 65536
+    writer.write(b"\x81\x7e" + len(payload).to_bytes(2, "big") + payload)
+
+
+def test_cds_watch_gives_up_on_an_unanswered_handshake_within_the_open_timeout(
+    logs: Records,
+) -> None:
+    """An endpoint that takes the connection and never answers the handshake (a reconciler pod
+    going away during a rollout) costs OPEN_TIMEOUT, not the keepalive's PONG_WAIT: the next
+    attempt reaches one that answers."""
+    connections: list[asyncio.StreamWriter] = []
+
+    async def first_mute(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections.append(writer)
+        try:
+            if len(connections) == 1:
+                while await reader.read(4096):  # take the request, answer nothing
+                    pass
+            else:
+                await accept_and_send_a_config(reader, writer, "answered")
+                while await reader.read(4096):
+                    pass
+        finally:
+            writer.close()
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
+
+    async def main() -> None:
+        server = await asyncio.start_server(first_mute, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        try:
+            source = cds_source(f"ws://127.0.0.1:{port}", pong_wait=PONG_WAIT)
+            async with contextlib.aclosing(source.watch()) as watch:
+                config = await asyncio.wait_for(anext(watch), PONG_WAIT - 1)
+                assert config.auth.realm == "answered"
+                assert len(connections) == 2
+                assert logs.count("timed out during opening handshake") == 1
+        finally:
+            server.close()
+            await server.wait_closed()
+
+    assert OPEN_TIMEOUT + FAST["retry_period"] < PONG_WAIT - 1
+    run(main)
+
+
 def test_cds_watch_drops_a_silent_server_and_reconnects(logs: Records) -> None:
     """A server that completes the handshake, sends a config and then never answers a ping."""
     connections: list[asyncio.StreamWriter] = []
@@ -286,21 +349,7 @@ def test_cds_watch_drops_a_silent_server_and_reconnects(logs: Records) -> None:
     async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         connections.append(writer)
         try:
-            head = await reader.readuntil(b"\r\n\r\n")
-            key = next(
-                line.split(b":", 1)[1].strip()
-                for line in head.split(b"\r\n")
-                if line.lower().startswith(b"sec-websocket-key:")
-            )
-            magic = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
-            accept = base64.b64encode(hashlib.sha1(key + magic).digest())
-            writer.write(
-                b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n"
-                b"Connection: Upgrade\r\nSec-WebSocket-Accept: " + accept + b"\r\n\r\n"
-            )
-            payload = config_text(f"silent-{len(connections)}").encode()
-            assert 126 <= len(payload) < 65536
-            writer.write(b"\x81\x7e" + len(payload).to_bytes(2, "big") + payload)
+            await accept_and_send_a_config(reader, writer, f"silent-{len(connections)}")
             while await reader.read(4096):  # read pings, never answer them
                 pass
         finally:
