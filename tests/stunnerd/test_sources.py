@@ -16,7 +16,7 @@ import json
 import logging
 import os
 import socket
-from collections.abc import AsyncGenerator, Callable, Coroutine, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -301,42 +301,52 @@ async def accept_and_send_a_config(
     writer.write(b"\x81\x7e" + len(payload).to_bytes(2, "big") + payload)
 
 
+@contextlib.asynccontextmanager
+async def scripted_server(
+    script: Callable[[int, asyncio.StreamReader, asyncio.StreamWriter], Coroutine[Any, Any, None]],
+) -> AsyncIterator[tuple[int, list[asyncio.StreamWriter]]]:
+    """A raw TCP server on loopback running `script(n, reader, writer)` for its n-th connection
+    (from 1), then reading whatever else comes and never answering; (port, connections)."""
+    connections: list[asyncio.StreamWriter] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections.append(writer)
+        try:
+            await script(len(connections), reader, writer)
+            while await reader.read(4096):
+                pass
+        finally:
+            writer.close()
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    try:
+        yield server.sockets[0].getsockname()[1], connections
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
 def test_cds_watch_gives_up_on_an_unanswered_handshake_within_the_open_timeout(
     logs: Records,
 ) -> None:
     """An endpoint that takes the connection and never answers the handshake (a reconciler pod
     going away during a rollout) costs OPEN_TIMEOUT, not the keepalive's PONG_WAIT: the next
     attempt reaches one that answers."""
-    connections: list[asyncio.StreamWriter] = []
 
-    async def first_mute(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        connections.append(writer)
-        try:
-            if len(connections) == 1:
-                while await reader.read(4096):  # take the request, answer nothing
-                    pass
-            else:
-                await accept_and_send_a_config(reader, writer, "answered")
-                while await reader.read(4096):
-                    pass
-        finally:
-            writer.close()
-            with contextlib.suppress(OSError):
-                await writer.wait_closed()
+    async def first_mute(n: int, reader: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        if n > 1:  # the first takes the request and answers nothing
+            await accept_and_send_a_config(reader, w, "answered")
 
     async def main() -> None:
-        server = await asyncio.start_server(first_mute, "127.0.0.1", 0)
-        port = server.sockets[0].getsockname()[1]
-        try:
+        async with scripted_server(first_mute) as (port, connections):
             source = cds_source(f"ws://127.0.0.1:{port}", pong_wait=PONG_WAIT)
             async with contextlib.aclosing(source.watch()) as watch:
                 config = await asyncio.wait_for(anext(watch), PONG_WAIT - 1)
                 assert config.auth.realm == "answered"
                 assert len(connections) == 2
                 assert logs.count("timed out during opening handshake") == 1
-        finally:
-            server.close()
-            await server.wait_closed()
 
     assert OPEN_TIMEOUT + FAST["retry_period"] < PONG_WAIT - 1
     run(main)
@@ -344,32 +354,18 @@ def test_cds_watch_gives_up_on_an_unanswered_handshake_within_the_open_timeout(
 
 def test_cds_watch_drops_a_silent_server_and_reconnects(logs: Records) -> None:
     """A server that completes the handshake, sends a config and then never answers a ping."""
-    connections: list[asyncio.StreamWriter] = []
 
-    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        connections.append(writer)
-        try:
-            await accept_and_send_a_config(reader, writer, f"silent-{len(connections)}")
-            while await reader.read(4096):  # read pings, never answer them
-                pass
-        finally:
-            writer.close()
-            with contextlib.suppress(OSError):
-                await writer.wait_closed()
+    async def silent(n: int, reader: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await accept_and_send_a_config(reader, w, f"silent-{n}")  # then read pings, never answer
 
     async def main() -> None:
-        server = await asyncio.start_server(silent, "127.0.0.1", 0)
-        port = server.sockets[0].getsockname()[1]
-        try:
+        async with scripted_server(silent) as (port, _):
             source = cds_source(f"ws://127.0.0.1:{port}", pong_wait=0.2)
             async with contextlib.aclosing(source.watch()) as watch:
                 assert (await next_config(watch)).auth.realm == "silent-1"
                 # ping after 0.2 s, no pong for 0.2 s: dead; reconnect after 0.1 s.
                 assert (await next_config(watch)).auth.realm == "silent-2"
                 assert logs.count("ping timeout") >= 1
-        finally:
-            server.close()
-            await server.wait_closed()
 
     run(main)
 
