@@ -83,15 +83,26 @@ def listener_parts(listener_name: str) -> tuple[str, str, str] | None:
     return parts[0], parts[1], parts[2]
 
 
-def token_headers(env: Mapping[str, str] | None = None) -> dict[str, str]:
-    """`Authorization: Bearer <token>` from the file STUNNER_CDS_TOKEN_FILE names in `env`
-    (default: the process's), read now (the kubelet rotates it); {} when none is set or it
-    cannot be read. For the CDS's readers (the auth service, `helm test`)."""
+def token_file(env: Mapping[str, str] | None = None) -> Path | None:
+    """The CDS token file STUNNER_CDS_TOKEN_FILE names in `env` (default: the process's)."""
     name = (os.environ if env is None else env).get(CDS_TOKEN_FILE_ENV)
-    if not name:
+    return Path(name) if name else None
+
+
+def bearer_headers(path: Path) -> dict[str, str]:
+    """`Authorization: Bearer <token>` with the file's content read now (the kubelet rotates
+    it); {} for an empty file. Raises OSError or UnicodeDecodeError when it cannot be read."""
+    token = path.read_text().strip()
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+def token_headers(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """`bearer_headers` of the token file `env` names; {} when none is set or it cannot be
+    read. For the CDS's readers (the auth service, `helm test`)."""
+    path = token_file(env)
+    if path is None:
         return {}
     try:
-        token = Path(name).read_text().strip()
+        return bearer_headers(path)
     except (OSError, UnicodeDecodeError):
         return {}
-    return {"Authorization": f"Bearer {token}"} if token else {}

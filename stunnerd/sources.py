@@ -45,8 +45,10 @@ from stunner_api.cds import (
     RETRY_PERIOD,
     WATCH_PARAM,
     InvalidId,
+    bearer_headers,
     config_path,
     split_id,
+    token_file,
 )
 from stunner_api.dataplane import (
     ConfigError,
@@ -54,7 +56,6 @@ from stunner_api.dataplane import (
     is_zero_config,
     load_config_checked,
 )
-from stunner_api.vocabulary import CDS_TOKEN_FILE_ENV
 
 file_log = logging.getLogger("stunner.config-file-client")
 cds_log = logging.getLogger("stunner.cds-client")
@@ -213,8 +214,7 @@ class CdsSource:
         self.retry_period = retry_period
         self.ping_period = ping_period
         self.pong_wait = pong_wait
-        token_file = (os.environ if env is None else env).get(CDS_TOKEN_FILE_ENV) or None
-        self.token_file = Path(token_file) if token_file else None
+        self.token_file = token_file(env)
         self._token_unreadable = False
         scheme, netloc = _split_address(address)
         secure = scheme in ("https", "wss")
@@ -234,7 +234,7 @@ class CdsSource:
         if self.token_file is None:
             return {}
         try:
-            token = self.token_file.read_text().strip()
+            headers = bearer_headers(self.token_file)
         except (OSError, UnicodeDecodeError) as exc:
             if not self._token_unreadable:
                 cds_log.warning(
@@ -245,7 +245,7 @@ class CdsSource:
                 self._token_unreadable = True
             return {}
         self._token_unreadable = False
-        return {"Authorization": f"Bearer {token}"} if token else {}
+        return headers
 
     def _get(self) -> bytes:
         # No proxies: the CDS is in-cluster, and a stray http_proxy must not capture it.
