@@ -44,11 +44,17 @@ from pydantic import (
 from pydantic_core import ErrorDetails, PydanticCustomError
 
 from .endpoints import EndpointError, parse_static_endpoint
-from .vocabulary import AUTH_TYPE_ALIASES, field_path, parse_log_spec, skipped_part_reason
+from .vocabulary import (
+    AUTH_TYPE_ALIASES,
+    LISTENER_PROTOCOL_TABLE,
+    ProtocolFacts,
+    field_path,
+    parse_log_spec,
+    skipped_part_reason,
+)
 from .vocabulary import DEFAULT_LOG_LEVEL as DEFAULT_LOG_LEVEL
 from .vocabulary import DEFAULT_REALM as DEFAULT_REALM
 from .vocabulary import LISTENER_PROTOCOLS as VOCABULARY_PROTOCOLS
-from .vocabulary import TLS_PROTOCOLS as VOCABULARY_TLS_PROTOCOLS
 
 log = logging.getLogger("stunner.config")
 
@@ -76,6 +82,8 @@ URI_CLUSTER_NAME = "allow-any"
 URI_CLUSTER_ENDPOINTS = ("0.0.0.0/0",)
 
 AuthType = Literal["static", "ephemeral", "none"]
+# The names of stunner_api.vocabulary's LISTENER_PROTOCOL_TABLE, spelled out for the type
+# checker (tests/stunner_api/test_protocols.py checks that the two agree).
 ListenerProtocol = Literal["TURN-UDP", "TURN-TCP", "TURN-TLS", "TURN-DTLS"]
 ClusterType = Literal["STATIC", "STRICT_DNS"]
 ClusterProtocol = Literal["UDP", "TCP"]
@@ -96,14 +104,6 @@ OFFLOAD_ENGINES: Mapping[str, OffloadEngine] = {
     "tc": "TC",
     "auto": "Auto",
 }
-# Listener protocol -> (URI scheme, transport) as in GetListenerURI.
-LISTENER_URI_PARTS: Mapping[ListenerProtocol, tuple[str, str]] = {
-    "TURN-UDP": ("turn", "udp"),
-    "TURN-TCP": ("turn", "tcp"),
-    "TURN-DTLS": ("turns", "udp"),
-    "TURN-TLS": ("turns", "tcp"),
-}
-TLS_PROTOCOLS: frozenset[ListenerProtocol] = frozenset(p.value for p in VOCABULARY_TLS_PROTOCOLS)
 
 _DNS_LABEL = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?")
 _SHELL_SPECIAL = frozenset("*#$@!?-0123456789")
@@ -385,12 +385,17 @@ class ListenerConfig(_GoStruct):
     def _check_listener(self) -> ListenerConfig:
         if not self.name:
             raise _reject("missing name in listener configuration", "name")
-        if self.protocol in TLS_PROTOCOLS:
+        if self.facts.tls:
             if not self.cert:
                 raise _reject(f"empty TLS cert for {self.protocol} listener", "cert")
             if not self.key:
                 raise _reject(f"empty TLS key for {self.protocol} listener", "key")
         return self
+
+    @property
+    def facts(self) -> ProtocolFacts:
+        """The protocol's row of the vocabulary's protocol table."""
+        return LISTENER_PROTOCOL_TABLE[self.protocol]
 
     def uri(self, rfc7065: bool = True) -> str:
         """The client URI (GetListenerURI): `turn:<addr>:<port>?transport=udp` and the like.
@@ -398,11 +403,11 @@ class ListenerConfig(_GoStruct):
         The public address and port win over `address` and `port`. As in Go, an IPv6 address
         is not bracketed. With `rfc7065=False` the scheme is followed by "://".
         """
-        scheme, transport = LISTENER_URI_PARTS[self.protocol]
+        facts = self.facts
         address = self.public_address or self.address
         port = self.public_port or self.port
         separator = ":" if rfc7065 else "://"
-        return f"{scheme}{separator}{address}:{port}?transport={transport}"
+        return f"{facts.scheme}{separator}{address}:{port}?transport={facts.uri_transport}"
 
     def to_dict(self) -> dict[str, Any]:
         """Go JSON form (`omitempty` everywhere)."""
@@ -875,16 +880,13 @@ def _redact_uri(uri: str) -> str:
     return uri
 
 
-_URI_PROTOCOLS: Mapping[tuple[str, str], ListenerProtocol] = {
-    parts: protocol for protocol, parts in LISTENER_URI_PARTS.items()
-}
-
-
-def _uri_protocol(scheme: str, transport: str) -> ListenerProtocol | None:
-    """getStunnerProtoForURI: transport tls/dtls wins, else scheme turn/turns + udp/tcp."""
-    if transport in ("tls", "dtls"):
-        return LISTENER_PROTOCOLS[transport.upper()]
-    return _URI_PROTOCOLS.get((scheme, transport))
+def _uri_protocol(scheme: str, transport: str) -> ProtocolFacts | None:
+    """getStunnerProtoForURI: a TLS protocol's short name as the transport (tls, dtls) wins,
+    else the scheme (turn/turns) and the transport (udp/tcp) name the protocol."""
+    rows = LISTENER_PROTOCOL_TABLE.values()
+    named = [row for row in rows if row.tls and transport == row.alias.lower()]
+    parts = [row for row in rows if (row.scheme, row.uri_transport) == (scheme, transport)]
+    return next(iter(named + parts), None)
 
 
 Certificate = tuple[str, str]  # (cert, key), base64-encoded PEM
@@ -908,8 +910,8 @@ def config_from_uri(
     except ValueError as exc:
         raise ConfigError(f"invalid URI '{shown}': {exc}") from None
     transport = parse_qs(parts.query).get("transport", ["udp"])[0].lower()
-    protocol = _uri_protocol(parts.scheme.lower() or "turn", transport)
-    if protocol is None:
+    facts = _uri_protocol(parts.scheme.lower() or "turn", transport)
+    if facts is None:
         raise ConfigError(f"invalid URI '{shown}': invalid scheme/protocol")
     username = unquote(parts.username or "")
     password = unquote(parts.password or "")
@@ -921,7 +923,8 @@ def config_from_uri(
     else:
         host = host.partition(":")[0]
     tls: dict[str, str] = {}
-    if protocol in TLS_PROTOCOLS:
+    protocol = facts.protocol.value
+    if facts.tls:
         if certificate is None:
             raise ConfigError(f"{protocol} listener from URI '{shown}': needs a certificate")
         cert, key = certificate(host) if callable(certificate) else certificate
