@@ -14,7 +14,8 @@ from typing import get_args
 import pytest
 
 from stunner_api import dataplane
-from stunner_api.dataplane import config_from_uri, load_config
+from stunner_api.dataplane_load import load_config
+from stunner_api.turn_uri import config_from_uri
 from stunner_api.vocabulary import LISTENER_PROTOCOL_TABLE, ListenerProtocol, ProtocolFacts
 
 ROWS = list(LISTENER_PROTOCOL_TABLE.values())
