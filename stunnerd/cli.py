@@ -11,13 +11,8 @@ import signal
 import sys
 from collections.abc import Callable, Sequence
 
-from stunner_api.dataplane import (
-    ConfigError,
-    StunnerConfig,
-    config_from_uri,
-    redacted,
-    zero_config,
-)
+from stunner_api.dataplane import ConfigError, StunnerConfig, redacted, zero_config
+from stunner_api.turn_uri import config_from_uri
 
 from . import logs, native
 from .admin import parse_address

@@ -2,9 +2,8 @@
 one `TurnServer`.
 
 A transport binds its socket(s), frames packets and demultiplexes ChannelData (RFC 8656 §12)
-from STUN; all TURN logic lives in `turn.py`, written once for every transport. `transport_for`
-picks the transport of a listener's protocol; a TLS or DTLS transport loads its certificate
-when it is built, so a bad certificate is refused before the port is taken.
+from STUN; all TURN logic lives in `turn.py`, written once for every transport. The transport
+registry in `listener.py` picks the transport of a listener's protocol.
 """
 
 from __future__ import annotations
@@ -16,8 +15,6 @@ import socket
 import ssl
 from typing import TYPE_CHECKING, Any, cast
 
-from stunner_api.dataplane import ListenerConfig
-
 from . import stun
 from .allocation import Downstream
 from .limits import RateLimiter
@@ -26,8 +23,9 @@ from .turn import TurnServer
 if TYPE_CHECKING:
     from .dtls import DtlsListenerProtocol
 
-# `certificates` and `dtls` (cryptography, pyOpenSSL: ~12 MiB) are imported by the TLS and DTLS
-# transports when one is made, so a TURN-UDP/TCP stunnerd never loads them (bench/rss_bench.py).
+# `certificates` and `dtls` (cryptography, pyOpenSSL: ~12 MiB) are imported when a TLS or DTLS
+# transport is made (the registry in `listener.py`, `DtlsTransport`), so a TURN-UDP/TCP stunnerd
+# never loads them (bench/rss_bench.py).
 
 log = logging.getLogger("stunner.listener")
 
@@ -490,28 +488,6 @@ class DtlsTransport(Transport):
         if self._started:
             self.protocol.close()  # close_notify to each client, then the socket
             await self.protocol.closed
-
-
-def transport_for(
-    config: ListenerConfig,
-    server: TurnServer,
-    udp_sockets: int = 1,
-    given: socket.socket | None = None,
-) -> Transport:
-    """The transport of the listener's protocol; ValueError for a bad certificate or an
-    unsupported protocol."""
-    protocol = config.protocol
-    if protocol == "TURN-UDP":
-        return UdpTransport(server, udp_sockets, given)
-    if protocol == "TURN-TCP":
-        return TcpTransport(server)
-    if protocol == "TURN-TLS":
-        from .certificates import server_ssl_context
-
-        return TcpTransport(server, server_ssl_context(config.cert, config.key))
-    if protocol == "TURN-DTLS":
-        return DtlsTransport(server, config.cert, config.key)
-    raise ValueError(f"listener {config.name}: protocol {protocol} is not supported yet")
 
 
 def _bound_udp_group(host: str, port: int, count: int) -> list[socket.socket]:
