@@ -5,13 +5,11 @@ Pydantic models of Go STUNner's `pkg/apis/v1` (`StunnerConfig`, `AdminConfig`, `
 Go's `Validate()`: it normalises and fills in defaults, so two configs that mean the same compare
 equal (`==`) once loaded. Models are frozen values.
 
-- `load_config(text, env)` parses YAML or JSON the way `pkg/config/client.ParseConfig` does:
-  `os.ExpandEnv` over the whole text except `auth.credentials` (l7mp/stunner#102), with
-  `STUNNER_PORT` defaulted first.
+- `validate_config(data)` validates an already parsed config; `dataplane_load.load_config`
+  reads one from YAML or JSON text, `turn_uri.config_from_uri` makes one from a URI.
 - `StunnerConfig.to_json()` is byte-identical to Go's `json.Marshal` of the validated struct
   (field order, `omitempty`, sorted map keys, compact separators, HTML-safe escaping).
-- `config_from_uri(uri)` is the `turn://user:pass@host:port?transport=udp` shorthand
-  (`NewDefaultConfig`).
+- `zero_config(name)` is what the CDS sends for a deleted Gateway.
 - `redacted(config)` and `str(config)` hide credentials, TLS keys and the license HMAC.
 
 Unknown keys are ignored, as Go's `json.Unmarshal` ignores them. Every problem raises
@@ -21,17 +19,14 @@ got 70000`.
 
 from __future__ import annotations
 
-import difflib
 import functools
 import json
 import logging
-import os
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Literal
-from urllib.parse import parse_qs, unquote, urlsplit
+from urllib.parse import urlsplit
 
-import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -44,11 +39,17 @@ from pydantic import (
 from pydantic_core import ErrorDetails, PydanticCustomError
 
 from .endpoints import EndpointError, parse_static_endpoint
-from .vocabulary import AUTH_TYPE_ALIASES, field_path, parse_log_spec, skipped_part_reason
+from .vocabulary import (
+    AUTH_TYPE_ALIASES,
+    LISTENER_PROTOCOL_TABLE,
+    ProtocolFacts,
+    field_path,
+    parse_log_spec,
+    skipped_part_reason,
+)
 from .vocabulary import DEFAULT_LOG_LEVEL as DEFAULT_LOG_LEVEL
 from .vocabulary import DEFAULT_REALM as DEFAULT_REALM
 from .vocabulary import LISTENER_PROTOCOLS as VOCABULARY_PROTOCOLS
-from .vocabulary import TLS_PROTOCOLS as VOCABULARY_TLS_PROTOCOLS
 
 log = logging.getLogger("stunner.config")
 
@@ -57,25 +58,19 @@ API_VERSION = "v1"
 API_VERSION_V1ALPHA1 = "v1alpha1"
 DEFAULT_STUNNER_NAME = "default-stunnerd"
 DEFAULT_PORT = 3478
-DEFAULT_TLS_PORT = 443  # the turns:// shorthand's default (Go STUNner)
 DEFAULT_ADDRESS = "0.0.0.0"
 DEFAULT_METRICS_PORT = 8080
 DEFAULT_HEALTHCHECK_PORT = 8086
 DEFAULT_HEALTHCHECK_ENDPOINT = f"http://:{DEFAULT_HEALTHCHECK_PORT}"
-ENV_PORT = "STUNNER_PORT"
-ENV_PUBLIC_PORT = "STUNNER_PUBLIC_PORT"
 SECRET = "<SECRET>"
 
 # Credentials of the config the CDS sends for a deleted Gateway (pkg/config/client: ZeroConfig).
 ZERO_CONFIG_USERNAME = "dummy-username"
 ZERO_CONFIG_PASSWORD = "dummy-password"
 
-# Names of the URI shorthand config (config.go: NewDefaultConfig).
-URI_LISTENER_NAME = "default-listener"
-URI_CLUSTER_NAME = "allow-any"
-URI_CLUSTER_ENDPOINTS = ("0.0.0.0/0",)
-
 AuthType = Literal["static", "ephemeral", "none"]
+# The names of stunner_api.vocabulary's LISTENER_PROTOCOL_TABLE, spelled out for the type
+# checker (tests/stunner_api/test_protocols.py checks that the two agree).
 ListenerProtocol = Literal["TURN-UDP", "TURN-TCP", "TURN-TLS", "TURN-DTLS"]
 ClusterType = Literal["STATIC", "STRICT_DNS"]
 ClusterProtocol = Literal["UDP", "TCP"]
@@ -96,18 +91,8 @@ OFFLOAD_ENGINES: Mapping[str, OffloadEngine] = {
     "tc": "TC",
     "auto": "Auto",
 }
-# Listener protocol -> (URI scheme, transport) as in GetListenerURI.
-LISTENER_URI_PARTS: Mapping[ListenerProtocol, tuple[str, str]] = {
-    "TURN-UDP": ("turn", "udp"),
-    "TURN-TCP": ("turn", "tcp"),
-    "TURN-DTLS": ("turns", "udp"),
-    "TURN-TLS": ("turns", "tcp"),
-}
-TLS_PROTOCOLS: frozenset[ListenerProtocol] = frozenset(p.value for p in VOCABULARY_TLS_PROTOCOLS)
 
 _DNS_LABEL = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?")
-_SHELL_SPECIAL = frozenset("*#$@!?-0123456789")
-_SHELL_NAME = re.compile(r"[A-Za-z0-9_]*")
 
 
 class ConfigError(ValueError):
@@ -119,7 +104,7 @@ def _reject(reason: str, field: str = "") -> PydanticCustomError:
     return PydanticCustomError("stunner_config", "{reason}", {"reason": reason, "field": field})
 
 
-def _go_quote(value: object) -> str:
+def go_quote(value: object) -> str:
     """Roughly Go's %q: a double-quoted string (non-strings are rendered first)."""
     return json.dumps(value if isinstance(value, str) else str(value), ensure_ascii=False)
 
@@ -136,7 +121,7 @@ def _normalize(
         return table[fold(value)]
     except KeyError:
         valid = ", ".join(dict.fromkeys(table.values()))
-        raise _reject(f"unknown {what}: {_go_quote(value)} (valid: {valid})") from None
+        raise _reject(f"unknown {what}: {go_quote(value)} (valid: {valid})") from None
 
 
 def _empty_is_default(value: object, default: object) -> object:
@@ -264,10 +249,10 @@ class AdminConfig(_GoStruct):
         return out
 
     def __str__(self) -> str:
-        status = [f"name={_go_quote(self.name)}", f"logLevel={_go_quote(self.loglevel)}"]
+        status = [f"name={go_quote(self.name)}", f"logLevel={go_quote(self.loglevel)}"]
         if self.metrics_endpoint:
-            status.append(f"metrics={_go_quote(self.metrics_endpoint)}")
-        status.append(f"health-check={_go_quote(self.healthcheck_endpoint)}")
+            status.append(f"metrics={go_quote(self.metrics_endpoint)}")
+        status.append(f"health-check={go_quote(self.healthcheck_endpoint)}")
         if self.user_quota > 0:
             status.append(f"quota={self.user_quota}")
         interfaces = "all"
@@ -324,12 +309,12 @@ class AuthConfig(_GoStruct):
             value = self.credentials.get(key)
             return "-" if value is None else SECRET if value else "<MISSING>"
 
-        status = [f"realm={_go_quote(self.realm)}", f"type={_go_quote(self.type)}"]
+        status = [f"realm={go_quote(self.realm)}", f"type={go_quote(self.type)}"]
         if self.type == "static":
-            status.append(f"username={_go_quote(shown('username'))}")
-            status.append(f"password={_go_quote(shown('password'))}")
+            status.append(f"username={go_quote(shown('username'))}")
+            status.append(f"password={go_quote(shown('password'))}")
         elif self.type == "ephemeral":
-            status.append(f"shared-secret={_go_quote(shown('secret'))}")
+            status.append(f"shared-secret={go_quote(shown('secret'))}")
         return "auth:{" + ",".join(status) + "}"
 
 
@@ -385,12 +370,17 @@ class ListenerConfig(_GoStruct):
     def _check_listener(self) -> ListenerConfig:
         if not self.name:
             raise _reject("missing name in listener configuration", "name")
-        if self.protocol in TLS_PROTOCOLS:
+        if self.facts.tls:
             if not self.cert:
                 raise _reject(f"empty TLS cert for {self.protocol} listener", "cert")
             if not self.key:
                 raise _reject(f"empty TLS key for {self.protocol} listener", "key")
         return self
+
+    @property
+    def facts(self) -> ProtocolFacts:
+        """The protocol's row of the vocabulary's protocol table."""
+        return LISTENER_PROTOCOL_TABLE[self.protocol]
 
     def uri(self, rfc7065: bool = True) -> str:
         """The client URI (GetListenerURI): `turn:<addr>:<port>?transport=udp` and the like.
@@ -398,11 +388,11 @@ class ListenerConfig(_GoStruct):
         The public address and port win over `address` and `port`. As in Go, an IPv6 address
         is not bracketed. With `rfc7065=False` the scheme is followed by "://".
         """
-        scheme, transport = LISTENER_URI_PARTS[self.protocol]
+        facts = self.facts
         address = self.public_address or self.address
         port = self.public_port or self.port
         separator = ":" if rfc7065 else "://"
-        return f"{scheme}{separator}{address}:{port}?transport={transport}"
+        return f"{facts.scheme}{separator}{address}:{port}?transport={facts.uri_transport}"
 
     def to_dict(self) -> dict[str, Any]:
         """Go JSON form (`omitempty` everywhere)."""
@@ -429,7 +419,7 @@ class ListenerConfig(_GoStruct):
             f"cert/key={cert_key}",
             "routes=[" + ",".join(self.routes) + "]",
         ]
-        return f"{_go_quote(self.name or '-')}:{{" + ",".join(status) + "}"
+        return f"{go_quote(self.name or '-')}:{{" + ",".join(status) + "}"
 
 
 # Memoised: a pure function of the text, asked of every endpoint of every cluster each time the
@@ -448,10 +438,10 @@ def static_endpoint_error(endpoint: str) -> str | None:
         if exc.port_range is not None:
             low, high = exc.port_range
             return (
-                f"invalid endpoint {_go_quote(endpoint)}: port range <{low}-{high}> "
+                f"invalid endpoint {go_quote(endpoint)}: port range <{low}-{high}> "
                 "must have 0 <= min <= max <= 65535"
             )
-        return f"invalid endpoint {_go_quote(endpoint)}: not an IP address or CIDR prefix"
+        return f"invalid endpoint {go_quote(endpoint)}: not an IP address or CIDR prefix"
     return None
 
 
@@ -460,7 +450,7 @@ def dns_endpoint_error(endpoint: str) -> str | None:
     name = endpoint.removesuffix(".")
     if 0 < len(name) <= 253 and all(_DNS_LABEL.fullmatch(lab) for lab in name.split(".")):
         return None
-    return f"invalid endpoint {_go_quote(endpoint)}: not a DNS name"
+    return f"invalid endpoint {go_quote(endpoint)}: not a DNS name"
 
 
 _ENDPOINT_CHECKS: Mapping[str, Callable[[str], str | None]] = {
@@ -511,18 +501,18 @@ class ClusterConfig(_GoStruct):
 
     def __str__(self) -> str:
         status = [
-            f"type={_go_quote(self.type)}",
-            f"protocol={_go_quote(self.protocol)}",
+            f"type={go_quote(self.type)}",
+            f"protocol={go_quote(self.protocol)}",
             "endpoints=[" + ",".join(self.endpoints) + "]",
         ]
-        return f"{_go_quote(self.name or '-')}:{{" + ",".join(status) + "}"
+        return f"{go_quote(self.name or '-')}:{{" + ",".join(status) + "}"
 
 
 def _check_unique(names: list[str], kind: str) -> None:
     seen: set[str] = set()
     for index, name in enumerate(names):
         if name in seen:
-            raise _reject(f"duplicate {kind} name {_go_quote(name)}", f"[{index}].name")
+            raise _reject(f"duplicate {kind} name {go_quote(name)}", f"[{index}].name")
         seen.add(name)
 
 
@@ -549,7 +539,7 @@ class StunnerConfig(_GoStruct):
         if value == API_VERSION_V1ALPHA1:
             return API_VERSION  # same shape; the v1alpha1-only keys are dropped as unknown
         if value != API_VERSION:
-            raise _reject(f"unsupported API version: {_go_quote(value)}")
+            raise _reject(f"unsupported API version: {go_quote(value)}")
         return value
 
     @field_validator("listeners")
@@ -604,7 +594,7 @@ class StunnerConfig(_GoStruct):
         listeners = ",".join(str(item) for item in self.listeners)
         clusters = ",".join(str(item) for item in self.clusters)
         return (
-            f"{{version={_go_quote(self.version)},{self.admin},{self.auth},"
+            f"{{version={go_quote(self.version)},{self.admin},{self.auth},"
             f"listeners=[{listeners}],clusters=[{clusters}]}}"
         )
 
@@ -653,311 +643,6 @@ def validate_config(data: Mapping[str, Any]) -> StunnerConfig:
         return StunnerConfig.model_validate(data)
     except ValidationError as exc:
         raise _config_error(exc) from None
-
-
-def _shell_name(text: str) -> tuple[str, int]:
-    """Go's os.getShellName: the variable name after a '$' and how many characters it spans."""
-    if text[0] == "{":
-        if len(text) > 2 and text[1] in _SHELL_SPECIAL and text[2] == "}":
-            return text[1], 3
-        closing = text.find("}", 1)
-        if closing == 1:
-            return "", 2  # bad syntax: "${}" is eaten
-        if closing < 0:
-            return "", 1  # bad syntax: "${" is eaten
-        return text[1:closing], closing + 1
-    if text[0] in _SHELL_SPECIAL:
-        return text[0], 1
-    name = _SHELL_NAME.match(text)
-    length = name.end() if name else 0
-    return text[:length], length
-
-
-def expand_env(text: str, env: Mapping[str, str]) -> str:
-    """Go's os.ExpandEnv: replace $VAR and ${VAR} from `env`; unset variables become ""."""
-    out: list[str] = []
-    start = index = 0
-    while index < len(text):
-        if text[index] == "$" and index + 1 < len(text):
-            out.append(text[start:index])
-            name, width = _shell_name(text[index + 1 :])
-            if name:
-                out.append(env.get(name, ""))
-            elif width == 0:
-                out.append("$")  # not followed by a name: the dollar stays
-            index += width
-            start = index + 1
-        index += 1
-    out.append(text[start:])
-    return "".join(out)
-
-
-def _with_default_port(env: Mapping[str, str]) -> dict[str, str]:
-    """STUNNER_PORT, unless set to digits, becomes STUNNER_PUBLIC_PORT if numeric, else 3478."""
-    resolved = dict(env)
-    if not re.fullmatch(r"[0-9]+", resolved.get(ENV_PORT, "")):
-        port = DEFAULT_PORT
-        public = resolved.get(ENV_PUBLIC_PORT, "")
-        if re.fullmatch(r"[+-]?[0-9]+", public):  # strconv.Atoi
-            port = int(public)
-        resolved[ENV_PORT] = str(port)
-    return resolved
-
-
-def _yaml_reason(error: yaml.YAMLError) -> str:
-    """Where and what, without quoting the text (it may hold a password)."""
-    if not isinstance(error, yaml.MarkedYAMLError):
-        return " ".join(str(error).split())
-    parts = []
-    for text, mark in ((error.problem, error.problem_mark), (error.context, error.context_mark)):
-        if text and mark is not None:
-            parts.append(f"line {mark.line + 1}, column {mark.column + 1}: {text}")
-        elif text:
-            parts.append(text)
-    return "; ".join(parts) or type(error).__name__
-
-
-def _parse_document(text: str) -> dict[str, Any]:
-    """YAML, or JSON if YAML fails (sigs.k8s.io/yaml then encoding/json, as Go does).
-
-    A document that looks like a JSON object (what the config discovery service sends) is read
-    as JSON first: the same result Go's YAML-to-JSON path gives, at a fraction of PyYAML's cost.
-    """
-    if text.lstrip().startswith("{"):
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError:
-            pass  # YAML flow style, or broken: YAML decides and words the error
-        else:
-            return _as_mapping(data)
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as yaml_error:
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError:
-            # Only YAML's error: JSON is (nearly) a subset of YAML, so its error adds noise.
-            raise ConfigError(
-                f"could not parse config: YAML parse error: {_yaml_reason(yaml_error)}"
-            ) from None
-    return _as_mapping(data)
-
-
-def _as_mapping(data: object) -> dict[str, Any]:
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"could not parse config: expected a mapping, got {type(data).__name__}")
-    return data
-
-
-def _credentials_of(data: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    auth = data.get("auth")
-    credentials = auth.get("credentials") if isinstance(auth, Mapping) else None
-    return credentials if isinstance(credentials, Mapping) else None
-
-
-def _unknown_keys(data: object, model: type[BaseModel], path: str) -> Iterator[str]:
-    if not isinstance(data, Mapping):
-        return
-    known = list(model.model_fields)
-    for key in data:
-        if key not in known:
-            close = difflib.get_close_matches(str(key), known, n=1)
-            hint = f" (did you mean {_go_quote(close[0])}?)" if close else ""
-            yield f"{path}{key}: unknown key, ignored{hint}"
-
-
-def config_warnings(data: Mapping[str, Any], config: StunnerConfig) -> list[str]:
-    """What a valid config most likely got wrong, as `path: message` lines: keys that no field
-    has (Go STUNner ignores them, and so do we, for wire compatibility with its operator), each
-    with the closest known key, and routes naming a cluster the config does not define."""
-    warnings = list(_unknown_keys(data, StunnerConfig, ""))
-    sections: tuple[tuple[str, type[BaseModel]], ...] = (
-        ("admin", AdminConfig),
-        ("auth", AuthConfig),
-    )
-    for key, model in sections:
-        warnings += _unknown_keys(data.get(key), model, f"{key}.")
-    admin = data.get("admin")
-    if isinstance(admin, Mapping):
-        warnings += _unknown_keys(
-            admin.get("license_config"), LicenseConfig, "admin.license_config."
-        )
-    lists: tuple[tuple[str, type[BaseModel]], ...] = (
-        ("listeners", ListenerConfig),
-        ("clusters", ClusterConfig),
-    )
-    for key, model in lists:
-        items = data.get(key)
-        for index, item in enumerate(items if isinstance(items, list) else []):
-            warnings += _unknown_keys(item, model, f"{key}[{index}].")
-    clusters = {cluster.name for cluster in config.clusters}
-    for index, listener in enumerate(config.listeners):
-        for route in listener.routes:
-            if route not in clusters:
-                warnings.append(
-                    f"listeners[{index}].routes: cluster {_go_quote(route)} is not defined "
-                    "(its peers are unreachable)"
-                )
-    return warnings
-
-
-def load_config(text: str | bytes, env: Mapping[str, str] | None = None) -> StunnerConfig:
-    """Parse, env-substitute, validate and normalise a YAML or JSON config.
-
-    `env` (default: os.environ) feeds $VAR and ${VAR} everywhere except the values of
-    `auth.credentials`, which are kept verbatim so that passwords may contain '$'. STUNNER_PORT
-    is defaulted first (see `_with_default_port`); `env` itself is not changed.
-    """
-    if isinstance(text, bytes):
-        try:
-            text = text.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise ConfigError(f"could not parse config: not UTF-8: {exc}") from None
-    variables = _with_default_port(os.environ if env is None else env)
-    raw_credentials = _credentials_of(_parse_document(text))
-    data = _parse_document(expand_env(text, variables))
-    credentials = _credentials_of(data)
-    if raw_credentials is not None and credentials is not None:
-        data["auth"]["credentials"] = {**credentials, **raw_credentials}
-    return validate_config(data)
-
-
-def _variable_names(text: str) -> list[str]:
-    """The names `expand_env` would look up in `text`."""
-    names = []
-    index = text.find("$")
-    while 0 <= index < len(text) - 1:
-        name, width = _shell_name(text[index + 1 :])
-        if name:
-            names.append(name)
-        index = text.find("$", index + 1 + width)
-    return names
-
-
-def _unset_address_variables(
-    raw: Mapping[str, Any], variables: Mapping[str, str], config: StunnerConfig
-) -> Iterator[str]:
-    """An unset variable in a listener address (the usual $STUNNER_ADDR) silently gives
-    clients the relay address 0.0.0.0: name it."""
-    listeners = raw.get("listeners")
-    for index, item in enumerate(listeners if isinstance(listeners, list) else []):
-        for key in ("address", "public_address"):
-            value = item.get(key) if isinstance(item, Mapping) else None
-            if not isinstance(value, str) or index >= len(config.listeners):
-                continue
-            for name in dict.fromkeys(_variable_names(value)):
-                if name not in variables:
-                    now = getattr(config.listeners[index], key) or '""'
-                    yield (f"listeners[{index}].{key}: ${name} is not set, so the {key} is {now}")
-
-
-def load_config_checked(
-    text: str | bytes, env: Mapping[str, str] | None = None
-) -> tuple[StunnerConfig, list[str]]:
-    """`load_config`, and its `config_warnings` (and any unset variable in an address)."""
-    config = load_config(text, env)
-    if isinstance(text, bytes):
-        text = text.decode("utf-8")  # load_config succeeded, so it decodes
-    variables = _with_default_port(os.environ if env is None else env)
-    data = _parse_document(expand_env(text, variables))
-    unset = list(_unset_address_variables(_parse_document(text), variables, config))
-    return config, unset + config_warnings(data, config)
-
-
-def _redact_uri(uri: str) -> str:
-    """The URI with its password, if any, replaced (for error messages)."""
-    scheme, slashes, rest = uri.partition("://")
-    userinfo, at, host = rest.partition("@")
-    if slashes and at and ":" in userinfo:
-        return f"{scheme}://{userinfo.partition(':')[0]}:{SECRET}@{host}"
-    return uri
-
-
-_URI_PROTOCOLS: Mapping[tuple[str, str], ListenerProtocol] = {
-    parts: protocol for protocol, parts in LISTENER_URI_PARTS.items()
-}
-
-
-def _uri_protocol(scheme: str, transport: str) -> ListenerProtocol | None:
-    """getStunnerProtoForURI: transport tls/dtls wins, else scheme turn/turns + udp/tcp."""
-    if transport in ("tls", "dtls"):
-        return LISTENER_PROTOCOLS[transport.upper()]
-    return _URI_PROTOCOLS.get((scheme, transport))
-
-
-Certificate = tuple[str, str]  # (cert, key), base64-encoded PEM
-
-
-def config_from_uri(
-    uri: str, certificate: Certificate | Callable[[str], Certificate] | None = None
-) -> StunnerConfig:
-    """A full config from `turn://user:pass@host:port?transport=udp` (NewDefaultConfig).
-
-    Static auth with that user and password in realm stunner.l7mp.io, one listener
-    "default-listener" routing to the cluster "allow-any" (STATIC, 0.0.0.0/0), health checks at
-    the default endpoint. The default port is 3478, 443 for TLS/DTLS, whose listener takes
-    `certificate`: (cert, key), base64 PEM, or a function making one for the URI's host
-    (stunnerd passes one making a self-signed certificate, as Go does).
-    """
-    shown = _redact_uri(uri)
-    try:
-        parts = urlsplit(uri)
-        port = parts.port or 0
-    except ValueError as exc:
-        raise ConfigError(f"invalid URI '{shown}': {exc}") from None
-    transport = parse_qs(parts.query).get("transport", ["udp"])[0].lower()
-    protocol = _uri_protocol(parts.scheme.lower() or "turn", transport)
-    if protocol is None:
-        raise ConfigError(f"invalid URI '{shown}': invalid scheme/protocol")
-    username = unquote(parts.username or "")
-    password = unquote(parts.password or "")
-    if not username or not password:
-        raise ConfigError(f"username/password must be set: '{shown}'")
-    host = parts.netloc.rpartition("@")[2]
-    if host.startswith("["):
-        host = host[1:].partition("]")[0]
-    else:
-        host = host.partition(":")[0]
-    tls: dict[str, str] = {}
-    if protocol in TLS_PROTOCOLS:
-        if certificate is None:
-            raise ConfigError(f"{protocol} listener from URI '{shown}': needs a certificate")
-        cert, key = certificate(host) if callable(certificate) else certificate
-        tls = {"cert": cert, "key": key}
-        port = port or DEFAULT_TLS_PORT
-    return validate_config(
-        {
-            "version": API_VERSION,
-            "admin": {
-                "loglevel": DEFAULT_LOG_LEVEL,
-                "healthcheck_endpoint": DEFAULT_HEALTHCHECK_ENDPOINT,
-            },
-            "auth": {
-                "type": "static",
-                "realm": DEFAULT_REALM,
-                "credentials": {"username": username, "password": password},
-            },
-            "listeners": [
-                {
-                    "name": URI_LISTENER_NAME,
-                    "protocol": protocol,
-                    "address": host,
-                    "port": port,
-                    "routes": [URI_CLUSTER_NAME],
-                    **tls,
-                }
-            ],
-            "clusters": [
-                {
-                    "name": URI_CLUSTER_NAME,
-                    "type": "STATIC",
-                    "endpoints": list(URI_CLUSTER_ENDPOINTS),
-                }
-            ],
-        }
-    )
 
 
 def redacted(config: StunnerConfig) -> StunnerConfig:

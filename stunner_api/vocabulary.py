@@ -341,33 +341,69 @@ TLS_KEY_KEYS = ("tls.key", "key")
 
 
 class ListenerProtocol(StrEnum):
+    """The canonical names; each has its row in LISTENER_PROTOCOL_TABLE below."""
+
     TURN_UDP = "TURN-UDP"
     TURN_TCP = "TURN-TCP"
     TURN_TLS = "TURN-TLS"
     TURN_DTLS = "TURN-DTLS"
 
 
-# The deprecated short spellings Go still accepts.
+@dataclass(frozen=True)
+class ProtocolFacts:
+    """One row of the listener-protocol table: what a listener protocol is."""
+
+    protocol: ListenerProtocol
+    alias: str  # the deprecated short spelling Go still accepts ("" if none)
+    transport: str  # "UDP" or "TCP": what a Service port and a port clash are about
+    tls: bool  # terminates TLS or DTLS: the listener needs a certificate and key
+
+    @property
+    def stream(self) -> bool:
+        """Runs over a byte stream (TCP) rather than datagrams."""
+        return self.transport == "TCP"
+
+    @property
+    def scheme(self) -> str:
+        """The client URI's scheme (RFC 7065, Go's GetListenerURI): turns for TLS and DTLS."""
+        return "turns" if self.tls else "turn"
+
+    @property
+    def uri_transport(self) -> str:
+        """The client URI's `?transport=` value."""
+        return self.transport.lower()
+
+
+# The listener-protocol table, one row per protocol: every other list of protocols (the
+# aliases, the transports, the TLS set, the dataplane's Literal, the URI parts, stunnerd's
+# transport registry) is derived from it or checked against it by a test. Keyed by the
+# canonical name (a ListenerProtocol is that string).
+LISTENER_PROTOCOL_TABLE: Mapping[str, ProtocolFacts] = MappingProxyType(
+    {
+        row.protocol.value: row
+        for row in (
+            ProtocolFacts(ListenerProtocol.TURN_UDP, alias="UDP", transport="UDP", tls=False),
+            ProtocolFacts(ListenerProtocol.TURN_TCP, alias="TCP", transport="TCP", tls=False),
+            ProtocolFacts(ListenerProtocol.TURN_TLS, alias="TLS", transport="TCP", tls=True),
+            ProtocolFacts(ListenerProtocol.TURN_DTLS, alias="DTLS", transport="UDP", tls=True),
+        )
+    }
+)
+# The deprecated short spellings -> the canonical protocol.
 LISTENER_PROTOCOL_ALIASES: Mapping[str, ListenerProtocol] = {
-    "UDP": ListenerProtocol.TURN_UDP,
-    "TCP": ListenerProtocol.TURN_TCP,
-    "TLS": ListenerProtocol.TURN_TLS,
-    "DTLS": ListenerProtocol.TURN_DTLS,
+    row.alias: row.protocol for row in LISTENER_PROTOCOL_TABLE.values() if row.alias
 }
 # Every spelling (canonical and alias, upper case) -> the canonical protocol.
 LISTENER_PROTOCOLS: Mapping[str, ListenerProtocol] = {
-    **{p.value: p for p in ListenerProtocol},
+    **{row.protocol.value: row.protocol for row in LISTENER_PROTOCOL_TABLE.values()},
     **LISTENER_PROTOCOL_ALIASES,
 }
-# Protocol -> the transport it runs on (what a Service port and a port clash are about).
+# Protocol -> the transport it runs on.
 LISTENER_TRANSPORT: Mapping[ListenerProtocol, str] = {
-    ListenerProtocol.TURN_UDP: "UDP",
-    ListenerProtocol.TURN_TCP: "TCP",
-    ListenerProtocol.TURN_TLS: "TCP",
-    ListenerProtocol.TURN_DTLS: "UDP",
+    row.protocol: row.transport for row in LISTENER_PROTOCOL_TABLE.values()
 }
 TLS_PROTOCOLS: frozenset[ListenerProtocol] = frozenset(
-    {ListenerProtocol.TURN_TLS, ListenerProtocol.TURN_DTLS}
+    row.protocol for row in LISTENER_PROTOCOL_TABLE.values() if row.tls
 )
 
 ROUTE_NAMESPACES_FROM = ("All", "Selector", "Same")

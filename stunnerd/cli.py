@@ -11,13 +11,8 @@ import signal
 import sys
 from collections.abc import Callable, Sequence
 
-from stunner_api.dataplane import (
-    ConfigError,
-    StunnerConfig,
-    config_from_uri,
-    redacted,
-    zero_config,
-)
+from stunner_api.dataplane import ConfigError, StunnerConfig, redacted, zero_config
+from stunner_api.turn_uri import config_from_uri
 
 from . import logs, native
 from .admin import parse_address
@@ -147,6 +142,10 @@ LIMIT_FLAGS: dict[str, tuple[str, str]] = {
     "dtls_pending_per_source": ("N", "DTLS handshakes in progress per client IP"),
     "dtls_pending": ("N", "DTLS handshakes in progress per listener"),
     "stream_high_water": ("BYTES", "output queued per TCP/TLS client before drops"),
+    "stream_latency_bound": (
+        "SECONDS",
+        "TCP/TLS: relayed packets older than this are dropped, never queued; 0: no bound",
+    ),
     "max_udp_message": ("BYTES", "STUN messages over UDP above this are dropped unparsed"),
     "max_attributes": ("N", "STUN attributes per message"),
     "max_peers_per_request": ("N", "XOR-PEER-ADDRESS per CreatePermission (508 past it)"),

@@ -45,6 +45,7 @@ class ListenerCounters(Counters):
     dropped: int = 0
     allocations_total: int = 0
     backpressure_dropped: int = 0  # sent to a stream client past its output high-water mark
+    latency_dropped: int = 0  # relayed over a stream later than --stream-latency-bound
     rate_limited: int = 0  # error answers not sent past --error-rate
 
 

@@ -40,6 +40,13 @@ class Limits:
     # Bytes queued toward one TCP/TLS client before relayed packets to it are dropped (and
     # counted): ~1 s of a 4 Mbit/s video call.
     stream_high_water: int = 512 * 1024
+    # TCP/TLS (issue 21): a relayed packet toward a client that cannot be handed to the kernel
+    # within this many seconds of its arrival is dropped (counted as "latency"), and what the
+    # kernel holds unsent is kept to about what the connection drains in that time: a real-time
+    # packet that waits seconds is worse than a lost one (media tolerates ~150 ms one way). The
+    # native path also drops what a client sent that waited longer than this in the socket's
+    # receive queue. 0: no bound (only `stream_high_water`).
+    stream_latency_bound: float = 0.1
     # STUN over UDP: bigger messages are dropped unparsed (a Send indication of a 1500-byte
     # datagram is ~1550 bytes); at most `max_attributes` attributes per message (a signed
     # ChannelBind has 6).

@@ -1,9 +1,13 @@
 """A running listener: its TURN server, its transport and its housekeeping timer.
 
-The transport (`transports.py`) is the socket side of the listener's protocol; the TURN server
-(`turn.py`) is the same for every protocol. A listener has a generation: a UDP worker process
-builds its copy of a listener around the socket the primary handed it, under the primary's
-generation, so both sides know which copy is current.
+The transport (`transports.py`, `native_udp.py`) is the socket side of the listener's protocol,
+built by the protocol's entry in `TRANSPORTS`, the transport registry; the TURN server
+(`turn.py`) is the same for every protocol. A new protocol is one row of
+`stunner_api.vocabulary.LISTENER_PROTOCOL_TABLE`, one transport class and one entry here.
+
+A listener has a generation: a UDP worker process builds its copy of a listener around the
+socket the primary handed it, under the primary's generation, so both sides know which copy is
+current.
 """
 
 from __future__ import annotations
@@ -13,15 +17,16 @@ import errno
 import itertools
 import logging
 import socket
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from stunner_api.dataplane import ListenerConfig
+from stunner_api.vocabulary import ListenerProtocol
 
 from . import native
 from .counters import ClusterCounters, ListenerCounters
 from .native_udp import NativeUdpTransport
 from .runtime import port_holders
-from .transports import Transport, transport_for
+from .transports import DtlsTransport, TcpTransport, Transport, UdpTransport
 from .turn import ServerContext, TurnServer
 
 log = logging.getLogger("stunner.listener")
@@ -72,11 +77,10 @@ class Listener:
                 self._given_socket.close()  # a worker's listener owns the socket it was given
             if not isinstance(exc, OSError) or exc.errno != errno.EADDRINUSE:
                 raise
-            stream = self.config.protocol in ("TURN-TCP", "TURN-TLS")
-            kind = "TCP" if stream else "UDP"
-            holders = port_holders(self.config.port, stream)
+            facts = self.config.facts
+            holders = port_holders(self.config.port, facts.stream)
             held = f" (held by process {', '.join(holders)})" if holders else ""
-            busy = OSError(f"{kind} port {self.config.port} is already in use{held}")
+            busy = OSError(f"{facts.transport} port {self.config.port} is already in use{held}")
             busy.errno = exc.errno  # str() without the "[Errno 98]" prefix
             raise busy from None
         self.transport = transport
@@ -91,13 +95,14 @@ class Listener:
         )
 
     def _transport(self) -> Transport:
-        """TURN-UDP on the native relay engine where it is available, else `transport_for`."""
-        if self.config.protocol == "TURN-UDP":
-            reason = native.unavailable_reason()
-            if reason is None:
-                return NativeUdpTransport(self.server, self._udp_sockets, self._given_socket)
-            _tell_python_relay(reason)
-        return transport_for(self.config, self.server, self._udp_sockets, self._given_socket)
+        """The transport of the listener's protocol, from the registry; ValueError for a bad
+        certificate or a protocol with no transport."""
+        build = TRANSPORTS.get(self.config.protocol)
+        if build is None:
+            raise ValueError(
+                f"listener {self.name}: protocol {self.config.protocol} is not supported yet"
+            )
+        return build(self.config, self.server, self._udp_sockets, self._given_socket)
 
     def stats(self) -> ListenerCounters:
         """The listener's counters: the TURN server's plus what the native engine relayed."""
@@ -142,3 +147,51 @@ def _tell_python_relay(reason: str) -> None:
     _told.add(reason)
     level = logging.INFO if "STUNNER_NATIVE" in reason else logging.WARNING
     log.log(level, "TURN-UDP relays in Python: %s", reason)
+
+
+# --- the transport registry: protocol -> the function that builds its transport ---------------
+
+# (the listener's config, its TURN server, the UDP sockets per listener (1 + UDP workers), the
+# socket a UDP worker was handed) -> an unstarted transport. A TLS or DTLS transport loads its
+# certificate when built, so a bad certificate is refused before the port is taken.
+TransportFactory = Callable[[ListenerConfig, TurnServer, int, socket.socket | None], Transport]
+
+
+def _udp(
+    config: ListenerConfig, server: TurnServer, udp_sockets: int, given: socket.socket | None
+) -> Transport:
+    """TURN-UDP on the native relay engine where it is available, else in Python."""
+    reason = native.unavailable_reason()
+    if reason is None:
+        return NativeUdpTransport(server, udp_sockets, given)
+    _tell_python_relay(reason)
+    return UdpTransport(server, udp_sockets, given)
+
+
+def _tcp(
+    config: ListenerConfig, server: TurnServer, udp_sockets: int, given: socket.socket | None
+) -> Transport:
+    return TcpTransport(server)
+
+
+def _tls(
+    config: ListenerConfig, server: TurnServer, udp_sockets: int, given: socket.socket | None
+) -> Transport:
+    from .certificates import server_ssl_context  # cryptography only for a TLS listener
+
+    return TcpTransport(server, server_ssl_context(config.cert, config.key))
+
+
+def _dtls(
+    config: ListenerConfig, server: TurnServer, udp_sockets: int, given: socket.socket | None
+) -> Transport:
+    return DtlsTransport(server, config.cert, config.key)
+
+
+# One entry per row of the vocabulary's LISTENER_PROTOCOL_TABLE (a test checks they agree).
+TRANSPORTS: Mapping[str, TransportFactory] = {
+    ListenerProtocol.TURN_UDP: _udp,
+    ListenerProtocol.TURN_TCP: _tcp,
+    ListenerProtocol.TURN_TLS: _tls,
+    ListenerProtocol.TURN_DTLS: _dtls,
+}

@@ -50,12 +50,8 @@ from stunner_api.cds import (
     split_id,
     token_file,
 )
-from stunner_api.dataplane import (
-    ConfigError,
-    StunnerConfig,
-    is_zero_config,
-    load_config_checked,
-)
+from stunner_api.dataplane import ConfigError, StunnerConfig, is_zero_config
+from stunner_api.dataplane_load import load_config_checked
 
 file_log = logging.getLogger("stunner.config-file-client")
 cds_log = logging.getLogger("stunner.cds-client")

@@ -25,7 +25,8 @@ from aioice.turn import create_turn_endpoint
 from cryptography import x509
 from OpenSSL import SSL
 
-from stunner_api.dataplane import StunnerConfig, load_config
+from stunner_api.dataplane import StunnerConfig
+from stunner_api.dataplane_load import load_config
 from stunnerd import certificates, dtls, stun
 from stunnerd.daemon import ApplyError, Stunner
 from stunnerd.stun import Class, Message, Method

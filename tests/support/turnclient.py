@@ -18,7 +18,8 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any, cast
 
-from stunner_api.dataplane import StunnerConfig, load_config
+from stunner_api.dataplane import StunnerConfig
+from stunner_api.dataplane_load import load_config
 from stunnerd import stun
 from stunnerd.auth import NonceManager, long_term_key
 from stunnerd.daemon import Stunner
