@@ -193,12 +193,14 @@ def why_no_address(client: kubernetes.client.ApiClient, gateway_id: str) -> dict
     and the Nodes. A listener the cluster does give an address is one the reconciler has not
     rendered yet. An empty answer when the Gateway cannot be read; {"": why} when the Services
     or Nodes cannot."""
-    from reconciler.kube import NODE, WATCHED, Api, describe
+    from reconciler.kube.api import Api, describe
     from reconciler.render import addresses
+    from reconciler.store import WATCHED
     from stunner_api.vocabulary import (
         GATEWAY,
         LISTENER_PROTOCOLS,
         LISTENER_TRANSPORT,
+        NODE,
         RELATED_GATEWAY_NAME,
         SERVICE,
     )

@@ -18,7 +18,7 @@ from . import logs, native
 from .admin import parse_address
 from .auth import NonceManager
 from .daemon import ApplyError, Stunner
-from .ledger import UserAllocations
+from .ledger import LocalQuota
 from .limits import Limits
 from .runtime import event_loop_factory
 from .sources import DEFAULT_CDS_ADDRESS, ConfigSource, SourceError, source_for
@@ -353,7 +353,7 @@ def udp_workers(args: argparse.Namespace, override: str | None) -> WorkerPool | 
     return WorkerPool(
         processes - 1,
         secret=os.urandom(32),
-        users=UserAllocations(limits_from(args).max_allocations),
+        users=LocalQuota(limits_from(args).max_allocations),
         log_spec=override or logs.DEFAULT_LEVEL_SPEC,
         log_format=args.log_format,
         log_override=override is not None,

@@ -36,7 +36,7 @@ from stunner_api.dataplane import StunnerConfig
 
 from .channel import Channel, Received
 from .counters import ClusterCounters, ListenerCounters, merge
-from .ledger import GRANTED, Reservations, UserAllocations
+from .ledger import GRANTED, LocalQuota, Reservations
 from .limits import Limits
 from .listener import Listener
 from .router import relay_port_map
@@ -142,7 +142,7 @@ class WorkerPool:
         self,
         size: int,
         secret: bytes,
-        users: UserAllocations,
+        users: LocalQuota,
         log_spec: str,
         log_format: str = "text",
         log_override: bool = False,

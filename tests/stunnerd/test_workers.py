@@ -27,7 +27,7 @@ from stunnerd.admin import render_metrics, status_of
 from stunnerd.auth import NonceManager
 from stunnerd.channel import HEADER, Channel
 from stunnerd.daemon import Stunner
-from stunnerd.ledger import UserAllocations
+from stunnerd.ledger import LocalQuota
 from stunnerd.stun import Class
 from stunnerd.worker_pool import WorkerPool, cgroup_cpu_limit, udp_process_count, usable_cpus
 from tests.support.turnclient import (
@@ -150,7 +150,7 @@ def test_channel_closes_on_a_broken_frame() -> None:
 
 @contextlib.asynccontextmanager
 async def pooled_stunner(config: StunnerConfig, size: int = 1) -> AsyncIterator[Stunner]:
-    pool = WorkerPool(size, os.urandom(32), UserAllocations(), "all:WARN")
+    pool = WorkerPool(size, os.urandom(32), LocalQuota(), "all:WARN")
     await pool.start()
     stunner = Stunner(nonces=NonceManager(pool.secret), workers=pool)
     try:
@@ -353,7 +353,7 @@ def test_a_busy_port_is_refused_even_with_reuse_port() -> None:
         squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         squatter.bind(("0.0.0.0", port))
         with squatter:
-            pool = WorkerPool(1, os.urandom(32), UserAllocations(), "all:WARN")
+            pool = WorkerPool(1, os.urandom(32), LocalQuota(), "all:WARN")
             await pool.start()
             stunner = Stunner(nonces=NonceManager(pool.secret), workers=pool)
             try:
