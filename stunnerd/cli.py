@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from stunner_api.dataplane import ConfigError, StunnerConfig, redacted, zero_config
 from stunner_api.turn_uri import config_from_uri
 
-from . import logs, native
+from . import logs
 from .admin import parse_address
 from .auth import NonceManager
 from .daemon import ApplyError, Stunner
@@ -90,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="N",
         help="processes serving each UDP listener, one SO_REUSEPORT socket each (default: one "
-        "per usable CPU, or one where the native relay path is on; 0 or 1: this process alone; "
+        "per usable CPU, on both relay paths; 0 or 1: this process alone; "
         "capped at the usable CPUs)",
     )
     parser.add_argument(
@@ -341,7 +341,7 @@ async def run(args: argparse.Namespace, stunner: Stunner) -> int:
 def udp_workers(args: argparse.Namespace, override: str | None) -> WorkerPool | None:
     """The worker pool -u asks for (processes beyond this one), or None for one process."""
     cpus = usable_cpus()
-    processes = udp_process_count(args.udp_thread_num, cpus, native.available())
+    processes = udp_process_count(args.udp_thread_num, cpus)
     if args.udp_thread_num is not None and args.udp_thread_num > processes:
         log.info(
             "--udp-thread-num=%d: using %d process(es), one per usable CPU",

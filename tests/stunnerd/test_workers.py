@@ -69,20 +69,18 @@ def test_cgroup_cpu_limit(cpu_max: str, cores: float | None) -> None:
 
 
 @pytest.mark.parametrize(
-    ("requested", "cpus", "native", "processes"),
+    ("requested", "cpus", "processes"),
     [
-        (None, 4, False, 4),  # default: one per usable CPU
-        (None, 1, False, 1),
-        (None, 4, True, 1),  # the native engine's thread relays for the process
-        (0, 4, False, 1),  # 0 disables, as in Go stunnerd
-        (1, 4, False, 1),
-        (3, 4, False, 3),
-        (3, 4, True, 3),  # asked for: one engine per process
-        (16, 2, False, 2),  # the operator's default, capped at the cores
+        (None, 4, 4),  # default: one per usable CPU, on the native path too (issue 21)
+        (None, 1, 1),
+        (0, 4, 1),  # 0 disables, as in Go stunnerd
+        (1, 4, 1),
+        (3, 4, 3),
+        (16, 2, 2),  # the operator's default, capped at the cores
     ],
 )
-def test_udp_process_count(requested: int | None, cpus: int, native: bool, processes: int) -> None:
-    assert udp_process_count(requested, cpus, native) == processes
+def test_udp_process_count(requested: int | None, cpus: int, processes: int) -> None:
+    assert udp_process_count(requested, cpus) == processes
 
 
 def test_usable_cpus_is_within_the_affinity_mask() -> None:
