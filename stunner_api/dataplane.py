@@ -44,7 +44,13 @@ from pydantic import (
 from pydantic_core import ErrorDetails, PydanticCustomError
 
 from .endpoints import EndpointError, parse_static_endpoint
-from .vocabulary import AUTH_TYPE_ALIASES, field_path, parse_log_spec, skipped_part_reason
+from .vocabulary import (
+    AUTH_TYPE_ALIASES,
+    STATUS_PORT,
+    field_path,
+    parse_log_spec,
+    skipped_part_reason,
+)
 from .vocabulary import DEFAULT_LOG_LEVEL as DEFAULT_LOG_LEVEL
 from .vocabulary import DEFAULT_REALM as DEFAULT_REALM
 from .vocabulary import LISTENER_PROTOCOLS as VOCABULARY_PROTOCOLS
@@ -60,7 +66,7 @@ DEFAULT_PORT = 3478
 DEFAULT_TLS_PORT = 443  # the turns:// shorthand's default (Go STUNner)
 DEFAULT_ADDRESS = "0.0.0.0"
 DEFAULT_METRICS_PORT = 8080
-DEFAULT_HEALTHCHECK_PORT = 8086
+DEFAULT_HEALTHCHECK_PORT = STATUS_PORT  # stunnerd's /live, /ready, /status
 DEFAULT_HEALTHCHECK_ENDPOINT = f"http://:{DEFAULT_HEALTHCHECK_PORT}"
 ENV_PORT = "STUNNER_PORT"
 ENV_PUBLIC_PORT = "STUNNER_PUBLIC_PORT"

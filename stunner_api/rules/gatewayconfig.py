@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from stunner_api.annotations import GATEWAY_CONFIG
 from stunner_api.rules.base import (
     Problem,
     Request,
@@ -224,6 +225,7 @@ def gatewayconfig_annotations(req: Request) -> list[Problem]:
         as_dict(req.spec.get("loadBalancerServiceAnnotations")),
         "spec.loadBalancerServiceAnnotations",
         req.settings,
+        GATEWAY_CONFIG,
         None,
     )
 
