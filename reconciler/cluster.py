@@ -41,7 +41,12 @@ from datetime import UTC, datetime
 from typing import Any
 
 from stunner_api.cds import DEFAULT_PORT as DEFAULT_CDS_PORT
-from stunner_api.vocabulary import CDS_TOKEN_AUDIENCE, DEFAULT_SERVICE_ACCOUNT, OWNED_BY_LABEL
+from stunner_api.vocabulary import (
+    CDS_TOKEN_AUDIENCE,
+    DEFAULT_SERVICE_ACCOUNT,
+    OWNED_BY_LABEL,
+    SYSTEM_NAMESPACE,
+)
 
 from . import events, kube
 from .apply import Memo, Write, plan_writes
@@ -104,7 +109,7 @@ class ClusterSettings:
     throttle: float = THROTTLE
     render_settings: RenderSettings = field(default_factory=RenderSettings)
     leader_elect: bool = False
-    lease_namespace: str = "stunner-system"
+    lease_namespace: str = SYSTEM_NAMESPACE
     lease_name: str = kube.LEADER_ELECTION_ID
     # The Deployment (in lease_namespace) that owns the Lease: deleted with it (empty: none).
     lease_owner: str = ""
