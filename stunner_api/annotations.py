@@ -50,6 +50,7 @@ T = TypeVar("T")
 GATEWAY = "Gateway"
 GATEWAY_CONFIG = "GatewayConfig"  # its spec.loadBalancerServiceAnnotations
 SERVICE_SCOPE = (GATEWAY, GATEWAY_CONFIG)
+BOOLEAN = "true or false (any case)"
 GATEWAY_SCOPE = (GATEWAY,)
 
 
@@ -170,7 +171,7 @@ SERVICE_TYPE_ROW: Annotation[str] = Annotation(
     _service_type,
     "LoadBalancer",
     SERVICE_SCOPE,
-    " | ".join(SERVICE_TYPES),
+    f"{', '.join(SERVICE_TYPES[:-1])} or {SERVICE_TYPES[-1]} (case-sensitive)",
     "the type of the Gateway's Service",
 )
 MIXED_PROTOCOL_LB_ROW: Annotation[bool] = Annotation(
@@ -178,16 +179,17 @@ MIXED_PROTOCOL_LB_ROW: Annotation[bool] = Annotation(
     _boolean,
     False,
     SERVICE_SCOPE,
-    "true | false",
-    "the Service exposes UDP and TCP listeners both (else only the first listener's transport)",
+    BOOLEAN,
+    "true: the Service exposes the UDP and the TCP listeners (else those of the first "
+    "listener's transport only)",
 )
 EXTERNAL_TRAFFIC_POLICY_ROW: Annotation[str] = Annotation(
     EXTERNAL_TRAFFIC_POLICY,
     _traffic_policy,
     "Cluster",
     SERVICE_SCOPE,
-    "local | cluster (any case)",
-    "local: `externalTrafficPolicy: Local` on a NodePort or LoadBalancer Service (keeps the "
+    "local or cluster (any case)",
+    "Local: `externalTrafficPolicy: Local` on a NodePort or LoadBalancer Service (keeps the "
     "client's address)",
 )
 DISABLE_MANAGED_DATAPLANE_ROW: Annotation[bool] = Annotation(
@@ -195,15 +197,15 @@ DISABLE_MANAGED_DATAPLANE_ROW: Annotation[bool] = Annotation(
     _boolean,
     False,
     GATEWAY_SCOPE,
-    "true | false",
-    "no stunnerd Deployment for the Gateway (its config is still served)",
+    BOOLEAN,
+    "true: no stunnerd Deployment for the Gateway (its config is still served)",
 )
 NODEPORT_ROW: Annotation[Mapping[str, int]] = Annotation(
     NODEPORT,
     _port_map("NodePort", lambda limits: limits.node_port_range),
     {},
     SERVICE_SCOPE,
-    '{"listener": port, ...} (braces optional), ports in the cluster\'s NodePort range',
+    '`{"listener": port, ...}`, braces optional; ports in the cluster\'s NodePort range',
     "the nodePort of each named listener's Service port",
 )
 TARGETPORT_ROW: Annotation[Mapping[str, int]] = Annotation(
@@ -211,7 +213,7 @@ TARGETPORT_ROW: Annotation[Mapping[str, int]] = Annotation(
     _port_map("target port", lambda limits: (1, 65535)),
     {},
     SERVICE_SCOPE,
-    '{"listener": port, ...} (braces optional), ports 1-65535',
+    '`{"listener": port, ...}`, braces optional; ports 1-65535',
     "the targetPort of each named listener's Service port, and the port stunnerd listens on",
 )
 DISABLE_HEALTH_CHECK_EXPOSE_ROW: Annotation[bool] = Annotation(
@@ -219,16 +221,16 @@ DISABLE_HEALTH_CHECK_EXPOSE_ROW: Annotation[bool] = Annotation(
     _boolean,
     False,
     SERVICE_SCOPE,
-    "true | false",
-    "no health-check port on the LoadBalancer Service",
+    BOOLEAN,
+    "true: no health-check port on the LoadBalancer Service",
 )
 DISABLE_SESSION_AFFINITY_ROW: Annotation[bool] = Annotation(
     DISABLE_SESSION_AFFINITY,
     _boolean,
     False,
     SERVICE_SCOPE,
-    "true | false",
-    "`sessionAffinity: None` (else ClientIP)",
+    BOOLEAN,
+    "true: `sessionAffinity: None` (else ClientIP)",
 )
 
 TABLE: tuple[Annotation[Any], ...] = (
