@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any, Generic, TypeVar
 
 from stunner_api.vocabulary import (
@@ -49,9 +50,10 @@ T = TypeVar("T")
 
 GATEWAY = "Gateway"
 GATEWAY_CONFIG = "GatewayConfig"  # its spec.loadBalancerServiceAnnotations
-SERVICE_SCOPE = (GATEWAY, GATEWAY_CONFIG)
-BOOLEAN = "true or false (any case)"
+SERVICE_SCOPE = (GATEWAY, GATEWAY_CONFIG)  # what shapes the Service
 GATEWAY_SCOPE = (GATEWAY,)
+BOOLEAN = "true or false (any case)"
+NO_PORTS: Mapping[str, int] = MappingProxyType({})
 
 
 @dataclass(frozen=True)
@@ -83,16 +85,11 @@ class Annotation(Generic[T]):
     """One row of the table."""
 
     key: str
-    parse: Callable[[str, Limits], T | Refused]
+    parse: Parser[T]
     default: T
     scope: tuple[str, ...]  # the kinds it is read from
     grammar: str  # what it accepts, for the README's table
     effect: str  # what it does
-
-    def check(self, value: Any, limits: Limits) -> Refused | None:
-        """Why the value is refused, None when it is accepted."""
-        parsed = self.parse(text_of(value), limits)
-        return parsed if isinstance(parsed, Refused) else None
 
     def value(
         self,
@@ -203,7 +200,7 @@ DISABLE_MANAGED_DATAPLANE_ROW: Annotation[bool] = Annotation(
 NODEPORT_ROW: Annotation[Mapping[str, int]] = Annotation(
     NODEPORT,
     _port_map("NodePort", lambda limits: limits.node_port_range),
-    {},
+    NO_PORTS,
     SERVICE_SCOPE,
     '`{"listener": port, ...}`, braces optional; ports in the cluster\'s NodePort range',
     "the nodePort of each named listener's Service port",
@@ -211,7 +208,7 @@ NODEPORT_ROW: Annotation[Mapping[str, int]] = Annotation(
 TARGETPORT_ROW: Annotation[Mapping[str, int]] = Annotation(
     TARGETPORT,
     _port_map("target port", lambda limits: (1, 65535)),
-    {},
+    NO_PORTS,
     SERVICE_SCOPE,
     '`{"listener": port, ...}`, braces optional; ports 1-65535',
     "the targetPort of each named listener's Service port, and the port stunnerd listens on",

@@ -536,8 +536,8 @@ class _Renderer:
             service = manifests.service(gateway, ctx.gateway_config, ports, limits)
             if service is not None:
                 self.services[gw_id] = service
-            dataplane = DISABLE_MANAGED_DATAPLANE_ROW
-            if not manifests.annotation(dataplane, gateway, ctx.gateway_config, limits):
+            unmanaged = DISABLE_MANAGED_DATAPLANE_ROW
+            if not manifests.annotation(unmanaged, gateway, ctx.gateway_config, limits):
                 self.deployments[gw_id] = manifests.deployment(
                     gateway, ctx.dataplane, self.settings
                 )
