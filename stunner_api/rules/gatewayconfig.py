@@ -1,6 +1,7 @@
 """Rules of a GatewayConfig: realm, authentication (inline or an authRef Secret), log level and
-the LoadBalancer Service annotations. Every problem invalidates the GatewayClasses using it, so
-every reason is InvalidParameters."""
+the LoadBalancer Service annotations. Every problem but an annotation's invalidates the
+GatewayClasses using it, so its reason is InvalidParameters; render ignores a refused annotation
+(the default applies, as in Go), and its reason is the annotation rule's, Invalid."""
 
 from __future__ import annotations
 
