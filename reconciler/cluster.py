@@ -46,6 +46,7 @@ from stunner_api.vocabulary import (
     DEFAULT_SERVICE_ACCOUNT,
     ENDPOINT_SLICE,
     OWNED_BY_LABEL,
+    SYSTEM_NAMESPACE,
 )
 
 from . import events
@@ -120,7 +121,7 @@ class ClusterSettings:
     throttle: float = THROTTLE
     render_settings: RenderSettings = field(default_factory=RenderSettings)
     leader_elect: bool = False
-    lease_namespace: str = "stunner-system"
+    lease_namespace: str = SYSTEM_NAMESPACE
     lease_name: str = LEADER_ELECTION_ID
     # The Deployment (in lease_namespace) that owns the Lease: deleted with it (empty: none).
     lease_owner: str = ""

@@ -259,24 +259,9 @@ NODEPORT = "stunner.l7mp.io/nodeport"
 TARGETPORT = "stunner.l7mp.io/targetport"
 DISABLE_HEALTH_CHECK_EXPOSE = "stunner.l7mp.io/disable-health-check-expose"
 DISABLE_SESSION_AFFINITY = "stunner.l7mp.io/disable-session-affinity"
-ANNOTATIONS = (
-    SERVICE_TYPE,
-    MIXED_PROTOCOL_LB,
-    EXTERNAL_TRAFFIC_POLICY,
-    DISABLE_MANAGED_DATAPLANE,
-    NODEPORT,
-    TARGETPORT,
-    DISABLE_HEALTH_CHECK_EXPOSE,
-    DISABLE_SESSION_AFFINITY,
-)
-BOOLEAN_ANNOTATIONS = (
-    MIXED_PROTOCOL_LB,
-    DISABLE_MANAGED_DATAPLANE,
-    DISABLE_HEALTH_CHECK_EXPOSE,
-    DISABLE_SESSION_AFFINITY,
-)
+# The grammar, default and scope of each annotation: stunner_api.annotations.
 SERVICE_TYPES = ("ClusterIP", "NodePort", "LoadBalancer")
-TRAFFIC_POLICIES = ("local", "cluster")
+DEFAULT_NODE_PORT_RANGE = (30000, 32767)  # Kubernetes' default --service-node-port-range
 
 OWNED_BY_LABEL = "stunner.l7mp.io/owned-by"
 OWNED_BY_VALUE = "stunner"
@@ -300,6 +285,14 @@ CDS_TOKEN_FILE_ENV = "STUNNER_CDS_TOKEN_FILE"  # where stunnerd reads the token 
 # Authorization (kubernetes/kubernetes#38775), so the CLI sends the second one.
 CDS_AUTH_HEADERS = ("Authorization", "X-Stunner-Authorization")
 DEFAULT_SERVICE_ACCOUNT = "default"
+
+# --- where an installation's parts are found --------------------------------------------------
+# (the CDS's own port and paths: stunner_api.cds)
+
+SYSTEM_NAMESPACE = "stunner-system"  # the namespace the chart's docs install STUNner in
+CDS_SERVICE_NAME = "stunner-config-discovery"  # the chart's Service in front of the CDS
+CDS_SERVICE_LABEL = "stunner.l7mp.io/config-discovery-service"  # "true" on that Service
+STATUS_PORT = 8086  # stunnerd's /live, /ready and /status (Go: the health-check port)
 
 # --- authentication ---------------------------------------------------------------------------
 

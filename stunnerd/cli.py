@@ -67,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="ORIGIN",
         default=os.environ.get("STUNNER_CONFIG_ORIGIN"),
         help="config origin: a file path, file://PATH, or the config discovery service "
-        "(http://HOST:PORT, HOST:PORT; default :13478); env STUNNER_CONFIG_ORIGIN",
+        f"(http://HOST:PORT, HOST:PORT; default {DEFAULT_CDS_ADDRESS}); env STUNNER_CONFIG_ORIGIN",
     )
     parser.add_argument(
         "-l",

@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from stunner_api.dataplane import DEFAULT_HEALTHCHECK_ENDPOINT as HEALTHCHECK_ENDPOINT
 from stunner_api.vocabulary import (
     AUTH_SECRET_PASSWORD_KEYS,
     AUTH_SECRET_SHARED_SECRET_KEYS,
@@ -47,7 +48,6 @@ from ..store import Kind, Object, Snapshot, name_of, namespace_of
 from .plan import RenderSettings
 
 STUNNER_ADDR = "$STUNNER_ADDR"
-HEALTHCHECK_ENDPOINT = "http://:8086"
 METRICS_ENDPOINT = "http://:8080/metrics"
 
 

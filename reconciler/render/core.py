@@ -22,15 +22,14 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
+from stunner_api.annotations import DISABLE_MANAGED_DATAPLANE_ROW, TARGETPORT_ROW, Limits
 from stunner_api.dataplane import ConfigError, StunnerConfig, validate_config
 from stunner_api.rules import Problem, Severity
 from stunner_api.vocabulary import (
     DEFAULT_DATAPLANE,
-    DISABLE_MANAGED_DATAPLANE,
     GATEWAY_API_GROUP,
     LISTENER_PROTOCOLS,
     LISTENER_TRANSPORT,
-    TARGETPORT,
     TLS_PROTOCOLS,
     ListenerProtocol,
     group_of,
@@ -202,7 +201,11 @@ class _Renderer:
         obj = self.snapshot.get(kind, namespace, name)
         if obj is None:
             return missing
-        errors = self.judge_errors(obj)
+        errors = [  # a GatewayConfig's refused annotations are logged and ignored, as Go does
+            p
+            for p in self.judge_errors(obj)
+            if not under(p.path, "spec.loadBalancerServiceAnnotations")
+        ]
         where = f"{namespace}/{name}" if namespace else name
         return f"{obj.get('kind')} {where}: {errors[0]}" if errors else obj
 
@@ -486,8 +489,8 @@ class _Renderer:
             self.set_status(gateway, status)
             return
         assert ctx.gateway_config is not None and ctx.dataplane is not None and ctx.auth is not None
-        annotations = manifests.service_annotations(gateway, ctx.gateway_config)
-        targetports, _ = manifests.port_map(annotations, TARGETPORT)
+        limits = Limits(self.rule_settings.node_port_range)
+        targetports = manifests.annotation(TARGETPORT_ROW, gateway, ctx.gateway_config, limits)
         listeners: list[dict[str, Any]] = []
         address_found = True
         first_address: str | None = None
@@ -530,12 +533,11 @@ class _Renderer:
                 for lst in plan.listeners
                 if lst.rendered
             ]
-            service, notes = manifests.service(gateway, ctx.gateway_config, ports)
-            for note in notes:
-                self.note(gateway, "metadata.annotations", note, Reason.INVALID)
+            service = manifests.service(gateway, ctx.gateway_config, ports, limits)
             if service is not None:
                 self.services[gw_id] = service
-            if not manifests.is_true(annotations, DISABLE_MANAGED_DATAPLANE):
+            unmanaged = DISABLE_MANAGED_DATAPLANE_ROW
+            if not manifests.annotation(unmanaged, gateway, ctx.gateway_config, limits):
                 self.deployments[gw_id] = manifests.deployment(
                     gateway, ctx.dataplane, self.settings
                 )
