@@ -210,9 +210,9 @@ def show_rendered(plan: Plan, output: str, show_secrets: bool) -> str:
             config = plan.configs[gw_id]
             shown = config if show_secrets else redacted(config)
             documents.append((f"dataplane config of {gw_id} (served over CDS)", shown.to_dict()))
-        for kind, manifests in (("Service", plan.services), ("Deployment", plan.deployments)):
+        for manifests in (plan.services, plan.deployments):  # a Deployment or a DaemonSet
             if gw_id in manifests:
-                documents.append((f"{kind} of {gw_id}", manifests[gw_id]))
+                documents.append((f"{manifests[gw_id]['kind']} of {gw_id}", manifests[gw_id]))
     if not documents:
         return "no Gateway rendered"
     if output == "json":

@@ -494,6 +494,7 @@ class _Renderer:
         listeners: list[dict[str, Any]] = []
         address_found = True
         first_address: str | None = None
+        relay_address = manifests.relay_address(gateway, ctx.gateway_config, limits)
         for lst in plan.listeners:
             if not lst.rendered:
                 continue
@@ -501,7 +502,7 @@ class _Renderer:
             entry: dict[str, Any] = {
                 "name": f"{gw_id}/{lst.name}",
                 "protocol": str(lst.protocol),
-                "address": config.STUNNER_ADDR,
+                "address": relay_address,
                 "port": targetports.get(lst.name, lst.port),
                 "routes": sorted(lst.routes),
             }

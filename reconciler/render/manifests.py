@@ -1,4 +1,9 @@
-"""The Deployment and the Service of a Gateway (ANCHORS §2.4, managed mode).
+"""The Deployment (or DaemonSet) and the Service of a Gateway (ANCHORS §2.4, managed mode).
+
+The Dataplane's `dataplaneResource` picks the stunnerd workload: a Deployment (the default) or
+a DaemonSet, one stunnerd per node, with the same pod template and no replica count. With
+`hostNetwork` the pods use the node's network (and `ClusterFirstWithHostNet`, so the CDS
+Service's cluster DNS name still resolves).
 
 Both are named after the Gateway, live in its namespace and are owned by it (when its uid is
 known: objects read from files have none). The Service rendered here is the operator's intent;
@@ -20,6 +25,7 @@ from stunner_api.annotations import (
     EXTERNAL_TRAFFIC_POLICY_ROW,
     MIXED_PROTOCOL_LB_ROW,
     NODEPORT_ROW,
+    RELAY_ADDRESS_DISCOVERY_ROW,
     SERVICE_TYPE_ROW,
     TARGETPORT_ROW,
     Annotation,
@@ -36,9 +42,12 @@ from stunner_api.vocabulary import (
     CDS_TOKEN_FILE_ENV,
     CDS_TOKEN_PATH,
     CDS_TOKEN_VOLUME,
+    DEFAULT_DATAPLANE_RESOURCE,
     DEFAULT_SERVICE_ACCOUNT,
     DEFAULT_TERMINATION_GRACE_PERIOD,
     GATEWAY,
+    HOST_NETWORK_DNS_POLICY,
+    NODE_ADDRESS_PLACEHOLDER,
     OWNED_BY_LABEL,
     OWNED_BY_VALUE,
     RELATED_GATEWAY_NAME,
@@ -47,6 +56,7 @@ from stunner_api.vocabulary import (
 )
 
 from ..store import Object, meta, name_of, namespace_of
+from .config import STUNNER_ADDR
 from .plan import DEFAULT_STUNNERD_IMAGE, RenderSettings
 
 CONTAINER_NAME = "stunner-daemon"
@@ -100,6 +110,15 @@ def annotation(row: Annotation[T], gateway: Object, gateway_config: Object, limi
         _view(_view(gateway_config.get("spec")).get("loadBalancerServiceAnnotations")),
         limits,
     )
+
+
+def relay_address(gateway: Object, gateway_config: Object, limits: Limits) -> str:
+    """A rendered listener's `address`: the pod's address, or with relay address discovery the
+    node placeholder, which the CDS replaces for each stunnerd with its Node's public address
+    (reconciler.cds; the pod sends its node name, STUNNER_NODENAME below)."""
+    if annotation(RELAY_ADDRESS_DISCOVERY_ROW, gateway, gateway_config, limits):
+        return NODE_ADDRESS_PLACEHOLDER
+    return STUNNER_ADDR  # the pod's address, from stunnerd's environment (status.podIP)
 
 
 def owner_references(gateway: Object) -> list[dict[str, Any]]:
@@ -191,8 +210,21 @@ def service_account_of(deployment: Mapping[str, Any]) -> str:
     return name if isinstance(name, str) and name else DEFAULT_SERVICE_ACCOUNT
 
 
+def workload_kind(dataplane: Object) -> str:
+    """The kind of a Dataplane's stunnerd workload: its `dataplaneResource` (Deployment or
+    DaemonSet; the rule table refuses anything else, which counts as the default here)."""
+    kind = _view(dataplane.get("spec")).get("dataplaneResource")
+    return "DaemonSet" if kind == "DaemonSet" else DEFAULT_DATAPLANE_RESOURCE
+
+
+def uses_host_network(dataplane: Object | None) -> bool:
+    """Whether a Dataplane's pods run in their node's network namespace."""
+    return _view((dataplane or _EMPTY).get("spec")).get("hostNetwork") is True
+
+
 def deployment(gateway: Object, dataplane: Object, settings: RenderSettings) -> dict[str, Any]:
-    """The stunnerd Deployment of a Gateway, from its Dataplane template."""
+    """The stunnerd workload of a Gateway, from its Dataplane template: a Deployment, or a
+    DaemonSet when the Dataplane asks for one (`workload_kind`)."""
     spec = _view(dataplane.get("spec"))
     gw_labels = {k: str(v) for k, v in _view(meta(gateway).get("labels")).items()}
     labels = {k: v for k, v in gw_labels.items() if k not in settings.label_filter}
@@ -236,11 +268,13 @@ def deployment(gateway: Object, dataplane: Object, settings: RenderSettings) -> 
         "terminationGracePeriodSeconds": grace
         if isinstance(grace, int)
         else DEFAULT_TERMINATION_GRACE_PERIOD,
-        "hostNetwork": bool(spec.get("hostNetwork")),
+        "hostNetwork": uses_host_network(dataplane),
         "volumes": [_copy(CDS_TOKEN_SOURCE)],
         # stunnerd never calls the API server: only the CDS token above is mounted.
         "automountServiceAccountToken": False,
     }
+    if pod_spec["hostNetwork"]:
+        pod_spec["dnsPolicy"] = HOST_NETWORK_DNS_POLICY
     if isinstance(spec.get("serviceAccountName"), str) and spec["serviceAccountName"]:
         pod_spec["serviceAccountName"] = spec["serviceAccountName"]
     for key in ("affinity", "securityContext"):
@@ -263,12 +297,14 @@ def deployment(gateway: Object, dataplane: Object, settings: RenderSettings) -> 
             "spec": pod_spec,
         },
     }
+    kind = workload_kind(dataplane)
     replicas = spec.get("replicas")
-    if isinstance(replicas, int) and replicas != 1:  # 1 is left to an HPA or a kubectl scale
+    # 1 is left to an HPA or a kubectl scale; a DaemonSet has one pod per node, no count.
+    if kind == "Deployment" and isinstance(replicas, int) and replicas != 1:
         deployment_spec["replicas"] = replicas
     return {
         "apiVersion": "apps/v1",
-        "kind": "Deployment",
+        "kind": kind,
         "metadata": _metadata(gateway, labels, annotations),
         "spec": deployment_spec,
     }

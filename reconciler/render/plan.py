@@ -78,7 +78,7 @@ class Plan:
     """Everything one render decided. Ids are "<gateway namespace>/<gateway name>"."""
 
     configs: Mapping[str, StunnerConfig]
-    deployments: Mapping[str, dict[str, Any]]
+    deployments: Mapping[str, dict[str, Any]]  # the stunnerd workload: Deployment or DaemonSet
     services: Mapping[str, dict[str, Any]]
     statuses: tuple[StatusUpdate, ...]
     findings: tuple[Finding, ...]

@@ -6,10 +6,18 @@ from __future__ import annotations
 import ipaddress
 from typing import Any
 
+from stunner_api.annotations import (
+    DISABLE_MANAGED_DATAPLANE_ROW,
+    MIXED_PROTOCOL_LB_ROW,
+    RELAY_ADDRESS_DISCOVERY_ROW,
+    TARGETPORT_ROW,
+    Limits,
+)
 from stunner_api.annotations import GATEWAY as GATEWAY_KIND
-from stunner_api.annotations import MIXED_PROTOCOL_LB_ROW, Limits
 from stunner_api.certs import pair_problem
 from stunner_api.rules.base import (
+    Lookup,
+    LookupFailed,
     Problem,
     Request,
     annotation_problems,
@@ -28,6 +36,7 @@ from stunner_api.rules.base import (
 from stunner_api.vocabulary import (
     ADDRESS_TYPES,
     DEFAULT_ADDRESS_TYPE,
+    DEFAULT_DATAPLANE,
     DEFAULT_ROUTE_NAMESPACES_FROM,
     DEFAULT_TLS_MODE,
     DNS_NAME,
@@ -322,6 +331,148 @@ def gateway_allowed_routes(req: Request) -> list[Problem]:
     return problems
 
 
+# --- listeners on the host network ----------------------------------------------------------
+
+
+def _meta(obj: dict[str, Any]) -> dict[str, Any]:
+    return as_dict(obj.get("metadata"))
+
+
+def host_network_dataplane(
+    gateway: dict[str, Any], lookup: Lookup, controller_name: str
+) -> str | None:
+    """The name of the Dataplane whose stunnerd pods serve a Gateway in their nodes' network
+    (`spec.hostNetwork: true`), None when the Gateway is not ours, its pods are not managed
+    (disable-managed-dataplane), or they have their own network. Raises LookupFailed."""
+    annotations = as_dict(_meta(gateway).get("annotations"))
+    if DISABLE_MANAGED_DATAPLANE_ROW.value(annotations, {}, Limits()):
+        return None
+    gateway_class = lookup.gateway_class(str(as_dict(gateway.get("spec")).get("gatewayClassName")))
+    spec = as_dict((gateway_class or {}).get("spec"))
+    if spec.get("controllerName") != controller_name:
+        return None
+    ref = as_dict(spec.get("parametersRef"))
+    config = lookup.gateway_config(str(ref.get("namespace")), str(ref.get("name")))
+    if config is None:
+        return None
+    name = str(as_dict(config.get("spec")).get("dataplane") or DEFAULT_DATAPLANE)
+    dataplane = lookup.dataplane(name)
+    if dataplane is None or as_dict(dataplane.get("spec")).get("hostNetwork") is not True:
+        return None
+    return name
+
+
+def _host_ports(gateway: dict[str, Any], limits: Limits) -> dict[tuple[str, int], str]:
+    """(transport, port) -> listener name of every port a Gateway's listeners bind: the
+    targetport annotation's where it names the listener, else the listener's port."""
+    annotations = as_dict(_meta(gateway).get("annotations"))
+    targetports = TARGETPORT_ROW.value(annotations, {}, limits)
+    ports: dict[tuple[str, int], str] = {}
+    for listener in as_list(as_dict(gateway.get("spec")).get("listeners")):
+        listener = as_dict(listener)
+        protocol, name = listener_protocol(listener.get("protocol")), listener.get("name")
+        port = targetports.get(str(name), listener.get("port"))
+        if protocol is not None and is_int(port) and 1 <= port <= 65535:
+            ports.setdefault((LISTENER_TRANSPORT[protocol], port), str(name))
+    return ports
+
+
+def _age(gateway: dict[str, Any]) -> tuple[str, str, str]:
+    """The order Gateways claim host ports in: the older first (one not created yet last),
+    then by namespace and name."""
+    meta = _meta(gateway)
+    created = meta.get("creationTimestamp")
+    return (
+        str(created) if created else "~",
+        str(meta.get("namespace") or "default"),
+        str(meta.get("name") or ""),
+    )
+
+
+def gateway_host_ports(req: Request) -> list[Problem]:
+    """Gateways whose stunnerd pods use the host network bind their listener ports on the
+    nodes themselves: a transport and port another such Gateway (any namespace) binds is
+    refused. The older Gateway keeps the port (render drops the younger one's listener); an
+    update that brings a clash in is refused whatever the ages."""
+    try:
+        dataplane = host_network_dataplane(req.obj, req.lookup, req.settings.controller_name)
+        if dataplane is None:
+            return []
+        others = [
+            (g, name)
+            for g in req.lookup.gateways()
+            if (_meta(g).get("namespace"), _meta(g).get("name")) != (req.namespace, req.name)
+            and (name := host_network_dataplane(g, req.lookup, req.settings.controller_name))
+        ]
+        old_dataplane = None
+        if req.operation == "UPDATE" and req.old is not None:
+            controller = req.settings.controller_name
+            old_dataplane = host_network_dataplane(req.old, req.lookup, controller)
+    except LookupFailed as failure:
+        return [
+            warning(
+                "spec.listeners",
+                f"the host-network ports of other Gateways could not be read ({failure}): "
+                "a clash is reported in status",
+                ConditionReason.PENDING,
+            )
+        ]
+    limits = Limits(req.settings.node_port_range)
+    mine = _host_ports(req.obj, limits)
+    before = _host_ports(req.old, limits) if req.old is not None and old_dataplane else {}
+    paths = {str(lst.get("name")): path for path, lst in _listeners(req)}
+    problems = []
+    for other, other_dataplane in sorted(others, key=lambda pair: _age(pair[0])):
+        theirs = _host_ports(other, limits)
+        for (transport, port), name in mine.items():
+            if (transport, port) not in theirs:
+                continue
+            introduced = req.operation == "UPDATE" and (transport, port) not in before
+            if _age(other) > _age(req.obj) and not introduced:
+                continue  # ours first: the younger one is refused (in its own status)
+            where = f"{_meta(other).get('namespace')}/{_meta(other).get('name')}"
+            dataplanes = (
+                f"Dataplane {dataplane!r} sets"
+                if dataplane == other_dataplane
+                else f"Dataplanes {dataplane!r} and {other_dataplane!r} set"
+            )
+            problems.append(
+                error(
+                    f"{paths.get(name, 'spec.listeners')}.port",
+                    f"{transport} port {port} is already bound on the nodes by Gateway {where} "
+                    f"(listener {theirs[transport, port]!r}): the stunnerd pods of both use "
+                    f"the host network ({dataplanes} hostNetwork), so their listeners share "
+                    "the nodes' ports; choose another port",
+                    ConditionReason.PORT_UNAVAILABLE,
+                )
+            )
+        mine = {key: name for key, name in mine.items() if key not in theirs}
+    return problems
+
+
+def gateway_relay_address_discovery(req: Request) -> list[Problem]:
+    """Relay address discovery needs host-network stunnerd pods (a warning: a pod has no
+    Node address of its own to hand out)."""
+    annotations = as_dict(_meta(req.obj).get("annotations"))
+    if not RELAY_ADDRESS_DISCOVERY_ROW.value(annotations, {}, Limits()):
+        return []
+    try:
+        dataplane = host_network_dataplane(req.obj, req.lookup, req.settings.controller_name)
+    except LookupFailed:
+        return []
+    if dataplane is not None:
+        return []
+    return [
+        warning(
+            f'metadata.annotations["{RELAY_ADDRESS_DISCOVERY_ROW.key}"]',
+            "the Gateway's stunnerd pods do not use the host network (Dataplane "
+            "spec.hostNetwork): clients are handed their Node's public address, which reaches "
+            "the pods only where the nodes forward the relay ports to them",
+            ConditionReason.INVALID,
+        )
+    ]
+
+
 def gateway_annotations(req: Request) -> list[Problem]:
     """stunner.l7mp.io/ annotations are the documented ones with valid values."""
     names = {str(lst.get("name")) for _, lst in _listeners(req) if "name" in lst}
@@ -344,4 +495,6 @@ RULES = [
     gateway_addresses,
     gateway_allowed_routes,
     gateway_annotations,
+    gateway_host_ports,
+    gateway_relay_address_discovery,
 ]
