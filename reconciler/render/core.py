@@ -30,6 +30,8 @@ from stunner_api.vocabulary import (
     GATEWAY_API_GROUP,
     LISTENER_PROTOCOLS,
     LISTENER_TRANSPORT,
+    NODE_ADDRESS_PLACEHOLDER,
+    RELAY_ADDRESS_DISCOVERY,
     TLS_PROTOCOLS,
     ListenerProtocol,
     group_of,
@@ -473,6 +475,20 @@ class _Renderer:
             )
         return (found.address, found.port) if found else None
 
+    def relay_fallback(self, gateway: Object, programmed: cond.Condition) -> cond.Condition:
+        """Relay address discovery where some Nodes have no public address: a finding, and the
+        Programmed condition says so (the listeners still work, at a private address there)."""
+        note = addresses.relay_fallback_note(self.snapshot.all(Kind.NODE))
+        if note is None:
+            return programmed
+        self.note(
+            gateway,
+            f'metadata.annotations["{RELAY_ADDRESS_DISCOVERY}"]',
+            note,
+            Reason.ADDRESS_NOT_ASSIGNED,
+        )
+        return replace(programmed, message=f"{programmed.message}; {note}")
+
     # --- one Gateway ------------------------------------------------------------------------
 
     def render_gateway(self, plan: GatewayPlan) -> None:
@@ -543,6 +559,8 @@ class _Renderer:
                     gateway, ctx.dataplane, self.settings
                 )
         programmed = cond.gateway_programmed(self.controller, error, address_found)
+        if relay_address == NODE_ADDRESS_PLACEHOLDER and error is None:
+            programmed = self.relay_fallback(gateway, programmed)
         status["conditions"] = self.conditions(gateway, [accepted, programmed])
         if first_address is not None:
             kind = "IPAddress" if config.is_ip(first_address) else "Hostname"
@@ -842,6 +860,7 @@ class Renderer:
             services=by_gateway("services"),
             statuses=tuple(ordered([*top.statuses, *(s for d in done_parts for s in d.statuses)])),
             findings=tuple(ordered([*top.findings, *(f for d in done_parts for f in d.findings)])),
+            node_addresses=addresses.node_relay_addresses(snapshot.all(Kind.NODE)),
         )
 
     def _render_part(

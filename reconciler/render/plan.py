@@ -82,6 +82,9 @@ class Plan:
     services: Mapping[str, dict[str, Any]]
     statuses: tuple[StatusUpdate, ...]
     findings: tuple[Finding, ...]
+    # Node name -> its public address (ExternalIP, else ExternalDNS), for the CDS to patch into
+    # the listeners of Gateways with relay address discovery (NODE_ADDRESS_PLACEHOLDER).
+    node_addresses: Mapping[str, str] = field(default_factory=dict)
 
     def status_of(self, kind: str, namespace: str, name: str) -> Mapping[str, Any] | None:
         """The status planned for one object, None if render writes none."""
