@@ -173,3 +173,42 @@ def test_render_keeps_a_host_port_for_the_older_gateway_only() -> None:
     # Without the host network each Gateway has its own pods: no clash.
     own = plan_of(older, younger)
     assert [lc.port for lc in own.configs["media/second"].listeners] == [3478, 3478]
+
+
+def node(name: str, *addresses: tuple[str, str]) -> Obj:
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name},
+        "status": {"addresses": [{"type": t, "address": a} for t, a in addresses]},
+    }
+
+
+def test_the_status_names_the_nodes_whose_stunnerd_falls_back_to_its_pod_address() -> None:
+    """The CDS gets each Node's public address (ExternalIP, else ExternalDNS; an InternalIP is
+    none); with relay address discovery, Nodes without one are named in the Gateway's
+    Programmed message and a finding (their stunnerd hand out the pod's own address)."""
+    nodes = [
+        node("n1", ("InternalIP", "10.0.0.1"), ("ExternalIP", "198.51.100.1")),
+        node("n2", ("InternalIP", "10.0.0.2"), ("ExternalDNS", "n2.example.net")),
+        node("n3", ("InternalIP", "10.0.0.3")),
+    ]
+    annotated = owned_gateway(annotations={RELAY_ADDRESS_DISCOVERY: "true"})
+    plan = plan_of(annotated, *nodes, hostNetwork=True)
+    assert plan.node_addresses == {"n1": "198.51.100.1", "n2": "n2.example.net"}
+    status = plan.status_of("Gateway", "stunner", "gw")
+    assert status is not None
+    programmed = next(c for c in status["conditions"] if c["type"] == "Programmed")
+    note = (
+        "relay address discovery: Node n3 has no ExternalIP or ExternalDNS, so stunnerd there "
+        "hands clients its pod's own address ($STUNNER_ADDR, likely private) as the relay address"
+    )
+    assert programmed["message"].endswith(note)
+    assert [(f.path, f.message) for f in plan.findings if f.reason == "AddressNotAssigned"] == [
+        (f'metadata.annotations["{RELAY_ADDRESS_DISCOVERY}"]', note)
+    ]
+    # Every Node with a public address, or no discovery asked: nothing to say.
+    everywhere = plan_of(annotated, *nodes[:2], hostNetwork=True)
+    assert not [f for f in everywhere.findings if f.reason == "AddressNotAssigned"]
+    plain = plan_of(owned_gateway(), *nodes, hostNetwork=True)
+    assert not [f for f in plain.findings if "relay address discovery" in f.message]
