@@ -307,6 +307,7 @@ SYSTEM_NAMESPACE = "stunner-system"  # the namespace the chart's docs install ST
 CDS_SERVICE_NAME = "stunner-config-discovery"  # the chart's Service in front of the CDS
 CDS_SERVICE_LABEL = "stunner.l7mp.io/config-discovery-service"  # "true" on that Service
 STATUS_PORT = 8086  # stunnerd's /live, /ready and /status (Go: the health-check port)
+METRICS_PORT = 8080  # stunnerd's metrics endpoint (Dataplane enableMetricsEndpoint)
 
 # --- authentication ---------------------------------------------------------------------------
 

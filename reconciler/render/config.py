@@ -36,6 +36,7 @@ from stunner_api.vocabulary import (
     DEFAULT_REALM,
     GATEWAY_API_GROUP,
     GATEWAY_CONFIG_AUTH_TYPES,
+    METRICS_PORT,
     STUNNER_GROUP,
     TLS_CERT_KEYS,
     TLS_KEY_KEYS,
@@ -48,7 +49,7 @@ from ..store import Kind, Object, Snapshot, name_of, namespace_of
 from .plan import RenderSettings
 
 STUNNER_ADDR = "$STUNNER_ADDR"
-METRICS_ENDPOINT = "http://:8080/metrics"
+METRICS_ENDPOINT = f"http://:{METRICS_PORT}/metrics"
 
 
 def _spec(obj: Object | None) -> Mapping[str, Any]:

@@ -47,6 +47,7 @@ from stunner_api.vocabulary import (
     DEFAULT_TERMINATION_GRACE_PERIOD,
     GATEWAY,
     HOST_NETWORK_DNS_POLICY,
+    METRICS_PORT,
     NODE_ADDRESS_PLACEHOLDER,
     OWNED_BY_LABEL,
     OWNED_BY_VALUE,
@@ -64,7 +65,6 @@ DEFAULT_COMMAND = ("stunnerd",)
 DEFAULT_ARGS = ("-w", "--udp-thread-num=16")
 DEFAULT_PULL_POLICY = "Always"
 DEFAULT_RESOURCES = {"limits": {"memory": "20M"}, "requests": {"cpu": "250m"}}
-METRICS_PORT = 8080
 HEALTH_CHECK_PORT_NAME = "gateway-health-check"
 HEALTH_PORT_ANNOTATION = re.compile(r"^service\.beta\.kubernetes\.io/.*health.*port$")
 HEALTH_PROTOCOL_ANNOTATION = re.compile(r"^service\.beta\.kubernetes\.io/.*health.*protocol$")

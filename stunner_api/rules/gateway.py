@@ -43,8 +43,10 @@ from stunner_api.vocabulary import (
     LISTENER_PROTOCOL_ALIASES,
     LISTENER_PROTOCOLS,
     LISTENER_TRANSPORT,
+    METRICS_PORT,
     MIXED_PROTOCOL_LB,
     ROUTE_NAMESPACES_FROM,
+    STATUS_PORT,
     TLS_CERT_KEYS,
     TLS_KEY_KEYS,
     TLS_PROTOCOLS,
@@ -340,10 +342,10 @@ def _meta(obj: dict[str, Any]) -> dict[str, Any]:
 
 def host_network_dataplane(
     gateway: dict[str, Any], lookup: Lookup, controller_name: str
-) -> str | None:
-    """The name of the Dataplane whose stunnerd pods serve a Gateway in their nodes' network
-    (`spec.hostNetwork: true`), None when the Gateway is not ours, its pods are not managed
-    (disable-managed-dataplane), or they have their own network. Raises LookupFailed."""
+) -> tuple[str, dict[str, Any]] | None:
+    """(name, spec) of the Dataplane whose stunnerd pods serve a Gateway in their nodes'
+    network (`spec.hostNetwork: true`), None when the Gateway is not ours, its pods are not
+    managed (disable-managed-dataplane), or they have their own network. Raises LookupFailed."""
     annotations = as_dict(_meta(gateway).get("annotations"))
     if DISABLE_MANAGED_DATAPLANE_ROW.value(annotations, {}, Limits()):
         return None
@@ -357,23 +359,39 @@ def host_network_dataplane(
         return None
     name = str(as_dict(config.get("spec")).get("dataplane") or DEFAULT_DATAPLANE)
     dataplane = lookup.dataplane(name)
-    if dataplane is None or as_dict(dataplane.get("spec")).get("hostNetwork") is not True:
+    dataplane_spec = as_dict((dataplane or {}).get("spec"))
+    if dataplane is None or dataplane_spec.get("hostNetwork") is not True:
         return None
-    return name
+    return name, dataplane_spec
 
 
-def _host_ports(gateway: dict[str, Any], limits: Limits) -> dict[tuple[str, int], str]:
-    """(transport, port) -> listener name of every port a Gateway's listeners bind: the
-    targetport annotation's where it names the listener, else the listener's port."""
+HostNetwork = tuple[str, dict[str, Any]]  # (Dataplane name, its spec)
+Ports = dict[tuple[str, int], str]  # (transport, port) -> what binds it
+
+
+def _listener_ports(gateway: dict[str, Any], limits: Limits) -> Ports:
+    """Every port a Gateway's listeners bind: the targetport annotation's where it names the
+    listener, else the listener's port; each named "listener 'NAME'"."""
     annotations = as_dict(_meta(gateway).get("annotations"))
     targetports = TARGETPORT_ROW.value(annotations, {}, limits)
-    ports: dict[tuple[str, int], str] = {}
+    ports: Ports = {}
     for listener in as_list(as_dict(gateway.get("spec")).get("listeners")):
         listener = as_dict(listener)
         protocol, name = listener_protocol(listener.get("protocol")), listener.get("name")
         port = targetports.get(str(name), listener.get("port"))
         if protocol is not None and is_int(port) and 1 <= port <= 65535:
-            ports.setdefault((LISTENER_TRANSPORT[protocol], port), str(name))
+            ports.setdefault((LISTENER_TRANSPORT[protocol], port), f"listener {str(name)!r}")
+    return ports
+
+
+def _daemon_ports(dataplane: dict[str, Any]) -> Ports:
+    """The ports stunnerd itself binds besides its listeners (its health check, unless the
+    Dataplane disables it; its metrics endpoint, when it enables it)."""
+    ports: Ports = {}
+    if dataplane.get("disableHealthCheck") is not True:
+        ports["TCP", STATUS_PORT] = "its health check"
+    if dataplane.get("enableMetricsEndpoint") is True:
+        ports["TCP", METRICS_PORT] = "its metrics endpoint"
     return ports
 
 
@@ -390,24 +408,30 @@ def _age(gateway: dict[str, Any]) -> tuple[str, str, str]:
 
 
 def gateway_host_ports(req: Request) -> list[Problem]:
-    """Gateways whose stunnerd pods use the host network bind their listener ports on the
-    nodes themselves: a transport and port another such Gateway (any namespace) binds is
-    refused. The older Gateway keeps the port (render drops the younger one's listener); an
-    update that brings a clash in is refused whatever the ages."""
+    """Gateways whose stunnerd pods use the host network bind their ports on the nodes
+    themselves: their listeners' and stunnerd's own (the health check, the metrics endpoint).
+    A transport and port another such Gateway (any namespace) binds is refused, and so is a
+    listener on stunnerd's own port. The older Gateway keeps the port (render drops the
+    younger one's listener, or the whole Gateway for stunnerd's own port); an update that
+    brings a clash in is refused whatever the ages."""
+    controller = req.settings.controller_name
     try:
-        dataplane = host_network_dataplane(req.obj, req.lookup, req.settings.controller_name)
-        if dataplane is None:
+        host = host_network_dataplane(req.obj, req.lookup, controller)
+        if host is None:
             return []
-        others = [
-            (g, name)
-            for g in req.lookup.gateways()
-            if (_meta(g).get("namespace"), _meta(g).get("name")) != (req.namespace, req.name)
-            and (name := host_network_dataplane(g, req.lookup, req.settings.controller_name))
-        ]
-        old_dataplane = None
+        others: list[tuple[dict[str, Any], HostNetwork]] = []
+        for gateway in req.lookup.gateways():
+            if (_meta(gateway).get("namespace"), _meta(gateway).get("name")) == (
+                req.namespace,
+                req.name,
+            ):
+                continue
+            found = host_network_dataplane(gateway, req.lookup, controller)
+            if found is not None:
+                others.append((gateway, found))
+        old = None
         if req.operation == "UPDATE" and req.old is not None:
-            controller = req.settings.controller_name
-            old_dataplane = host_network_dataplane(req.old, req.lookup, controller)
+            old = host_network_dataplane(req.old, req.lookup, controller)
     except LookupFailed as failure:
         return [
             warning(
@@ -418,35 +442,56 @@ def gateway_host_ports(req: Request) -> list[Problem]:
             )
         ]
     limits = Limits(req.settings.node_port_range)
-    mine = _host_ports(req.obj, limits)
-    before = _host_ports(req.old, limits) if req.old is not None and old_dataplane else {}
-    paths = {str(lst.get("name")): path for path, lst in _listeners(req)}
-    problems = []
-    for other, other_dataplane in sorted(others, key=lambda pair: _age(pair[0])):
-        theirs = _host_ports(other, limits)
-        for (transport, port), name in mine.items():
+    listeners, daemon = _listener_ports(req.obj, limits), _daemon_ports(host[1])
+    paths = {f"listener {str(lst.get('name'))!r}": path for path, lst in _listeners(req)}
+    problems = [
+        error(
+            f"{paths.get(what, 'spec.listeners')}.port",
+            f"{transport} port {port} is {daemon[transport, port]} (stunnerd's own port, on "
+            f"the nodes' network: Dataplane {host[0]!r} sets hostNetwork): choose another "
+            "port",
+            ConditionReason.PORT_UNAVAILABLE,
+        )
+        for (transport, port), what in listeners.items()
+        if (transport, port) in daemon
+    ]
+    mine = {k: v for k, v in listeners.items() if k not in daemon} | daemon
+    before: Ports = {}
+    if req.old is not None and old is not None:
+        before = _listener_ports(req.old, limits) | _daemon_ports(old[1])
+    for other, (other_dataplane, other_spec) in sorted(others, key=lambda o: _age(o[0])):
+        theirs = _listener_ports(other, limits) | _daemon_ports(other_spec)
+        where = f"{_meta(other).get('namespace')}/{_meta(other).get('name')}"
+        dataplanes = (
+            f"Dataplane {host[0]!r} sets"
+            if host[0] == other_dataplane
+            else f"Dataplanes {host[0]!r} and {other_dataplane!r} set"
+        )
+        for (transport, port), what in mine.items():
             if (transport, port) not in theirs:
                 continue
             introduced = req.operation == "UPDATE" and (transport, port) not in before
             if _age(other) > _age(req.obj) and not introduced:
                 continue  # ours first: the younger one is refused (in its own status)
-            where = f"{_meta(other).get('namespace')}/{_meta(other).get('name')}"
-            dataplanes = (
-                f"Dataplane {dataplane!r} sets"
-                if dataplane == other_dataplane
-                else f"Dataplanes {dataplane!r} and {other_dataplane!r} set"
+            own = what in paths
+            fix = (
+                "choose another port"
+                if own
+                else "set disableHealthCheck (or leave enableMetricsEndpoint off) in one "
+                "Dataplane, or keep the two Gateways' pods on different nodes with another "
+                "Dataplane"
             )
             problems.append(
                 error(
-                    f"{paths.get(name, 'spec.listeners')}.port",
-                    f"{transport} port {port} is already bound on the nodes by Gateway {where} "
-                    f"(listener {theirs[transport, port]!r}): the stunnerd pods of both use "
-                    f"the host network ({dataplanes} hostNetwork), so their listeners share "
-                    "the nodes' ports; choose another port",
+                    f"{paths[what]}.port" if own else "spec.gatewayClassName",
+                    f"{transport} port {port}{'' if own else f' (stunnerd: {what})'} is "
+                    f"already bound on the nodes by Gateway {where} ({theirs[transport, port]}):"
+                    f" the stunnerd pods of both use the host network ({dataplanes} "
+                    f"hostNetwork), so they share the nodes' ports; {fix}",
                     ConditionReason.PORT_UNAVAILABLE,
                 )
             )
-        mine = {key: name for key, name in mine.items() if key not in theirs}
+        mine = {key: what for key, what in mine.items() if key not in theirs}
     return problems
 
 
@@ -457,10 +502,10 @@ def gateway_relay_address_discovery(req: Request) -> list[Problem]:
     if not RELAY_ADDRESS_DISCOVERY_ROW.value(annotations, {}, Limits()):
         return []
     try:
-        dataplane = host_network_dataplane(req.obj, req.lookup, req.settings.controller_name)
+        host = host_network_dataplane(req.obj, req.lookup, req.settings.controller_name)
     except LookupFailed:
         return []
-    if dataplane is not None:
+    if host is not None:
         return []
     return [
         warning(

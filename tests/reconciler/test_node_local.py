@@ -155,7 +155,7 @@ def test_render_keeps_a_host_port_for_the_older_gateway_only() -> None:
         lst("udp", 3478), lst("tcp", 3478, "TURN-TCP"), name="second", namespace="media"
     )
     younger["metadata"]["creationTimestamp"] = "2026-01-02T00:00:00Z"
-    plan = plan_of(older, younger, hostNetwork=True)
+    plan = plan_of(older, younger, hostNetwork=True, disableHealthCheck=True)
     assert [lc.port for lc in plan.configs["stunner/first"].listeners] == [3478]
     assert [(lc.protocol, lc.port) for lc in plan.configs["media/second"].listeners] == [
         ("TURN-TCP", 3478)
@@ -173,6 +173,16 @@ def test_render_keeps_a_host_port_for_the_older_gateway_only() -> None:
     # Without the host network each Gateway has its own pods: no clash.
     own = plan_of(older, younger)
     assert [lc.port for lc in own.configs["media/second"].listeners] == [3478, 3478]
+    # With the health check on, the pods of both bind TCP 8086 on the nodes: the younger
+    # Gateway is not rendered at all (its pods could not run beside the older one's).
+    health = plan_of(
+        older, owned_gateway(lst("udp", 3479), name="second", namespace="media"), hostNetwork=True
+    )
+    assert "stunner/first" in health.configs and "media/second" not in health.configs
+    assert "media/second" not in health.deployments
+    (finding,) = [f for f in health.findings if f.reason == "PortUnavailable"]
+    assert finding.path == "spec.gatewayClassName"
+    assert finding.message.startswith("TCP port 8086 (stunnerd: its health check) is already")
 
 
 def node(name: str, *addresses: tuple[str, str]) -> Obj:

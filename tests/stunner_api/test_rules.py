@@ -133,13 +133,18 @@ SECRETS = [
 def lookup() -> Snapshot:
     """What the rules may read, as the reconciler's snapshot of it: the SECRETS, our
     GatewayClass and another controller's, and a Gateway of each; and a class of ours whose
-    Dataplane uses the host network, with a Gateway in another namespace binding UDP 3478."""
+    Dataplane uses the host network (its health check off), with a Gateway in another namespace
+    binding UDP 3478; and a class whose host-network Dataplane keeps its health check."""
     other_class = gatewayclass(controllerName="example.com/other")
     other_class["metadata"] = {"name": "other-class"}
     host_class = parameters_ref(name="host-config", namespace="stunner")
     host_class["metadata"] = {"name": "host-class"}
     host_config = gwconfig(dataplane="host")
     host_config["metadata"]["name"] = "host-config"
+    health_class = parameters_ref(name="health-config", namespace="stunner")
+    health_class["metadata"] = {"name": "health-class"}
+    health_config = gwconfig(dataplane="host-health")
+    health_config["metadata"]["name"] = "health-config"
     media_host = objects.gateway("media-host", "host-class", namespace="media")
     media_host["metadata"]["creationTimestamp"] = "2026-01-01T00:00:00Z"
     return Snapshot.from_objects(
@@ -149,7 +154,10 @@ def lookup() -> Snapshot:
             other_class,
             host_class,
             host_config,
-            dataplane("host", hostNetwork=True),
+            dataplane("host", hostNetwork=True, disableHealthCheck=True),
+            health_class,
+            health_config,
+            dataplane("host-health", hostNetwork=True),
             media_host,
             objects.gateway("udp-gateway", "stunner-gatewayclass"),
             objects.gateway("other-gateway", "other-class"),
@@ -473,6 +481,11 @@ CASES: list[tuple[Rule, dict[str, Any], list[str]]] = [
         gateway_host_ports,
         host_gateway(listener("a", 3479), targetport='{"a":3478}'),
         ["spec.listeners[0].port: UDP port 3478 is already bound"],  # it binds its targetport
+    ),
+    (
+        gateway_host_ports,
+        gateway(listener("tcp", 8086, "TURN-TCP"), gatewayClassName="health-class"),
+        ["spec.listeners[0].port: TCP port 8086 is its health check (stunnerd's own port"],
     ),
     (gateway_relay_address_discovery, host_gateway(enable_relay_address_discovery="true"), []),
     (dataplane_default_kept, dataplane("dev"), []),

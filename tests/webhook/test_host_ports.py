@@ -61,10 +61,13 @@ def gateway(name: str, namespace: str, class_name: str, *ports: tuple[str, int])
 
 
 def seed_world(fake: FakeApiServer) -> Obj:
-    """Class `host` (Dataplane `node-local`: DaemonSet, hostNetwork) with Gateway media/first
-    on UDP 3478; class `pods` (Dataplane `default`, its own network). The stored Gateway."""
+    """Class `host` (Dataplane `node-local`: DaemonSet, hostNetwork, no health check) with
+    Gateway media/first on UDP 3478; class `pods` (Dataplane `default`, its own network). The
+    stored Gateway."""
     for obj in (
-        dataplane("node-local", dataplaneResource="DaemonSet", hostNetwork=True),
+        dataplane(
+            "node-local", dataplaneResource="DaemonSet", hostNetwork=True, disableHealthCheck=True
+        ),
         dataplane("default"),
         config("host-config", "node-local"),
         config("pod-config", "default"),
@@ -85,7 +88,7 @@ def test_a_second_host_network_gateway_on_the_same_port_is_refused(
     assert response["status"]["message"] == (
         "spec.listeners[1].port: UDP port 3478 is already bound on the nodes by Gateway "
         "media/first (listener 'udp-3478'): the stunnerd pods of both use the host network "
-        "(Dataplane 'node-local' sets hostNetwork), so their listeners share the nodes' ports; "
+        "(Dataplane 'node-local' sets hostNetwork), so they share the nodes' ports; "
         "choose another port"
     )
     for fine in (
@@ -129,3 +132,33 @@ def test_an_update_that_brings_a_clash_in_is_refused_whatever_the_ages(
     )
     assert response["allowed"] is False
     assert "Gateway media/first (listener 'udp-3478')" in response["status"]["message"]
+
+
+def test_stunnerds_own_health_check_port_clashes_too(
+    fake: FakeApiServer, kube_client: FlaskClient
+) -> None:
+    """With the health check on (the default), every host-network Gateway's pods bind TCP 8086
+    on their nodes: a second such Gateway is refused whatever its listeners, and so is a
+    listener on TCP 8086 of the first."""
+    seed_world(fake)
+    fake.seed(dataplane("node-health", dataplaneResource="DaemonSet", hostNetwork=True))
+    fake.seed(config("health-config", "node-health"))
+    fake.seed(our_class("health", "health-config"))
+    fake.seed(gateway("first", "other", "health", ("UDP", 3478)))
+    second = gateway("second", "stunner", "health", ("UDP", 3479))
+    response = answer(kube_client, "/validate", admission_review(second))
+    assert response["allowed"] is False
+    assert response["status"]["message"] == (
+        "spec.gatewayClassName: TCP port 8086 (stunnerd: its health check) is already bound on "
+        "the nodes by Gateway other/first (its health check): the stunnerd pods of both use the "
+        "host network (Dataplane 'node-health' sets hostNetwork), so they share the nodes' "
+        "ports; set disableHealthCheck (or leave enableMetricsEndpoint off) in one Dataplane, "
+        "or keep the two Gateways' pods on different nodes with another Dataplane"
+    )
+    own = gateway("first", "other", "health", ("TCP", 8086))
+    response = answer(kube_client, "/validate", admission_review(own))
+    assert response["allowed"] is False
+    assert response["status"]["message"].startswith(
+        "spec.listeners[0].port: TCP port 8086 is its health check (stunnerd's own port, on "
+        "the nodes' network: Dataplane 'node-health' sets hostNetwork): choose another port"
+    )
