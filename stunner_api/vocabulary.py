@@ -254,6 +254,7 @@ CHART_DATAPLANE_SPEC: Mapping[str, Any] = MappingProxyType(
         },
         "terminationGracePeriodSeconds": DEFAULT_TERMINATION_GRACE_PERIOD,
         "enableMetricsEndpoint": False,
+        "dataplaneResource": DEFAULT_DATAPLANE_RESOURCE,
         "hostNetwork": False,
     }
 )
