@@ -341,7 +341,7 @@ def _meta(obj: dict[str, Any]) -> dict[str, Any]:
 
 
 def host_network_dataplane(
-    gateway: dict[str, Any], lookup: Lookup, controller_name: str
+    gateway: dict[str, Any], lookup: Lookup | _Remembered, controller_name: str
 ) -> tuple[str, dict[str, Any]] | None:
     """(name, spec) of the Dataplane whose stunnerd pods serve a Gateway in their nodes'
     network (`spec.hostNetwork: true`), None when the Gateway is not ours, its pods are not
@@ -363,6 +363,31 @@ def host_network_dataplane(
     if dataplane is None or dataplane_spec.get("hostNetwork") is not True:
         return None
     return name, dataplane_spec
+
+
+class _Remembered:
+    """A Lookup's answers about classes, GatewayConfigs and Dataplanes, each asked once: the
+    Gateways of a cluster share a few of them (the webhook asks the API server for each)."""
+
+    def __init__(self, lookup: Lookup) -> None:
+        self.lookup = lookup
+        self.answers: dict[tuple[str, ...], dict[str, Any] | None] = {}
+
+    def _once(self, key: tuple[str, ...], ask: Any) -> dict[str, Any] | None:
+        if key not in self.answers:
+            self.answers[key] = ask()
+        return self.answers[key]
+
+    def gateway_class(self, name: str) -> dict[str, Any] | None:
+        return self._once(("class", name), lambda: self.lookup.gateway_class(name))
+
+    def gateway_config(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self._once(
+            ("config", namespace, name), lambda: self.lookup.gateway_config(namespace, name)
+        )
+
+    def dataplane(self, name: str) -> dict[str, Any] | None:
+        return self._once(("dataplane", name), lambda: self.lookup.dataplane(name))
 
 
 HostNetwork = tuple[str, dict[str, Any]]  # (Dataplane name, its spec)
@@ -414,9 +439,9 @@ def gateway_host_ports(req: Request) -> list[Problem]:
     listener on stunnerd's own port. The older Gateway keeps the port (render drops the
     younger one's listener, or the whole Gateway for stunnerd's own port); an update that
     brings a clash in is refused whatever the ages."""
-    controller = req.settings.controller_name
+    controller, remembered = req.settings.controller_name, _Remembered(req.lookup)
     try:
-        host = host_network_dataplane(req.obj, req.lookup, controller)
+        host = host_network_dataplane(req.obj, remembered, controller)
         if host is None:
             return []
         others: list[tuple[dict[str, Any], HostNetwork]] = []
@@ -426,12 +451,12 @@ def gateway_host_ports(req: Request) -> list[Problem]:
                 req.name,
             ):
                 continue
-            found = host_network_dataplane(gateway, req.lookup, controller)
+            found = host_network_dataplane(gateway, remembered, controller)
             if found is not None:
                 others.append((gateway, found))
         old = None
         if req.operation == "UPDATE" and req.old is not None:
-            old = host_network_dataplane(req.old, req.lookup, controller)
+            old = host_network_dataplane(req.old, remembered, controller)
     except LookupFailed as failure:
         return [
             warning(
