@@ -138,8 +138,8 @@ def test_stunnerd_hands_out_the_nodes_public_address_and_relays_on_the_pods(
 ) -> None:
     """The config node-a's stunnerd gets (listener address 198.51.100.7, not this host's) with
     STUNNER_ADDR 127.0.0.1: the listener and relay sockets bind 127.0.0.1, the Allocate answer
-    names 198.51.100.7 with the relay port, and a peer's datagram to 127.0.0.1 at that port
-    reaches the client."""
+    names 198.51.100.7 with the relay port, a peer's datagram to 127.0.0.1 at that port reaches
+    the client, and 127.0.0.1 at the listener's port counts as stunnerd's own (never a peer)."""
     monkeypatch.setenv("STUNNER_ADDR", HOST)
 
     async def main() -> None:
@@ -150,7 +150,9 @@ def test_stunnerd_hands_out_the_nodes_public_address_and_relays_on_the_pods(
             config = await source(address, "node-a").load()
         assert addresses(config) == [PUBLIC]
         peer = await start_peer(echo=True)
-        async with running_stunner(config):
+        async with running_stunner(config) as stunner:
+            # The pod's address is stunnerd's own too: never a peer at its listener's port.
+            assert stunner.router.is_own_ip(HOST) and port in stunner.router.own_ports
             client = await RawClient.connect((HOST, port))
             try:
                 response = await client.allocate()
