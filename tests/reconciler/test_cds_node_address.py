@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncGenerator
+import logging
+from collections.abc import AsyncGenerator, Iterator
 from typing import Any
 
 import pytest
@@ -133,6 +134,26 @@ def test_a_watcher_gets_its_config_again_when_its_nodes_address_changes() -> Non
     run(main)
 
 
+@pytest.fixture
+def stunner_log_levels() -> Iterator[None]:
+    """The `stunner` loggers' levels as they were: the daemon applies its config's log level
+    spec (admin.loglevel) to them, which would reach the tests after this one."""
+    loggers = [logging.getLogger("stunner")] + [
+        logger
+        for name, logger in logging.Logger.manager.loggerDict.items()
+        if name.startswith("stunner.") and isinstance(logger, logging.Logger)
+    ]
+    levels = [(logger, logger.level) for logger in loggers]
+    yield
+    for logger, level in levels:
+        logger.setLevel(level)
+    for name, logger in logging.Logger.manager.loggerDict.items():
+        if name.startswith("stunner.") and isinstance(logger, logging.Logger):
+            if all(logger is not known for known, _ in levels):
+                logger.setLevel(logging.NOTSET)
+
+
+@pytest.mark.usefixtures("stunner_log_levels")
 def test_stunnerd_hands_out_the_nodes_public_address_and_relays_on_the_pods(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
