@@ -201,6 +201,9 @@ class CdsSource:
         self.name = name
         self.node = node
         self.env = env
+        self.retry_period = retry_period
+        self.ping_period = ping_period
+        self.pong_wait = pong_wait
         try:
             self.client = CdsClient(
                 address,
@@ -220,18 +223,6 @@ class CdsSource:
 
     def __repr__(self) -> str:
         return f"CdsSource({self.origin!r}, {self.namespace}/{self.name})"
-
-    @property
-    def retry_period(self) -> float:
-        return self.client.retry_period
-
-    @property
-    def ping_period(self) -> float:
-        return self.client.ping_period
-
-    @property
-    def pong_wait(self) -> float:
-        return self.client.pong_wait
 
     def auth_headers(self) -> dict[str, str]:
         """`Authorization: Bearer` with the token file's current content; {} without one."""
