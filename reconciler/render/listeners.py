@@ -1,0 +1,124 @@
+"""The listeners stage: a Gateway of ours judged, and each of its listeners planned.
+
+A problem of one listener keeps only that listener out (its conditions say why); any other
+error keeps the whole Gateway out, as does an error of its class. A TLS listener that renders
+gets its certificate and key here (`config.tls_pair`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+from stunner_api.rules import Problem, Severity
+from stunner_api.vocabulary import LISTENER_PROTOCOLS, TLS_PROTOCOLS, ListenerProtocol
+from stunner_api.vocabulary import ConditionReason as Reason
+
+from ..store import Object
+from . import conditions as cond
+from . import config
+from .context import (
+    ClassContext,
+    Context,
+    GatewayPlan,
+    ListenerPlan,
+    Staged,
+    finding,
+    findings_of,
+    spec_of,
+)
+from .judge import judge, under
+from .plan import Finding
+
+
+def _canonical_protocol(value: Any) -> ListenerProtocol | None:
+    return LISTENER_PROTOCOLS.get(str(value).upper())
+
+
+def listener_specs(gateway: Object) -> list[Any]:
+    """A Gateway's spec.listeners as written (entries that are not mappings included: they
+    keep the indexes of the others)."""
+    value = spec_of(gateway).get("listeners")
+    return value if isinstance(value, list) else []
+
+
+def _listener(
+    ctx: Context, gateway: Object, index: int, spec: Mapping[str, Any], problems: list[Problem]
+) -> Staged[ListenerPlan]:
+    """One listener of a Gateway and its conditions, from the rule table's problems of it."""
+    port = spec.get("port")
+    plan = ListenerPlan(
+        index=index,
+        spec=spec,
+        name=str(spec.get("name") or ""),
+        protocol=_canonical_protocol(spec.get("protocol")),
+        port=port if isinstance(port, int) and not isinstance(port, bool) else None,
+    )
+    accepted, conflicted, resolved = plan.accepted, plan.conflicted, plan.resolved
+    for p in problems:
+        if p.reason == Reason.PROTOCOL_CONFLICT:
+            conflicted = cond.PROTOCOL_CONFLICT
+        elif p.reason in (Reason.INVALID_CERTIFICATE_REF, Reason.REF_NOT_PERMITTED):
+            resolved = cond.listener_refs_unresolved(
+                p.reason, "at least one certificate reference failed to be successfully resolved"
+            )
+        elif p.severity != Severity.ERROR:
+            continue
+        elif p.reason == Reason.UNSUPPORTED_PROTOCOL:
+            accepted = cond.listener_not_accepted(p.reason, "unsupported protocol")
+        elif p.reason == Reason.PORT_UNAVAILABLE:
+            accepted = cond.listener_not_accepted(p.reason, "port unavailable")
+        elif accepted.status == "True":
+            accepted = cond.listener_not_accepted(p.reason, str(p))
+    if plan.protocol is None and accepted.status == "True":
+        accepted = cond.listener_not_accepted(Reason.UNSUPPORTED_PROTOCOL, "unsupported protocol")
+    if plan.port is None and accepted.status == "True":
+        accepted = cond.listener_not_accepted(Reason.PORT_UNAVAILABLE, "port unavailable")
+    plan = replace(plan, accepted=accepted, conflicted=conflicted, resolved=resolved)
+    found: tuple[Finding, ...] = ()
+    if plan.rendered and plan.protocol in TLS_PROTOCOLS:
+        pair, reason, message = config.tls_pair(spec, gateway, ctx.snapshot)
+        if pair is None:
+            plan = replace(plan, resolved=cond.listener_refs_unresolved(reason, message))
+            found = (finding(gateway, f"spec.listeners[{index}].tls", message, reason),)
+        else:
+            plan = replace(plan, cert=pair[0], key=pair[1])
+    return Staged(plan, found)
+
+
+def _judged(ctx: Context, gateway: Object, of_class: ClassContext) -> Staged[GatewayPlan]:
+    problems = judge(gateway, ctx.snapshot, ctx.rule_settings)
+    found = list(findings_of(gateway, problems))
+    specs = listener_specs(gateway)
+    paths = [f"spec.listeners[{i}]" for i in range(len(specs))]
+    fatal = [
+        p
+        for p in problems
+        if p.severity == Severity.ERROR
+        and not any(under(p.path, path) for path in paths)
+        and not under(p.path, "metadata.annotations")  # logged and ignored, as Go does
+    ]
+    if fatal:
+        plan = GatewayPlan(gateway, of_class, error=str(fatal[0]), error_reason=fatal[0].reason)
+    else:
+        listeners = []
+        for i, spec in enumerate(specs):
+            if isinstance(spec, Mapping):
+                own = [p for p in problems if under(p.path, paths[i])]
+                planned = _listener(ctx, gateway, i, spec, own)
+                listeners.append(planned.value)
+                found += planned.findings
+        plan = GatewayPlan(gateway, of_class, tuple(listeners))
+    return Staged(plan, tuple(found))
+
+
+def plan_gateway(ctx: Context, gateway: Object, of_class: ClassContext) -> Staged[GatewayPlan]:
+    """The stage: a Gateway of ours, judged unless its class is in error, and its listeners."""
+    if of_class.error is not None:
+        planned = Staged(
+            GatewayPlan(gateway, of_class, error=of_class.error, error_reason=Reason.PENDING)
+        )
+    else:
+        planned = _judged(ctx, gateway, of_class)
+    return planned
