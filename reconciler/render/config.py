@@ -41,6 +41,7 @@ from ..store import Kind, Object, Snapshot, namespace_of
 from . import manifests
 from .clusters import Cluster
 from .context import Attachments, Context, GatewayPlan, ListenerPlan, Staged, finding, id_of
+from .plan import Finding
 
 STUNNER_ADDR = "$STUNNER_ADDR"
 HEALTHCHECK_ENDPOINT = "http://:8086"
@@ -243,7 +244,7 @@ def dataplane_config(
         "listeners": listeners,
         "clusters": [clusters[r].to_dict() for r in routes],
     }
-    found: tuple[Any, ...] = ()
+    found: tuple[Finding, ...] = ()
     try:
         rendered: StunnerConfig | str = validate_config(data)
     except ConfigError as exc:

@@ -29,7 +29,16 @@ from stunner_api.dataplane import StunnerConfig
 from ..store import Object, Snapshot, name_of, namespace_of
 from . import addresses, classes, config, deployment, gateways, listeners, manifests, routes
 from .clusters import Cluster
-from .context import ClassContext, Context, GatewayKey, GatewayPlan, Staged, id_of, spec_of
+from .context import (
+    Attachments,
+    ClassContext,
+    Context,
+    GatewayKey,
+    GatewayPlan,
+    Staged,
+    id_of,
+    spec_of,
+)
 from .parts import PART_KINDS, Part, parts
 from .plan import Finding, Plan, RenderSettings, StatusUpdate
 from .tracked import ReadKey, Tracked, hold, same, same_kinds
@@ -85,7 +94,7 @@ def _run_gateway(
     ctx: Context,
     run: _Run,
     plan: GatewayPlan,
-    attachments: Mapping[tuple[GatewayKey, int], tuple[str, ...]],
+    attachments: Attachments,
     backends: Mapping[str, Cluster],
 ) -> None:
     """The stages of one planned Gateway: addresses, config, Service, Deployment, status."""
