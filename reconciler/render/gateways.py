@@ -18,8 +18,15 @@ from stunner_api.vocabulary import ConditionReason as Reason
 from ..store import Object
 from . import conditions as cond
 from .clusters import is_ip
-from .context import Context, GatewayPlan, ListenerPlan, Staged, conditions_of, finding
-from .context import status_update as update_of
+from .context import (
+    Context,
+    GatewayPlan,
+    ListenerPlan,
+    Staged,
+    conditions_of,
+    finding,
+    status_update,
+)
 from .listeners import listener_specs
 from .plan import Finding
 
@@ -91,4 +98,4 @@ def gateway_status(
             _listener_status(ctx, gateway, lst, count)
             for lst, count in zip(plan.listeners, attached, strict=True)
         ]
-    return Staged(None, found, (update_of(gateway, status),))
+    return Staged(None, found, (status_update(gateway, status),))
