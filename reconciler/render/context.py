@@ -18,6 +18,7 @@ timed alone.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -156,7 +157,7 @@ class GatewayPlan:
     error: str | None = None
     error_reason: str = Reason.INVALID
 
-    @property
+    @functools.cached_property
     def key(self) -> GatewayKey:
         return namespace_of(self.gateway), name_of(self.gateway)
 

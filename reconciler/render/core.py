@@ -20,7 +20,7 @@ one, so both take the same path.
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -274,7 +274,9 @@ class Renderer:
         self, part: Part, ctx: Context, of_classes: Mapping[str, ClassContext]
     ) -> _Rendered:
         tracked = Tracked.of(ctx.snapshot)
-        run = _run_part(replace(ctx, snapshot=tracked), part, of_classes)
+        run = _run_part(
+            Context(tracked, ctx.settings, ctx.now, ctx.rule_settings), part, of_classes
+        )
 
         def keyed(values: Mapping[str, Any]) -> list[tuple[GatewayKey, str, Any]]:
             return [(_key_of(gw_id), gw_id, value) for gw_id, value in values.items()]

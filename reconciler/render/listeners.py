@@ -43,19 +43,11 @@ def listener_specs(gateway: Object) -> list[Any]:
     return value if isinstance(value, list) else []
 
 
-def _listener(
-    ctx: Context, gateway: Object, index: int, spec: Mapping[str, Any], problems: list[Problem]
-) -> Staged[ListenerPlan]:
-    """One listener of a Gateway and its conditions, from the rule table's problems of it."""
-    port = spec.get("port")
-    plan = ListenerPlan(
-        index=index,
-        spec=spec,
-        name=str(spec.get("name") or ""),
-        protocol=_canonical_protocol(spec.get("protocol")),
-        port=port if isinstance(port, int) and not isinstance(port, bool) else None,
-    )
-    accepted, conflicted, resolved = plan.accepted, plan.conflicted, plan.resolved
+def _conditions(
+    problems: list[Problem], protocol: ListenerProtocol | None, port: int | None
+) -> tuple[cond.Condition, cond.Condition, cond.Condition]:
+    """A listener's Accepted, Conflicted and ResolvedRefs, from the rule table's problems."""
+    accepted, conflicted, resolved = cond.LISTENER_ACCEPTED, cond.NO_CONFLICTS, cond.RESOLVED_REFS
     for p in problems:
         if p.reason == Reason.PROTOCOL_CONFLICT:
             conflicted = cond.PROTOCOL_CONFLICT
@@ -71,11 +63,23 @@ def _listener(
             accepted = cond.listener_not_accepted(p.reason, "port unavailable")
         elif accepted.status == "True":
             accepted = cond.listener_not_accepted(p.reason, str(p))
-    if plan.protocol is None and accepted.status == "True":
+    if protocol is None and accepted.status == "True":
         accepted = cond.listener_not_accepted(Reason.UNSUPPORTED_PROTOCOL, "unsupported protocol")
-    if plan.port is None and accepted.status == "True":
+    if port is None and accepted.status == "True":
         accepted = cond.listener_not_accepted(Reason.PORT_UNAVAILABLE, "port unavailable")
-    plan = replace(plan, accepted=accepted, conflicted=conflicted, resolved=resolved)
+    return accepted, conflicted, resolved
+
+
+def _listener(
+    ctx: Context, gateway: Object, index: int, spec: Mapping[str, Any], problems: list[Problem]
+) -> Staged[ListenerPlan]:
+    """One listener of a Gateway and its conditions; a TLS one that renders, its TLS pair."""
+    port = spec.get("port")
+    port = port if isinstance(port, int) and not isinstance(port, bool) else None
+    protocol = _canonical_protocol(spec.get("protocol"))
+    accepted, conflicted, resolved = _conditions(problems, protocol, port)
+    name = str(spec.get("name") or "")
+    plan = ListenerPlan(index, spec, name, protocol, port, accepted, conflicted, resolved)
     found: tuple[Finding, ...] = ()
     if plan.rendered and plan.protocol in TLS_PROTOCOLS:
         pair, reason, message = config.tls_pair(spec, gateway, ctx.snapshot)
