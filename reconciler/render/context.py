@@ -18,11 +18,10 @@ timed alone.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, NamedTuple, TypeVar
 
 from stunner_api import rules
 from stunner_api.rules import Problem
@@ -58,10 +57,10 @@ class Context:
         return self.settings.controller_name
 
 
-@dataclass(frozen=True, slots=True)
-class Staged(Generic[T]):
+class Staged(NamedTuple, Generic[T]):
     """What one stage gives back: its value, its findings and its statuses, in the order it
-    made them."""
+    made them. Immutable as a frozen dataclass, and built several times faster (render builds
+    about fifteen per Gateway)."""
 
     value: T
     findings: tuple[Finding, ...] = ()
@@ -133,14 +132,17 @@ class ListenerPlan:
     resolved: cond.Condition = cond.RESOLVED_REFS
     cert: str = ""
     key: str = ""
+    # Whether it renders: accepted, not conflicted, its references resolved (asked by every
+    # later stage, so found once).
+    rendered: bool = field(init=False)
 
-    @property
-    def rendered(self) -> bool:
-        return (
+    def __post_init__(self) -> None:
+        rendered = (
             self.accepted.status == "True"
             and self.conflicted.status == "False"
             and self.resolved.status == "True"
         )
+        object.__setattr__(self, "rendered", rendered)
 
     @property
     def transport(self) -> str:
@@ -156,10 +158,10 @@ class GatewayPlan:
     listeners: tuple[ListenerPlan, ...] = ()
     error: str | None = None
     error_reason: str = Reason.INVALID
+    key: GatewayKey = field(init=False)
 
-    @functools.cached_property
-    def key(self) -> GatewayKey:
-        return namespace_of(self.gateway), name_of(self.gateway)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "key", (namespace_of(self.gateway), name_of(self.gateway)))
 
 
 # (gateway, listener index) -> the clusters (route ids) attached to it, sorted

@@ -74,8 +74,10 @@ class _Run:
 
     def take(self, key: SortKey, staged: Staged[T]) -> T:
         """A stage's findings (keyed `key`) and statuses; its value."""
-        self.findings += [(key, f) for f in staged.findings]
-        self.statuses += [(_status_key(u), u) for u in staged.statuses]
+        if staged.findings:  # most stages find nothing: no list is built for them
+            self.findings += [(key, f) for f in staged.findings]
+        if staged.statuses:
+            self.statuses += [(_status_key(u), u) for u in staged.statuses]
         return staged.value
 
 
@@ -126,19 +128,17 @@ def _run_part(ctx: Context, part: Part, of_classes: Mapping[str, ClassContext]) 
         of_class = of_classes[str(spec_of(gateway).get("gatewayClassName"))]
         plans[key] = run.take((2, *key), listeners.plan_gateway(ctx, gateway, of_class))
     stunner_ids = {id_of(r) for r in part.stunner_routes}
-    ordered = [
-        *((route, 0, False) for route in part.stunner_routes),
-        *((route, 1, id_of(route) in stunner_ids) for route in part.api_routes),
-    ]
     attached: dict[tuple[GatewayKey, int], set[str]] = {}
     backends: dict[str, Cluster] = {}
-    for route, order, masked in ordered:
-        tag = (3, order, namespace_of(route), name_of(route))
-        found = run.take(tag, routes.attach(ctx, route, plans, masked))
-        if found.cluster is not None:
-            backends[id_of(route)] = found.cluster
-        for where in found.listeners:
-            attached.setdefault(where, set()).add(id_of(route))
+    for order, masking, group in ((0, (), part.stunner_routes), (1, stunner_ids, part.api_routes)):
+        for route in group:
+            route_id = id_of(route)
+            tag = (3, order, namespace_of(route), name_of(route))
+            found = run.take(tag, routes.attach(ctx, route, plans, route_id in masking))
+            if found.cluster is not None:
+                backends[route_id] = found.cluster
+            for where in found.listeners:
+                attached.setdefault(where, set()).add(route_id)
     attachments = {where: tuple(sorted(ids)) for where, ids in attached.items()}
     for plan in plans.values():
         _run_gateway(ctx, run, plan, attachments, backends)

@@ -8,7 +8,6 @@ gets its certificate and key here (`config.tls_pair`).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import replace
 from typing import Any
 
 from stunner_api.rules import Problem, Severity
@@ -81,13 +80,15 @@ def _listener(
     name = str(spec.get("name") or "")
     plan = ListenerPlan(index, spec, name, protocol, port, accepted, conflicted, resolved)
     found: tuple[Finding, ...] = ()
-    if plan.rendered and plan.protocol in TLS_PROTOCOLS:
+    if plan.rendered and protocol in TLS_PROTOCOLS:
         pair, reason, message = config.tls_pair(spec, gateway, ctx.snapshot)
         if pair is None:
-            plan = replace(plan, resolved=cond.listener_refs_unresolved(reason, message))
+            resolved = cond.listener_refs_unresolved(reason, message)
             found = (finding(gateway, f"spec.listeners[{index}].tls", message, reason),)
-        else:
-            plan = replace(plan, cert=pair[0], key=pair[1])
+        cert, key = pair or ("", "")
+        plan = ListenerPlan(
+            index, spec, name, protocol, port, accepted, conflicted, resolved, cert, key
+        )
     return Staged(plan, found)
 
 

@@ -91,12 +91,18 @@ def _namespace_allowed(
 
 def _kind_allowed(listener: ListenerPlan, route: Object) -> bool:
     kinds = (listener.spec.get("allowedRoutes") or {}).get("kinds") or []
-    group = group_of(str(route.get("apiVersion")))
     return not kinds or any(
-        k.get("kind") == "UDPRoute" and (k.get("group") or GATEWAY_API_GROUP) == group
+        k.get("kind") == "UDPRoute"
+        and (k.get("group") or GATEWAY_API_GROUP) == group_of(str(route.get("apiVersion")))
         for k in kinds
         if isinstance(k, Mapping)
     )
+
+
+def _named(plan: GatewayPlan, section: Any) -> tuple[ListenerPlan, ...]:
+    """The listeners a parentRef's sectionName names: all of them when it names none."""
+    listeners = plan.listeners
+    return listeners if section is None else tuple(x for x in listeners if x.name == section)
 
 
 def _parent(
@@ -135,16 +141,15 @@ def _parent(
     elif plan.error is not None:
         message = f"parent {where} is not accepted: {plan.error}"
         parent = RouteParent(parent_ref, Reason.PENDING, message)
-    elif not any(section is None or lst.name == section for lst in plan.listeners):
+    elif not _named(plan, section):
         message = f"parent {where} has no listener named {section!r}"
         parent = RouteParent(parent_ref, Reason.NO_MATCHING_PARENT, message)
     else:
         port = ref.get("port")
         accepting = [
             lst
-            for lst in plan.listeners
-            if (section is None or lst.name == section)
-            and lst.rendered
+            for lst in _named(plan, section)
+            if lst.rendered
             and (port is None or port == lst.port)
             and _kind_allowed(lst, route)
             and _namespace_allowed(ctx, lst, plan.gateway, route)
