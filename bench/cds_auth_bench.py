@@ -28,7 +28,7 @@ from cds_bench import percentiles, say  # noqa: E402  (bench/ is on the path: ru
 
 from reconciler.cds import ConfigStore, cds_app, serve  # noqa: E402
 from reconciler.cds_access import Access, TokenVerifier  # noqa: E402
-from reconciler.kube import Api  # noqa: E402
+from reconciler.kube.api import Api  # noqa: E402
 from stunner_api.dataplane import validate_config  # noqa: E402
 from stunner_api.vocabulary import CDS_TOKEN_AUDIENCE  # noqa: E402
 from tests.support.fakeapi import FakeApiServer  # noqa: E402

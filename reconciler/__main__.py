@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from stunner_api.cds import DEFAULT_PORT as DEFAULT_CDS_PORT
-from stunner_api.vocabulary import DEFAULT_CONTROLLER_NAME
+from stunner_api.vocabulary import DEFAULT_CONTROLLER_NAME, SYSTEM_NAMESPACE
 
 from .cds_access import Account, AuthMode, parse_readers
 from .files import ManifestError
@@ -61,7 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--address", default="127.0.0.1", help="address to serve the CDS and auth service on"
     )
-    parser.add_argument("--cds-port", type=int, default=DEFAULT_CDS_PORT, help="CDS port (13478)")
+    parser.add_argument(
+        "--cds-port", type=int, default=DEFAULT_CDS_PORT, help=f"CDS port ({DEFAULT_CDS_PORT})"
+    )
     parser.add_argument(
         "--auth-port", type=int, default=DEFAULT_AUTH_PORT, help="auth service port (8088)"
     )
@@ -173,8 +175,9 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--config-discovery-address",
-        default=":13478",
-        help="CDS bind address (:13478); env STUNNER_GATEWAY_OPERATOR_ADDRESS replaces the host",
+        default=f":{DEFAULT_CDS_PORT}",
+        help=f"CDS bind address (:{DEFAULT_CDS_PORT}); env STUNNER_GATEWAY_OPERATOR_ADDRESS "
+        "replaces the host",
     )
     group.add_argument(
         "--config-discovery-url",
@@ -245,8 +248,8 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--leader-elect", action="store_true", help="run leader election")
     group.add_argument(
         "--leader-election-namespace",
-        default=env("POD_NAMESPACE", "stunner-system"),
-        help="namespace of the Lease (env POD_NAMESPACE; default stunner-system)",
+        default=env("POD_NAMESPACE", SYSTEM_NAMESPACE),
+        help=f"namespace of the Lease (env POD_NAMESPACE; default {SYSTEM_NAMESPACE})",
     )
     group.add_argument(
         "--leader-election-id", default=None, help="name of the Lease (92062b70.l7mp.io)"
@@ -282,7 +285,7 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
 def cluster_settings(args: argparse.Namespace) -> ClusterSettings:
     from .cluster import ClusterSettings
 
-    cds = _bind_address(args.config_discovery_address) or ("0.0.0.0", 13478)
+    cds = _bind_address(args.config_discovery_address) or ("0.0.0.0", DEFAULT_CDS_PORT)
     host = os.environ.get("STUNNER_GATEWAY_OPERATOR_ADDRESS") or cds[0]
     throttle = args.throttle_timeout if args.throttle_timeout is not None else args.throttle
     label_filter = os.environ.get("STUNNER_GATEWAY_OPERATOR_LABEL_FILTER")

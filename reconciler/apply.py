@@ -30,6 +30,7 @@ from enum import StrEnum
 from typing import Any
 
 from stunner_api.vocabulary import (
+    ANNOTATION_PREFIX,
     OWNED_BY_LABEL,
     OWNED_BY_VALUE,
     RELATED_GATEWAY_NAME,
@@ -40,7 +41,6 @@ from .render import Plan, StatusUpdate
 from .store import Object, labels_of, meta
 
 MAX_CONDITIONS = 8  # Gateway API's limit on conditions (Go keeps at most 8 as well)
-STUNNER_ANNOTATION_PREFIX = "stunner.l7mp.io/"
 # The Service spec fields render decides on, and the value the API server puts in one that is
 # left out (a field at its default is not "set by us and no longer wanted").
 SERVICE_OWNED_SPEC: Mapping[str, str | None] = {
@@ -151,7 +151,7 @@ def _drop_unwanted(obj: dict[str, Any], want: Mapping[str, Any]) -> None:
     annotations = obj.get("metadata", {}).get("annotations")
     want_annotations = (want.get("metadata") or {}).get("annotations") or {}
     if isinstance(annotations, dict):
-        for key in [k for k in annotations if k.startswith(STUNNER_ANNOTATION_PREFIX)]:
+        for key in [k for k in annotations if k.startswith(ANNOTATION_PREFIX)]:
             if key not in want_annotations:
                 del annotations[key]
 
@@ -184,7 +184,7 @@ def needs_update(have: Object, want: Mapping[str, Any]) -> bool:
         return True
     annotations = meta(have).get("annotations") or {}
     wanted = (want.get("metadata") or {}).get("annotations") or {}
-    return any(k.startswith(STUNNER_ANNOTATION_PREFIX) and k not in wanted for k in annotations)
+    return any(k.startswith(ANNOTATION_PREFIX) and k not in wanted for k in annotations)
 
 
 # --- status ---------------------------------------------------------------------------------

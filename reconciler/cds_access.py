@@ -47,7 +47,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter
 
 from stunner_api.cds import InvalidId, config_id, split_id
-from stunner_api.vocabulary import CDS_AUTH_HEADERS, CDS_TOKEN_AUDIENCE
+from stunner_api.vocabulary import CDS_AUTH_HEADERS, CDS_SERVICE_NAME, CDS_TOKEN_AUDIENCE
 from stunner_http.server import RateLimitedLog
 
 log = logging.getLogger("stunner.cds-server")
@@ -292,7 +292,7 @@ class Access:
         self.refusals.refused(reason, f"{request.remote or '?'} {request.path}: {message}")
         response = web.json_response({"code": int(status), "message": message}, status=status)
         if status == HTTPStatus.UNAUTHORIZED:
-            response.headers["WWW-Authenticate"] = 'Bearer realm="stunner-config-discovery"'
+            response.headers["WWW-Authenticate"] = f'Bearer realm="{CDS_SERVICE_NAME}"'
         return response
 
     @web.middleware

@@ -1,8 +1,8 @@
 """Cluster mode: the reconciler against a Kubernetes API server.
 
-    watches (kube.Informer per kind) -> kube.Cache --relevant change--> loop.Reconciler
+    watches (kube.informer, one per kind) -> store.Cache --relevant change--> loop.Reconciler
         (Snapshot -> render -> ConfigStore -> CDS, on every replica)
-        -> apply.plan_writes(plan, cache) -> kube.Writer (the leader only)
+        -> apply.plan_writes(plan, cache) -> kube.writer (the leader only)
 
 Every replica lists and watches, renders and serves CDS, so stunnerd keeps its connection and
 its config through a leader change; only the holder of the Lease writes. The first render waits
@@ -15,7 +15,7 @@ and again. They follow writes, so a steady state records none.
 
 A write the API server refuses is logged with the object and retried with back-off (per object:
 `write_backoff_initial` doubling to `write_backoff_max`); it never holds up the other writes. A
-conflict re-reads the object first (`kube.Writer`). When the API server comes back after being
+conflict re-reads the object first (`kube.writer`). When the API server comes back after being
 away, the informers relist, the changes found trigger one render, and its writes converge.
 
 SIGTERM (`ClusterMode.shutdown`): the Lease is released and writing stops; the CDS keeps
@@ -41,12 +41,29 @@ from datetime import UTC, datetime
 from typing import Any
 
 from stunner_api.cds import DEFAULT_PORT as DEFAULT_CDS_PORT
-from stunner_api.vocabulary import CDS_TOKEN_AUDIENCE, DEFAULT_SERVICE_ACCOUNT, OWNED_BY_LABEL
+from stunner_api.vocabulary import (
+    CDS_TOKEN_AUDIENCE,
+    DEFAULT_SERVICE_ACCOUNT,
+    ENDPOINT_SLICE,
+    OWNED_BY_LABEL,
+    SYSTEM_NAMESPACE,
+)
 
-from . import events, kube
+from . import events
 from .apply import Memo, Write, plan_writes
 from .cds import HANDLERS_KEY, ConfigStore, cds_app, serve
 from .cds_access import Access, Account, AuthMode, ReviewUnavailable, TokenVerifier
+from .kube.api import Api, ConfigUnavailable, describe, load_client, refusal
+from .kube.informer import BACKOFF_INITIAL, BACKOFF_MAX, NOT_SERVED_RETRY, WATCH_TIMEOUT, Informer
+from .kube.lease import (
+    LEADER_ELECTION_ID,
+    LEASE_DURATION,
+    RENEW_DEADLINE,
+    RETRY_PERIOD,
+    LeaseElector,
+    default_identity,
+)
+from .kube.writer import Writer, WriteResult
 from .loop import THROTTLE, Reconciler
 from .metrics import Metrics, ServedInThread, health_app, metrics_app
 from .relevance import References
@@ -54,7 +71,7 @@ from .render import Plan, Renderer, RenderSettings
 from .render.deployment import service_account_of
 from .render.finalize import finalized
 from .render.tracked import same_kinds
-from .store import Kind, Object, Snapshot, labels_of
+from .store import STALE_AFTER, WATCHED, Cache, Kind, Object, Snapshot, labels_of
 from .supervise import Supervisor
 
 log = logging.getLogger("stunner.reconciler")
@@ -104,19 +121,19 @@ class ClusterSettings:
     throttle: float = THROTTLE
     render_settings: RenderSettings = field(default_factory=RenderSettings)
     leader_elect: bool = False
-    lease_namespace: str = "stunner-system"
-    lease_name: str = kube.LEADER_ELECTION_ID
+    lease_namespace: str = SYSTEM_NAMESPACE
+    lease_name: str = LEADER_ELECTION_ID
     # The Deployment (in lease_namespace) that owns the Lease: deleted with it (empty: none).
     lease_owner: str = ""
     identity: str | None = None
-    lease_duration: float = kube.LEASE_DURATION
-    renew_deadline: float = kube.RENEW_DEADLINE
-    retry_period: float = kube.RETRY_PERIOD
-    watch_timeout: int = kube.WATCH_TIMEOUT
-    watch_backoff_initial: float = kube.BACKOFF_INITIAL
-    watch_backoff_max: float = kube.BACKOFF_MAX
-    stale_after: float = kube.STALE_AFTER
-    not_served_retry: float = kube.NOT_SERVED_RETRY
+    lease_duration: float = LEASE_DURATION
+    renew_deadline: float = RENEW_DEADLINE
+    retry_period: float = RETRY_PERIOD
+    watch_timeout: int = WATCH_TIMEOUT
+    watch_backoff_initial: float = BACKOFF_INITIAL
+    watch_backoff_max: float = BACKOFF_MAX
+    stale_after: float = STALE_AFTER
+    not_served_retry: float = NOT_SERVED_RETRY
     write_backoff_initial: float = WRITE_BACKOFF_INITIAL
     write_backoff_max: float = WRITE_BACKOFF_MAX
     gc_refreeze: float = GC_REFREEZE
@@ -148,18 +165,14 @@ class ClusterMode:
         self.settings = settings
         self.metrics = Metrics()
         self.store = ConfigStore()
-        watched = [
-            w
-            for w in kube.WATCHED
-            if settings.watch_endpoint_slices or w.info != kube.ENDPOINT_SLICE
-        ]
-        self.cache = kube.Cache(watched, stale_after=settings.stale_after)
+        watched = [w for w in WATCHED if settings.watch_endpoint_slices or w.info != ENDPOINT_SLICE]
+        self.cache = Cache(watched, stale_after=settings.stale_after)
         try:
-            self.api = kube.Api(kube.load_client(settings.kubeconfig))
-        except kube.ConfigUnavailable as exc:
+            self.api = Api(load_client(settings.kubeconfig))
+        except ConfigUnavailable as exc:
             raise ClusterUnavailable(str(exc)) from exc
         self.supervisor = Supervisor()
-        self.writer = kube.Writer(self.api, self.cache)
+        self.writer = Writer(self.api, self.cache)
         self.reconciler = Reconciler(
             self._render, self.store, throttle=settings.throttle, in_thread=True
         )
@@ -168,9 +181,9 @@ class ClusterMode:
         self.references = References(settings.render_settings.controller_name)
         self._referenced: Snapshot | None = None  # the snapshot `references` is of
         self.ours: frozenset[str] = frozenset()
-        self.elector: kube.LeaseElector | None = None
+        self.elector: LeaseElector | None = None
         if settings.leader_elect:
-            self.elector = kube.LeaseElector(
+            self.elector = LeaseElector(
                 self.api,
                 settings.lease_namespace,
                 settings.lease_name,
@@ -181,16 +194,16 @@ class ClusterMode:
                 owner=settings.lease_owner,
             )
         controller = settings.render_settings.controller_name
-        instance = self.elector.identity if self.elector is not None else kube.default_identity()
+        instance = self.elector.identity if self.elector is not None else default_identity()
         self.recorder = events.Recorder(
             self.api,
             controller,
             instance,
-            kube.refusal,
+            refusal,
             on_write=lambda result: self.metrics.api_writes.labels("create", "Event", result).inc(),
         )
         self.informers = [
-            kube.Informer(
+            Informer(
                 self.api,
                 self.cache,
                 watched,
@@ -263,7 +276,7 @@ class ClusterMode:
         try:
             return self.api.review_token(token, (CDS_TOKEN_AUDIENCE,))
         except Exception as exc:
-            raise ReviewUnavailable(kube.describe(exc)) from None
+            raise ReviewUnavailable(describe(exc)) from None
 
     def _account_of(self, id: str) -> str:
         """The ServiceAccount of the pods the last render gave config `id`."""
@@ -361,13 +374,13 @@ class ClusterMode:
             memo=self.memo,
         )
 
-    def _diff_and_send(self, plan: Plan, now: float) -> list[kube.WriteResult]:
+    def _diff_and_send(self, plan: Plan, now: float) -> list[WriteResult]:
         """In a thread: the writes the plan needs (those not backing off), sent while this
         replica may write."""
         writes = [w for w in self.writes_for(plan) if self._due(w, now)]
         self.last_writes = writes
 
-        def send(write: Write) -> kube.WriteResult | None:
+        def send(write: Write) -> WriteResult | None:
             return self.writer.send(write) if self.leading else None
 
         if len(writes) <= 1:
@@ -377,7 +390,7 @@ class ClusterMode:
                 answered = list(pool.map(send, writes))
         return [result for result in answered if result is not None]
 
-    def _send_until(self, writes: Sequence[Write], deadline: float) -> list[kube.WriteResult]:
+    def _send_until(self, writes: Sequence[Write], deadline: float) -> list[WriteResult]:
         """In a thread: the writes, one by one, while time is left."""
         return [self.writer.send(w) for w in writes if time.monotonic() < deadline]
 
@@ -406,7 +419,7 @@ class ClusterMode:
         backoff = self._backoff.get(self._write_key(write))
         return backoff is None or backoff.due <= now
 
-    def _account(self, results: Sequence[kube.WriteResult]) -> list[events.EventSpec]:
+    def _account(self, results: Sequence[WriteResult]) -> list[events.EventSpec]:
         """Count the results, back off the refused writes; the events they are worth."""
         now = time.monotonic()
         worth: list[events.EventSpec] = []
@@ -546,6 +559,6 @@ def _is_deployment(obj: Object | None) -> bool:
     return obj is not None and obj.get("kind") == "Deployment"
 
 
-def _join_all(informers: Sequence[kube.Informer]) -> None:
+def _join_all(informers: Sequence[Informer]) -> None:
     for informer in informers:
         informer.join(2.0)

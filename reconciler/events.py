@@ -167,7 +167,7 @@ def for_failure(
     write: Write, previous: Mapping[str, Any] | None, failures: int, error: str
 ) -> list[EventSpec]:
     """A WriteFailed event on the FAILED_WRITE_EVENT_AFTER-th refusal in a row, else none.
-    `error` is kube.describe's "CODE Reason: message"; only "CODE Reason" is kept."""
+    `error` is kube.api.describe's "CODE Reason: message"; only "CODE Reason" is kept."""
     if failures != FAILED_WRITE_EVENT_AFTER:
         return []
     cause = error.partition(":")[0]
@@ -220,7 +220,7 @@ def _not_allowed(code: int, why: str) -> bool:
 
 
 class Poster(Protocol):
-    """What the recorder needs of kube.Api: create an Event (raises on a refusal)."""
+    """What the recorder needs of kube.api.Api: create an Event (raises on a refusal)."""
 
     def create_event(self, body: Mapping[str, Any]) -> None: ...
 

@@ -1,4 +1,5 @@
-"""The reconciler's cache: a snapshot of every object the operator reads, indexed.
+"""The reconciler's cache: the objects of every watched kind (`Cache`, filled by the watches of
+`reconciler.kube.informer` and the writes' answers) and the snapshot of them render reads.
 
 `Snapshot.from_objects(objects)` takes raw Kubernetes JSON dicts (from watches, from YAML files)
 and indexes them by kind, namespace and name. It answers the rule table's `Lookup` from what it
@@ -8,21 +9,34 @@ namespaces is still permitted only by a ReferenceGrant (`Snapshot.permits`).
 
 Objects are kept as the dicts given (never copied or changed): a snapshot is a value for one
 render. An object of a kind the operator does not read is not kept; `ignored` names it.
+
+The `Cache` is shared by the watch threads and the asyncio loop (a lock, no asyncio): it is
+*fresh* while every kind has listed once and no kind has been failing for longer than
+`stale_after` seconds (`Cache.freshness`). Every change is offered to `on_change` (cluster mode
+decides whether it is worth a render).
+
+The kinds come from the vocabulary's kinds table: `Kind` names its rendered rows for render,
+`WATCHED` its watched rows for the informers.
 """
 
 from __future__ import annotations
 
+import threading
+import time
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from stunner_api import vocabulary
 from stunner_api.vocabulary import (
-    CORE_GROUP,
-    GATEWAY_API_GROUP,
+    OWNED_BY_LABEL,
+    OWNED_BY_VALUE,
     RELATED_GATEWAY_NAME,
-    STUNNER_GROUP,
+    RENDERED_KINDS,
+    WATCHED_KINDS,
+    KindInfo,
     group_of,
 )
 
@@ -32,40 +46,28 @@ SERVICE_NAME_LABEL = "kubernetes.io/service-name"  # EndpointSlice -> its Servic
 
 
 class Kind(StrEnum):
-    """The kinds the operator reads (every served version of each is one kind here)."""
+    """Render's names for the kinds it reads: the rendered rows of the vocabulary's kinds table
+    (every served version of each is one kind here). A rendered row without a name here fails
+    at import (`KINDS`)."""
 
-    GATEWAY_CLASS = "GatewayClass"
-    GATEWAY_CONFIG = "GatewayConfig"
-    DATAPLANE = "Dataplane"
-    GATEWAY = "Gateway"
-    STUNNER_UDP_ROUTE = "UDPRoute (stunner.l7mp.io)"
-    GATEWAY_API_UDP_ROUTE = "UDPRoute (gateway.networking.k8s.io)"
-    STATIC_SERVICE = "StaticService"
-    SERVICE = "Service"
-    ENDPOINT_SLICE = "EndpointSlice"
-    SECRET = "Secret"
-    NAMESPACE = "Namespace"
-    NODE = "Node"
-    REFERENCE_GRANT = "ReferenceGrant"
+    GATEWAY_CLASS = vocabulary.GATEWAY_CLASS.name
+    GATEWAY_CONFIG = vocabulary.GATEWAY_CONFIG.name
+    DATAPLANE = vocabulary.DATAPLANE.name
+    GATEWAY = vocabulary.GATEWAY.name
+    STUNNER_UDP_ROUTE = vocabulary.STUNNER_UDP_ROUTE.name
+    GATEWAY_API_UDP_ROUTE = vocabulary.GATEWAY_API_UDP_ROUTE.name
+    STATIC_SERVICE = vocabulary.STATIC_SERVICE.name
+    SERVICE = vocabulary.SERVICE.name
+    ENDPOINT_SLICE = vocabulary.ENDPOINT_SLICE.name
+    SECRET = vocabulary.SECRET.name
+    NAMESPACE = vocabulary.NAMESPACE.name
+    NODE = vocabulary.NODE.name
+    REFERENCE_GRANT = vocabulary.REFERENCE_GRANT.name
 
 
-# (API group, kind) -> Kind.
-KINDS: Mapping[tuple[str, str], Kind] = {
-    (GATEWAY_API_GROUP, "GatewayClass"): Kind.GATEWAY_CLASS,
-    (STUNNER_GROUP, "GatewayConfig"): Kind.GATEWAY_CONFIG,
-    (STUNNER_GROUP, "Dataplane"): Kind.DATAPLANE,
-    (GATEWAY_API_GROUP, "Gateway"): Kind.GATEWAY,
-    (STUNNER_GROUP, "UDPRoute"): Kind.STUNNER_UDP_ROUTE,
-    (GATEWAY_API_GROUP, "UDPRoute"): Kind.GATEWAY_API_UDP_ROUTE,
-    (STUNNER_GROUP, "StaticService"): Kind.STATIC_SERVICE,
-    (CORE_GROUP, "Service"): Kind.SERVICE,
-    ("discovery.k8s.io", "EndpointSlice"): Kind.ENDPOINT_SLICE,
-    (CORE_GROUP, "Secret"): Kind.SECRET,
-    (CORE_GROUP, "Namespace"): Kind.NAMESPACE,
-    (CORE_GROUP, "Node"): Kind.NODE,
-    (GATEWAY_API_GROUP, "ReferenceGrant"): Kind.REFERENCE_GRANT,
-}
-CLUSTER_SCOPED = frozenset({Kind.GATEWAY_CLASS, Kind.DATAPLANE, Kind.NAMESPACE, Kind.NODE})
+# (API group, kind) -> Kind, from the table's rendered rows.
+KINDS: Mapping[tuple[str, str], Kind] = {(k.group, k.kind): Kind(k.name) for k in RENDERED_KINDS}
+CLUSTER_SCOPED = frozenset(Kind(k.name) for k in RENDERED_KINDS if not k.namespaced)
 
 
 def kind_of(obj: Object) -> Kind | None:
@@ -254,3 +256,185 @@ class Snapshot:
             ):
                 return True
         return False
+
+
+# --- the cache the watches fill -----------------------------------------------------------------
+
+STALE_AFTER = 60.0  # seconds a kind's watch may be failing before the cache is not fresh
+
+
+@dataclass(frozen=True)
+class Watched:
+    """One kind the reconciler lists and watches (a watched row of the kinds table)."""
+
+    info: KindInfo
+
+    @property
+    def versions(self) -> tuple[str, ...]:
+        """In order of preference: the first the API server serves is watched."""
+        return self.info.watch
+
+    @property
+    def label_selector(self) -> str:
+        return f"{OWNED_BY_LABEL}={OWNED_BY_VALUE}" if self.info.owned_only else ""
+
+    @property
+    def rendered(self) -> bool:
+        """Handed to render (the Deployments are only compared with the plan)."""
+        return self.info.rendered
+
+    @property
+    def name(self) -> str:
+        return self.info.name
+
+
+WATCHED: tuple[Watched, ...] = tuple(Watched(info) for info in WATCHED_KINDS)
+
+Key = tuple[str, str]  # (namespace, name); namespace "" for cluster-scoped kinds
+OnChange = Callable[[Object | None, Object | None], None]  # (new, old), from a watch thread
+
+
+def _key(obj: Object) -> Key:
+    return (str(meta(obj).get("namespace") or ""), str(meta(obj).get("name") or ""))
+
+
+def _rv(obj: Object | None) -> int:
+    try:
+        return int(meta(obj or {}).get("resourceVersion") or 0)
+    except ValueError:
+        return 0
+
+
+@dataclass
+class KindState:
+    objects: dict[Key, Object] = field(default_factory=dict)
+    synced: bool = False
+    failing_since: float | None = None
+    version: str = ""
+
+
+class Cache:
+    """The objects of every watched kind, shared by the watch threads and the asyncio loop."""
+
+    def __init__(
+        self,
+        watched: Sequence[Watched] = WATCHED,
+        stale_after: float = STALE_AFTER,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.watched = tuple(watched)
+        self.stale_after = stale_after
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._kinds: dict[Watched, KindState] = {w: KindState() for w in self.watched}
+        self.on_change: OnChange = lambda new, old: None
+        self.changes = 0  # objects put, removed or relisted so far
+
+    def _state(self, api_version: str, kind: str) -> KindState | None:
+        for watched, state in self._kinds.items():
+            if watched.info.kind == kind and watched.info.group == group_of(api_version):
+                return state
+        return None
+
+    def _state_of(self, watched: Watched | None, obj: Object) -> KindState | None:
+        """The state of `watched`, or (None: a write's answer) of the object's own kind."""
+        if watched is not None:
+            return self._kinds.get(watched)
+        return self._state(str(obj.get("apiVersion")), str(obj.get("kind")))
+
+    # --- writes from the watch threads (and from the API server's answers) --------------------
+
+    def replace(self, watched: Watched, items: Sequence[Object], version: str) -> None:
+        """A fresh list of one kind: the changes it makes are offered to `on_change`."""
+        new = {_key(item): item for item in items}
+        with self._lock:
+            state = self._kinds[watched]
+            old = state.objects
+            state.objects, state.synced, state.failing_since = new, True, None
+            state.version = version
+            self.changes += len(new)
+        for key in old.keys() - new.keys():
+            self.on_change(None, old[key])
+        for key, obj in new.items():
+            if _rv(old.get(key)) != _rv(obj):
+                self.on_change(obj, old.get(key))
+
+    def put(self, watched: Watched | None, obj: Object) -> None:
+        """An object as the API server has it now (older versions than the cached are ignored)."""
+        with self._lock:
+            state = self._state_of(watched, obj)
+            if state is None:
+                return
+            old = state.objects.get(_key(obj))
+            if old is not None and _rv(old) >= _rv(obj):
+                return
+            state.objects[_key(obj)] = obj
+            self.changes += 1
+        self.on_change(obj, old)
+
+    def remove(self, watched: Watched | None, obj: Object) -> None:
+        with self._lock:
+            state = self._state_of(watched, obj)
+            if state is None:
+                return
+            old = state.objects.pop(_key(obj), None)
+            self.changes += 1
+        if old is not None:
+            self.on_change(None, old)
+
+    def healthy(self, watched: Watched) -> None:
+        with self._lock:
+            self._kinds[watched].failing_since = None
+
+    def failing(self, watched: Watched) -> None:
+        with self._lock:
+            state = self._kinds[watched]
+            if state.failing_since is None:
+                state.failing_since = self.clock()
+
+    # --- reads ---------------------------------------------------------------------------------
+
+    def rendered_objects(self) -> list[Object]:
+        """Every object render reads (not the Deployments)."""
+        with self._lock:
+            return [
+                obj
+                for watched, state in self._kinds.items()
+                if watched.rendered
+                for obj in state.objects.values()
+            ]
+
+    def all_of(self, kind: str) -> list[Object]:
+        with self._lock:
+            return [
+                obj
+                for watched, state in self._kinds.items()
+                if watched.info.kind == kind
+                for obj in state.objects.values()
+            ]
+
+    def get(self, api_version: str, kind: str, namespace: str, name: str) -> Object | None:
+        with self._lock:
+            state = self._state(api_version, kind)
+            return state.objects.get((namespace, name)) if state is not None else None
+
+    @property
+    def synced(self) -> bool:
+        with self._lock:
+            return all(state.synced for state in self._kinds.values())
+
+    def freshness(self) -> tuple[bool, str]:
+        """(fresh, why not): every kind listed once, none failing for more than stale_after."""
+        now = self.clock()
+        with self._lock:
+            unsynced = [w.name for w, s in self._kinds.items() if not s.synced]
+            stale = [
+                f"{w.name} ({now - s.failing_since:.0f} s)"
+                for w, s in self._kinds.items()
+                if s.failing_since is not None and now - s.failing_since > self.stale_after
+            ]
+        if unsynced:
+            return False, "not listed yet: " + ", ".join(unsynced)
+        if stale:
+            return False, "watch failing for longer than the limit: " + ", ".join(stale)
+        return True, "cache fresh"

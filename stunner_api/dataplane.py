@@ -42,6 +42,7 @@ from .endpoints import EndpointError, parse_static_endpoint
 from .vocabulary import (
     AUTH_TYPE_ALIASES,
     LISTENER_PROTOCOL_TABLE,
+    STATUS_PORT,
     ProtocolFacts,
     field_path,
     parse_log_spec,
@@ -60,7 +61,7 @@ DEFAULT_STUNNER_NAME = "default-stunnerd"
 DEFAULT_PORT = 3478
 DEFAULT_ADDRESS = "0.0.0.0"
 DEFAULT_METRICS_PORT = 8080
-DEFAULT_HEALTHCHECK_PORT = 8086
+DEFAULT_HEALTHCHECK_PORT = STATUS_PORT  # stunnerd's /live, /ready, /status
 DEFAULT_HEALTHCHECK_ENDPOINT = f"http://:{DEFAULT_HEALTHCHECK_PORT}"
 SECRET = "<SECRET>"
 

@@ -23,13 +23,21 @@ GATEWAY_API_GROUP = "gateway.networking.k8s.io"
 
 @dataclass(frozen=True)
 class KindInfo:
-    """One kind as the API server serves it: served versions, the preferred one first."""
+    """One row of the kinds table (`KINDS`): a kind as the API server serves it (served versions,
+    the preferred one first) and what STUNner does with it."""
 
     group: str
     kind: str
     plural: str
     versions: tuple[str, ...]
     namespaced: bool = True
+    judged: bool = False  # the admission rules judge it (every served version)
+    # The versions the reconciler lists and watches, in order of preference (the first the API
+    # server serves is watched: an optional CRD version is detected, as Go does); () for none.
+    watch: tuple[str, ...] = ()
+    owned_only: bool = False  # watched only where labelled OWNED_BY_LABEL=OWNED_BY_VALUE
+    rendered: bool = False  # render reads it: a reconciler Snapshot holds it
+    written: bool = False  # the reconciler creates, updates or deletes it (or its status)
 
     @property
     def api_versions(self) -> tuple[str, ...]:
@@ -38,6 +46,11 @@ class KindInfo:
     @property
     def preferred_version(self) -> str:
         return self.versions[0]
+
+    @property
+    def name(self) -> str:
+        """ "Kind.group" ("Kind" in the core group), as kubectl names a resource."""
+        return f"{self.kind}.{self.group}" if self.group else self.kind
 
 
 def api_version(group: str, version: str) -> str:
@@ -55,35 +68,134 @@ def version_of(api_version_text: str) -> str:
     return api_version_text.rpartition("/")[2]
 
 
-# The kinds STUNner judges (webhook) and consumes (reconciler). Gateway API v1.6 serves UDPRoute
-# at v1 (standard channel) and still at v1alpha2.
+# The kinds table: every kind STUNner judges (webhook), reads (reconciler: ANCHORS §2.8's watch
+# list, what render reads plus the Deployments we own) or writes, one row each. Gateway API v1.6
+# serves UDPRoute at v1 (standard channel) and still at v1alpha2.
 GATEWAY_CLASS = KindInfo(
-    GATEWAY_API_GROUP, "GatewayClass", "gatewayclasses", ("v1", "v1beta1"), False
+    GATEWAY_API_GROUP,
+    "GatewayClass",
+    "gatewayclasses",
+    ("v1", "v1beta1"),
+    namespaced=False,
+    judged=True,
+    watch=("v1",),
+    rendered=True,
+    written=True,
 )
-GATEWAY = KindInfo(GATEWAY_API_GROUP, "Gateway", "gateways", ("v1", "v1beta1"))
-GATEWAY_API_UDP_ROUTE = KindInfo(GATEWAY_API_GROUP, "UDPRoute", "udproutes", ("v1", "v1alpha2"))
+GATEWAY_CONFIG = KindInfo(
+    STUNNER_GROUP,
+    "GatewayConfig",
+    "gatewayconfigs",
+    ("v1", "v1alpha1"),
+    judged=True,
+    watch=("v1",),
+    rendered=True,
+)
+DATAPLANE = KindInfo(
+    STUNNER_GROUP,
+    "Dataplane",
+    "dataplanes",
+    ("v1", "v1alpha1"),
+    namespaced=False,
+    judged=True,
+    watch=("v1",),
+    rendered=True,
+)
+GATEWAY = KindInfo(
+    GATEWAY_API_GROUP,
+    "Gateway",
+    "gateways",
+    ("v1", "v1beta1"),
+    judged=True,
+    watch=("v1",),
+    rendered=True,
+    written=True,
+)
+STUNNER_UDP_ROUTE = KindInfo(
+    STUNNER_GROUP,
+    "UDPRoute",
+    "udproutes",
+    ("v1",),
+    judged=True,
+    watch=("v1",),
+    rendered=True,
+    written=True,
+)
+GATEWAY_API_UDP_ROUTE = KindInfo(
+    GATEWAY_API_GROUP,
+    "UDPRoute",
+    "udproutes",
+    ("v1", "v1alpha2"),
+    judged=True,
+    watch=("v1", "v1alpha2"),
+    rendered=True,
+    written=True,
+)
+STATIC_SERVICE = KindInfo(
+    STUNNER_GROUP,
+    "StaticService",
+    "staticservices",
+    ("v1", "v1alpha1"),
+    judged=True,
+    watch=("v1",),
+    rendered=True,
+)
+SERVICE = KindInfo(
+    CORE_GROUP, "Service", "services", ("v1",), watch=("v1",), rendered=True, written=True
+)
+ENDPOINT_SLICE = KindInfo(
+    "discovery.k8s.io", "EndpointSlice", "endpointslices", ("v1",), watch=("v1",), rendered=True
+)
+SECRET = KindInfo(CORE_GROUP, "Secret", "secrets", ("v1",), watch=("v1",), rendered=True)
+NAMESPACE = KindInfo(
+    CORE_GROUP, "Namespace", "namespaces", ("v1",), namespaced=False, watch=("v1",), rendered=True
+)
+NODE = KindInfo(
+    CORE_GROUP, "Node", "nodes", ("v1",), namespaced=False, watch=("v1",), rendered=True
+)
 # ReferenceGrant: v1beta1 is read (served since Gateway API v0.6, the storage version of v1.6.1,
 # which also serves v1 and no longer v1alpha2).
 REFERENCE_GRANT = KindInfo(
-    GATEWAY_API_GROUP, "ReferenceGrant", "referencegrants", ("v1beta1", "v1")
+    GATEWAY_API_GROUP,
+    "ReferenceGrant",
+    "referencegrants",
+    ("v1beta1", "v1"),
+    watch=("v1beta1", "v1"),
+    rendered=True,
 )
-GATEWAY_CONFIG = KindInfo(STUNNER_GROUP, "GatewayConfig", "gatewayconfigs", ("v1", "v1alpha1"))
-DATAPLANE = KindInfo(STUNNER_GROUP, "Dataplane", "dataplanes", ("v1", "v1alpha1"), False)
-STATIC_SERVICE = KindInfo(STUNNER_GROUP, "StaticService", "staticservices", ("v1", "v1alpha1"))
-STUNNER_UDP_ROUTE = KindInfo(STUNNER_GROUP, "UDPRoute", "udproutes", ("v1",))
-SECRET = KindInfo(CORE_GROUP, "Secret", "secrets", ("v1",))
-SERVICE = KindInfo(CORE_GROUP, "Service", "services", ("v1",))
+# Our Deployments are watched only to be compared with the plan; render does not read them.
+DEPLOYMENT = KindInfo(
+    "apps", "Deployment", "deployments", ("v1",), watch=("v1",), owned_only=True, written=True
+)
+LEASE = KindInfo("coordination.k8s.io", "Lease", "leases", ("v1",))  # leader election
+EVENT = KindInfo("events.k8s.io", "Event", "events", ("v1",))  # what the reconciler did
+# The webhook reads the cluster's service networks from these (Kubernetes 1.33 and later).
+SERVICE_CIDR = KindInfo("networking.k8s.io", "ServiceCIDR", "servicecidrs", ("v1",), False)
 
-# The kinds the admission rules judge, every served version of each.
-JUDGED_KINDS: tuple[KindInfo, ...] = (
+KINDS: tuple[KindInfo, ...] = (
     GATEWAY_CLASS,
-    GATEWAY,
-    GATEWAY_API_UDP_ROUTE,
-    STUNNER_UDP_ROUTE,
     GATEWAY_CONFIG,
     DATAPLANE,
+    GATEWAY,
+    STUNNER_UDP_ROUTE,
+    GATEWAY_API_UDP_ROUTE,
     STATIC_SERVICE,
+    SERVICE,
+    ENDPOINT_SLICE,
+    SECRET,
+    NAMESPACE,
+    NODE,
+    REFERENCE_GRANT,
+    DEPLOYMENT,
+    LEASE,
+    EVENT,
+    SERVICE_CIDR,
 )
+# The lists every other part reads, derived from the table's columns.
+JUDGED_KINDS: tuple[KindInfo, ...] = tuple(k for k in KINDS if k.judged)
+WATCHED_KINDS: tuple[KindInfo, ...] = tuple(k for k in KINDS if k.watch)
+RENDERED_KINDS: tuple[KindInfo, ...] = tuple(k for k in KINDS if k.rendered)
+WRITTEN_KINDS: tuple[KindInfo, ...] = tuple(k for k in KINDS if k.written)
 
 
 def judged_kind(api_version_text: str, kind: str) -> KindInfo | None:
@@ -147,24 +259,9 @@ NODEPORT = "stunner.l7mp.io/nodeport"
 TARGETPORT = "stunner.l7mp.io/targetport"
 DISABLE_HEALTH_CHECK_EXPOSE = "stunner.l7mp.io/disable-health-check-expose"
 DISABLE_SESSION_AFFINITY = "stunner.l7mp.io/disable-session-affinity"
-ANNOTATIONS = (
-    SERVICE_TYPE,
-    MIXED_PROTOCOL_LB,
-    EXTERNAL_TRAFFIC_POLICY,
-    DISABLE_MANAGED_DATAPLANE,
-    NODEPORT,
-    TARGETPORT,
-    DISABLE_HEALTH_CHECK_EXPOSE,
-    DISABLE_SESSION_AFFINITY,
-)
-BOOLEAN_ANNOTATIONS = (
-    MIXED_PROTOCOL_LB,
-    DISABLE_MANAGED_DATAPLANE,
-    DISABLE_HEALTH_CHECK_EXPOSE,
-    DISABLE_SESSION_AFFINITY,
-)
+# The grammar, default and scope of each annotation: stunner_api.annotations.
 SERVICE_TYPES = ("ClusterIP", "NodePort", "LoadBalancer")
-TRAFFIC_POLICIES = ("local", "cluster")
+DEFAULT_NODE_PORT_RANGE = (30000, 32767)  # Kubernetes' default --service-node-port-range
 
 OWNED_BY_LABEL = "stunner.l7mp.io/owned-by"
 OWNED_BY_VALUE = "stunner"
@@ -188,6 +285,14 @@ CDS_TOKEN_FILE_ENV = "STUNNER_CDS_TOKEN_FILE"  # where stunnerd reads the token 
 # Authorization (kubernetes/kubernetes#38775), so the CLI sends the second one.
 CDS_AUTH_HEADERS = ("Authorization", "X-Stunner-Authorization")
 DEFAULT_SERVICE_ACCOUNT = "default"
+
+# --- where an installation's parts are found --------------------------------------------------
+# (the CDS's own port and paths: stunner_api.cds)
+
+SYSTEM_NAMESPACE = "stunner-system"  # the namespace the chart's docs install STUNner in
+CDS_SERVICE_NAME = "stunner-config-discovery"  # the chart's Service in front of the CDS
+CDS_SERVICE_LABEL = "stunner.l7mp.io/config-discovery-service"  # "true" on that Service
+STATUS_PORT = 8086  # stunnerd's /live, /ready and /status (Go: the health-check port)
 
 # --- authentication ---------------------------------------------------------------------------
 

@@ -36,7 +36,7 @@ from stunner_api.ice import (
     parse_ttl,
     unaddressed,
 )
-from stunner_api.vocabulary import DEFAULT_DATAPLANE
+from stunner_api.vocabulary import DEFAULT_DATAPLANE, SYSTEM_NAMESPACE
 
 if TYPE_CHECKING:
     from reconciler.render import Plan
@@ -80,8 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument(
             "-n",
             "--namespace",
-            default=os.environ.get("HELM_NAMESPACE") or "stunner-system",
-            help="the namespace STUNner is installed in (HELM_NAMESPACE; stunner-system)",
+            default=os.environ.get("HELM_NAMESPACE") or SYSTEM_NAMESPACE,
+            help=f"the namespace STUNner is installed in (HELM_NAMESPACE; {SYSTEM_NAMESPACE})",
         )
         p.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG") or None)
         p.add_argument(

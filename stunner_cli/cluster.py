@@ -19,11 +19,18 @@ import kubernetes.config
 
 from stunner_api.cds import CONFIGS_PATH, DEFAULT_PORT, NAMESPACE_PATH, config_path
 from stunner_api.dataplane import StunnerConfig, validate_config
-from stunner_api.vocabulary import APP_LABEL, APP_VALUE, CDS_AUTH_HEADERS, CDS_TOKEN_AUDIENCE
+from stunner_api.vocabulary import (
+    APP_LABEL,
+    APP_VALUE,
+    CDS_AUTH_HEADERS,
+    CDS_SERVICE_LABEL,
+    CDS_SERVICE_NAME,
+    CDS_TOKEN_AUDIENCE,
+    STATUS_PORT,
+    SYSTEM_NAMESPACE,
+)
 
-CDS_SERVICE = "stunner-config-discovery"
-CDS_LABEL = "stunner.l7mp.io/config-discovery-service=true"
-STATUS_PORT = 8086
+CDS_LABEL = f"{CDS_SERVICE_LABEL}=true"
 READER_ACCOUNT = "stunner-config-reader"  # the chart's cdsAuth.readerServiceAccount
 READER_TOKEN_SECONDS = 600  # the shortest a TokenRequest may ask for
 TIMEOUT = 10.0
@@ -125,7 +132,7 @@ def cds_namespace(client: kubernetes.client.ApiClient, namespace: str) -> str:
     if not namespaces:
         raise ClusterError(
             f"no config discovery service (a Service labelled {CDS_LABEL}) in the cluster: "
-            "install STUNner with helm install stunner charts/stunner -n stunner-system"
+            f"install STUNner with helm install stunner charts/stunner -n {SYSTEM_NAMESPACE}"
         )
     return namespaces[0]
 
@@ -144,8 +151,8 @@ def cds_configs(client: kubernetes.client.ApiClient, target: Target) -> list[Stu
     headers = {CDS_AUTH_HEADERS[1]: f"Bearer {token}"} if token else None
     body = _proxy_get(
         core.connect_get_namespaced_service_proxy_with_path,
-        f"the config discovery service {namespace}/{CDS_SERVICE}",
-        f"{CDS_SERVICE}:{DEFAULT_PORT}",
+        f"the config discovery service {namespace}/{CDS_SERVICE_NAME}",
+        f"{CDS_SERVICE_NAME}:{DEFAULT_PORT}",
         namespace,
         path.lstrip("/"),
         headers=headers,
@@ -193,12 +200,14 @@ def why_no_address(client: kubernetes.client.ApiClient, gateway_id: str) -> dict
     and the Nodes. A listener the cluster does give an address is one the reconciler has not
     rendered yet. An empty answer when the Gateway cannot be read; {"": why} when the Services
     or Nodes cannot."""
-    from reconciler.kube import NODE, WATCHED, Api, describe
+    from reconciler.kube.api import Api, describe
     from reconciler.render import addresses
+    from reconciler.store import WATCHED
     from stunner_api.vocabulary import (
         GATEWAY,
         LISTENER_PROTOCOLS,
         LISTENER_TRANSPORT,
+        NODE,
         RELATED_GATEWAY_NAME,
         SERVICE,
     )

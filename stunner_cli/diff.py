@@ -16,9 +16,9 @@ from typing import Any
 
 import kubernetes.client
 
-from reconciler.kube import WATCHED, Api
+from reconciler.kube.api import Api
 from reconciler.render import RenderSettings, render
-from reconciler.store import Snapshot
+from reconciler.store import WATCHED, Snapshot
 from stunner_api.cds import split_id
 from stunner_api.dataplane import StunnerConfig
 from stunner_api.restart import ListenerChange, listener_changes

@@ -45,7 +45,10 @@ class Located:
 
 
 @dataclass(frozen=True)
-class Finding:
+class ManifestProblem:
+    """A rule's Problem (stunner_api.rules) in a manifest file, at the line of its field: what
+    `check` prints. (Render's findings are reconciler.render.Finding.)"""
+
     path: Path
     line: int
     field: str
@@ -129,7 +132,7 @@ def field_line(located: Located, field: str) -> int:
     return line
 
 
-def check(objects: list[Located], settings: Settings | None = None) -> list[Finding]:
+def check(objects: list[Located], settings: Settings | None = None) -> list[ManifestProblem]:
     """The admission rules' findings on every object, judged against all the others."""
     settings = settings or Settings()
     lookup = Snapshot.from_objects(o.obj for o in objects)
@@ -138,7 +141,7 @@ def check(objects: list[Located], settings: Settings | None = None) -> list[Find
         verdict = validate(located.obj, None, "CREATE", lookup, settings)
         for problem in verdict.problems:
             findings.append(
-                Finding(
+                ManifestProblem(
                     located.path,
                     field_line(located, problem.path),
                     problem.path,

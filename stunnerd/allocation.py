@@ -47,12 +47,21 @@ def address_family(ip: str) -> int:
 class Downstream:
     """The client side of one 5-tuple: where replies and relayed data to that client go."""
 
-    __slots__ = ("remote", "address", "send", "stream")
+    __slots__ = ("remote", "address", "send", "relay", "stream")
 
-    def __init__(self, remote: Any, send: Callable[[bytes], None], stream: bool) -> None:
+    def __init__(
+        self,
+        remote: Any,
+        send: Callable[[bytes], None],
+        stream: bool,
+        relay: Callable[[bytes], bool | None] | None = None,
+    ) -> None:
         self.remote = remote  # the address as the socket reports it: the allocation key
         self.address = canonical_address(remote)  # what XOR-MAPPED-ADDRESS reports
-        self.send = send
+        self.send = send  # answers: always sent
+        # Relayed data (ChannelData, Data indications): False when the transport dropped it
+        # (a TCP/TLS client past --stream-latency-bound, issue 21), else sent like an answer.
+        self.relay: Callable[[bytes], bool | None] = relay or send
         self.stream = stream
 
 
@@ -163,7 +172,8 @@ class Allocation(asyncio.DatagramProtocol):
             packet = stun.pack_channel_data(channel, data, self.downstream.stream)
         else:
             packet = stun.data_indication(peer, data)
-        self.downstream.send(packet)
+        if self.downstream.relay(packet) is False:
+            return  # dropped late, and counted, by the stream transport
         stats = scope.stats
         stats.tx_packets += 1
         stats.tx_bytes += len(packet)

@@ -14,11 +14,11 @@ from collections.abc import Callable, Sequence
 from stunner_api.dataplane import ConfigError, StunnerConfig, redacted, zero_config
 from stunner_api.turn_uri import config_from_uri
 
-from . import logs, native
+from . import logs
 from .admin import parse_address
 from .auth import NonceManager
 from .daemon import ApplyError, Stunner
-from .ledger import UserAllocations
+from .ledger import LocalQuota
 from .limits import Limits
 from .runtime import event_loop_factory
 from .sources import DEFAULT_CDS_ADDRESS, ConfigSource, SourceError, source_for
@@ -67,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="ORIGIN",
         default=os.environ.get("STUNNER_CONFIG_ORIGIN"),
         help="config origin: a file path, file://PATH, or the config discovery service "
-        "(http://HOST:PORT, HOST:PORT; default :13478); env STUNNER_CONFIG_ORIGIN",
+        f"(http://HOST:PORT, HOST:PORT; default {DEFAULT_CDS_ADDRESS}); env STUNNER_CONFIG_ORIGIN",
     )
     parser.add_argument(
         "-l",
@@ -90,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="N",
         help="processes serving each UDP listener, one SO_REUSEPORT socket each (default: one "
-        "per usable CPU, or one where the native relay path is on; 0 or 1: this process alone; "
+        "per usable CPU, on both relay paths; 0 or 1: this process alone; "
         "capped at the usable CPUs)",
     )
     parser.add_argument(
@@ -341,7 +341,7 @@ async def run(args: argparse.Namespace, stunner: Stunner) -> int:
 def udp_workers(args: argparse.Namespace, override: str | None) -> WorkerPool | None:
     """The worker pool -u asks for (processes beyond this one), or None for one process."""
     cpus = usable_cpus()
-    processes = udp_process_count(args.udp_thread_num, cpus, native.available())
+    processes = udp_process_count(args.udp_thread_num, cpus)
     if args.udp_thread_num is not None and args.udp_thread_num > processes:
         log.info(
             "--udp-thread-num=%d: using %d process(es), one per usable CPU",
@@ -353,7 +353,7 @@ def udp_workers(args: argparse.Namespace, override: str | None) -> WorkerPool | 
     return WorkerPool(
         processes - 1,
         secret=os.urandom(32),
-        users=UserAllocations(limits_from(args).max_allocations),
+        users=LocalQuota(limits_from(args).max_allocations),
         log_spec=override or logs.DEFAULT_LEVEL_SPEC,
         log_format=args.log_format,
         log_override=override is not None,

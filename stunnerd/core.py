@@ -20,7 +20,7 @@ from stunner_api.dataplane import StunnerConfig
 from . import logs
 from .auth import Authenticator, AuthError, NonceManager
 from .counters import ClusterCounters, merge
-from .ledger import Reservations, UserAllocations
+from .ledger import Quota, Reservations
 from .limits import Limits
 from .listener import Listener
 from .router import DnsResolver, Router
@@ -52,7 +52,7 @@ class DataplaneCore:
     def __init__(
         self,
         nonces: NonceManager,
-        users: UserAllocations,
+        users: Quota,
         reservations: Reservations,
         log_override: bool,
         limits: Limits | None = None,

@@ -25,7 +25,7 @@ from .auth import NonceManager
 from .core import ApplyError as ApplyError
 from .core import DataplaneCore, Plan
 from .counters import ClusterCounters, ListenerCounters, merge
-from .ledger import Reservations, UserAllocations
+from .ledger import LocalQuota, Reservations
 from .limits import Limits
 from .listener import Listener
 from .router import Router
@@ -59,7 +59,7 @@ class Stunner:
         self._udp_sockets = 1 + (workers.size if workers is not None else 0)
         self.limits = limits or (workers.limits if workers is not None else Limits())
         self.users = (
-            workers.users if workers is not None else UserAllocations(self.limits.max_allocations)
+            workers.users if workers is not None else LocalQuota(self.limits.max_allocations)
         )
         self.reservations = workers.reservations if workers is not None else Reservations()
         self.core = DataplaneCore(

@@ -1,16 +1,19 @@
 """What the listeners of one stunnerd share across its processes: the allocation quota and the
 relay ports reserved by EVEN-PORT.
 
-Both live in the primary process. A UDP worker process holds a stand-in with the same interface
-that asks the primary over its control channel (`stunnerd.worker_process`): the quota holds for the
-whole stunnerd, and a RESERVATION-TOKEN is honoured whichever process the client's second
-Allocate reaches (the kernel hashes each 5-tuple to one process, and an RTP/RTCP pair has two).
+Both live in the primary process. A UDP worker process holds a stand-in that asks the primary
+over its control channel (`stunnerd.worker_process`): the quota holds for the whole stunnerd, and
+a RESERVATION-TOKEN is honoured whichever process the client's second Allocate reaches (the
+kernel hashes each 5-tuple to one process, and an RTP/RTCP pair has two). The quota is the
+`Quota` protocol: `LocalQuota` here (the primary's, or a stunnerd without workers), a worker's
+`PrimaryQuota` asks it.
 """
 
 from __future__ import annotations
 
 import socket
 import time
+from typing import Protocol
 
 RESERVATION_LIFETIME = 30.0  # RFC 8656 §7.2: a reserved port is held for about 30 seconds
 
@@ -21,9 +24,23 @@ FULL = "full"  # --max-allocations: 508
 DRAINING = "draining"  # SIGTERM received: 508, the client tries another server
 
 
-class UserAllocations:
-    """Allocations per user id, for `admin.user_quota`, and in total, for --max-allocations:
-    one ledger per stunnerd. While `draining`, no allocation is granted."""
+class Quota(Protocol):
+    """`admin.user_quota` and --max-allocations as an Allocate meets them."""
+
+    async def acquire(self, user_id: str, quota: int) -> str:
+        """Count one more allocation of `user_id`: GRANTED, or why not (OVER_QUOTA, FULL,
+        DRAINING). A `quota` of 0 means none."""
+        ...
+
+    def release(self, user_id: str) -> None:
+        """One allocation of `user_id` fewer."""
+        ...
+
+
+class LocalQuota:
+    """The quota counted in this process: allocations per user id, for `admin.user_quota`, and
+    in total, for --max-allocations; one per stunnerd (in its primary). While `draining`, no
+    allocation is granted."""
 
     def __init__(self, max_total: int = 0) -> None:
         self.counts: dict[str, int] = {}

@@ -38,6 +38,7 @@ from typing import Protocol
 
 from stunner_api.cds import (
     DEFAULT_ADDRESS,
+    DEFAULT_PORT,
     NODE_PARAM,
     OPEN_TIMEOUT,
     PING_PERIOD,
@@ -52,6 +53,7 @@ from stunner_api.cds import (
 )
 from stunner_api.dataplane import ConfigError, StunnerConfig, is_zero_config
 from stunner_api.dataplane_load import load_config_checked
+from stunner_api.vocabulary import CDS_SERVICE_NAME, SYSTEM_NAMESPACE
 
 file_log = logging.getLogger("stunner.config-file-client")
 cds_log = logging.getLogger("stunner.cds-client")
@@ -434,7 +436,8 @@ def source_for(
     if origin == "k8s":
         raise SourceError(
             "config origin 'k8s' (CDS discovery through Kubernetes) is not supported: "
-            "give the CDS address, e.g. -c http://stunner-config-discovery.stunner-system:13478"
+            "give the CDS address, e.g. -c "
+            f"http://{CDS_SERVICE_NAME}.{SYSTEM_NAMESPACE}:{DEFAULT_PORT}"
         )
     if origin.startswith("file://"):
         return FileSource(origin.removeprefix("file://"), env=env, retry_period=retry_period)

@@ -9,7 +9,9 @@ registry in `listener.py` picks the transport of a listener's protocol.
 from __future__ import annotations
 
 import asyncio
+import collections
 import errno
+import fcntl
 import logging
 import socket
 import ssl
@@ -210,6 +212,55 @@ class _PinnedClient(asyncio.DatagramProtocol):
         log.debug("listener %s: %s", self.listener.server.name, exc)
 
 
+SIOCOUTQNSD = 0x894B  # linux/sockios.h: bytes a TCP socket has not sent yet
+
+
+def kernel_unsent(sock: socket.socket | None) -> int:
+    """Bytes a TCP socket holds not yet sent (SIOCOUTQNSD: what waits for the peer's window,
+    not what is in flight, so a long round trip is not taken for delay); 0 when the socket is
+    gone or the ioctl is refused."""
+    if sock is None:
+        return 0
+    try:
+        return int.from_bytes(
+            fcntl.ioctl(sock.fileno(), SIOCOUTQNSD, b"\0\0\0\0"), "little", signed=True
+        )
+    except (OSError, ValueError):
+        return 0
+
+
+class WriteAges:
+    """How long the oldest byte written to a stream has been waiting (issue 21): every relayed
+    packet written is marked (arrival time, bytes written so far); what is still queued, in
+    asyncio's buffer and in the kernel unsent (SIOCOUTQNSD), is the tail of
+    what was written, so the oldest mark past what has left is the oldest waiting byte (bytes
+    sent and not yet acknowledged count as gone: they wait for the network, not for us). One
+    ioctl and a few deque operations per packet. Over TLS the kernel holds ciphertext, a little
+    more than the plaintext counted here, so the age is overestimated by at most the record
+    overhead's share (about 20% for 120-byte packets): the bound errs on the early side."""
+
+    __slots__ = ("written", "marks")
+
+    def __init__(self) -> None:
+        self.written = 0
+        self.marks: collections.deque[tuple[float, int]] = collections.deque()
+
+    def oldest(self, now: float, queued: int) -> float:
+        """Seconds the oldest still-queued byte has waited, given `queued` bytes still queued."""
+        marks = self.marks
+        if queued <= 0:
+            marks.clear()
+            return 0.0
+        left = self.written - queued  # everything up to here has left the queues
+        while marks and marks[0][1] <= left:
+            marks.popleft()
+        return now - marks[0][0] if marks else 0.0
+
+    def wrote(self, now: float, size: int) -> None:
+        self.written += size
+        self.marks.append((now, self.written))
+
+
 class TcpConnectionProtocol(asyncio.Protocol):
     """One TURN-over-TCP client connection: RFC 8656 framing, padded ChannelData.
 
@@ -217,9 +268,12 @@ class TcpConnectionProtocol(asyncio.Protocol):
     closed when its first complete message, or any frame once begun, takes longer than
     `stream_deadline`, and when it has no allocation and sent no message for `idle_timeout`;
     past `stream_high_water` bytes queued toward a client that does not read, what is sent
-    to it is dropped and counted (`backpressure_dropped`) until the queue drains to half.
-    One timer per connection, re-armed only when it fires, keeps the per-packet cost at a
-    clock read."""
+    to it is dropped and counted (`backpressure_dropped`) until the queue drains to half; and
+    a relayed packet is dropped (`latency_dropped`) while the oldest byte queued toward the
+    client has waited longer than `stream_latency_bound` (issue 21: `WriteAges`), so a slow
+    reader or a busy CPU costs packets, never seconds of delay. Answers are never dropped for
+    latency. One timer per connection, re-armed only when it fires, keeps the per-packet cost
+    at a clock read."""
 
     def __init__(self, server: TurnServer, owner: TcpTransport) -> None:
         self.server = server
@@ -233,11 +287,15 @@ class TcpConnectionProtocol(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None
         self._first_done = False
         self._frame_started = 0.0
+        self._bound = server.context.limits.stream_latency_bound
+        self._ages = WriteAges()
+        self._socket: socket.socket | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
         remote = transport.get_extra_info("peername")
-        self.downstream = Downstream(remote, self._send, stream=True)
+        self.downstream = Downstream(remote, self._send, stream=True, relay=self._relay)
+        self._socket = transport.get_extra_info("socket")
         self.source = self.downstream.address[0]
         if not self.owner.admit(self):
             self.transport.abort()
@@ -257,6 +315,24 @@ class TcpConnectionProtocol(asyncio.Protocol):
             return
         assert self.transport is not None
         self.transport.write(data)
+        if self._bound > 0:
+            self._ages.wrote(self._now(), len(data))
+
+    def _relay(self, data: bytes) -> bool:
+        """Relayed data toward the client: dropped (False) past the high-water mark, and
+        while what is queued toward the client has waited longer than the latency bound."""
+        if self._bound > 0 and not self.paused:
+            transport = self.transport
+            assert transport is not None
+            queued = transport.get_write_buffer_size() + kernel_unsent(self._socket)
+            if self._ages.oldest(self._now(), queued) > self._bound:
+                self.server.stats.latency_dropped += 1
+                return False
+        if self.paused:
+            self.server.stats.backpressure_dropped += 1
+            return False
+        self._send(data)
+        return True
 
     def pause_writing(self) -> None:
         self.paused = True

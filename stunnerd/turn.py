@@ -33,7 +33,7 @@ from .allocation import (
 )
 from .auth import Authenticator, NonceManager
 from .counters import ClusterCounters, ListenerCounters
-from .ledger import DRAINING, FULL, GRANTED, Reservations, UserAllocations
+from .ledger import DRAINING, FULL, GRANTED, LocalQuota, Quota, Reservations
 from .limits import Limits, RateLimiter
 from .router import Router
 from .stun import Address, Class, Message, Method
@@ -71,7 +71,7 @@ class ServerContext:
     router: Router
     nonces: NonceManager = field(default_factory=NonceManager)
     user_quota: int = 0  # allocations per user id; 0 means no quota
-    users: UserAllocations = field(default_factory=UserAllocations)
+    users: Quota = field(default_factory=LocalQuota)
     reservations: Reservations = field(default_factory=Reservations)
     # cluster name -> traffic to and from its peers
     cluster_counters: defaultdict[str, ClusterCounters] = field(

@@ -36,7 +36,7 @@ from stunner_api.dataplane import StunnerConfig
 
 from .channel import Channel, Received
 from .counters import ClusterCounters, ListenerCounters, merge
-from .ledger import GRANTED, Reservations, UserAllocations
+from .ledger import GRANTED, LocalQuota, Reservations
 from .limits import Limits
 from .listener import Listener
 from .router import relay_port_map
@@ -80,14 +80,14 @@ def usable_cpus() -> int:
     return max(1, cpus)
 
 
-def udp_process_count(requested: int | None, cpus: int, native: bool = False) -> int:
-    """Processes serving each UDP listener: by default one per usable core on the Python relay
-    path, and one on the native path (its engine thread relays without the GIL, several times
-    what a Python process does: bench/README.md); 0 or 1 means the primary alone; more than the
-    cores is capped at the cores (a process per core is all a GIL-bound reader can use; the
-    operator passes Go's default of 16)."""
+def udp_process_count(requested: int | None, cpus: int) -> int:
+    """Processes serving each UDP listener: by default one per usable core, on both relay paths
+    (issue 21: on the native path too, each process with its engine thread, as coturn runs one
+    relay thread per CPU: on a busy node one engine thread got half the CPU coturn's got, and
+    lost packets coturn did not; bench/README.md). 0 or 1 means the primary alone; more than
+    the cores is capped at the cores (the operator passes Go's default of 16)."""
     if requested is None:
-        return 1 if native else cpus
+        return cpus
     return max(1, min(requested, cpus))
 
 
@@ -142,7 +142,7 @@ class WorkerPool:
         self,
         size: int,
         secret: bytes,
-        users: UserAllocations,
+        users: LocalQuota,
         log_spec: str,
         log_format: str = "text",
         log_override: bool = False,

@@ -27,7 +27,7 @@ from . import logs
 from .auth import NonceManager
 from .channel import Channel, Received
 from .core import ApplyError, Build, DataplaneCore, Plan
-from .ledger import FULL, Reservations, UserAllocations
+from .ledger import FULL, Quota, Reservations
 from .limits import Limits
 from .listener import Listener
 from .router import relay_port_map
@@ -71,12 +71,11 @@ class PrimaryAnswers:
             message.sock.close()  # a reserved socket nobody waits for any more
 
 
-class LedgerClient(UserAllocations):
-    """`admin.user_quota`, --max-allocations and the drain held in the primary's ledger: an
-    Allocate waits for the primary's answer."""
+class PrimaryQuota:
+    """The `Quota` of a worker: `admin.user_quota`, --max-allocations and the drain are held in
+    the primary's `LocalQuota`, and an Allocate waits for its answer (FULL when none comes)."""
 
     def __init__(self, answers: PrimaryAnswers) -> None:
-        super().__init__()
         self.answers = answers
 
     async def acquire(self, user_id: str, quota: int) -> str:
@@ -113,7 +112,7 @@ class WorkerDataplane:
     def __init__(
         self,
         nonces: NonceManager,
-        users: UserAllocations,
+        users: Quota,
         log_override: bool,
         reservations: Reservations | None = None,
         limits: Limits | None = None,
@@ -202,7 +201,7 @@ async def serve(channel: Channel, log_override: bool, relay_ports: mmap.mmap | N
     answers = PrimaryAnswers(channel)
     dataplane = WorkerDataplane(
         NonceManager(bytes.fromhex(hello.body["secret"])),
-        LedgerClient(answers),
+        PrimaryQuota(answers),
         log_override,
         ReservationClient(answers),
         Limits.from_dict(hello.body.get("limits", {})),

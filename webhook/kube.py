@@ -26,11 +26,12 @@ import kubernetes.config
 
 from stunner_api.rules import LookupFailed
 from stunner_api.vocabulary import (
-    CORE_GROUP,
     GATEWAY,
     GATEWAY_CLASS,
+    NODE,
     REFERENCE_GRANT,
     SECRET,
+    SERVICE_CIDR,
     KindInfo,
 )
 
@@ -197,9 +198,6 @@ class KubeLookup:
 
 
 # --- the cluster's pod and service networks (read once, at start) -----------------------------
-
-SERVICE_CIDR = KindInfo("networking.k8s.io", "ServiceCIDR", "servicecidrs", ("v1",))
-NODE = KindInfo(CORE_GROUP, "Node", "nodes", ("v1",))
 
 
 @dataclass(frozen=True)

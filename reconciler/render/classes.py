@@ -24,7 +24,7 @@ from .context import (
     spec_of,
     status_update,
 )
-from .judge import judge
+from .judge import judge, under
 from .plan import Finding
 
 
@@ -46,9 +46,14 @@ def snapshot_findings(snapshot: Snapshot) -> tuple[Finding, ...]:
 
 
 def _judged(ctx: Context, obj: Object) -> tuple[tuple[Finding, ...], str | None]:
-    """Every problem the rule table finds in obj, as findings, and its first error."""
+    """Every problem the rule table finds in obj, as findings, and its first error (a
+    GatewayConfig's refused annotations are found and otherwise ignored, as Go does)."""
     problems = judge(obj, ctx.snapshot, ctx.rule_settings)
-    errors = [p for p in problems if p.severity == Severity.ERROR]
+    errors = [
+        p
+        for p in problems
+        if p.severity == Severity.ERROR and not under(p.path, "spec.loadBalancerServiceAnnotations")
+    ]
     return findings_of(obj, problems), str(errors[0]) if errors else None
 
 

@@ -16,6 +16,8 @@ import binascii
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from stunner_api.annotations import TARGETPORT_ROW, Limits
+from stunner_api.dataplane import DEFAULT_HEALTHCHECK_ENDPOINT as HEALTHCHECK_ENDPOINT
 from stunner_api.dataplane import ConfigError, StunnerConfig, validate_config
 from stunner_api.vocabulary import (
     AUTH_SECRET_PASSWORD_KEYS,
@@ -30,7 +32,6 @@ from stunner_api.vocabulary import (
     GATEWAY_API_GROUP,
     GATEWAY_CONFIG_AUTH_TYPES,
     STUNNER_GROUP,
-    TARGETPORT,
     TLS_CERT_KEYS,
     TLS_KEY_KEYS,
     AuthType,
@@ -44,7 +45,6 @@ from .context import Attachments, Context, GatewayPlan, ListenerPlan, Staged, fi
 from .plan import Finding
 
 STUNNER_ADDR = "$STUNNER_ADDR"
-HEALTHCHECK_ENDPOINT = "http://:8086"
 METRICS_ENDPOINT = "http://:8080/metrics"
 
 
@@ -229,8 +229,8 @@ def dataplane_config(
     gateway, of_class = plan.gateway, plan.context
     assert of_class.gateway_config is not None and of_class.dataplane is not None
     gw_id, key = id_of(gateway), plan.key
-    annotations = manifests.service_annotations(gateway, of_class.gateway_config)
-    targetports, _ = manifests.port_map(annotations, TARGETPORT)
+    limits = Limits(ctx.rule_settings.node_port_range)
+    targetports = manifests.annotation(TARGETPORT_ROW, gateway, of_class.gateway_config, limits)
     listeners = [
         _listener(gw_id, lst, public, attachments.get((key, lst.index), ()), targetports)
         for lst, public in zip(plan.listeners, publics, strict=True)

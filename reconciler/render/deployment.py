@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from stunner_api.annotations import DISABLE_MANAGED_DATAPLANE_ROW, Limits, text_of
 from stunner_api.vocabulary import (
     APP_LABEL,
     APP_VALUE,
@@ -21,26 +22,16 @@ from stunner_api.vocabulary import (
     CDS_TOKEN_VOLUME,
     DEFAULT_SERVICE_ACCOUNT,
     DEFAULT_TERMINATION_GRACE_PERIOD,
-    DISABLE_MANAGED_DATAPLANE,
     OWNED_BY_LABEL,
     OWNED_BY_VALUE,
     RELATED_GATEWAY_NAME,
     RELATED_GATEWAY_NAMESPACE,
+    STATUS_PORT,
 )
 
 from ..store import Object, meta, name_of, namespace_of
 from .context import Context, GatewayPlan, Staged
-from .manifests import (
-    _copy,
-    _gateway_id,
-    _map,
-    _metadata,
-    _text,
-    _view,
-    is_true,
-    related_labels,
-    service_annotations,
-)
+from .manifests import _copy, _gateway_id, _map, _metadata, _view, annotation, related_labels
 from .plan import DEFAULT_STUNNERD_IMAGE, RenderSettings
 
 CONTAINER_NAME = "stunner-daemon"
@@ -49,7 +40,6 @@ DEFAULT_ARGS = ("-w", "--udp-thread-num=16")
 DEFAULT_PULL_POLICY = "Always"
 DEFAULT_RESOURCES = {"limits": {"memory": "20M"}, "requests": {"cpu": "250m"}}
 METRICS_PORT = 8080
-HEALTH_PORT = 8086
 
 
 # Go's probes are both every 15 s. The kubelet probes readiness first as the container starts,
@@ -62,7 +52,7 @@ READINESS_PROBE_TIMING = {"periodSeconds": 1, "failureThreshold": 10}
 
 def _probe(path: str, timing: Mapping[str, int]) -> dict[str, Any]:
     return {
-        "httpGet": {"path": path, "port": HEALTH_PORT, "scheme": "HTTP"},
+        "httpGet": {"path": path, "port": STATUS_PORT, "scheme": "HTTP"},
         "periodSeconds": timing["periodSeconds"],
         "timeoutSeconds": 1,
         "failureThreshold": timing["failureThreshold"],
@@ -102,7 +92,7 @@ def deployment(gateway: Object, dataplane: Object, settings: RenderSettings) -> 
     gw_labels = {k: str(v) for k, v in _view(meta(gateway).get("labels")).items()}
     labels = {k: v for k, v in gw_labels.items() if k not in settings.label_filter}
     labels |= {OWNED_BY_LABEL: OWNED_BY_VALUE} | related_labels(gateway)
-    annotations = {k: _text(v) for k, v in _view(meta(gateway).get("annotations")).items()}
+    annotations = {k: text_of(v) for k, v in _view(meta(gateway).get("annotations")).items()}
     annotations[RELATED_GATEWAY_NAME] = _gateway_id(gateway)
     pod_labels = {k: str(v) for k, v in _view(spec.get("labels")).items()}
     pod_labels |= {APP_LABEL: APP_VALUE} | related_labels(gateway)
@@ -183,10 +173,9 @@ def deployment_of(ctx: Context, plan: GatewayPlan) -> Staged[dict[str, Any] | No
     """The stage: the Deployment of a Gateway whose config rendered, None when its annotations
     (or its GatewayConfig's load-balancer annotations) disable the managed dataplane."""
     assert plan.context.gateway_config is not None and plan.context.dataplane is not None
-    annotations = service_annotations(plan.gateway, plan.context.gateway_config)
-    manifest = (
-        None
-        if is_true(annotations, DISABLE_MANAGED_DATAPLANE)
-        else deployment(plan.gateway, plan.context.dataplane, ctx.settings)
+    limits = Limits(ctx.rule_settings.node_port_range)
+    unmanaged = annotation(
+        DISABLE_MANAGED_DATAPLANE_ROW, plan.gateway, plan.context.gateway_config, limits
     )
+    manifest = None if unmanaged else deployment(plan.gateway, plan.context.dataplane, ctx.settings)
     return Staged(manifest)

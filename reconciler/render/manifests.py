@@ -1,5 +1,5 @@
 """The Service of a Gateway (ANCHORS §2.4, managed mode), and what it shares with the Deployment
-(deployment.py): metadata, labels, owner references, copies of input values.
+(deployment.py): metadata, labels, owner references, copies of input values, annotations.
 
 Both are named after the Gateway, live in its namespace and are owned by it (when its uid is
 known: objects read from files have none). The Service rendered here is the operator's intent;
@@ -10,38 +10,42 @@ the applier's job.
 from __future__ import annotations
 
 import copy
-import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
+from stunner_api.annotations import (
+    DISABLE_HEALTH_CHECK_EXPOSE_ROW,
+    DISABLE_SESSION_AFFINITY_ROW,
+    EXTERNAL_TRAFFIC_POLICY_ROW,
+    MIXED_PROTOCOL_LB_ROW,
+    NODEPORT_ROW,
+    SERVICE_TYPE_ROW,
+    TARGETPORT_ROW,
+    Annotation,
+    Limits,
+    text_of,
+)
 from stunner_api.vocabulary import (
     APP_LABEL,
     APP_VALUE,
-    DISABLE_HEALTH_CHECK_EXPOSE,
-    DISABLE_SESSION_AFFINITY,
-    EXTERNAL_TRAFFIC_POLICY,
     GATEWAY,
-    MIXED_PROTOCOL_LB,
-    NODEPORT,
     OWNED_BY_LABEL,
     OWNED_BY_VALUE,
     RELATED_GATEWAY_NAME,
     RELATED_GATEWAY_NAMESPACE,
-    SERVICE_TYPE,
-    SERVICE_TYPES,
-    TARGETPORT,
 )
-from stunner_api.vocabulary import ConditionReason as Reason
 
 from ..store import Object, meta, name_of, namespace_of
-from .context import Context, GatewayPlan, Staged, finding
+from .context import Context, GatewayPlan, Staged
 
 HEALTH_CHECK_PORT_NAME = "gateway-health-check"
 HEALTH_PORT_ANNOTATION = re.compile(r"^service\.beta\.kubernetes\.io/.*health.*port$")
 HEALTH_PROTOCOL_ANNOTATION = re.compile(r"^service\.beta\.kubernetes\.io/.*health.*protocol$")
 
+
+T = TypeVar("T")
 
 _SCALARS = (str, int, float, bool, type(None))
 
@@ -73,12 +77,14 @@ def _view(value: Any) -> Mapping[str, Any]:
     return value if isinstance(value, Mapping) else _EMPTY
 
 
-def _text(value: Any) -> str:
-    return str(value).lower() if isinstance(value, bool) else str(value)
-
-
-def is_true(annotations: Mapping[str, Any], key: str) -> bool:
-    return _text(annotations.get(key, "false")).lower() == "true"
+def annotation(row: Annotation[T], gateway: Object, gateway_config: Object, limits: Limits) -> T:
+    """A STUNner annotation's value for a Gateway, read by its row of the annotation table from
+    the Gateway and its GatewayConfig's loadBalancerServiceAnnotations."""
+    return row.value(
+        _view(meta(gateway).get("annotations")),
+        _view(_view(gateway_config.get("spec")).get("loadBalancerServiceAnnotations")),
+        limits,
+    )
 
 
 def owner_references(gateway: Object) -> list[dict[str, Any]]:
@@ -127,17 +133,15 @@ def _gateway_id(gateway: Object) -> str:
 
 
 def service_of(ctx: Context, plan: GatewayPlan) -> Staged[dict[str, Any] | None]:
-    """The stage: the Service of a Gateway whose config rendered (`service`), and a finding for
-    each annotation problem it ignored."""
+    """The stage: the Service of a Gateway whose config rendered (`service`)."""
     assert plan.context.gateway_config is not None
     ports = [
         ServicePort(lst.name, lst.port or 0, lst.transport)
         for lst in plan.listeners
         if lst.rendered
     ]
-    manifest, notes = service(plan.gateway, plan.context.gateway_config, ports)
-    path = "metadata.annotations"
-    return Staged(manifest, tuple(finding(plan.gateway, path, n, Reason.INVALID) for n in notes))
+    limits = Limits(ctx.rule_settings.node_port_range)
+    return Staged(service(plan.gateway, plan.context.gateway_config, ports, limits))
 
 
 # --- Service ----------------------------------------------------------------------------------
@@ -152,61 +156,33 @@ class ServicePort:
     transport: str  # "UDP" | "TCP"
 
 
-def port_map(annotations: Mapping[str, Any], key: str) -> tuple[dict[str, int], str | None]:
-    """A nodeport/targetport annotation as {listener: port}; missing braces are tolerated.
-    An invalid value gives ({}, why), which is logged and otherwise ignored (as Go does)."""
-    raw = annotations.get(key)
-    if raw is None:
-        return {}, None
-    text = _text(raw).strip()
-    if not text.startswith("{"):
-        text = "{" + text + "}"
-    try:
-        value = json.loads(text)
-    except ValueError:
-        value = None
-    if not isinstance(value, dict) or not all(
-        isinstance(v, int) and not isinstance(v, bool) for v in value.values()
-    ):
-        return {}, f"annotation {key}: not a JSON map of listener name to port: ignored"
-    return {str(k): int(v) for k, v in value.items()}, None
-
-
 def service_annotations(gateway: Object, gateway_config: Object) -> dict[str, str]:
     """GatewayConfig loadBalancerServiceAnnotations, overridden by the Gateway's annotations."""
     merged = {
-        k: _text(v)
+        k: text_of(v)
         for k, v in _view(
             _view(gateway_config.get("spec")).get("loadBalancerServiceAnnotations")
         ).items()
     }
-    merged |= {k: _text(v) for k, v in _view(meta(gateway).get("annotations")).items()}
+    merged |= {k: text_of(v) for k, v in _view(meta(gateway).get("annotations")).items()}
     return merged
 
 
 def service(
-    gateway: Object, gateway_config: Object, ports: Sequence[ServicePort]
-) -> tuple[dict[str, Any] | None, list[str]]:
-    """The Service exposing a Gateway's rendered listeners, None when there is none; with the
-    annotation problems that were ignored."""
+    gateway: Object, gateway_config: Object, ports: Sequence[ServicePort], limits: Limits
+) -> dict[str, Any] | None:
+    """The Service exposing a Gateway's rendered listeners, None when there is none. A refused
+    annotation value counts as absent (the rule table's finding says why, once)."""
     if not ports:
-        return None, []
-    notes: list[str] = []
+        return None
     annotations = service_annotations(gateway, gateway_config)
-    service_type = annotations.get(SERVICE_TYPE, "LoadBalancer")
-    if service_type not in (*SERVICE_TYPES, "ExternalName"):
-        notes.append(f"annotation {SERVICE_TYPE}: unknown type {service_type!r}: LoadBalancer used")
-        service_type = "LoadBalancer"
-    nodeports, why = port_map(annotations, NODEPORT)
-    notes += [why] if why else []
-    targetports, why = port_map(annotations, TARGETPORT)
-    notes += [why] if why else []
-    names = {p.name for p in ports}
-    for key, mapping in ((NODEPORT, nodeports), (TARGETPORT, targetports)):
-        notes += [
-            f"annotation {key}: no listener named {n!r}: ignored" for n in mapping if n not in names
-        ]
-    mixed = is_true(annotations, MIXED_PROTOCOL_LB)
+
+    def value(row: Annotation[T]) -> T:
+        return annotation(row, gateway, gateway_config, limits)
+
+    service_type = value(SERVICE_TYPE_ROW)
+    nodeports, targetports = value(NODEPORT_ROW), value(TARGETPORT_ROW)
+    mixed = value(MIXED_PROTOCOL_LB_ROW)
     first = ports[0].transport
     service_ports: list[dict[str, Any]] = []
     for p in ports:
@@ -218,7 +194,7 @@ def service(
         if p.name in nodeports and service_type in ("NodePort", "LoadBalancer"):
             entry["nodePort"] = nodeports[p.name]
         service_ports.append(entry)
-    if service_type == "LoadBalancer" and not is_true(annotations, DISABLE_HEALTH_CHECK_EXPOSE):
+    if service_type == "LoadBalancer" and not value(DISABLE_HEALTH_CHECK_EXPOSE_ROW):
         health = _health_check_port(annotations)
         if health is not None:
             service_ports.append(
@@ -228,10 +204,10 @@ def service(
         "type": service_type,
         "selector": {APP_LABEL: APP_VALUE} | related_labels(gateway),
         "ports": service_ports,
-        "sessionAffinity": "None" if is_true(annotations, DISABLE_SESSION_AFFINITY) else "ClientIP",
+        "sessionAffinity": "None" if value(DISABLE_SESSION_AFFINITY_ROW) else "ClientIP",
     }
-    policy = annotations.get(EXTERNAL_TRAFFIC_POLICY, "").lower()
-    if policy == "local" and service_type in ("NodePort", "LoadBalancer"):
+    policy = value(EXTERNAL_TRAFFIC_POLICY_ROW)
+    if policy == "Local" and service_type in ("NodePort", "LoadBalancer"):
         spec["externalTrafficPolicy"] = "Local"
     addresses = _view(gateway.get("spec")).get("addresses") or []
     if addresses and isinstance(addresses[0], Mapping):
@@ -245,7 +221,7 @@ def service(
         "metadata": _metadata(gateway, labels, annotations),
         "spec": spec,
     }
-    return manifest, notes
+    return manifest
 
 
 def _health_check_port(annotations: Mapping[str, str]) -> int | None:

@@ -7,12 +7,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stunner_api import rules
+from stunner_api.cds import DEFAULT_PORT as CDS_PORT
 from stunner_api.dataplane import StunnerConfig
-from stunner_api.vocabulary import DEFAULT_CONTROLLER_NAME
+from stunner_api.vocabulary import CDS_SERVICE_NAME, DEFAULT_CONTROLLER_NAME, SYSTEM_NAMESPACE
 
 # The stable address of the config discovery service (a Service name, never a pod IP, so a
 # reconciler restart rolls no dataplane: Go STUNner's #163).
-DEFAULT_CONFIG_DISCOVERY_URL = "http://stunner-config-discovery.stunner-system.svc:13478"
+DEFAULT_CONFIG_DISCOVERY_URL = f"http://{CDS_SERVICE_NAME}.{SYSTEM_NAMESPACE}.svc:{CDS_PORT}"
 DEFAULT_STUNNERD_IMAGE = "l7mp/stunnerd:latest"
 
 

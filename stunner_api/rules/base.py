@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -13,20 +12,17 @@ from typing import Any, Protocol, TypeGuard
 
 from pydantic import ValidationError
 
+from stunner_api.annotations import BY_KEY as ANNOTATION_TABLE
+from stunner_api.annotations import KEYS as ANNOTATION_KEYS
+from stunner_api.annotations import Limits, Refused, is_stunner_annotation, text_of
 from stunner_api.resources import model_of
 from stunner_api.vocabulary import (
-    ANNOTATION_PREFIX,
-    ANNOTATIONS,
-    BOOLEAN_ANNOTATIONS,
     CORE_GROUP,
     DEFAULT_CONTROLLER_NAME,
-    EXTERNAL_TRAFFIC_POLICY,
+    DEFAULT_NODE_PORT_RANGE,
     NODEPORT,
     SECRET,
-    SERVICE_TYPE,
-    SERVICE_TYPES,
     TARGETPORT,
-    TRAFFIC_POLICIES,
     ConditionReason,
     field_path,
     group_of,
@@ -133,7 +129,7 @@ class Settings:
     controller_name: str = DEFAULT_CONTROLLER_NAME
     pod_cidrs: tuple[str, ...] = ()
     service_cidrs: tuple[str, ...] = ()
-    node_port_range: tuple[int, int] = (30000, 32767)
+    node_port_range: tuple[int, int] = DEFAULT_NODE_PORT_RANGE
     # The cluster networks a caller meant to guard and could not learn: (network, why and what
     # supplies it), e.g. ("pod", "it is unknown (no Node has spec.podCIDRs); set ..."). The
     # webhook fills it; a StaticService admitted unchecked then says so in a warning.
@@ -337,80 +333,55 @@ def _may_refer(req: Request, namespace: str, name: str) -> bool:
 # --- annotations (Gateway, GatewayConfig.loadBalancerServiceAnnotations) ---------------------
 
 
-def _annotation_path(base: str, key: str) -> str:
-    return f'{base}["{key}"]'
-
-
-def _port_map(
-    key: str, value: Any, path: str, valid: tuple[int, int], listeners: set[str] | None
+def annotation_problems(
+    annotations: dict[str, Any],
+    base: str,
+    settings: Settings,
+    kind: str,
+    listeners: set[str] | None,
 ) -> list[Problem]:
+    """stunner.l7mp.io/ annotations are rows of the annotation table (stunner_api.annotations)
+    with values their parser accepts: one error per refused annotation, worded by the parser.
+    `kind` is where they were written (a row out of its scope is a warning: it has no effect
+    there); `listeners`, a Gateway's listener names, warns of a port map naming another."""
     problems: list[Problem] = []
     reason = ConditionReason.INVALID
-    what = "NodePort" if key == NODEPORT else "target port"
-    try:
-        ports = json.loads(str(value))
-    except ValueError:
-        ports = None
-    if not isinstance(ports, dict):
-        example = '{"udp-listener":' + str(valid[0]) + "}"
-        return [
-            error(
-                path,
-                f"must be a JSON map of listener name to {what}, like {example}, got {value!r}",
-                reason,
-            )
-        ]
-    low, high = valid
-    for name, port in ports.items():
-        if not is_int(port) or not low <= port <= high:
+    limits = Limits(settings.node_port_range)
+    for key, value in annotations.items():
+        if not is_stunner_annotation(key):
+            continue
+        path = f'{base}["{key}"]'
+        row = ANNOTATION_TABLE.get(key)
+        if row is None:
             problems.append(
                 error(
                     path,
-                    f"{what} of listener {name!r} must be between {low} and {high}, got {port!r}",
+                    f"unknown STUNner annotation: use one of {quote_list(ANNOTATION_KEYS)}",
                     reason,
                 )
             )
-        if listeners is not None and name not in listeners:
+            continue
+        if kind not in row.scope:
             problems.append(
+                warning(
+                    path,
+                    f"has no effect in a {kind}: it is read from a {quote_list(row.scope)} only",
+                    reason,
+                )
+            )
+            continue
+        parsed = row.parse(text_of(value), limits)
+        if isinstance(parsed, Refused):
+            problems.append(error(path, parsed.reason, reason))
+        elif key in (NODEPORT, TARGETPORT) and listeners is not None:
+            problems += [
                 warning(
                     path,
                     f"no listener named {name!r} (listeners: "
                     f"{quote_list(sorted(listeners))}): the entry is ignored",
                     reason,
                 )
-            )
-    return problems
-
-
-def annotation_problems(
-    annotations: dict[str, Any], base: str, settings: Settings, listeners: set[str] | None
-) -> list[Problem]:
-    """stunner.l7mp.io/ annotations are the documented ones with valid values."""
-    problems: list[Problem] = []
-    reason = ConditionReason.INVALID
-    for key, value in annotations.items():
-        if not key.startswith(ANNOTATION_PREFIX):
-            continue
-        path = _annotation_path(base, key)
-        text = str(value).lower() if isinstance(value, bool) else str(value)
-        if key not in ANNOTATIONS:
-            problems.append(
-                error(
-                    path,
-                    f"unknown STUNner annotation: use one of {quote_list(ANNOTATIONS)}",
-                    reason,
-                )
-            )
-        elif key == SERVICE_TYPE and text not in SERVICE_TYPES:
-            problems.append(
-                error(path, f"must be one of {quote_list(SERVICE_TYPES)}, got {text!r}", reason)
-            )
-        elif key in BOOLEAN_ANNOTATIONS and text.lower() not in ("true", "false"):
-            problems.append(error(path, f'must be "true" or "false", got {text!r}', reason))
-        elif key == EXTERNAL_TRAFFIC_POLICY and text.lower() not in TRAFFIC_POLICIES:
-            problems.append(error(path, f"must be Local or Cluster, got {text!r}", reason))
-        elif key == NODEPORT:
-            problems += _port_map(key, value, path, settings.node_port_range, listeners)
-        elif key == TARGETPORT:
-            problems += _port_map(key, value, path, (1, 65535), listeners)
+                for name in parsed
+                if name not in listeners
+            ]
     return problems

@@ -6,6 +6,8 @@ from __future__ import annotations
 import ipaddress
 from typing import Any
 
+from stunner_api.annotations import GATEWAY as GATEWAY_KIND
+from stunner_api.annotations import MIXED_PROTOCOL_LB_ROW, Limits
 from stunner_api.certs import pair_problem
 from stunner_api.rules.base import (
     Problem,
@@ -157,7 +159,7 @@ def gateway_mixed_protocols(req: Request) -> list[Problem]:
         if (p := listener_protocol(lst.get("protocol")))
     }
     annotations = as_dict(as_dict(req.obj.get("metadata")).get("annotations"))
-    enabled = str(annotations.get(MIXED_PROTOCOL_LB, "false")).lower() == "true"
+    enabled = MIXED_PROTOCOL_LB_ROW.value(annotations, {}, Limits(req.settings.node_port_range))
     if len(transports) > 1 and not enabled:
         return [
             warning(
@@ -327,6 +329,7 @@ def gateway_annotations(req: Request) -> list[Problem]:
         as_dict(as_dict(req.obj.get("metadata")).get("annotations")),
         "metadata.annotations",
         req.settings,
+        GATEWAY_KIND,
         names,
     )
 

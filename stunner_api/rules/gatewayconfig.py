@@ -1,11 +1,13 @@
 """Rules of a GatewayConfig: realm, authentication (inline or an authRef Secret), log level and
-the LoadBalancer Service annotations. Every problem invalidates the GatewayClasses using it, so
-every reason is InvalidParameters."""
+the LoadBalancer Service annotations. Every problem but an annotation's invalidates the
+GatewayClasses using it, so its reason is InvalidParameters; render ignores a refused annotation
+(the default applies, as in Go), and its reason is the annotation rule's, Invalid."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from stunner_api.annotations import GATEWAY_CONFIG
 from stunner_api.rules.base import (
     Problem,
     Request,
@@ -224,6 +226,7 @@ def gatewayconfig_annotations(req: Request) -> list[Problem]:
         as_dict(req.spec.get("loadBalancerServiceAnnotations")),
         "spec.loadBalancerServiceAnnotations",
         req.settings,
+        GATEWAY_CONFIG,
         None,
     )
 

@@ -2,7 +2,7 @@
 
 The webhook's code (webhook/kube.py) is run against the fake API server, which records every
 request as (API group, resource, verb); the chart's ClusterRole must grant exactly that set.
-The same for the reconciler in cluster mode (reconciler/kube.py), driven through every kind of
+The same for the reconciler in cluster mode (reconciler/kube/), driven through every kind of
 request it makes.
 """
 
@@ -159,9 +159,9 @@ def test_reconciler_roles_grant_exactly_what_cluster_mode_asks(
     asyncio.run(asyncio.wait_for(scenario(), 60))
     cluster = granted(role_named(default_manifests, "ClusterRole", "reconciler"))
     namespaced = granted(role_named(default_manifests, "Role", "reconciler"))
-    # After a 409 the reconciler re-reads the object it wrote (reconciler.kube.Api.get, any
-    # kind of kube.WRITTEN); the scenario provokes one such conflict, the table names the rest.
-    from reconciler.kube import WRITTEN
+    # After a 409 the reconciler re-reads the object it wrote (reconciler.kube.api.Api.get, any
+    # kind of kube.api.WRITTEN); the scenario provokes one such conflict, the table names the rest.
+    from reconciler.kube.api import WRITTEN
 
     rereads = {(info.group, info.plural, "get") for info in WRITTEN.values()}
     assert ("apps", "deployments", "get") in api.asked

@@ -37,8 +37,8 @@ from typing import Any
 import pytest
 import yaml
 
-from reconciler import kube
 from reconciler.cluster import run_cluster
+from reconciler.kube.lease import LEADER_ELECTION_ID
 from stunner_api.vocabulary import STUNNER_GROUP, group_of
 from tests.charts.conftest import CHART, HELMS, helm_binary
 from tests.envtest.cluster import apply_order, namespaces_of, spec_examples, with_string_metadata
@@ -48,7 +48,7 @@ from tests.reconciler import clusterkit as k
 pytestmark = pytest.mark.envtest
 
 RELEASE = "stunner"
-LEASE_NAME = kube.LEADER_ELECTION_ID
+LEASE_NAME = LEADER_ELECTION_ID
 FAIL_CLOSED = "no endpoints available for service"
 
 

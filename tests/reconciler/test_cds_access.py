@@ -25,7 +25,7 @@ import pytest
 
 from reconciler.cds_access import Account, AuthMode, TokenVerifier
 from reconciler.cluster import Running
-from reconciler.kube import Api
+from reconciler.kube.api import Api
 from stunner_api.vocabulary import CDS_TOKEN_AUDIENCE
 from tests.reconciler import clusterkit as k
 from tests.support.fakeapi import API_AUDIENCE, FakeApiServer

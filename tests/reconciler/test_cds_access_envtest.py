@@ -2,7 +2,7 @@
 without KUBEBUILDER_ASSETS).
 
 Tokens minted by the real TokenRequest API (`kubectl create token --audience`), checked by the
-CDS through the reconciler's own Kubernetes door (`kube.Api.review_token`): a token of the CDS's
+CDS through the reconciler's own Kubernetes door (`kube.api.Api.review_token`): a token of the CDS's
 audience for the Gateway's account reads its config; the same account's token for the API
 server's own audience is refused (401), and so is an account that is not the Gateway's (403).
 """
@@ -14,9 +14,9 @@ import asyncio
 import aiohttp
 import pytest
 
-from reconciler import kube
 from reconciler.cds import ConfigStore, cds_app, serve
 from reconciler.cds_access import Access, TokenVerifier
+from reconciler.kube.api import Api, load_client
 from stunner_api.dataplane import validate_config
 from stunner_api.vocabulary import CDS_TOKEN_AUDIENCE
 from tests.envtest.controlplane import ControlPlane
@@ -47,7 +47,7 @@ def test_the_cds_checks_tokens_with_the_real_token_review(control_plane: Control
     own = token(plane, "stunnerd", CDS_TOKEN_AUDIENCE)
     for_the_api_server = token(plane, "stunnerd")
     other = token(plane, "app", CDS_TOKEN_AUDIENCE)
-    api = kube.Api(kube.load_client(str(plane.admin_kubeconfig)))
+    api = Api(load_client(str(plane.admin_kubeconfig)))
     status = api.review_token(own, (CDS_TOKEN_AUDIENCE,))
     assert status["authenticated"] is True
     assert status["user"]["username"] == f"system:serviceaccount:{NS}:stunnerd"

@@ -23,7 +23,7 @@ from reconciler.events import (
     for_success,
     validity,
 )
-from reconciler.kube import refusal
+from reconciler.kube.api import refusal
 from tests.reconciler import clusterkit as k
 from tests.support.fakeapi import FakeApiServer
 

@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from reconciler import kube
-from reconciler.apply import plan_writes
+from reconciler.apply import Write, plan_writes
+from reconciler.kube.api import Api, load_client
+from reconciler.kube.writer import Writer
 from reconciler.render import RenderSettings, render
-from reconciler.store import Snapshot
+from reconciler.store import Cache, Snapshot
 from tests.reconciler import clusterkit as k
 from tests.support.fakeapi import FakeApiServer
 
@@ -73,16 +74,16 @@ def test_a_refused_write_is_logged_retried_and_blocks_nothing_else(
 def test_a_conflict_rereads_the_object_and_the_next_write_succeeds(tmp_path: Path) -> None:
     with FakeApiServer() as fake:
         k.world(fake)
-        cache = kube.Cache()
-        api = kube.Api(kube.load_client(str(fake.write_kubeconfig(tmp_path / "kubeconfig"))))
+        cache = Cache()
+        api = Api(load_client(str(fake.write_kubeconfig(tmp_path / "kubeconfig"))))
         try:
             for watched in cache.watched:
                 items, version = api.list(watched, watched.versions[0])
                 cache.replace(watched, items, version)
-            writer = kube.Writer(api, cache)
+            writer = Writer(api, cache)
             settings = RenderSettings()
 
-            def writes() -> list[kube.Write]:
+            def writes() -> list[Write]:
                 snapshot = Snapshot.from_objects(cache.rendered_objects())
                 plan = render(snapshot, settings, datetime.now(UTC))
                 return plan_writes(plan, cache.get, {"stunner/gw"})

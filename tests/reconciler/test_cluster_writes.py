@@ -13,7 +13,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from reconciler.kube import FIELD_MANAGER
+from reconciler.kube.api import FIELD_MANAGER
 from tests.reconciler import clusterkit as k
 from tests.support import fakeapi
 from tests.support.fakeapi import FakeApiServer

@@ -30,6 +30,7 @@ from typing import Any
 import pytest
 import yaml
 
+from reconciler.store import Snapshot
 from stunner_api import rules
 from stunner_api.crds import CRDS, CRDS_DIR, FIELD_RULES, CRDInfo, check_tables, render_all
 from stunner_api.resources import GatewayConfigSpec
@@ -445,17 +446,6 @@ def test_free_form_fields_keep_anything() -> None:
 # --- agreement with the admission rules -----------------------------------------------------
 
 
-class NoLookup:
-    def secret(self, namespace: str, name: str) -> dict[str, Any] | None:
-        return None
-
-    def gateway_class(self, name: str) -> dict[str, Any] | None:
-        return None
-
-    def gateway(self, namespace: str, name: str) -> dict[str, Any] | None:
-        return None
-
-
 AGREEMENT = (
     [
         ("GatewayConfig", "spec.realm", "spec.realm", v)
@@ -509,7 +499,7 @@ def test_schema_agrees_with_the_rules(kind: str, path: str, rule_path: str, valu
     if kind == "UDPRoute":  # a single port, so that the range rule (endPort >= port) is moot
         base = _with(base, "spec.rules.0.backendRefs.0", {"name": "media", "port": 1})
     obj = _with(base, path, value)
-    verdict = rules.validate(obj, None, "CREATE", NoLookup(), rules.Settings())
+    verdict = rules.validate(obj, None, "CREATE", Snapshot.from_objects([]), rules.Settings())
     by_rules = any(e.path == rule_path for e in verdict.errors)
     by_schema = any(e.startswith(f".{rule_path}:") for e in schema_errors(schema_of(kind), obj))
     assert by_schema == by_rules, (verdict.errors, schema_errors(schema_of(kind), obj))

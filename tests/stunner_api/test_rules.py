@@ -27,6 +27,7 @@ import pytest
 import yaml
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
+from reconciler.store import Snapshot
 from stunner_api.rules import (
     ON_DELETE,
     RULES,
@@ -76,6 +77,7 @@ from stunner_api.rules.udproute import (
     udproute_schema,
 )
 from stunner_api.vocabulary import GATEWAY_CONFIG_AUTH_TYPES, TLS_SECRET_TYPES, ConditionReason
+from tests.support import lookups, objects
 from tests.support.objects import secret
 from tests.support.pki import key_pem, self_signed
 
@@ -125,41 +127,20 @@ SECRETS = [
 ]
 
 
-class FakeLookup:
-    """In-memory Secrets and GatewayClasses; ``fail`` makes every read raise LookupFailed."""
-
-    def __init__(self) -> None:
-        self.secrets = {("stunner", s["metadata"]["name"]): s for s in SECRETS}
-        self.classes = {
-            "stunner-gatewayclass": gatewayclass(),
-            "other-class": gatewayclass(controllerName="example.com/other"),
-        }
-        self.gateways = {
-            ("stunner", "udp-gateway"): {"spec": {"gatewayClassName": "stunner-gatewayclass"}},
-            ("stunner", "other-gateway"): {"spec": {"gatewayClassName": "other-class"}},
-        }
-        self.fail = False
-
-    def secret(self, namespace: str, name: str) -> dict[str, Any] | None:
-        if self.fail:
-            raise LookupFailed(f"cannot read Secret {namespace}/{name}: connection refused")
-        return self.secrets.get((namespace, name))
-
-    def gateway(self, namespace: str, name: str) -> dict[str, Any] | None:
-        if self.fail:
-            raise LookupFailed(f"cannot read Gateway {namespace}/{name}: connection refused")
-        return self.gateways.get((namespace, name))
-
-    def gateway_class(self, name: str) -> dict[str, Any] | None:
-        if self.fail:
-            raise LookupFailed(f"cannot read GatewayClass {name}: connection refused")
-        return self.classes.get(name)
-
-    def reference_grants(self, namespace: str) -> list[dict[str, Any]]:
-        return []
-
-    def may_read_secret(self, namespace: str, name: str) -> bool:
-        return False
+def lookup() -> Snapshot:
+    """What the rules may read, as the reconciler's snapshot of it: the SECRETS, our
+    GatewayClass and another controller's, and a Gateway of each."""
+    other_class = gatewayclass(controllerName="example.com/other")
+    other_class["metadata"] = {"name": "other-class"}
+    return Snapshot.from_objects(
+        [
+            *SECRETS,
+            gatewayclass(),
+            other_class,
+            objects.gateway("udp-gateway", "stunner-gatewayclass"),
+            objects.gateway("other-gateway", "other-class"),
+        ]
+    )
 
 
 # --- object builders --------------------------------------------------------------------------
@@ -286,7 +267,7 @@ def dataplane(name: str = "default", **spec: Any) -> dict[str, Any]:
 
 
 def run(rule: Rule, obj: dict[str, Any], operation: str = "CREATE") -> tuple[list[str], list[str]]:
-    problems = rule(Request(obj, None, operation, FakeLookup(), SETTINGS))
+    problems = rule(Request(obj, None, operation, lookup(), SETTINGS))
     for problem in problems:
         assert problem.reason in set(ConditionReason), problem
     errors = [str(p) for p in problems if p.severity == Severity.ERROR]
@@ -588,7 +569,7 @@ def test_every_rule_has_passing_and_failing_cases() -> None:
     ],
 )
 def test_exact_messages(obj: dict[str, Any], message: str) -> None:
-    verdict = validate(obj, None, "CREATE", FakeLookup(), SETTINGS)
+    verdict = validate(obj, None, "CREATE", lookup(), SETTINGS)
     assert verdict.message == message
     assert not verdict.allowed
 
@@ -605,13 +586,13 @@ def load(path: Path) -> dict[str, Any]:
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
 def test_reference_examples_are_admitted(path: Path) -> None:
     obj = load(path)
-    lookup = FakeLookup()
-    verdict = validate(obj, None, "CREATE", lookup, SETTINGS)
+    snapshot = lookup()
+    verdict = validate(obj, None, "CREATE", snapshot, SETTINGS)
     assert verdict.errors == []
     assert verdict.allowed and verdict.message == ""
     # Also once defaulted, and on an update to itself.
-    patched = jsonpatch.apply_patch(obj, defaults_patch(obj, lookup))
-    assert validate(patched, obj, "UPDATE", lookup, SETTINGS).errors == []
+    patched = jsonpatch.apply_patch(obj, defaults_patch(obj, snapshot))
+    assert validate(patched, obj, "UPDATE", snapshot, SETTINGS).errors == []
 
 
 def test_the_reference_examples_cover_every_kind() -> None:
@@ -620,7 +601,7 @@ def test_the_reference_examples_cover_every_kind() -> None:
 
 def test_verdict_collects_every_problem_of_an_object() -> None:
     obj = gwconfig(realm="Not A Realm!", authType="bogus", userName="u", password="p")
-    verdict = validate(obj, None, "CREATE", FakeLookup(), SETTINGS)
+    verdict = validate(obj, None, "CREATE", lookup(), SETTINGS)
     assert [e.path for e in verdict.errors] == ["spec.realm", "spec.authType"]
     assert verdict.message == "; ".join(str(e) for e in verdict.errors)
     problem = Problem("spec.x", "must be y", Severity.ERROR, ConditionReason.INVALID)
@@ -629,7 +610,7 @@ def test_verdict_collects_every_problem_of_an_object() -> None:
 
 
 def test_missing_secret_is_admitted_with_a_warning() -> None:
-    verdict = validate(auth_ref("missing"), None, "CREATE", FakeLookup(), SETTINGS)
+    verdict = validate(auth_ref("missing"), None, "CREATE", lookup(), SETTINGS)
     assert verdict.allowed
     assert verdict.warning_messages == [
         "spec.authRef: Secret stunner/missing does not exist (yet): the GatewayConfig is "
@@ -639,7 +620,7 @@ def test_missing_secret_is_admitted_with_a_warning() -> None:
 
 def test_secret_namespace_defaults_to_the_objects() -> None:
     obj = gwconfig(authRef={"name": "partial"})
-    assert "stunner/partial" in validate(obj, None, "CREATE", FakeLookup(), SETTINGS).message
+    assert "stunner/partial" in validate(obj, None, "CREATE", lookup(), SETTINGS).message
 
 
 @pytest.mark.parametrize(
@@ -665,7 +646,7 @@ def test_secret_namespace_defaults_to_the_objects() -> None:
 )
 def test_objects_not_ours_get_an_empty_verdict(obj: dict[str, Any]) -> None:
     for operation in ("CREATE", "UPDATE", "DELETE"):
-        verdict = validate(obj, obj, operation, FakeLookup(), SETTINGS)
+        verdict = validate(obj, obj, operation, lookup(), SETTINGS)
         assert verdict == Verdict()
 
 
@@ -676,7 +657,7 @@ def test_a_gateway_api_udproute_is_judged_when_one_parent_is_ours() -> None:
     both = [{"name": "other-gateway"}, {"name": "udp-gateway", "sectionName": "udp"}]
     for api in (GW_V1, V1ALPHA2):
         refused = validate(
-            route(configmap, api=api, parents=both), None, "CREATE", FakeLookup(), SETTINGS
+            route(configmap, api=api, parents=both), None, "CREATE", lookup(), SETTINGS
         )
         assert [p.path for p in refused.errors] == ["spec.rules[0].backendRefs[0]"]
     across = [{"name": "udp-gateway", "namespace": "stunner"}]
@@ -684,51 +665,49 @@ def test_a_gateway_api_udproute_is_judged_when_one_parent_is_ours() -> None:
         **route(configmap, api=GW_V1, parents=across),
         "metadata": {"name": "r", "namespace": "apps"},
     }
-    assert not validate(elsewhere, None, "CREATE", FakeLookup(), SETTINGS).allowed
+    assert not validate(elsewhere, None, "CREATE", lookup(), SETTINGS).allowed
     ours = route(configmap, parents=[{"name": "nowhere"}])
-    assert not validate(ours, None, "CREATE", FakeLookup(), SETTINGS).allowed
+    assert not validate(ours, None, "CREATE", lookup(), SETTINGS).allowed
 
 
 def test_a_route_whose_parents_cannot_be_read_is_admitted_with_a_warning() -> None:
-    lookup = FakeLookup()
-    lookup.fail = True
     obj = route({"name": "cm", "kind": "ConfigMap"}, api=GW_V1)
-    verdict = validate(obj, None, "CREATE", lookup, SETTINGS)
+    with lookups.failing() as failing:
+        verdict = validate(obj, None, "CREATE", failing, SETTINGS)
     assert verdict.allowed and [w.path for w in verdict.warnings] == ["spec.parentRefs"]
     assert "could not read the Gateways" in verdict.warnings[0].message
 
 
 def test_delete_runs_only_the_delete_rules() -> None:
-    lookup = FakeLookup()
-    refused = validate(dataplane("default"), None, "DELETE", lookup, SETTINGS)
+    snapshot = lookup()
+    refused = validate(dataplane("default"), None, "DELETE", snapshot, SETTINGS)
     assert refused.message == (
         "metadata.name: the default Dataplane cannot be deleted: removing it breaks the "
         "installation (the operator provisions stunnerd pods from it)"
     )
-    assert validate(dataplane("dev"), None, "DELETE", lookup, SETTINGS).allowed
-    assert validate(dataplane("default"), None, "CREATE", lookup, SETTINGS).allowed
+    assert validate(dataplane("dev"), None, "DELETE", snapshot, SETTINGS).allowed
+    assert validate(dataplane("default"), None, "CREATE", snapshot, SETTINGS).allowed
     broken = gwconfig(realm="BAD", authType="bogus")
-    assert validate(broken, None, "DELETE", lookup, SETTINGS) == Verdict()
+    assert validate(broken, None, "DELETE", snapshot, SETTINGS) == Verdict()
 
 
 def test_update_warns_when_the_realm_changes() -> None:
     old, new = static(realm="a.example.com"), static(realm="b.example.com")
-    verdict = validate(new, old, "UPDATE", FakeLookup(), SETTINGS)
+    verdict = validate(new, old, "UPDATE", lookup(), SETTINGS)
     assert verdict.allowed
     assert verdict.warning_messages == [
         "spec.realm: changing the realm from 'a.example.com' to 'b.example.com' restarts every "
         "TURN listener of the Gateways using this GatewayConfig"
     ]
-    assert validate(new, new, "UPDATE", FakeLookup(), SETTINGS).warnings == []
+    assert validate(new, new, "UPDATE", lookup(), SETTINGS).warnings == []
 
 
 def test_lookup_failure_propagates() -> None:
-    lookup = FakeLookup()
-    lookup.fail = True
-    with pytest.raises(LookupFailed, match="cannot read Secret stunner/s"):
-        validate(auth_ref("s"), None, "CREATE", lookup, SETTINGS)
-    # A Gateway whose class cannot be read may be another controller's: admitted, unjudged.
-    verdict = validate(gateway(listener("a", 0)), None, "CREATE", lookup, SETTINGS)
+    with lookups.failing() as failing:
+        with pytest.raises(LookupFailed, match="cannot read Secret stunner/s"):
+            validate(auth_ref("s"), None, "CREATE", failing, SETTINGS)
+        # A Gateway whose class cannot be read may be another controller's: admitted, unjudged.
+        verdict = validate(gateway(listener("a", 0)), None, "CREATE", failing, SETTINGS)
     assert verdict.allowed and [w.path for w in verdict.warnings] == ["spec.gatewayClassName"]
     assert "could not read GatewayClass 'stunner-gatewayclass'" in verdict.warnings[0].message
 
@@ -739,8 +718,8 @@ def test_settings_defaults() -> None:
     )
     custom = Settings(node_port_range=(31000, 31999))
     obj = annotated(nodeport='{"udp":30500}')
-    assert not validate(obj, None, "CREATE", FakeLookup(), custom).allowed
-    assert validate(obj, None, "CREATE", FakeLookup(), SETTINGS).allowed
+    assert not validate(obj, None, "CREATE", lookup(), custom).allowed
+    assert validate(obj, None, "CREATE", lookup(), SETTINGS).allowed
 
 
 # --- defaults_patch() -------------------------------------------------------------------------
@@ -783,13 +762,13 @@ DEFAULTED = [
 @pytest.mark.parametrize("obj", DEFAULTED)
 def test_defaults_patch_only_adds_and_is_idempotent(obj: dict[str, Any]) -> None:
     original = copy.deepcopy(obj)
-    ops = defaults_patch(obj, FakeLookup())
+    ops = defaults_patch(obj, lookup())
     assert obj == original  # the input is not modified
     assert all(op["op"] == "add" for op in ops)
     patched = jsonpatch.apply_patch(obj, ops)
     for path, value in leaves(original):
         assert at(patched, path) == value, path
-    assert defaults_patch(patched, FakeLookup()) == []
+    assert defaults_patch(patched, lookup()) == []
 
 
 def test_defaults_of_a_gatewayconfig() -> None:
@@ -818,7 +797,7 @@ def test_defaults_of_a_gateway() -> None:
         listener("t", 443, "TURN-TLS", tls=tls("x")),
         listener("u", 3478, allowedRoutes={"namespaces": {"from": "All"}}),
     )
-    patched = jsonpatch.apply_patch(obj, defaults_patch(obj, FakeLookup()))
+    patched = jsonpatch.apply_patch(obj, defaults_patch(obj, lookup()))
     tls_listener, udp_listener = patched["spec"]["listeners"]
     assert tls_listener["tls"]["mode"] == "Terminate"
     assert tls_listener["allowedRoutes"] == {"namespaces": {"from": "Same"}}
@@ -826,7 +805,7 @@ def test_defaults_of_a_gateway() -> None:
     assert "tls" not in udp_listener
     # Another controller's Gateway is left alone when the class can be looked up.
     other = {**obj, "spec": {**obj["spec"], "gatewayClassName": "other-class"}}
-    assert defaults_patch(other, FakeLookup()) == []
+    assert defaults_patch(other, lookup()) == []
     assert defaults_patch(other) != []
 
 
@@ -916,7 +895,7 @@ def secret_words(s: dict[str, Any]) -> list[str]:
 def test_no_message_shows_what_a_secret_holds(s: dict[str, Any]) -> None:
     name = s["metadata"]["name"]
     for obj in (auth_ref(name), tls_gateway(name)):
-        verdict = validate(obj, None, "CREATE", FakeLookup(), SETTINGS)
+        verdict = validate(obj, None, "CREATE", lookup(), SETTINGS)
         text = " ".join([verdict.message, *verdict.warning_messages])
         for word in secret_words(s):
             assert word not in text, (word, text)

@@ -17,7 +17,7 @@ import pytest
 from reconciler import cds
 from reconciler.cds import ConfigStore, cds_app, serve
 from reconciler.cds_access import Access, Account, TokenVerifier
-from reconciler.kube import Api
+from reconciler.kube.api import Api
 from stunner_api.dataplane import StunnerConfig, validate_config
 from stunner_api.vocabulary import CDS_TOKEN_AUDIENCE
 from stunner_cli.authserver import apply_frame, follow, run

@@ -16,7 +16,7 @@ import pytest
 
 from reconciler.cds import ConfigStore, cds_app
 from reconciler.cds_access import Access, Account, TokenVerifier
-from reconciler.kube import Api
+from reconciler.kube.api import Api
 from stunner_api.dataplane import validate_config
 from stunner_api.vocabulary import CDS_TOKEN_AUDIENCE
 from stunner_cli.__main__ import main as stunner

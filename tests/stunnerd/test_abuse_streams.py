@@ -224,7 +224,8 @@ def test_a_client_that_stops_reading_gets_drops_not_an_unbounded_queue() -> None
     async def main() -> None:
         peer = await start_peer(echo=False)
         port = free_port()
-        async with tcp_stunner(port, Limits(stream_high_water=high_water), [f"{HOST}/32"]) as s:
+        limits = Limits(stream_high_water=high_water, stream_latency_bound=0)  # the queue alone
+        async with tcp_stunner(port, limits, [f"{HOST}/32"]) as s:
             reader, writer = await tcp_allocation(port, (HOST, peer.port))
             sock = writer.get_extra_info("socket")
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)

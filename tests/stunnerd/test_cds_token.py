@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from reconciler.cds_access import Access, TokenVerifier
-from reconciler.kube import Api
+from reconciler.kube.api import Api
 from stunner_api.vocabulary import CDS_TOKEN_AUDIENCE
 from stunnerd.sources import CdsSource, SourceError
 from tests.cds_server import CdsServer, run_cds_server

@@ -18,7 +18,7 @@ from stunner_api.dataplane import StunnerConfig
 from stunnerd.auth import NonceManager
 from stunnerd.core import DataplaneCore, Plan
 from stunnerd.daemon import ApplyError
-from stunnerd.ledger import Reservations, UserAllocations
+from stunnerd.ledger import LocalQuota, Reservations
 from stunnerd.listener import Listener
 from stunnerd.stun import Class
 from tests.support.turnclient import (
@@ -208,7 +208,7 @@ def test_core_without_rollback_serves_what_can_start(caplog: pytest.LogCaptureFi
             squatter.listen()
             busy = squatter.getsockname()[1]
             config = make_config(busy, [f"{HOST}/32"], user_quota=7)
-            core = DataplaneCore(NonceManager(), UserAllocations(), Reservations(), False)
+            core = DataplaneCore(NonceManager(), LocalQuota(), Reservations(), False)
             try:
                 await core.apply(config, core_plan(config, rollback=False))
                 assert list(core.listeners) == ["testns/gw/turn-udp"]  # TCP: port taken
@@ -227,7 +227,7 @@ def test_core_with_rollback_refuses_the_whole_config() -> None:
             squatter.bind(("0.0.0.0", 0))
             squatter.listen()
             config = make_config(squatter.getsockname()[1], [f"{HOST}/32"], user_quota=7)
-            core = DataplaneCore(NonceManager(), UserAllocations(), Reservations(), False)
+            core = DataplaneCore(NonceManager(), LocalQuota(), Reservations(), False)
             try:
                 with pytest.raises(ApplyError, match="listener testns/gw/turn-tcp"):
                     await core.apply(config, core_plan(config, rollback=True))

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from reconciler.store import Snapshot
 from stunner_api.dataplane import validate_config
 from stunner_api.rules import Request, Settings
 from stunner_api.rules.gatewayconfig import gatewayconfig_log_level
@@ -23,23 +24,6 @@ def gwconfig(log_level: str) -> dict[str, Any]:
         "metadata": {"name": "c", "namespace": "stunner"},
         "spec": {"logLevel": log_level},
     }
-
-
-class NoLookup:
-    def secret(self, namespace: str, name: str) -> dict[str, Any] | None:
-        return None
-
-    def gateway_class(self, name: str) -> dict[str, Any] | None:
-        return None
-
-    def gateway(self, namespace: str, name: str) -> dict[str, Any] | None:
-        return None
-
-    def reference_grants(self, namespace: str) -> list[dict[str, Any]]:
-        return []
-
-    def may_read_secret(self, namespace: str, name: str) -> bool:
-        return False
 
 
 @pytest.mark.parametrize(
@@ -75,7 +59,7 @@ def test_stunnerd_and_the_webhook_read_log_specs_with_one_parser(spec: str) -> N
     expected = {scope: logs.LEVELS[level] for scope, level in parsed.as_dict().items()}
     assert logs.parse_level_spec(spec) == expected
     problems = gatewayconfig_log_level(
-        Request(gwconfig(spec), None, "CREATE", NoLookup(), Settings())
+        Request(gwconfig(spec), None, "CREATE", Snapshot.from_objects([]), Settings())
     )
     assert [p.message for p in problems] == [skipped_part_reason(part) for part in parsed.skipped]
 

@@ -27,7 +27,7 @@ from stunnerd.admin import render_metrics, status_of
 from stunnerd.auth import NonceManager
 from stunnerd.channel import HEADER, Channel
 from stunnerd.daemon import Stunner
-from stunnerd.ledger import UserAllocations
+from stunnerd.ledger import LocalQuota
 from stunnerd.stun import Class
 from stunnerd.worker_pool import WorkerPool, cgroup_cpu_limit, udp_process_count, usable_cpus
 from tests.support.turnclient import (
@@ -69,20 +69,18 @@ def test_cgroup_cpu_limit(cpu_max: str, cores: float | None) -> None:
 
 
 @pytest.mark.parametrize(
-    ("requested", "cpus", "native", "processes"),
+    ("requested", "cpus", "processes"),
     [
-        (None, 4, False, 4),  # default: one per usable CPU
-        (None, 1, False, 1),
-        (None, 4, True, 1),  # the native engine's thread relays for the process
-        (0, 4, False, 1),  # 0 disables, as in Go stunnerd
-        (1, 4, False, 1),
-        (3, 4, False, 3),
-        (3, 4, True, 3),  # asked for: one engine per process
-        (16, 2, False, 2),  # the operator's default, capped at the cores
+        (None, 4, 4),  # default: one per usable CPU, on the native path too (issue 21)
+        (None, 1, 1),
+        (0, 4, 1),  # 0 disables, as in Go stunnerd
+        (1, 4, 1),
+        (3, 4, 3),
+        (16, 2, 2),  # the operator's default, capped at the cores
     ],
 )
-def test_udp_process_count(requested: int | None, cpus: int, native: bool, processes: int) -> None:
-    assert udp_process_count(requested, cpus, native) == processes
+def test_udp_process_count(requested: int | None, cpus: int, processes: int) -> None:
+    assert udp_process_count(requested, cpus) == processes
 
 
 def test_usable_cpus_is_within_the_affinity_mask() -> None:
@@ -150,7 +148,7 @@ def test_channel_closes_on_a_broken_frame() -> None:
 
 @contextlib.asynccontextmanager
 async def pooled_stunner(config: StunnerConfig, size: int = 1) -> AsyncIterator[Stunner]:
-    pool = WorkerPool(size, os.urandom(32), UserAllocations(), "all:WARN")
+    pool = WorkerPool(size, os.urandom(32), LocalQuota(), "all:WARN")
     await pool.start()
     stunner = Stunner(nonces=NonceManager(pool.secret), workers=pool)
     try:
@@ -353,7 +351,7 @@ def test_a_busy_port_is_refused_even_with_reuse_port() -> None:
         squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         squatter.bind(("0.0.0.0", port))
         with squatter:
-            pool = WorkerPool(1, os.urandom(32), UserAllocations(), "all:WARN")
+            pool = WorkerPool(1, os.urandom(32), LocalQuota(), "all:WARN")
             await pool.start()
             stunner = Stunner(nonces=NonceManager(pool.secret), workers=pool)
             try:

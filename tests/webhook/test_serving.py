@@ -33,7 +33,8 @@ from typing import Any
 import pytest
 from flask.testing import FlaskClient
 
-from stunner_api.rules import LookupFailed, Settings
+from reconciler.store import Snapshot
+from stunner_api.rules import Settings
 from tests.support.fakeapi import FakeApiServer
 from tests.support.objects import secret
 from tests.webhook.conftest import admission_review
@@ -84,17 +85,6 @@ def service_cidr(name: str, *cidrs: str) -> dict[str, Any]:
         "metadata": {"name": name},
         "spec": {"cidrs": list(cidrs)},
     }
-
-
-class NoSecrets:
-    def secret(self, namespace: str, name: str) -> dict[str, Any] | None:
-        return None
-
-    def gateway_class(self, name: str) -> dict[str, Any] | None:
-        raise LookupFailed("not in this test")
-
-    def gateway(self, namespace: str, name: str) -> dict[str, Any] | None:
-        raise LookupFailed("not in this test")
 
 
 @pytest.fixture
@@ -237,7 +227,7 @@ def test_bodies_over_the_limit_and_malformed(webhook: Webhook) -> None:
 
 
 def test_a_bug_is_a_json_500_without_a_traceback(caplog: pytest.LogCaptureFixture) -> None:
-    app = create_app(Settings(), NoSecrets())
+    app = create_app(Settings(), Snapshot.from_objects([]))
 
     @app.get("/boom")
     def boom() -> str:
@@ -393,7 +383,7 @@ def test_gunicorn_guards_the_discovered_cidrs(
 
 
 def test_the_flask_client_gets_json_errors_too() -> None:
-    client = create_app(Settings(), NoSecrets()).test_client()
+    client = create_app(Settings(), Snapshot.from_objects([])).test_client()
     resp = client.post("/validate", data=b"[" * 100_000, content_type="application/json")
     _assert_review_error(resp.status_code, resp.get_json(), 400, "too deeply")
     resp = client.post("/validate", data=b"x" * (MAX_BODY_BYTES + 1))
@@ -438,7 +428,7 @@ def test_a_slow_api_server_does_not_hold_the_other_reviews(
 def test_an_object_nested_too_deeply_is_refused_with_its_uid(path: str) -> None:
     """Parseable JSON nested deeper than any Kubernetes object: a 400 refusal the apiserver
     shows the user (uid echoed), before a rule or the defaulter recurses into it."""
-    client = create_app(Settings(), NoSecrets()).test_client()
+    client = create_app(Settings(), Snapshot.from_objects([])).test_client()
     for depth in (150, 900):
         obj = gateway_config(realm="stunner.l7mp.io")
         obj["spec"]["realm"] = json.loads("[" * depth + "]" * depth)

@@ -28,7 +28,9 @@ import jsonpatch
 import pytest
 from flask.testing import FlaskClient
 
-from stunner_api.rules import LookupFailed, Settings
+from reconciler.store import Snapshot
+from stunner_api.rules import Lookup, LookupFailed, Settings
+from tests.support import lookups
 from tests.support.fakeapi import FakeApiServer
 from tests.webhook.serving import Webhook
 from webhook import create_app, settings_from_env
@@ -80,39 +82,6 @@ def review(
     }
 
 
-class DictLookup:
-    """A Lookup over dicts; ``fail`` makes every read raise LookupFailed."""
-
-    def __init__(self, secrets: dict[tuple[str, str], dict[str, Any]] | None = None) -> None:
-        self.secrets = secrets or {}
-        self.fail = False
-        self.calls = 0
-
-    def secret(self, namespace: str, name: str) -> dict[str, Any] | None:
-        self.calls += 1
-        if self.fail:
-            raise LookupFailed(
-                f"cannot read Secret {namespace}/{name} from the Kubernetes API: connection refused"
-            )
-        return self.secrets.get((namespace, name))
-
-    def gateway_class(self, name: str) -> dict[str, Any] | None:
-        if self.fail:
-            raise LookupFailed(f"cannot read GatewayClass {name} from the Kubernetes API: down")
-        return None
-
-    def gateway(self, namespace: str, name: str) -> dict[str, Any] | None:
-        if self.fail:
-            raise LookupFailed(f"cannot read Gateway {namespace}/{name} from the Kubernetes API")
-        return None
-
-    def reference_grants(self, namespace: str) -> list[dict[str, Any]]:
-        return []
-
-    def may_read_secret(self, namespace: str, name: str) -> bool:
-        return False
-
-
 def auth_secret(name: str, **data: str) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
@@ -123,16 +92,16 @@ def auth_secret(name: str, **data: str) -> dict[str, Any]:
     }
 
 
-@pytest.fixture
-def lookup() -> DictLookup:
-    return DictLookup({("stunner", "partial"): auth_secret("partial", type="static", username="u")})
-
-
-@pytest.fixture
-def client(lookup: DictLookup) -> FlaskClient:
+def app_client(lookup: Lookup) -> FlaskClient:
     app = create_app(Settings(), lookup)
     app.config["TESTING"] = True
     return app.test_client()
+
+
+@pytest.fixture
+def client() -> FlaskClient:
+    """The app judging with a snapshot holding one Secret, `partial`, that lacks a password."""
+    return app_client(Snapshot.from_objects([auth_secret("partial", type="static", username="u")]))
 
 
 def post(client: FlaskClient, path: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -169,7 +138,7 @@ def test_update_and_dry_run_answer_the_same(client: FlaskClient) -> None:
     assert post(client, "/validate", review(VALID, "UPDATE", VALID, True))["allowed"] is True
 
 
-def test_delete_validates_old_object(client: FlaskClient, lookup: DictLookup) -> None:
+def test_delete_validates_old_object(client: FlaskClient) -> None:
     resp = post(client, "/validate", review(None, "DELETE", old=VALID))
     assert resp["allowed"] is True
     assert client.post("/validate", json=review(None, "DELETE")).status_code == 400
@@ -189,10 +158,10 @@ def test_authref_missing_secret_warns_and_partial_secret_refuses(client: FlaskCl
     assert "authRef" in resp["status"]["message"]
 
 
-def test_lookup_failure_is_a_clear_refusal(client: FlaskClient, lookup: DictLookup) -> None:
-    lookup.fail = True
+def test_lookup_failure_is_a_clear_refusal() -> None:
     obj = gateway_config(realm="stunner.l7mp.io", authRef={"name": "s", "namespace": "stunner"})
-    resp = post(client, "/validate", review(obj))
+    with lookups.failing() as lookup:
+        resp = post(app_client(lookup), "/validate", review(obj))
     assert resp["allowed"] is False
     assert resp["status"]["code"] == 503
     assert "cannot read Secret stunner/s from the Kubernetes API" in resp["status"]["message"]

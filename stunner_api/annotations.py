@@ -1,0 +1,249 @@
+"""The STUNner annotations (`stunner.l7mp.io/...`, ANCHORS §2.4): one row each, the only grammar.
+
+A row is the key, a parser that turns the annotation's text into a value or a `Refused` naming
+why, the default, and the scope: the kinds it is read from. The admission rules
+(`stunner_api.rules`) refuse what a parser refuses, with the parser's reason as the message; the
+renderer (`reconciler.render`) reads values with `Annotation.value`, which gives the default for
+an absent or refused value and notes nothing (the rule's finding is the one finding). So
+whatever the webhook admits, render honours, and whatever it refuses, render ignores.
+
+The grammar is Go STUNner's operator (`internal/renderer/service_util.go`), made strict where Go
+would produce a Service the API server refuses:
+- service-type: ClusterIP, NodePort or LoadBalancer, case-sensitive as Go matches it. Go also
+  maps ExternalName to that Service type, but never sets the `externalName` such a Service
+  needs, so the API server refuses the Service; the documented values are the three.
+- the booleans and external-traffic-policy are case-insensitive, as Go lowercases them.
+- nodeport/targetport: a JSON map of listener name to an integer port; the braces may be left
+  out (Go retries with them added: `"udp": 30000`). A NodePort outside the cluster's range, or
+  a target port outside 1-65535, would make the API server refuse the whole Service: refused.
+
+Scope: every row is read from the Gateway's annotations; a row that shapes the Service is also
+read from its GatewayConfig's `loadBalancerServiceAnnotations` (the Gateway's wins on a
+conflict, as Go merges them). disable-managed-dataplane is the Gateway's only, as in Go.
+
+Pure: the standard library and the vocabulary only.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, Generic, TypeVar
+
+from stunner_api.vocabulary import (
+    ANNOTATION_PREFIX,
+    DEFAULT_NODE_PORT_RANGE,
+    DISABLE_HEALTH_CHECK_EXPOSE,
+    DISABLE_MANAGED_DATAPLANE,
+    DISABLE_SESSION_AFFINITY,
+    EXTERNAL_TRAFFIC_POLICY,
+    MIXED_PROTOCOL_LB,
+    NODEPORT,
+    SERVICE_TYPE,
+    SERVICE_TYPES,
+    TARGETPORT,
+)
+
+T = TypeVar("T")
+
+GATEWAY = "Gateway"
+GATEWAY_CONFIG = "GatewayConfig"  # its spec.loadBalancerServiceAnnotations
+SERVICE_SCOPE = (GATEWAY, GATEWAY_CONFIG)  # what shapes the Service
+GATEWAY_SCOPE = (GATEWAY,)
+BOOLEAN = "true or false (any case)"
+NO_PORTS: Mapping[str, int] = MappingProxyType({})
+
+
+@dataclass(frozen=True)
+class Refused:
+    """Why a parser refuses a value: the finding's message, e.g. `must be "true" or "false",
+    got 'yes'`."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What a parser needs to know of the cluster."""
+
+    node_port_range: tuple[int, int] = DEFAULT_NODE_PORT_RANGE
+
+
+Parser = Callable[[str, Limits], T | Refused]
+
+
+def text_of(value: Any) -> str:
+    """An annotation's text. Annotations are strings in the API; a manifest file may hold a
+    YAML boolean (`enable-mixed-protocol-lb: true`), read as "true"."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+@dataclass(frozen=True)
+class Annotation(Generic[T]):
+    """One row of the table."""
+
+    key: str
+    parse: Parser[T]
+    default: T
+    scope: tuple[str, ...]  # the kinds it is read from
+    grammar: str  # what it accepts, for the README's table
+    effect: str  # what it does
+
+    def value(
+        self,
+        gateway: Mapping[str, Any],
+        gateway_config: Mapping[str, Any],
+        limits: Limits,
+    ) -> T:
+        """What a Gateway gets from its annotations and its GatewayConfig's
+        loadBalancerServiceAnnotations: the Gateway's value when it has the key, else (when the
+        row's scope includes it) the GatewayConfig's, else the default. A refused value gives the
+        default: the rule reports it."""
+        if self.key in gateway:
+            raw = gateway[self.key]
+        elif GATEWAY_CONFIG in self.scope and self.key in gateway_config:
+            raw = gateway_config[self.key]
+        else:
+            return self.default
+        parsed = self.parse(text_of(raw), limits)
+        return self.default if isinstance(parsed, Refused) else parsed
+
+
+# --- parsers ----------------------------------------------------------------------------------
+
+
+def _service_type(text: str, limits: Limits) -> str | Refused:
+    if text in SERVICE_TYPES:
+        return text
+    return Refused(f"must be one of {', '.join(SERVICE_TYPES)}, got {text!r}")
+
+
+def _boolean(text: str, limits: Limits) -> bool | Refused:
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    return Refused(f'must be "true" or "false", got {text!r}')
+
+
+def _traffic_policy(text: str, limits: Limits) -> str | Refused:
+    policies = {"local": "Local", "cluster": "Cluster"}
+    if text.lower() in policies:
+        return policies[text.lower()]
+    return Refused(f"must be Local or Cluster, got {text!r}")
+
+
+def _port_map(what: str, valid: Callable[[Limits], tuple[int, int]]) -> Parser[Mapping[str, int]]:
+    def parse(text: str, limits: Limits) -> Mapping[str, int] | Refused:
+        low, high = valid(limits)
+        ports: Any = None
+        for candidate in (text, "{" + text + "}"):  # Go retries with the braces added
+            try:
+                ports = json.loads(candidate)
+                break
+            except ValueError:
+                continue
+        if not isinstance(ports, dict):
+            example = '{"udp-listener":' + str(low) + "}"
+            return Refused(
+                f"must be a JSON map of listener name to {what}, like {example} (the braces may "
+                f"be left out), got {text!r}"
+            )
+        bad = [
+            f"{what} of listener {name!r} must be between {low} and {high}, got {port!r}"
+            for name, port in ports.items()
+            if not (isinstance(port, int) and not isinstance(port, bool) and low <= port <= high)
+        ]
+        if bad:
+            return Refused("; ".join(bad))
+        return {str(name): int(port) for name, port in ports.items()}
+
+    return parse
+
+
+# --- the table --------------------------------------------------------------------------------
+
+SERVICE_TYPE_ROW: Annotation[str] = Annotation(
+    SERVICE_TYPE,
+    _service_type,
+    "LoadBalancer",
+    SERVICE_SCOPE,
+    f"{', '.join(SERVICE_TYPES[:-1])} or {SERVICE_TYPES[-1]} (case-sensitive)",
+    "the type of the Gateway's Service",
+)
+MIXED_PROTOCOL_LB_ROW: Annotation[bool] = Annotation(
+    MIXED_PROTOCOL_LB,
+    _boolean,
+    False,
+    SERVICE_SCOPE,
+    BOOLEAN,
+    "true: the Service exposes the UDP and the TCP listeners (else those of the first "
+    "listener's transport only)",
+)
+EXTERNAL_TRAFFIC_POLICY_ROW: Annotation[str] = Annotation(
+    EXTERNAL_TRAFFIC_POLICY,
+    _traffic_policy,
+    "Cluster",
+    SERVICE_SCOPE,
+    "local or cluster (any case)",
+    "Local: `externalTrafficPolicy: Local` on a NodePort or LoadBalancer Service (keeps the "
+    "client's address)",
+)
+DISABLE_MANAGED_DATAPLANE_ROW: Annotation[bool] = Annotation(
+    DISABLE_MANAGED_DATAPLANE,
+    _boolean,
+    False,
+    GATEWAY_SCOPE,
+    BOOLEAN,
+    "true: no stunnerd Deployment for the Gateway (its config is still served)",
+)
+NODEPORT_ROW: Annotation[Mapping[str, int]] = Annotation(
+    NODEPORT,
+    _port_map("NodePort", lambda limits: limits.node_port_range),
+    NO_PORTS,
+    SERVICE_SCOPE,
+    '`{"listener": port, ...}`, braces optional; ports in the cluster\'s NodePort range',
+    "the nodePort of each named listener's Service port",
+)
+TARGETPORT_ROW: Annotation[Mapping[str, int]] = Annotation(
+    TARGETPORT,
+    _port_map("target port", lambda limits: (1, 65535)),
+    NO_PORTS,
+    SERVICE_SCOPE,
+    '`{"listener": port, ...}`, braces optional; ports 1-65535',
+    "the targetPort of each named listener's Service port, and the port stunnerd listens on",
+)
+DISABLE_HEALTH_CHECK_EXPOSE_ROW: Annotation[bool] = Annotation(
+    DISABLE_HEALTH_CHECK_EXPOSE,
+    _boolean,
+    False,
+    SERVICE_SCOPE,
+    BOOLEAN,
+    "true: no health-check port on the LoadBalancer Service",
+)
+DISABLE_SESSION_AFFINITY_ROW: Annotation[bool] = Annotation(
+    DISABLE_SESSION_AFFINITY,
+    _boolean,
+    False,
+    SERVICE_SCOPE,
+    BOOLEAN,
+    "true: `sessionAffinity: None` (else ClientIP)",
+)
+
+TABLE: tuple[Annotation[Any], ...] = (
+    SERVICE_TYPE_ROW,
+    MIXED_PROTOCOL_LB_ROW,
+    EXTERNAL_TRAFFIC_POLICY_ROW,
+    DISABLE_MANAGED_DATAPLANE_ROW,
+    NODEPORT_ROW,
+    TARGETPORT_ROW,
+    DISABLE_HEALTH_CHECK_EXPOSE_ROW,
+    DISABLE_SESSION_AFFINITY_ROW,
+)
+BY_KEY: Mapping[str, Annotation[Any]] = {row.key: row for row in TABLE}
+KEYS = tuple(BY_KEY)
+
+
+def is_stunner_annotation(key: str) -> bool:
+    """Whether the key is in STUNner's namespace (then it must be a row of the table)."""
+    return key.startswith(ANNOTATION_PREFIX)
