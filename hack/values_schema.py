@@ -87,7 +87,6 @@ CONSTRAINTS: dict[str, dict[str, Any]] = {
     },
     "gatewayConfig.name": {"type": "string", "pattern": DNS_SUBDOMAIN},
     "gatewayConfig.namespace": {"type": "string", "pattern": f"^$|{DNS_LABEL}"},
-    "gatewayConfig.className": {"type": "string", "pattern": DNS_SUBDOMAIN},
     "gatewayConfig.realm": {"type": "string", "minLength": 1},
     "gatewayConfig.authSecretName": {"type": "string", "pattern": DNS_SUBDOMAIN},
     # Annotation values are strings (--set-string for "true" or a number).

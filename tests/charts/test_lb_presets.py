@@ -2,9 +2,9 @@
 annotations a cloud's UDP load balancer needs, `loadBalancer.annotations` adds to and overrides
 them, and both go into the GatewayConfig the chart renders (`gatewayConfig.create`), rendered
 by real helm 3 and 4. Then the reconciler's own render (reconciler.render) turns the chart's
-GatewayClass, GatewayConfig and Dataplane plus a Gateway into the Gateway's LoadBalancer
-Service: the annotations are on it, and the health-check port is exposed or not as each preset
-means it to be.
+GatewayConfig and Dataplane, plus a GatewayClass naming that GatewayConfig and a Gateway, into
+the Gateway's LoadBalancer Service: the annotations are on it, and the health-check port is
+exposed or not as each preset means it to be.
 
 EXPECTED is written out here, not read from values.yaml: a change to a preset must change this
 table too, deliberately.
@@ -61,10 +61,10 @@ def helm_render(helm: Path, *sets: str) -> list[dict[str, Any]]:
 
 
 def chart_objects(helm: Path, *sets: str) -> dict[str, dict[str, Any]]:
-    """The GatewayClass, GatewayConfig and default Dataplane the chart renders, by kind."""
+    """The GatewayConfig and default Dataplane the chart renders, by kind."""
     manifests = helm_render(helm, CREATE, *sets)
     out = {}
-    for kind in ("GatewayClass", "GatewayConfig", "Dataplane"):
+    for kind in ("GatewayConfig", "Dataplane"):
         (obj,) = of_kind(manifests, kind)
         out[kind] = obj
     return out
@@ -97,32 +97,19 @@ def test_each_preset_renders_its_annotations_into_the_gateway_config(
         assert annotations is None
 
 
-def test_the_chart_gateway_class_points_at_its_gateway_config(helm: Path) -> None:
+def test_the_charts_gateway_config_names_its_auth_secret(helm: Path) -> None:
     objects = chart_objects(
         helm,
         "gatewayConfig.name=edge",
         "gatewayConfig.namespace=media",
-        "gatewayConfig.className=edge-class",
+        "gatewayConfig.realm=turn.example.com",
         "gatewayConfig.authSecretName=turn-users",
     )
-    klass, config = objects["GatewayClass"], objects["GatewayConfig"]
-    assert klass["metadata"]["name"] == "edge-class"
-    assert klass["spec"]["controllerName"] == "stunner.l7mp.io/gateway-operator"
-    assert klass["spec"]["parametersRef"] == {
-        "group": "stunner.l7mp.io",
-        "kind": "GatewayConfig",
-        "name": "edge",
-        "namespace": "media",
-    }
-    assert config["metadata"] | {"labels": None} == {
-        "name": "edge",
-        "namespace": "media",
-        "labels": None,
-    }
-    assert config["spec"]["authRef"] == {
-        "kind": "Secret",
-        "name": "turn-users",
-        "namespace": "media",
+    config = objects["GatewayConfig"]
+    assert (config["metadata"]["name"], config["metadata"]["namespace"]) == ("edge", "media")
+    assert config["spec"] == {
+        "realm": "turn.example.com",
+        "authRef": {"kind": "Secret", "name": "turn-users", "namespace": "media"},
     }
     # The release's namespace when none is named.
     default = chart_objects(helm)["GatewayConfig"]
@@ -153,7 +140,7 @@ def test_annotations_add_to_the_preset_and_override_it(helm: Path) -> None:
 def test_no_gateway_config_by_default(helm: Path) -> None:
     manifests = helm_render(helm)
     assert not of_kind(manifests, "GatewayConfig")
-    assert not of_kind(manifests, "GatewayClass")
+    assert not of_kind(helm_render(helm, CREATE), "GatewayClass")  # the user's to make
 
 
 @pytest.mark.parametrize(
@@ -184,20 +171,19 @@ def test_an_unknown_preset_fails_the_template_when_the_schema_is_skipped(helm: P
     assert 'unknown preset "hetzner": choose none or one of aws, azure, digitalocean' in stderr
 
 
-def test_the_webhook_leaves_out_the_charts_gateway_class_and_config(helm: Path) -> None:
-    """Created in the same install as the webhook's pods, they must not wait for them (as the
-    default Dataplane); a user's GatewayConfig and GatewayClass are still judged, each with its
-    failure policy."""
+def test_the_webhook_leaves_out_the_charts_gateway_config(helm: Path) -> None:
+    """Created in the same install as the webhook's pods, it must not wait for them (as the
+    default Dataplane); a user's GatewayConfig is still judged, fail-closed. Without
+    gatewayConfig.create, no object selector spares any GatewayConfig."""
+    group, plural = "stunner.l7mp.io", "gatewayconfigs"
     manifests = helm_render(helm, CREATE)
-    for kind, group, plural, policy in (
-        ("GatewayConfig", "stunner.l7mp.io", "gatewayconfigs", "Fail"),
-        ("GatewayClass", "gateway.networking.k8s.io", "gatewayclasses", "Ignore"),
-    ):
-        (own,) = of_kind(manifests, kind)
-        assert not entries_judging(manifests, group, plural, own["metadata"]["labels"])
-        users = entries_judging(manifests, group, plural, {})
-        assert len(users) == 2, users  # validating and mutating
-        assert {w["failurePolicy"] for w in users} == {policy}
+    (own,) = of_kind(manifests, "GatewayConfig")
+    assert not entries_judging(manifests, group, plural, own["metadata"]["labels"])
+    users = entries_judging(manifests, group, plural, {})
+    assert len(users) == 2, users  # validating and mutating
+    assert {w["failurePolicy"] for w in users} == {"Fail"}
+    default = helm_render(helm)
+    assert len(entries_judging(default, group, plural, own["metadata"]["labels"])) == 2
 
 
 # --- through the reconciler's render --------------------------------------------------------
@@ -206,8 +192,24 @@ def test_the_webhook_leaves_out_the_charts_gateway_class_and_config(helm: Path) 
 def gateway_service(
     helm: Path, *sets: str, gateway_annotations: dict[str, str] | None = None
 ) -> tuple[dict[str, Any], Any]:
-    """The LoadBalancer Service render makes for a Gateway of the chart's class, and the plan."""
+    """The LoadBalancer Service render makes for a Gateway whose class names the chart's
+    GatewayConfig, and the plan."""
     objects = chart_objects(helm, *sets)
+    config = objects["GatewayConfig"]["metadata"]
+    gateway_class = {
+        "apiVersion": "gateway.networking.k8s.io/v1",
+        "kind": "GatewayClass",
+        "metadata": {"name": "stunner-gatewayclass"},
+        "spec": {
+            "controllerName": "stunner.l7mp.io/gateway-operator",
+            "parametersRef": {
+                "group": "stunner.l7mp.io",
+                "kind": "GatewayConfig",
+                "name": config["name"],
+                "namespace": config["namespace"],
+            },
+        },
+    }
     gateway = {
         "apiVersion": "gateway.networking.k8s.io/v1",
         "kind": "Gateway",
@@ -217,14 +219,14 @@ def gateway_service(
             "annotations": gateway_annotations or {},
         },
         "spec": {
-            "gatewayClassName": objects["GatewayClass"]["metadata"]["name"],
+            "gatewayClassName": "stunner-gatewayclass",
             "listeners": [{"name": "udp-listener", "port": 3478, "protocol": "TURN-UDP"}],
         },
     }
     auth = secret(
         "stunner-auth-secret", namespace=NAMESPACE, type="static", username="u", password="p"
     )
-    snapshot = Snapshot.from_objects([*objects.values(), gateway, auth])
+    snapshot = Snapshot.from_objects([*objects.values(), gateway_class, gateway, auth])
     plan = render(snapshot, RenderSettings(), NOW)
     assert not [f for f in plan.findings if f.kind in ("GatewayClass", "GatewayConfig")], [
         str(f) for f in plan.findings

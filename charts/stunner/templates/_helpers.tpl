@@ -131,11 +131,10 @@ uninstall` deletes it, and neither may depend on the webhook's pods being up (a 
 webhook that is down, or not yet started, would block the upgrade that fixes it; the DELETE rule
 would refuse the uninstall). Only cluster administrators write Dataplanes (cluster-scoped), so
 the label it matches on is no tenant's way around the webhook.
-With gatewayConfig.create the release also renders a GatewayClass and a GatewayConfig, created
-in the same `helm install` as the webhook's pods: GatewayConfigs then join the Dataplanes' entry
-and GatewayClasses get one of their own (gatewayAPIFailurePolicy), both leaving the release's
-objects out. A GatewayConfig is namespaced: whoever may write one in a namespace could set the
-label and skip admission there (render still applies the same rule table, reporting in
+With gatewayConfig.create the release also renders a GatewayConfig, created in the same `helm
+install` as the webhook's pods: GatewayConfigs then join the Dataplanes' entry, which leaves the
+release's objects out. A GatewayConfig is namespaced: whoever may write one in a namespace could
+set the label and skip admission there (render still applies the same rule table, reporting in
 status), which is why this happens only when the chart makes one.
 */}}
 {{- define "stunner.webhooks" -}}
@@ -147,15 +146,13 @@ status), which is why this happens only when the chart makes one.
 {{- $caBundle = (include "stunner.webhookCertificate" $root | fromYaml).ca -}}
 {{- end -}}
 {{- $own := $root.Values.gatewayConfig.create -}}
-{{- $entries := list "stunner" "dataplane" "gateway-api" -}}
-{{- if $own }}{{ $entries = append $entries "gatewayclass" }}{{ end -}}
-{{- range $entry := $entries }}
+{{- range $entry := list "stunner" "dataplane" "gateway-api" }}
 - name: {{ $path }}-{{ $entry }}.stunner.l7mp.io
   admissionReviewVersions: [v1]
   sideEffects: None
   matchPolicy: Equivalent
   timeoutSeconds: {{ $root.Values.webhook.timeoutSeconds }}
-  failurePolicy: {{ has $entry (list "gateway-api" "gatewayclass") | ternary $root.Values.webhook.gatewayAPIFailurePolicy $root.Values.webhook.failurePolicy }}
+  failurePolicy: {{ eq $entry "gateway-api" | ternary $root.Values.webhook.gatewayAPIFailurePolicy $root.Values.webhook.failurePolicy }}
   clientConfig:
     service:
       name: {{ include "stunner.webhookName" $root }}
@@ -170,7 +167,7 @@ status), which is why this happens only when the chart makes one.
       - key: kubernetes.io/metadata.name
         operator: NotIn
         values: {{ concat (list "kube-system") $root.Values.webhook.excludedNamespaces | toJson }}
-  {{- if has $entry (list "dataplane" "gatewayclass") }}
+  {{- if eq $entry "dataplane" }}
   objectSelector:
     matchExpressions:
       - key: app.kubernetes.io/instance
@@ -183,7 +180,7 @@ status), which is why this happens only when the chart makes one.
   {{- $kind := index $judged $group $resource }}
   {{- $in := ternary "dataplane" "stunner" (and (eq $group "stunner.l7mp.io") (eq $resource "dataplanes")) }}
   {{- if and $own (eq $group "stunner.l7mp.io") (eq $resource "gatewayconfigs") }}{{ $in = "dataplane" }}{{ end }}
-  {{- if eq $group "gateway.networking.k8s.io" }}{{ $in = ternary "gatewayclass" "gateway-api" (and $own (eq $resource "gatewayclasses")) }}{{ end }}
+  {{- if eq $group "gateway.networking.k8s.io" }}{{ $in = "gateway-api" }}{{ end }}
   {{- if eq $in $entry }}
     - apiGroups: [{{ $group }}]
       apiVersions: {{ $kind.versions | toJson }}
