@@ -199,7 +199,7 @@ int main(int argc, char **argv) {
             clients[i] = clients[0];
             clients[i].port = (uint16_t)(clients[0].port + i);
         }
-        if (relay_add_allocation(e, &clients[i], relays[i], now + 3600, &handles[i]) < 0) {
+        if (relay_add_allocation(e, &clients[i], relays[i], now + 3600, 0, &handles[i]) < 0) {
             perror("relay_add_allocation");
             return 2;
         }
@@ -235,7 +235,7 @@ int main(int argc, char **argv) {
         }
         else if (change == 7 && which > 0) { /* replace an allocation */
             relay_remove_allocation(e, handles[which]);
-            relay_add_allocation(e, &clients[which], relays[which], relay_now() + 3600, &handles[which]);
+            relay_add_allocation(e, &clients[which], relays[which], relay_now() + 3600, 0, &handles[which]);
             relay_set_permission(e, handles[which], &peers[p], relay_now() + 3600);
         }
         /* a datagram */

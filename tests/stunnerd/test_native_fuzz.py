@@ -49,7 +49,7 @@ def _build(build: Path, name: str, sanitizers: list[str]) -> Path:
     except subprocess.CalledProcessError as exc:
         pytest.skip(f"the compiler lacks {sanitizers}: {exc.stderr.decode()[-300:]}")
     binary = build / name
-    sources = [str(SOURCES / "relay.c"), str(SOURCES / "fuzz.c")]
+    sources = [str(SOURCES / name) for name in ("relay.c", "stream.c", "fuzz.c")]
     result = subprocess.run(
         [compiler, *FLAGS, *sanitizers, "-Wall", "-Werror", *sources, "-o", str(binary)],
         capture_output=True,
