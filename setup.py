@@ -2,7 +2,8 @@
 
 Everything else about the package is in pyproject.toml. The extension is optional: without a
 compiler or Python headers the install goes on with a warning and stunnerd relays in Python
-(`stunnerd.native.available()` says why). Linux only (epoll, recvmmsg, sendmmsg, eventfd, TCP_NOTSENT_LOWAT).
+(`stunnerd.native.available()` says why). Linux only (epoll, recvmmsg, sendmmsg, eventfd,
+TCP_NOTSENT_LOWAT).
 """
 
 import sys

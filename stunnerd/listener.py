@@ -19,6 +19,7 @@ from stunner_api.dataplane import ListenerConfig
 
 from . import native
 from .counters import ClusterCounters, ListenerCounters
+from .native_tcp import NativeTcpTransport
 from .native_udp import NativeUdpTransport
 from .runtime import port_holders
 from .transports import Transport, transport_for
@@ -91,9 +92,12 @@ class Listener:
         )
 
     def _transport(self) -> Transport:
-        """TURN-UDP on the native relay engine where it is available, else `transport_for`."""
-        if self.config.protocol == "TURN-UDP":
+        """TURN-UDP and TURN-TCP on the native relay engine where it is available, else
+        `transport_for` (TURN-TLS and TURN-DTLS always)."""
+        if self.config.protocol in ("TURN-UDP", "TURN-TCP"):
             reason = native.unavailable_reason()
+            if reason is None and self.config.protocol == "TURN-TCP":
+                return NativeTcpTransport(self.server)
             if reason is None:
                 return NativeUdpTransport(self.server, self._udp_sockets, self._given_socket)
             _tell_python_relay(reason)
@@ -102,7 +106,7 @@ class Listener:
     def stats(self) -> ListenerCounters:
         """The listener's counters: the TURN server's plus what the native engine relayed."""
         transport = self.transport
-        if not isinstance(transport, NativeUdpTransport):
+        if not isinstance(transport, _NATIVE):
             return self.server.stats
         total = ListenerCounters()
         total.add(self.server.stats)
@@ -112,7 +116,7 @@ class Listener:
     def cluster_counters(self) -> Mapping[str, ClusterCounters]:
         """Per cluster, what the native engine relayed (Python's count is the context's)."""
         transport = self.transport
-        return transport.cluster_counters() if isinstance(transport, NativeUdpTransport) else {}
+        return transport.cluster_counters() if isinstance(transport, _NATIVE) else {}
 
     @property
     def _log_level(self) -> int:
@@ -131,14 +135,15 @@ class Listener:
         log.log(self._log_level, "listener %s stopped", self.name)
 
 
+_NATIVE = (NativeUdpTransport, NativeTcpTransport)
 _told: set[str] = set()
 
 
 def _tell_python_relay(reason: str) -> None:
-    """Say once per process why TURN-UDP relays in Python: a warning if the extension did not
-    build, an info line when STUNNER_NATIVE=0 asked for it."""
+    """Say once per process why TURN-UDP and TURN-TCP relay in Python: a warning if the
+    extension did not build, an info line when STUNNER_NATIVE=0 asked for it."""
     if reason in _told:
         return
     _told.add(reason)
     level = logging.INFO if "STUNNER_NATIVE" in reason else logging.WARNING
-    log.log(level, "TURN-UDP relays in Python: %s", reason)
+    log.log(level, "TURN-UDP and TURN-TCP relay in Python: %s", reason)

@@ -492,9 +492,9 @@ static PyObject *Engine_streams(EngineObject *self, PyObject *unused) {
     PyObject *list = PyList_New(n);
     for (uint32_t i = 0; list && i < n; i++) {
         relay_progress *r = &rows[i];
-        PyObject *item = Py_BuildValue("(KdiIdd)", (unsigned long long)r->handle, r->opened,
+        PyObject *item = Py_BuildValue("(KdiIddn)", (unsigned long long)r->handle, r->opened,
                                        r->first_done, r->buffered, r->frame_started,
-                                       r->last_frame);
+                                       r->last_frame, (Py_ssize_t)r->queued);
         if (!item) Py_CLEAR(list);
         else PyList_SET_ITEM(list, i, item);
     }
@@ -589,7 +589,7 @@ static PyMethodDef Engine_methods[] = {
     {"close_stream", (PyCFunction)Engine_close_stream, METH_VARARGS,
      "Close a stream; its close event follows."},
     {"streams", (PyCFunction)Engine_streams, METH_NOARGS,
-     "[(handle, opened, first_done, buffered, frame_started, last_frame)] of every stream."},
+     "[(handle, opened, first_done, buffered, frame_started, last_frame, queued)] of each."},
     {"thread_cpu", (PyCFunction)Engine_thread_cpu, METH_NOARGS, "CPU seconds of the thread."},
     {NULL, NULL, 0, NULL},
 };

@@ -329,6 +329,7 @@ typedef struct {
     double opened, frame_started, last_frame;
     uint32_t buffered;
     int first_done;
+    size_t queued; /* bytes queued toward the client, unwritten */
 } relay_progress;
 uint32_t relay_stream_progress(relay_engine *e, relay_progress *out, uint32_t max);
 uint32_t relay_stream_count(relay_engine *e);

@@ -227,6 +227,7 @@ uint32_t relay_stream_progress(relay_engine *e, relay_progress *out, uint32_t ma
         out[n].last_frame = s->last_frame;
         out[n].buffered = s->in_len - s->in_off;
         out[n].first_done = s->first_done;
+        out[n].queued = s->out_bytes;
         n++;
     }
     pthread_mutex_unlock(&e->lock);
