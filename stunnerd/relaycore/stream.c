@@ -447,17 +447,22 @@ int relay_stream_input(relay_engine *e, relay_stream *s, const uint8_t *data, si
         relay_alloc *a = relay_alloc_of_client(e, &s->remote);
         int outcome;
         relay_send *out = &sends[*count];
-        if ((b[0] & 0xC0) == 0x40 && !a)
+        /* ChannelData or a Send indication: media, which is worthless late; whether it would
+         * have been relayed (or handed up: a verdict or a channel Python still decides) */
+        int media = (b[0] & 0xC0) == 0x40 || (b[0] == 0 && b[1] == 0x16);
+        if ((b[0] & 0xC0) == 0x40 && !a) {
             outcome = relay_drop(e, DROP_INVALID); /* TurnServer.handle_channel_data drops it */
-        else if (a)
+        } else if (a && media && late) { /* received, then dropped: it waited past the bound */
+            e->listener[CTR_RX_PACKETS]++;
+            e->listener[CTR_RX_BYTES] += (uint64_t)flen;
+            outcome = relay_drop(e, DROP_LATENCY);
+        } else if (a) {
             outcome = relay_client_frame(e, a, b, (size_t)flen, now, out);
-        else
+        } else {
             outcome = RELAY_UP;
+        }
         if (outcome == RELAY_RELAYED) {
-            if (late)
-                relay_drop(e, DROP_LATENCY); /* waited in the socket past the bound */
-            else
-                (*count)++;
+            (*count)++;
         } else if (outcome == RELAY_UP) {
             relay_hand_up(e, RELAY_SRC_STREAM, handle, (struct sockaddr *)&s->remote_ss,
                           s->remote_len, b, (size_t)flen);
