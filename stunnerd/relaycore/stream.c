@@ -284,7 +284,7 @@ int relay_stream_send(relay_engine *e, uint64_t handle, const uint8_t *data, siz
     relay_stream *s = relay_stream_of(e, handle);
     if (!s || s->fd < 0 || s->close_asked) {
         rc = -ENOENT;
-    } else {
+    } else if (len > 0) { /* nothing to send for nothing */
         relay_frame *f = append_frame(e, s, len, relay_now(), 0);
         if (f) {
             memcpy(f->data, data, len);
@@ -345,13 +345,12 @@ static int stream_write(relay_engine *e, relay_stream *s, double now) {
             return -1;
         }
         size_t left = (size_t)wrote;
-        while (left > 0 && s->out_head) {
+        while (s->out_head) {
             relay_frame *f = s->out_head;
             size_t rest = f->len - s->out_off;
             if (left < rest) {
                 s->out_off += (uint32_t)left;
                 s->out_bytes -= left;
-                left = 0;
                 break;
             }
             left -= rest;
