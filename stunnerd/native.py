@@ -1,9 +1,10 @@
-"""The native relay path of a TURN-UDP listener (issue 16): a C engine carries the media, Python
-keeps the protocol.
+"""The native relay path of a TURN-UDP listener (issue 16) and of a TURN-TCP listener (issue 21):
+a C engine carries the media, Python keeps the protocol.
 
 `NativeRelay` wraps one `stunnerd._relay.Engine` (stunnerd/relaycore/: relay.c is the core,
-pymodule.c its bindings). The engine owns the packet path of one TURN-UDP listener socket and of
-its allocations' relay sockets in its own thread, which never takes the GIL: epoll, batches of
+stream.c its TURN-TCP streams, pymodule.c its bindings). The engine owns the packet path of one
+TURN-UDP listener socket (or of one TURN-TCP listener's connections, below) and of its
+allocations' relay sockets in its own thread, which never takes the GIL: epoll, batches of
 `recvmmsg`/`sendmmsg`, and per packet a decision from tables Python fills.
 
 - client -> peer: ChannelData on a bound channel, and Send indications of the plain shape
@@ -47,10 +48,30 @@ its allocations' relay sockets in its own thread, which never takes the GIL: epo
 - counters (packets and bytes per listener and per cluster, both directions; drops by cause;
   packets handed up) are read under the engine's lock without stopping its thread.
 
-Safety: the C side parses only the ChannelData header, the plain Send indication and (for a
-stranger's STUN) the attribute headers in search of MESSAGE-INTEGRITY, checks every length
-before reading it, and is fuzzed under ASan/UBSan by tests/stunnerd/
-test_native_fuzz.py (relaycore/fuzz.c drives relay_process with random and mutated datagrams).
+TURN-TCP (`NativeRelay(None)`, an engine without a UDP listener; stream.c): Python accepts
+each connection (admission, caps) and hands it over (`add_stream`: the engine keeps a
+duplicate). The engine's thread reads it and frames it as `stun.stream_frame_length` does (STUN
+by the header's length, ChannelData by its length padded to 4); it relays ChannelData and plain
+Send indications of a client with an allocation (allocations are added with their `stream`, and
+keyed by the connection's remote address as on the Python path), queues its peers' datagrams
+toward it (ChannelData padded, or Data indications), and hands every other frame up whole
+(SOURCE_STREAM, with the stream's handle). Python's answers go through the same queue
+(`stream_send`), so their order with relayed frames is kept. A framing error, a frame longer
+than the buffer (`transports.MAX_STREAM_BUFFER`), EOF or an error close the connection; every
+close (also `close_stream`) is handed up as SOURCE_CLOSED after every frame handed up before it,
+never dropped. `streams()` reports each stream's framing progress for Python's deadlines.
+Bounded delay (`stream_limits`): each queued frame carries its arrival time; a relayed one not
+yet begun that is older than the bound when the socket can take it is dropped ("latency"; one
+partly written is always finished); TCP_NOTSENT_LOWAT keeps what the kernel holds unsent small;
+the high-water mark bounds the queue ("backpressure"). Reading side: SO_TIMESTAMPNS gives the
+arrival of the data read; media (ChannelData, Send indications) from a read that waited longer
+than the bound is dropped ("latency"); STUN requests never are.
+
+Safety: the C side parses only the ChannelData header, the plain Send indication, (for a
+stranger's STUN) the attribute headers in search of MESSAGE-INTEGRITY, and over TCP the frame
+headers, checks every length before reading it, and is fuzzed under ASan/UBSan by tests/stunnerd/
+test_native_fuzz.py (relaycore/fuzz.c drives relay_process with random and mutated datagrams,
+and the stream framing with random and mutated byte streams split at random boundaries).
 
 How stunnerd uses it (`stunnerd/native_udp.py`, `NativeUdpTransport`): every TURN-UDP listener
 (the primary's and each UDP worker's socket: one engine per process) runs on an engine when
@@ -58,8 +79,10 @@ How stunnerd uses it (`stunnerd/native_udp.py`, `NativeUdpTransport`): every TUR
 Python closes its own), permissions and channels are mirrored through the allocation's
 `AllocationMirror`, handed-up packets go through the Python path, verdicts come from the
 router and are cleared whenever it drops its caches, and the engine's counters are added to
-Python's once (`Listener.stats`, `DataplaneCore.cluster_counters`). TURN-TCP/TLS/DTLS stay in
-Python. `STUNNER_NATIVE=0` (or an install without a compiler) keeps the pure-Python path.
+Python's once (`Listener.stats`, `DataplaneCore.cluster_counters`). Every TURN-TCP listener
+runs on an engine of its own (`stunnerd/native_tcp.py`, `NativeTcpTransport`). TURN-TLS and
+-DTLS stay in Python. `STUNNER_NATIVE=0` (or an install without a compiler) keeps the
+pure-Python path.
 """
 
 from __future__ import annotations

@@ -22,7 +22,8 @@ listener socket and of every allocation's relay socket, in its own thread:
 - Counting: the engine counts the packets it consumes, Python the ones it handles; `counters()`
   gives the engine's share, which `Listener` adds to the TURN server's once.
 
-TURN-TCP, -TLS and -DTLS stay in Python (stream framing, TLS and DTLS sessions).
+TURN-TCP has its own engine (`native_tcp`); TURN-TLS and -DTLS stay in Python (TLS and DTLS
+sessions).
 """
 
 from __future__ import annotations
