@@ -860,6 +860,17 @@ int relay_payload_to_peer(relay_engine *e, uint64_t handle, const relay_addr *pe
     return client_to_peer(e, a, peer, payload, plen, len, now, out);
 }
 
+int relay_hand_up_room(relay_engine *e, const struct sockaddr *from, size_t len) {
+    relay_addr client;
+    relay_addr_from_sockaddr(&client, from);
+    int known = table_find(&e->by_client, &client) != NULL;
+    relay_queue *queue = &e->queues[known ? RELAY_QUEUE_KNOWN : RELAY_QUEUE_STRANGERS];
+    pthread_mutex_lock(&e->qlock);
+    int room = queue->len < queue->cap && queue->bytes + len <= e->qbytes_limit;
+    pthread_mutex_unlock(&e->qlock);
+    return room;
+}
+
 void relay_hand_up(relay_engine *e, int source, uint64_t handle, const struct sockaddr *from,
                    socklen_t fromlen, const uint8_t *data, size_t len) {
     int known = source == RELAY_SRC_PEER;
@@ -978,6 +989,7 @@ uint32_t relay_drain(relay_engine *e, relay_up **out, uint32_t max) {
         e->closed_head = e->closed_head->next;
         if (!e->closed_head) e->closed_tail = NULL;
     }
+    if (n > 0 && __atomic_load_n(&e->stalled, __ATOMIC_RELAXED)) wake(e); /* room for them */
     if (e->queues[RELAY_QUEUE_KNOWN].len + e->queues[RELAY_QUEUE_STRANGERS].len == 0 &&
         !e->closed_head) {
         uint64_t value;
@@ -1075,8 +1087,11 @@ static int serve_batch(relay_engine *e, int fd, int source, uint64_t handle) {
     return n;
 }
 
+__thread int relay_in_thread;
+
 static void *run(void *arg) {
     relay_engine *e = arg;
+    relay_in_thread = 1;
     struct epoll_event events[64];
     while (!__atomic_load_n(&e->stopping, __ATOMIC_ACQUIRE)) {
         int n = epoll_wait(e->epfd, events, 64, -1);
@@ -1109,6 +1124,7 @@ static void *run(void *arg) {
             for (int k = 0; k < READS_PER_WAKEUP; k++)
                 if (serve_batch(e, fd, source, handle) < RELAY_BATCH) break;
         }
+        relay_stream_resume(e);  /* streams that waited for room in the hand-up queues */
         relay_stream_service(e); /* what the batch queued toward streams, and closes */
         reap(e);
         relay_stream_reap(e);

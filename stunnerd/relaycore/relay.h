@@ -178,6 +178,7 @@ typedef struct relay_engine {
     double latency_bound;   /* seconds; 0: none */
     size_t high_water;      /* bytes queued toward one client before drops */
     uint32_t stream_buffer; /* a frame longer than this closes its connection */
+    uint32_t stalled;       /* streams waiting for room in the hand-up queues (atomic reads) */
     /* the thread */
     pthread_t thread;
     int running;
@@ -241,6 +242,9 @@ void relay_flush(relay_engine *e, relay_send *sends, int count, struct mmsghdr *
 int relay_payload_to_peer(relay_engine *e, uint64_t handle, const relay_addr *peer,
                           uint8_t *payload, size_t plen, size_t len, double now,
                           relay_send *out);
+/* Whether relay_hand_up would queue (not drop) a packet of `len` bytes from `from`: TURN-TCP
+ * waits for room instead of dropping (only the thread queues, so the answer holds). */
+int relay_hand_up_room(relay_engine *e, const struct sockaddr *from, size_t len);
 /* Hand one packet up: to the priority queue when it comes from a peer or from a client with an
  * allocation, else to the strangers' queue; dropped (counted) when that queue is full. Call
  * with `lock` held. */
@@ -289,6 +293,7 @@ typedef struct relay_stream {
     double opened, frame_started, last_frame; /* relay_now(); frame_started 0: none begun */
     int first_done;    /* a whole frame came */
     int writable_wait; /* EPOLLOUT armed */
+    int stalled;       /* a frame to hand up found its queue full: not read until it drains */
     int in_dirty, close_asked;
     const char *close_reason;
     struct relay_stream *next_dirty, *next_dead;
@@ -336,12 +341,17 @@ uint32_t relay_stream_count(relay_engine *e);
 /* The thread's side (relay.c calls these). */
 void relay_stream_event(relay_engine *e, uint64_t tag, uint32_t events);
 void relay_stream_service(relay_engine *e); /* dirty streams: write, close */
+void relay_stream_resume(relay_engine *e);  /* stalled streams, once the queues have room */
 void relay_stream_reap(relay_engine *e);
 void relay_stream_free_all(relay_engine *e);
 relay_stream *relay_stream_of(relay_engine *e, uint64_t handle);
 /* Queue a decided peer -> client packet on its allocation's stream (lock held). */
 int relay_stream_enqueue(relay_engine *e, uint64_t handle, const relay_send *out, double now);
 void relay_push_closed(relay_engine *e, relay_stream *s);
+
+/* Set in an engine's thread (only it reads and writes it): stream.c's calls wake the thread
+ * only when made from another one. */
+extern __thread int relay_in_thread;
 
 /* Helpers shared with the bindings and the fuzz harness. */
 double relay_now(void);

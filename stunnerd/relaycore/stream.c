@@ -63,11 +63,27 @@ long relay_stream_frame_length(const uint8_t *b, size_t len) {
 }
 
 static void wake_thread(relay_engine *e) {
-    if (e->running && !pthread_equal(pthread_self(), e->thread)) {
+    if (!relay_in_thread) { /* its own work it does after the batch; a stopped engine's later */
         uint64_t one = 1;
         if (write(e->wake_fd, &one, sizeof one) < 0) { /* already signalled */
         }
     }
+}
+
+/* What epoll watches on a stream: input unless stalled, output while some waits. */
+static uint32_t stream_events(const relay_stream *s) {
+    return (s->stalled ? 0 : EPOLLIN | EPOLLRDHUP) | (s->writable_wait ? EPOLLOUT : 0);
+}
+
+/* A frame to hand up found its queue full: over TCP it waits in the buffer (the client's TCP
+ * window pushes back) instead of being dropped, and the stream is not read until relay_drain
+ * makes room (relay_stream_resume). A stream of the fuzz harness (no descriptor) drops. */
+static int stall(relay_engine *e, relay_stream *s) {
+    if (s->fd < 0) return 0;
+    s->stalled = 1;
+    __atomic_add_fetch(&e->stalled, 1, __ATOMIC_RELAXED);
+    relay_epoll_set(e, s->fd, RELAY_STREAM_TAG | handle_of(s), stream_events(s), EPOLL_CTL_MOD);
+    return 1;
 }
 
 static void mark_dirty(relay_engine *e, relay_stream *s) {
@@ -159,6 +175,10 @@ static void free_frames(relay_stream *s) {
 static void stream_close(relay_engine *e, relay_stream *s, const char *reason, int tell) {
     if (s->fd < 0) return;
     if (!s->close_reason) s->close_reason = reason;
+    if (s->stalled) {
+        s->stalled = 0;
+        __atomic_sub_fetch(&e->stalled, 1, __ATOMIC_RELAXED);
+    }
     epoll_ctl(e->epfd, EPOLL_CTL_DEL, s->fd, NULL);
     close(s->fd);
     s->fd = -1;
@@ -368,9 +388,9 @@ static int stream_write(relay_engine *e, relay_stream *s, double now) {
     }
     int want = s->out_head != NULL;
     if (want != s->writable_wait && s->fd >= 0) {
-        uint32_t events = EPOLLIN | EPOLLRDHUP | (want ? EPOLLOUT : 0);
-        relay_epoll_set(e, s->fd, RELAY_STREAM_TAG | handle_of(s), events, EPOLL_CTL_MOD);
         s->writable_wait = want;
+        relay_epoll_set(e, s->fd, RELAY_STREAM_TAG | handle_of(s), stream_events(s),
+                        EPOLL_CTL_MOD);
     }
     return 0;
 }
@@ -463,8 +483,12 @@ int relay_stream_input(relay_engine *e, relay_stream *s, const uint8_t *data, si
         if (outcome == RELAY_RELAYED) {
             (*count)++;
         } else if (outcome == RELAY_UP) {
-            relay_hand_up(e, RELAY_SRC_STREAM, handle, (struct sockaddr *)&s->remote_ss,
-                          s->remote_len, b, (size_t)flen);
+            const struct sockaddr *from = (const struct sockaddr *)&s->remote_ss;
+            if (!relay_hand_up_room(e, from, (size_t)flen) && stall(e, s)) {
+                s->in_off -= (uint32_t)flen; /* it waits in the buffer, undecided */
+                break;
+            }
+            relay_hand_up(e, RELAY_SRC_STREAM, handle, from, s->remote_len, b, (size_t)flen);
         }
     }
     if (s->in_off == s->in_len) {
@@ -484,9 +508,47 @@ int relay_process_frame(relay_engine *e, uint64_t handle, uint8_t *data, size_t 
     return a ? relay_client_frame(e, a, data, len, now, out) : RELAY_UP;
 }
 
+/* Frame what `s` holds (or `data`, `len` just read into it), sending what is decided between
+ * batches; closes the stream when it must. Lock not held. Returns the last rc. */
+static int frame_all(relay_engine *e, relay_stream *s, const uint8_t *data, size_t len,
+                     double now, double age) {
+    int rc;
+    do {
+        int count = 0;
+        pthread_mutex_lock(&e->lock);
+        rc = relay_stream_input(e, s, data, len, now, age, e->sends, &count);
+        if (rc < 0) stream_close(e, s, s->close_reason, 1);
+        pthread_mutex_unlock(&e->lock);
+        relay_flush(e, e->sends, count, e->out);
+        data = NULL;
+        len = 0;
+    } while (rc == 1);
+    return rc;
+}
+
+void relay_stream_resume(relay_engine *e) {
+    for (uint32_t i = 0; __atomic_load_n(&e->stalled, __ATOMIC_RELAXED); i++) {
+        pthread_mutex_lock(&e->lock);
+        relay_stream *s = i < e->nstream_slots ? e->streams[i] : NULL;
+        int last = i >= e->nstream_slots, go = s && s->stalled && s->fd >= 0;
+        if (go) {
+            s->stalled = 0;
+            __atomic_sub_fetch(&e->stalled, 1, __ATOMIC_RELAXED);
+        }
+        pthread_mutex_unlock(&e->lock);
+        if (last) break;
+        if (!go || frame_all(e, s, NULL, 0, relay_now(), 0) < 0) continue;
+        pthread_mutex_lock(&e->lock);
+        if (s->fd >= 0 && !s->stalled) /* read again (what came meanwhile is in the socket) */
+            relay_epoll_set(e, s->fd, RELAY_STREAM_TAG | handle_of(s), stream_events(s),
+                            EPOLL_CTL_MOD);
+        pthread_mutex_unlock(&e->lock);
+    }
+}
+
 /* Read a ready stream: frame, relay, hand up; close it on EOF, an error or bad framing. */
 static void stream_read(relay_engine *e, relay_stream *s) {
-    for (int k = 0; k < READS_PER_WAKEUP; k++) {
+    for (int k = 0; k < READS_PER_WAKEUP && !s->stalled; k++) {
         pthread_mutex_lock(&e->lock);
         int room = make_room(s, MIN_ROOM);
         pthread_mutex_unlock(&e->lock);
@@ -525,20 +587,7 @@ static void stream_read(relay_engine *e, relay_stream *s) {
                 if (age < 0 || age > 3600) age = 0; /* a clock step: no judgement */
             }
         }
-        double now = relay_now();
-        const uint8_t *data = s->in + s->in_len;
-        size_t len = (size_t)n;
-        int rc;
-        do {
-            int count = 0;
-            pthread_mutex_lock(&e->lock);
-            rc = relay_stream_input(e, s, data, len, now, age, e->sends, &count);
-            if (rc < 0) stream_close(e, s, s->close_reason, 1);
-            pthread_mutex_unlock(&e->lock);
-            relay_flush(e, e->sends, count, e->out);
-            data = NULL;
-            len = 0;
-        } while (rc == 1);
+        int rc = frame_all(e, s, s->in + s->in_len, (size_t)n, relay_now(), age);
         if (rc < 0 || (size_t)n < space) return;
     }
 }
@@ -549,6 +598,10 @@ void relay_stream_event(relay_engine *e, uint64_t tag, uint32_t events) {
     int writable = s && (events & EPOLLOUT);
     if (writable && stream_write(e, s, relay_now()) < 0) {
         stream_close(e, s, s->close_reason, 1);
+        s = NULL;
+    }
+    if (s && s->stalled && (events & (EPOLLHUP | EPOLLERR))) { /* dead while it waited */
+        stream_close(e, s, "reset", 1);
         s = NULL;
     }
     pthread_mutex_unlock(&e->lock);

@@ -251,3 +251,38 @@ def test_relayed_frames_that_waited_in_the_socket_are_dropped_requests_are_not(
         peer.close()
 
     asyncio.run(main())
+
+
+@needs_native
+def test_a_full_hand_up_queue_holds_a_stream_back_instead_of_dropping_its_requests() -> None:
+    """Over TCP a client does not resend a request (RFC 8489 §6.2.2): when the queue to Python
+    is full, the engine leaves the frame in the stream's buffer and stops reading that
+    connection (its TCP window pushes back) until Python drains, where UDP would drop. Every
+    request comes up, in order, none dropped; the close comes after them."""
+    relay = native.NativeRelay(None, queue_limit=2)
+    relay.stream_limits(0.1, 1 << 20, 1 << 18)
+    relay.start()
+    try:
+        with socket.create_server((HOST, 0)) as listening:
+            client = socket.create_connection(listening.getsockname())
+            accepted, _ = listening.accept()
+            with accepted:
+                handle = relay.add_stream(accepted)
+            requests = [Message(Method.BINDING, Class.REQUEST) for _ in range(50)]
+            client.sendall(b"".join(request.encode() for request in requests))
+            client.close()
+            got: list[native.HandedUp] = []
+            deadline = time.monotonic() + 10
+            while not any(p.source == native.SOURCE_CLOSED for p in got):
+                assert time.monotonic() < deadline, f"{len(got)} came up"
+                got += relay.drain()
+                time.sleep(0.005)
+        frames = [p for p in got if p.source == native.SOURCE_STREAM]
+        assert [stun.parse_message(p.data).transaction_id for p in frames] == [
+            request.transaction_id for request in requests
+        ]
+        assert {p.handle for p in got} == {handle}
+        assert got[-1].source == native.SOURCE_CLOSED and got[-1].data == b"EOF"
+        assert relay.counters().drops["queue_full"] == 0
+    finally:
+        relay.close()
