@@ -55,8 +55,10 @@ by the header's length, ChannelData by its length padded to 4); it relays Channe
 Send indications of a client with an allocation (allocations are added with their `stream`, and
 keyed by the connection's remote address as on the Python path), queues its peers' datagrams
 toward it (ChannelData padded, or Data indications), and hands every other frame up whole
-(SOURCE_STREAM, with the stream's handle). Python's answers go through the same queue
-(`stream_send`), so their order with relayed frames is kept. A framing error, a frame longer
+(SOURCE_STREAM, with the stream's handle); when the queue to Python is full, the stream is not
+read until it drains (its TCP window pushes back) instead of dropping a request no TCP client
+would resend. Python's answers go through the same queue (`stream_send`), so their order with
+relayed frames is kept. A framing error, a frame longer
 than the buffer (`transports.MAX_STREAM_BUFFER`), EOF or an error close the connection; every
 close (also `close_stream`) is handed up as SOURCE_CLOSED after every frame handed up before it,
 never dropped. `streams()` reports each stream's framing progress for Python's deadlines.

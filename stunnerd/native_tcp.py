@@ -13,7 +13,8 @@ session is Python's ssl). The split is the TURN-UDP one (`native_udp`):
   `TcpConnectionProtocol` does). It relays ChannelData and plain Send indications of a client
   with an allocation, and its peers' datagrams back (ChannelData padded, or Data indications);
   every other frame (every STUN request) is handed up whole with the connection's handle and
-  served here by the same `TurnServer` calls as on the Python path. Python's answers are
+  served here by the same `TurnServer` calls as on the Python path (a full queue to Python
+  holds the connection back, unread, rather than drop a request). Python's answers are
   written back through the engine (`stream_send`), in one queue with relayed frames, so their
   order on the stream is kept.
 - Allocations are keyed by the connection's remote address, as on the Python path, and added

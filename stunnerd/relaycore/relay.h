@@ -268,7 +268,9 @@ uint32_t relay_drain(relay_engine *e, relay_up **out, uint32_t max);
  * (DROP_LATENCY; one partly written is always finished); TCP_NOTSENT_LOWAT keeps what the
  * kernel holds unsent small; high_water bounds the queue (DROP_BACKPRESSURE). Reading side:
  * the arrival time of the data read (SO_TIMESTAMPNS) older than the bound drops the relayed
- * frames it completes (DROP_LATENCY); STUN messages are never dropped for latency. A framing
+ * frames it completes (DROP_LATENCY); STUN messages are never dropped for latency. A frame to
+ * hand up that finds its queue full waits in the buffer and the stream is not read until
+ * relay_drain makes room (a TCP client does not resend a lost request). A framing
  * error, a frame longer than stream_buffer, EOF and errors close the stream; its close is
  * handed up (RELAY_SRC_CLOSED) after every frame it handed up before. */
 typedef struct relay_frame {
