@@ -15,9 +15,10 @@ credentials: username `<now + ttl>:<username parameter>`, password
 
 A STUN-only Gateway (auth type `none`, GatewayConfig `stunMode: true`) gets `stun:<addr>:<port>`
 URIs (RFC 7064) and no username or credential, one per TURN-UDP listener only: a `stun:` URI
-carries no transport and browsers send Binding requests over UDP alone (Chrome takes a
-`stuns:` URI for plain STUN over UDP too), so a TCP, TLS or DTLS listener's port would only
-make them wait for answers that never come. stunnerd still answers Binding on those listeners
+carries no transport and browsers send Binding requests over UDP alone (libwebrtc puts
+`stun:` and `stuns:` alike into its UDP STUN list, and refuses `stun:...?transport=` as a syntax
+error), so a TCP, TLS or DTLS listener's port would only make them wait for answers that never
+come. stunnerd still answers Binding on those listeners
 for clients configured by hand.
 """
 

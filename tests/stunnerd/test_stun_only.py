@@ -1,10 +1,10 @@
 """STUN-only listeners (issue 23): auth type `none` (GatewayConfig `stunMode: true`).
 
-On both TURN-UDP relay paths and over TCP, with real sockets on loopback: a Binding request is
-answered with XOR-MAPPED-ADDRESS and no credentials; every TURN request (Allocate signed or not,
-Refresh, CreatePermission, ChannelBind, Connect, a method nobody knows) gets 403 from its header
-alone, without REALM or NONCE, and no allocation exists afterwards; Send indications and
-ChannelData are dropped unanswered; each refusal is counted in
+On both TURN-UDP relay paths, over TCP and over TLS, with real sockets on loopback: a Binding
+request is answered with XOR-MAPPED-ADDRESS and no credentials; every TURN request (Allocate
+signed or not, Refresh, CreatePermission, ChannelBind, Connect, a method nobody knows) gets 403
+from its header alone, without REALM or NONCE, and no allocation exists afterwards; Send
+indications and ChannelData are dropped unanswered; each refusal is counted in
 `stunner_listener_dropped_packets_total{reason="stun_only"}`; the 403s spend the client's error
 budget (--error-rate) like any error answer; switching the mode on drops the allocations made
 before; and a real stunnerd process with UDP workers counts the same in its /metrics.
@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import ssl
 import struct
 import time
 import urllib.error
@@ -40,10 +41,12 @@ from tests.support.turnclient import (
     error_code,
     free_port,
     make_config,
+    running_stunner,
 )
 
 from .conftest import StartStunnerd
 from .test_abuse_turn import run
+from .test_tls_dtls import ca_file, tls_config
 
 STUN_ONLY = {"type": "none", "realm": REALM, "credentials": {}}
 UDP_LISTENER = "testns/gw/turn-udp"
@@ -177,6 +180,30 @@ def test_binding_is_answered_and_turn_refused_over_tcp() -> None:
             writer.close()
 
     run(scenario, auth=STUN_ONLY)
+
+
+def test_stun_over_tls_is_answered_and_turn_refused(tmp_path: Path) -> None:
+    """STUN over TLS (RFC 8489 §6.2.3): a STUN-only TURN-TLS listener answers Binding."""
+
+    async def scenario() -> None:
+        port = free_port()
+        data = json.loads(tls_config([("TURN-TLS", port)], [f"{HOST}/32"]).to_json())
+        data["auth"] = STUN_ONLY
+        context = ssl.create_default_context(cafile=ca_file(tmp_path))
+        async with running_stunner(validate_config(data)) as stunner:
+            reader, writer = await asyncio.open_connection(HOST, port, ssl=context)
+            try:
+                binding = Message(Method.BINDING, Class.REQUEST).encode()
+                answer = await ask_tcp(reader, writer, binding)
+                assert answer.attributes["XOR-MAPPED-ADDRESS"] == writer.get_extra_info("sockname")
+                allocate = turn_requests()[0]
+                assert_forbidden(await ask_tcp(reader, writer, allocate.encode()), Method.ALLOCATE)
+                assert stunner.allocation_count == 0
+                assert refused(stunner, "testns/gw/turn-tls") == 1
+            finally:
+                writer.close()
+
+    asyncio.run(scenario())
 
 
 def test_the_403s_spend_the_error_budget(relay_path: str) -> None:
