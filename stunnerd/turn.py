@@ -95,7 +95,7 @@ class ServerContext:
     @property
     def stun_only(self) -> bool:
         """Auth type `none`: Binding only, every TURN request refused (Go's pure STUN server)."""
-        return self.authenticator.auth_type == "none"
+        return self.authenticator.stun_only
 
 
 class Exchange:
@@ -160,7 +160,9 @@ class TurnServer:
         ):
             self.stats.dropped += 1
             return
-        if self.context.stun_only and _method_bits(data) != Method.BINDING:
+        if self.context.authenticator.stun_only and (
+            data[0] & 0x3E or (data[1] & 0xEF) != Method.BINDING  # the method bits: not Binding
+        ):
             self._refuse_turn(data, downstream)
             return
         if data[:2] == stun.SEND_INDICATION_PREFIX:
