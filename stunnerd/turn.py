@@ -49,8 +49,9 @@ RESPONSE_CACHE_MAX = 65536
 EVEN_PORT_ATTEMPTS = 16
 
 TRANSPORT_UDP = 17
-# The 403's reason phrase in STUN-only mode (auth type none).
-STUN_ONLY_REASON = "Forbidden: this server serves STUN only, TURN is disabled"
+# The 403's reason phrase in STUN-only mode (auth type none): short, as the answer goes to an
+# address nobody verified (48 bytes in all; static auth's 401 with REALM and NONCE is ~120).
+STUN_ONLY_REASON = "Forbidden: STUN only"
 
 
 class RequestError(Exception):

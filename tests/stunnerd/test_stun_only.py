@@ -128,6 +128,7 @@ def test_binding_is_answered_and_every_turn_request_refused_over_udp(relay_path:
                 assert_forbidden(await client.request(request), request.method)
             unknown = await asyncio.to_thread(ask_unknown_method, port)
             assert method_of(unknown) == UNKNOWN_METHOD
+            assert len(unknown) == 48  # small: it goes to an address nobody verified
             assert struct.unpack_from("!H", unknown)[0] & 0x0110 == Class.ERROR
             assert unknown[20:28] == struct.pack(
                 "!HHHBB", 0x0009, 4 + len(STUN_ONLY_REASON), 0, 4, 3
