@@ -18,12 +18,14 @@ import asyncio
 import json
 import sys
 import time
-import urllib.request
 from collections.abc import Sequence
 
-from stunner_api.cds import CONFIGS_PATH, token_headers
+from stunner_api.cds import CONFIGS_PATH
 from stunner_api.dataplane import StunnerConfig, validate_config
 from stunner_api.ice import credentials
+from stunner_client.cds import CdsClient
+from stunner_client.echo import EchoPeer
+from stunner_client.turn import allocate, relay
 
 TRANSPORTS = {"TURN-UDP": "udp", "TURN-TCP": "tcp"}
 RETRY_PAUSE = 0.5  # seconds between two tries of a listener whose route is not there yet
@@ -35,11 +37,10 @@ def _address(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def _fetch(cds_url: str, timeout: float) -> list[StunnerConfig]:
-    # The chart runs this pod as the CDS's reader account, with its projected token.
-    request = urllib.request.Request(cds_url.rstrip("/") + CONFIGS_PATH, headers=token_headers())
-    with urllib.request.urlopen(request, timeout=timeout) as answer:
-        items = json.load(answer).get("items", [])
+def _fetch(cds: CdsClient, timeout: float) -> list[StunnerConfig]:
+    # The chart runs this pod as the CDS's reader account, with its projected token
+    # (STUNNER_CDS_TOKEN_FILE, which the CDS client reads).
+    items = json.loads(cds.get(CONFIGS_PATH, timeout=timeout)).get("items", [])
     return [validate_config(item) for item in items]
 
 
@@ -49,8 +50,9 @@ def _testable(config: StunnerConfig) -> bool:
 
 async def _configs(cds_url: str, gateways: Sequence[str], deadline: float) -> list[StunnerConfig]:
     """The CDS's configs, once every named Gateway has a listener to test (or at the deadline)."""
+    cds = CdsClient(cds_url)
     while True:
-        configs = await asyncio.to_thread(_fetch, cds_url, max(1.0, deadline - time.monotonic()))
+        configs = await asyncio.to_thread(_fetch, cds, max(1.0, deadline - time.monotonic()))
         ready = {c.admin.name for c in configs if _testable(c)}
         if set(gateways) <= ready or time.monotonic() >= deadline:
             return configs
@@ -61,8 +63,6 @@ async def _try(
     transport: str, server: tuple[str, int], creds: tuple[str, str], peer: str, timeout: float
 ) -> str:
     """One allocation, and one echo through it when there is a peer."""
-    from stunnerd.demo import relay
-
     if peer:
         result = await asyncio.wait_for(
             relay(transport, server, _address(peer), 5, creds, wait=min(ECHO_WAIT, timeout)),
@@ -71,22 +71,7 @@ async def _try(
         if not result["received"]:
             raise RuntimeError(f"allocated {result['relayed_address']}, no echo from {peer}")
         return f"echoed {result['received']}/{result['sent']} via {result['relayed_address']}"
-    from aioice.turn import create_turn_endpoint
-
-    turn, _ = await asyncio.wait_for(
-        create_turn_endpoint(
-            asyncio.DatagramProtocol,
-            server_addr=server,
-            username=creds[0],
-            password=creds[1],
-            transport=transport,
-        ),
-        timeout,
-    )
-    try:
-        return f"allocated {turn.get_extra_info('sockname')}"
-    finally:
-        turn.close()
+    return f"allocated {await allocate(transport, server, creds, timeout)}"
 
 
 async def _ask(transport: str, server: tuple[str, int], requests: list[bytes]) -> list[bytes]:
@@ -167,18 +152,14 @@ async def _selftest(
     deadline = time.monotonic() + timeout
     echo_server = None
     if echo:
-        from stunnerd.demo import EchoPeer
-
-        echo_server, _ = await asyncio.get_running_loop().create_datagram_endpoint(
-            EchoPeer, local_addr=("0.0.0.0", _address(echo)[1])
-        )
+        echo_server = await EchoPeer.bind("0.0.0.0", _address(echo)[1])
         peer = echo
     try:
         configs = await _configs(cds_url, gateways, deadline)
         return await _run(configs, peer, gateways, deadline)
     finally:
         if echo_server is not None:
-            echo_server.close()
+            await echo_server.aclose()
 
 
 async def _run(

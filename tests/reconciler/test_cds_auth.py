@@ -1,4 +1,4 @@
-"""The auth service's TURN REST endpoints (`GET /`, `GET /ice`) served by reconciler.cds.
+"""The auth service's TURN REST endpoints (`GET /`, `GET /ice`) served by reconciler.auth.
 
 We test the Go auth service's answers: static and ephemeral credentials (the ephemeral ones
 checked with stunnerd's own verifier and minted for the requested TTL), one iceServer per
@@ -20,7 +20,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from reconciler.cds import ConfigStore, auth_app, serve
+from reconciler.auth import auth_app
+from reconciler.cds import ConfigStore, serve
 from stunner_api.dataplane import StunnerConfig, validate_config
 
 NOW = 1_700_000_000

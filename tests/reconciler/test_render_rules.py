@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from reconciler.render import Plan, RenderSettings, addresses, render
-from reconciler.render.manifests import service_account_of
+from reconciler.render.deployment import service_account_of
 from reconciler.store import Snapshot
 from stunnerd.certificates import self_signed_certificate
 from tests.reconciler import clusterkit as k

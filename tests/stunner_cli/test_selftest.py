@@ -16,7 +16,6 @@ import pytest
 
 from reconciler.cds import ConfigStore, cds_app
 from stunner_api.dataplane import validate_config
-from stunnerd.demo import EchoPeer
 from tests.support import ports
 from tests.support.background import Background
 
@@ -49,7 +48,7 @@ def dataplane_config(udp: int, tcp: int, echo_port: int) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     background = Background()
-    _, echo_port = background.udp(EchoPeer)
+    _, echo_port = background.echo()
     udp, tcp = ports.free_port(), ports.free_port()
     config = dataplane_config(udp, tcp, echo_port)
     path = tmp_path_factory.mktemp("stunnerd") / "stunnerd.json"
