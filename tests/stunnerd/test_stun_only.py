@@ -1,13 +1,14 @@
 """STUN-only listeners (issue 23): auth type `none` (GatewayConfig `stunMode: true`).
 
-On both TURN-UDP relay paths, over TCP and over TLS, with real sockets on loopback: a Binding
-request is answered with XOR-MAPPED-ADDRESS and no credentials; every TURN request (Allocate
-signed or not, Refresh, CreatePermission, ChannelBind, Connect, a method nobody knows) gets 403
-from its header alone, without REALM or NONCE, and no allocation exists afterwards; Send
-indications and ChannelData are dropped unanswered; each refusal is counted in
-`stunner_listener_dropped_packets_total{reason="stun_only"}`; the 403s spend the client's error
-budget (--error-rate) like any error answer; switching the mode on drops the allocations made
-before; and a real stunnerd process with UDP workers counts the same in its /metrics.
+On both relay paths (pure Python and the native engine) over UDP and TCP, and over TLS, with
+real sockets on loopback: a Binding request is answered with XOR-MAPPED-ADDRESS and no
+credentials; every TURN request (Allocate signed or not, Refresh, CreatePermission, ChannelBind,
+Connect, a method nobody knows) gets 403 from its header alone, without REALM or NONCE, and no
+allocation exists afterwards; Send indications and ChannelData are dropped unanswered; each
+refusal is counted in `stunner_listener_dropped_packets_total{reason="stun_only"}`; the 403s
+spend the client's error budget (--error-rate) like any error answer; switching the mode on
+drops the allocations made before; and a real stunnerd process with UDP workers counts the same
+in its /metrics.
 """
 
 from __future__ import annotations
@@ -163,7 +164,7 @@ async def ask_tcp(
     return stun.parse_message(header + body)
 
 
-def test_binding_is_answered_and_turn_refused_over_tcp() -> None:
+def test_binding_is_answered_and_turn_refused_over_tcp(relay_path: str) -> None:
     async def scenario(port: int, stunner: Stunner) -> None:
         reader, writer = await asyncio.open_connection(HOST, port)
         try:
