@@ -1,6 +1,8 @@
 """`stunner selftest`: the chart's `helm test`. For every Gateway config the CDS serves, through
 each TURN-UDP and TURN-TCP listener's public address: allocate with a real TURN client, and,
-given an echo peer a route admits, relay a few packets to it and back.
+given an echo peer a route admits, relay a few packets to it and back. A STUN-only Gateway
+(auth type none) is tested for what it serves: a Binding request is answered and an Allocate
+gets 403 (no relay, so no echo).
 
 The echo peer is either one that runs elsewhere (`--peer IP:PORT`) or one the selftest runs
 itself (`--echo IP:PORT`: bound on the port, reached at the address, which is how the chart's
@@ -72,13 +74,71 @@ async def _try(
     return f"allocated {await allocate(transport, server, creds, timeout)}"
 
 
+async def _ask(transport: str, server: tuple[str, int], requests: list[bytes]) -> list[bytes]:
+    """Each request's answer, over one UDP socket or one TCP connection."""
+    loop = asyncio.get_running_loop()
+    answers = []
+    if transport == "tcp":
+        reader, writer = await asyncio.open_connection(*server)
+        try:
+            for request in requests:
+                writer.write(request)
+                header = await reader.readexactly(20)
+                answers.append(header + await reader.readexactly(int.from_bytes(header[2:4])))
+        finally:
+            writer.close()
+        return answers
+    received: asyncio.Queue[bytes] = asyncio.Queue()
+
+    class Client(asyncio.DatagramProtocol):
+        def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
+            received.put_nowait(data)
+
+    udp, _ = await loop.create_datagram_endpoint(Client, remote_addr=server)
+    try:
+        for request in requests:
+            udp.sendto(request)
+            answers.append(await received.get())
+    finally:
+        udp.close()
+    return answers
+
+
+async def _try_stun_only(transport: str, server: tuple[str, int], timeout: float) -> str:
+    """A STUN-only listener: Binding answered with the mapped address, an Allocate refused 403."""
+    from stunnerd import stun
+    from stunnerd.stun import Class, Message, Method
+
+    allocate = Message(Method.ALLOCATE, Class.REQUEST)
+    allocate.attributes["REQUESTED-TRANSPORT"] = 17
+    requests = [Message(Method.BINDING, Class.REQUEST).encode(), allocate.encode()]
+    binding, refusal = [
+        stun.parse_message(answer)
+        for answer in await asyncio.wait_for(_ask(transport, server, requests), timeout)
+    ]
+    mapped = binding.attributes.get("XOR-MAPPED-ADDRESS")
+    if binding.message_class != Class.SUCCESS or mapped is None:
+        raise RuntimeError("the Binding request was not answered with a mapped address")
+    code = refusal.attributes.get("ERROR-CODE", (0, ""))[0]
+    if refusal.message_class != Class.ERROR or code != 403:
+        raise RuntimeError(f"STUN only, yet an Allocate was answered {code or 'with success'}")
+    return f"STUN only: Binding answered (mapped {mapped[0]}:{mapped[1]}), Allocate refused 403"
+
+
 async def _probe(
-    transport: str, server: tuple[str, int], creds: tuple[str, str], peer: str, deadline: float
+    transport: str,
+    server: tuple[str, int],
+    creds: tuple[str, str] | None,
+    peer: str,
+    deadline: float,
 ) -> str:
-    """`_try` until it succeeds or the deadline passes (the route may still be on its way)."""
+    """`_try` until it succeeds or the deadline passes (the route may still be on its way);
+    `_try_stun_only` when there are no credentials (a STUN-only Gateway)."""
     while True:
         left = max(1.0, deadline - time.monotonic())
         try:
+            if creds is None:
+                return await _try_stun_only(transport, server, left)
             return await _try(transport, server, creds, peer, left)
         except Exception:
             if time.monotonic() + RETRY_PAUSE >= deadline:
@@ -112,7 +172,11 @@ async def _run(
         sys.stdout.write(f"FAIL {name}: no TURN-UDP or TURN-TCP listener with a public address\n")
     for config in configs:
         echo_here = peer if not gateways or config.admin.name in gateways else ""
-        creds = credentials(config.auth, "helm-test", 3600, int(time.time()))
+        creds = (
+            None
+            if config.auth.stun_only
+            else credentials(config.auth, "helm-test", 3600, int(time.time()))
+        )
         for listener in config.listeners:
             transport = TRANSPORTS.get(listener.protocol)
             if transport is None or not listener.public_address:

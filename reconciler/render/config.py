@@ -1,7 +1,8 @@
 """The dataplane config of one Gateway, the parts of ANCHORS §2.3 (managed mode).
 
 - `admin` from the GatewayConfig and the Dataplane;
-- `auth` from the GatewayConfig's inline fields or its `authRef` Secret (the classes stage);
+- `auth` from the GatewayConfig's inline fields or its `authRef` Secret, or type `none` for
+  `stunMode: true` (the classes stage);
 - one listener per rendered Gateway listener, at `$STUNNER_ADDR` (its TLS pair found by the
   listeners stage, `tls_pair`; its public address by the addresses stage);
 - one cluster per attached UDPRoute (clusters.py, found by the routes stage).
@@ -110,9 +111,13 @@ def _base64_values(secret: Object) -> dict[str, str]:
 
 
 def auth(gateway_config: Object, snapshot: Snapshot) -> dict[str, Any]:
-    """The `auth` section from the authRef Secret (which wins) or the inline fields."""
+    """The `auth` section from the authRef Secret (which wins) or the inline fields; with
+    `stunMode: true`, type `none` (a pure STUN server, as Go's premium operator renders it) and
+    no credentials: the inline ones and the authRef Secret are not read."""
     spec = _spec(gateway_config)
     realm = spec.get("realm") or DEFAULT_REALM
+    if spec.get("stunMode") is True:
+        return {"type": str(AuthType.NONE), "realm": realm, "credentials": {}}
     ref = spec.get("authRef")
     if isinstance(ref, Mapping):
         namespace = str(ref.get("namespace") or namespace_of(gateway_config))

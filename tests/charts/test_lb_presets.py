@@ -116,6 +116,45 @@ def test_the_charts_gateway_config_names_its_auth_secret(helm: Path) -> None:
     assert default["metadata"]["namespace"] == NAMESPACE
 
 
+def test_the_charts_gateway_config_in_stun_mode_renders_a_pure_stun_server(helm: Path) -> None:
+    """gatewayConfig.stunMode: stunMode and no authRef (no credentials are needed); the
+    reconciler renders its Gateways' dataplane config with auth type none, with no Secret."""
+    objects = chart_objects(helm, "gatewayConfig.stunMode=true")
+    assert objects["GatewayConfig"]["spec"] == {"realm": "stunner.l7mp.io", "stunMode": True}
+    config = objects["GatewayConfig"]["metadata"]
+    gateway_class = {
+        "apiVersion": "gateway.networking.k8s.io/v1",
+        "kind": "GatewayClass",
+        "metadata": {"name": "stun"},
+        "spec": {
+            "controllerName": "stunner.l7mp.io/gateway-operator",
+            "parametersRef": {
+                "group": "stunner.l7mp.io",
+                "kind": "GatewayConfig",
+                "name": config["name"],
+                "namespace": config["namespace"],
+            },
+        },
+    }
+    gateway = {
+        "apiVersion": "gateway.networking.k8s.io/v1",
+        "kind": "Gateway",
+        "metadata": {"name": "stun-gateway", "namespace": "stunner"},
+        "spec": {
+            "gatewayClassName": "stun",
+            "listeners": [{"name": "udp", "port": 3478, "protocol": "TURN-UDP"}],
+        },
+    }
+    plan = render(
+        Snapshot.from_objects([*objects.values(), gateway_class, gateway]), RenderSettings(), NOW
+    )
+    assert plan.configs["stunner/stun-gateway"].auth.to_dict() == {
+        "type": "none",
+        "realm": "stunner.l7mp.io",
+        "credentials": {},
+    }
+
+
 def test_annotations_add_to_the_preset_and_override_it(helm: Path) -> None:
     annotations = lb_annotations(
         helm,
