@@ -176,7 +176,7 @@ def _tcp(
     """TURN-TCP on the native relay engine where it is available, else in Python."""
     reason = native.unavailable_reason()
     if reason is None:
-        return NativeTcpTransport(server)
+        return NativeTcpTransport(server, engines=udp_sockets)  # an engine per UDP process
     _tell_python_relay(reason)
     return TcpTransport(server)
 

@@ -191,6 +191,23 @@ class NativeCounters:
     def cluster_counters(self) -> dict[str, ClusterCounters]:
         return {name: ClusterCounters(*values) for name, values in self.clusters.items()}
 
+    @classmethod
+    def total(cls, each: list[NativeCounters]) -> NativeCounters:
+        """The sum of several engines' counters (a TURN-TCP listener runs one per CPU)."""
+        if len(each) == 1:
+            return each[0]
+        total = cls()
+        for counted in each:
+            for name in ("rx_packets", "rx_bytes", "tx_packets", "tx_bytes", "handed_up",
+                         "stranger_ips", "bucket_resets"):  # fmt: skip
+                setattr(total, name, getattr(total, name) + getattr(counted, name))
+            for cluster, values in counted.clusters.items():
+                mine = total.clusters.setdefault(cluster, [0] * len(values))
+                total.clusters[cluster] = [a + b for a, b in zip(mine, values, strict=True)]
+            for cause, n in counted.drops.items():
+                total.drops[cause] = total.drops.get(cause, 0) + n
+        return total
+
 
 # The engine's drop causes counted as rate_limited (the metric's reason="rate_limit"); with the
 # stream ones, those not counted as dropped (reason="invalid").

@@ -7,7 +7,11 @@ session is Python's ssl). The split is the TURN-UDP one (`native_udp`):
 
 - Python accepts (the listening socket is read here), so the per-source and total caps of
   `TcpTransport.admit` hold as on the Python path, and hands each admitted connection to the
-  engine (`NativeRelay.add_stream`: the engine keeps a duplicate, Python closes its own).
+  engine serving the fewest (`NativeRelay.add_stream`: the engine keeps a duplicate, Python
+  closes its own). There is one engine, each with its thread, per UDP process of the listener
+  (`-u`, by default one per usable CPU), as coturn spreads TCP connections over its relay
+  threads (issue 21: with one engine thread TURN-TCP lost twice what coturn lost on a busy
+  node). A connection and its allocation stay on one engine.
 - The engine's thread reads each connection and frames it (RFC 8656 §12.5: STUN by the
   header's length, ChannelData by its length padded to 4; a framing error closes it, as
   `TcpConnectionProtocol` does). It relays ChannelData and plain Send indications of a client
@@ -57,53 +61,68 @@ _OUT_OF_RESOURCES = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 
 
 class NativeConnection:
-    """A TURN-TCP connection the engine serves: what Python keeps of it. Quacks as the
-    `TcpConnectionProtocol` that `TcpTransport.admit` counts (its `source`)."""
+    """A TURN-TCP connection an engine serves: what Python keeps of it (which engine, its
+    handle there). Quacks as the `TcpConnectionProtocol` that `TcpTransport.admit` counts (its
+    `source`)."""
 
-    __slots__ = ("handle", "downstream", "source")
+    __slots__ = ("engine", "handle", "downstream", "source")
 
-    def __init__(self, downstream: Downstream) -> None:
+    def __init__(self, engine: int, downstream: Downstream) -> None:
+        self.engine = engine
         self.handle = 0
         self.downstream = downstream
         self.source = downstream.address[0]
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return (self.engine, self.handle)
 
 
 class NativeTcpTransport(TcpTransport):
     """TURN-TCP with the native relay engine (see the module docstring)."""
 
-    def __init__(self, server: TurnServer) -> None:
+    def __init__(self, server: TurnServer, engines: int = 1) -> None:
         super().__init__(server)
-        self.relay: native.NativeRelay | None = None
+        self.relays: list[native.NativeRelay] = []
+        self._engines = max(1, engines)
         self._sock: socket.socket | None = None
-        self._streams: dict[int, NativeConnection] = {}  # engine handle -> connection
+        # (engine, stream handle) -> connection; (engine, allocation handle) -> allocation
+        self._streams: dict[tuple[int, int], NativeConnection] = {}
         self._by_remote: dict[Any, NativeConnection] = {}
-        self._allocations: dict[int, Allocation] = {}  # engine allocation handle -> allocation
+        self._allocations: dict[tuple[int, int], Allocation] = {}
+        self._load: list[int] = []  # connections per engine
         self._sweeper: asyncio.TimerHandle | None = None
-        self._unwatch: Any = None
+        self._unwatch: list[Any] = []
         self._final: native.NativeCounters | None = None  # after stop
         limits = server.context.limits
         self._sweep_every = max(0.05, min(1.0, limits.stream_deadline / 4, limits.idle_timeout / 4))
 
     async def start(self, port: int) -> None:
         sock = _bound_socket(socket.SOCK_STREAM, self.server.relay_ip, port)
+        relays: list[native.NativeRelay] = []
         try:
             sock.listen(BACKLOG)
             limits = self.server.context.limits
-            relay = native.NativeRelay(None)
-            relay.stream_limits(
-                limits.stream_latency_bound, limits.stream_high_water, MAX_STREAM_BUFFER
-            )
-            relay.watch_relay_ports(self.server.router.relay_ports)
-            relay.start()
+            for _ in range(self._engines):
+                relay = native.NativeRelay(None)
+                relays.append(relay)
+                relay.stream_limits(
+                    limits.stream_latency_bound, limits.stream_high_water, MAX_STREAM_BUFFER
+                )
+                relay.watch_relay_ports(self.server.router.relay_ports)
+                relay.start()
         except (OSError, RuntimeError, ValueError) as exc:
+            for relay in relays:
+                relay.close()
             sock.close()
             raise OSError(f"the native relay engine cannot start: {exc}") from None
-        self._sock, self.relay = sock, relay
+        self._sock, self.relays, self._load = sock, relays, [0] * len(relays)
         loop = asyncio.get_running_loop()
-        relay.attach(loop, self._handed_up)
+        for engine, relay in enumerate(relays):
+            relay.attach(loop, functools.partial(self._handed_up, engine))
+            self._unwatch.append(self.server.router.watch(relay.clear_verdicts))
         loop.add_reader(sock.fileno(), self._accept)
         self.server.scope.relay_path = self
-        self._unwatch = self.server.router.watch(relay.clear_verdicts)
         self._sweeper = loop.call_later(self._sweep_every, self._sweep)
 
     async def stop(self) -> None:
@@ -115,12 +134,15 @@ class NativeTcpTransport(TcpTransport):
         if self._sweeper is not None:
             self._sweeper.cancel()
             self._sweeper = None
-        relay, self.relay = self.relay, None
-        if relay is not None:
-            self._unwatch()
-            self._final = relay.counters()
-            relay.close()  # closes every connection it holds
-            # The engine's cluster counters outlive it in the process's, as Python's do.
+        relays, self.relays = self.relays, []
+        if relays:
+            for unwatch in self._unwatch:
+                unwatch()
+            self._unwatch = []
+            self._final = native.NativeCounters.total([relay.counters() for relay in relays])
+            for relay in relays:
+                relay.close()  # closes every connection it holds
+            # The engines' cluster counters outlive them in the process's, as Python's do.
             for name, counters in self._final.cluster_counters().items():
                 self.server.scope.cluster_counters[name].add(counters)
             self._final.clusters = {}
@@ -153,10 +175,11 @@ class NativeTcpTransport(TcpTransport):
             asyncio.get_running_loop().add_reader(sock.fileno(), self._accept)
 
     def _adopt(self, conn: socket.socket, remote: Any) -> None:
-        relay = self.relay
-        if relay is None:
+        if not self.relays:
             return
-        connection = NativeConnection(Downstream(remote, _discard, stream=True))
+        engine = self._load.index(min(self._load))  # the engine serving the fewest
+        relay = self.relays[engine]
+        connection = NativeConnection(engine, Downstream(remote, _discard, stream=True))
         admitted = cast(TcpConnectionProtocol, connection)  # admit counts its `source`
         if not self.admit(admitted):
             return
@@ -167,11 +190,13 @@ class NativeTcpTransport(TcpTransport):
             self.release(admitted)
             return
         connection.downstream.send = functools.partial(_send, relay, connection.handle)
-        self._streams[connection.handle] = connection
+        self._streams[connection.key] = connection
         self._by_remote[remote] = connection
+        self._load[engine] += 1
 
     def _forget_connection(self, connection: NativeConnection) -> None:
-        self._streams.pop(connection.handle, None)
+        if self._streams.pop(connection.key, None) is not None and self._load:
+            self._load[connection.engine] -= 1
         self._by_remote.pop(connection.downstream.remote, None)
         self.release(cast(TcpConnectionProtocol, connection))
         self.server.connection_lost(connection.downstream.remote)
@@ -182,14 +207,13 @@ class NativeTcpTransport(TcpTransport):
         """Close what `TcpConnectionProtocol` closes at its deadlines: no first message within
         `stream_deadline`, a frame begun and unfinished for that long, and no message for
         `idle_timeout` without an allocation."""
-        relay = self.relay
-        if relay is None:
+        if not self.relays:
             return
         self._sweeper = asyncio.get_running_loop().call_later(self._sweep_every, self._sweep)
         limits = self.server.context.limits
         now = time.monotonic()
-        for progress in relay.streams():
-            connection = self._streams.get(progress.handle)
+        for engine, progress in self._progress():
+            connection = self._streams.get((engine, progress.handle))
             if connection is None:
                 continue
             if not progress.first_done:
@@ -202,16 +226,23 @@ class NativeTcpTransport(TcpTransport):
                 deadline, why = progress.last_frame + limits.idle_timeout, "idle"
             if now >= deadline:
                 log.debug("listener %s: closing %s: %s", self.server.name, connection.source, why)
-                relay.close_stream(progress.handle)
+                self.relays[engine].close_stream(progress.handle)
+
+    def _progress(self) -> list[tuple[int, native.StreamProgress]]:
+        return [(k, p) for k, relay in enumerate(self.relays) for p in relay.streams()]
+
+    def streams(self) -> list[native.StreamProgress]:
+        """Every connection's progress, over all engines."""
+        return [progress for _, progress in self._progress()]
 
     # --- RelayPath --------------------------------------------------------------------------
 
     async def open(self, allocation: Allocation, sock: socket.socket) -> RelaySocket:
-        relay = self.relay
         connection = self._by_remote.get(allocation.downstream.remote)
-        if relay is None or connection is None:
+        if not self.relays or connection is None:
             sock.close()
             raise OSError("the connection is gone")
+        relay = self.relays[connection.engine]
         try:
             with sock:  # the engine keeps a duplicate: one descriptor per allocation
                 sockname = sock.getsockname()
@@ -220,47 +251,48 @@ class NativeTcpTransport(TcpTransport):
                 )
         except (KeyError, ValueError) as exc:  # its connection closed meanwhile
             raise OSError(str(exc)) from None
-        relayed = NativeAllocation(relay, handle, sockname, self._forget)
+        forget = functools.partial(self._forget, connection.engine)
+        relayed = NativeAllocation(relay, handle, sockname, forget)
         allocation.mirror = relayed
-        self._allocations[handle] = allocation
+        self._allocations[(connection.engine, handle)] = allocation
         return relayed
 
-    def _forget(self, handle: int) -> None:
-        self._allocations.pop(handle, None)
+    def _forget(self, engine: int, handle: int) -> None:
+        self._allocations.pop((engine, handle), None)
 
     # --- what the engine handed up ----------------------------------------------------------
 
-    def _handed_up(self, batch: list[native.HandedUp]) -> None:
+    def _handed_up(self, engine: int, batch: list[native.HandedUp]) -> None:
         for packet in batch:
             try:
                 if packet.source == native.SOURCE_STREAM:
-                    self._frame(packet)
+                    self._frame(engine, packet)
                 elif packet.source == native.SOURCE_CLOSED:
-                    self._closed(packet)
+                    self._closed(engine, packet)
                 elif packet.source == native.SOURCE_PEER:
-                    self._from_peer(packet)
+                    self._from_peer(engine, packet)
             except Exception:  # a bug must not take the listener down
                 log.exception("listener %s: error handling a packet", self.server.name)
 
-    def _frame(self, packet: native.HandedUp) -> None:
+    def _frame(self, engine: int, packet: native.HandedUp) -> None:
         """A whole frame the engine did not relay: what `TcpConnectionProtocol.data_received`
         does with it."""
-        connection = self._streams.get(packet.handle)
+        connection = self._streams.get((engine, packet.handle))
         if connection is None:
             return
         data, downstream = packet.data, connection.downstream
         allocation = self.server.allocations.get(downstream.remote)
         if allocation is not None and allocation.mirror is not None:
             peer = relayed_peer(allocation, data)
-            if peer is not None and self._decided(peer, packet) != native.UP:
+            if peer is not None and self._decided(engine, peer, packet) != native.UP:
                 return
         if (data[0] & 0xC0) == 0x40:
             self.server.handle_channel_data(data, downstream.remote)
         else:
             self.server.handle(data, downstream)
 
-    def _closed(self, packet: native.HandedUp) -> None:
-        connection = self._streams.get(packet.handle)
+    def _closed(self, engine: int, packet: native.HandedUp) -> None:
+        connection = self._streams.get((engine, packet.handle))
         if connection is None:
             return
         reason = packet.data.decode(errors="replace")
@@ -274,18 +306,18 @@ class NativeTcpTransport(TcpTransport):
         )
         self._forget_connection(connection)
 
-    def _from_peer(self, packet: native.HandedUp) -> None:
-        allocation = self._allocations.get(packet.handle)
+    def _from_peer(self, engine: int, packet: native.HandedUp) -> None:
+        allocation = self._allocations.get((engine, packet.handle))
         if allocation is None:
             return  # removed while its packet waited
-        if self._decided((packet.address[0], packet.address[1]), packet) != native.UP:
+        peer = (packet.address[0], packet.address[1])
+        if self._decided(engine, peer, packet) != native.UP:
             return
         allocation.datagram_received(packet.data, packet.address)
 
-    def _decided(self, peer: Address, packet: native.HandedUp) -> int:
+    def _decided(self, engine: int, peer: Address, packet: native.HandedUp) -> int:
         """Install the router's verdict for `peer` and let the engine decide `packet` again."""
-        relay, router = self.relay, self.server.router
-        assert relay is not None
+        relay, router = self.relays[engine], self.server.router
         own = router.is_own_ip(peer[0])
         relay.decide(peer, router.cluster_of(self.server.name, *peer), own)
         return relay.reinject(packet)
@@ -302,7 +334,9 @@ class NativeTcpTransport(TcpTransport):
         return counted.cluster_counters() if counted is not None else {}
 
     def _counters(self) -> native.NativeCounters | None:
-        return self.relay.counters() if self.relay is not None else self._final
+        if self.relays:
+            return native.NativeCounters.total([relay.counters() for relay in self.relays])
+        return self._final
 
 
 def _discard(data: bytes) -> None:

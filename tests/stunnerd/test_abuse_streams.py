@@ -246,8 +246,8 @@ def test_a_client_that_stops_reading_gets_drops_not_an_unbounded_queue(relay_pat
 
             def queued() -> int:
                 if isinstance(transport, NativeTcpTransport):
-                    assert transport.relay is not None
-                    return sum(stream.queued for stream in transport.relay.streams())
+                    assert transport.relays
+                    return sum(stream.queued for stream in transport.streams())
                 connection = next(iter(transport._connections))  # type: ignore[union-attr]
                 assert isinstance(connection, TcpConnectionProtocol)
                 assert connection.transport is not None

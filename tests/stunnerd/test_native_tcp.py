@@ -132,7 +132,50 @@ def test_garbage_closes_and_eof_deletes_the_allocation() -> None:
             transport = listener.transport
             assert await until(lambda: not transport._connections)  # type: ignore[union-attr]
             if isinstance(transport, NativeTcpTransport):
-                assert transport.relay is not None and transport.relay.streams() == []
+                assert transport.relays and transport.streams() == []
+
+    asyncio.run(main())
+
+
+@needs_native
+def test_connections_spread_over_several_engines_and_their_counters_add_up(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With an engine per UDP process (here two), each new connection goes to the engine
+    serving the fewest; every one relays both ways on its own engine, the listener's counters
+    are the engines' sum, and closing every connection empties both."""
+    monkeypatch.setenv("STUNNER_NATIVE", "1")
+    monkeypatch.setattr(
+        "stunnerd.listener.NativeTcpTransport",
+        lambda server, engines: NativeTcpTransport(server, engines=2),
+    )
+
+    async def main() -> None:
+        peer = await start_peer(echo=True)
+        port = free_port()
+        async with tcp_stunner(port, Limits(), [f"{HOST}/32"]) as stunner:
+            transport = native_transport(stunner)
+            assert len(transport.relays) == 2
+            clients = [await tcp_allocation(port, (HOST, peer.port)) for _ in range(4)]
+            assert [len(relay.streams()) for relay in transport.relays] == [2, 2]
+            for n, (reader, writer) in enumerate(clients):
+                for i in range(3):
+                    payload = b"client %d packet %d" % (n, i)
+                    writer.write(stun.pack_channel_data(0x4000, payload, pad=True))
+                    header = await asyncio.wait_for(reader.readexactly(4), 3)
+                    length = struct.unpack("!HH", header)[1]
+                    echoed = await asyncio.wait_for(reader.readexactly(length + (-length % 4)), 3)
+                    assert echoed[:length] == payload
+            stats = stunner.listener_stats()[TCP]
+            assert (stats.rx_packets, stats.tx_packets) >= (12, 12)
+            assert stunner.cluster_counters()[CLUSTER].tx_packets == 12
+            for engine in transport.relays:
+                assert engine.counters().rx_packets >= 6  # each carried its two clients
+            for _, writer in clients:
+                writer.close()
+            assert await until(lambda: transport.streams() == [])
+            assert await until(lambda: not stunner.listeners[TCP].server.allocations)
+        peer.close()
 
     asyncio.run(main())
 
@@ -201,8 +244,8 @@ def test_frames_toward_a_client_that_stops_reading_are_dropped_when_late(
                     frames += 1
             assert not buffer
             transport = native_transport(stunner)
-            assert transport.relay is not None
-            assert [s.queued for s in transport.relay.streams()] == [0]
+            assert transport.relays
+            assert [s.queued for s in transport.streams()] == [0]
             stats = stunner.listener_stats()[TCP]
             queued = stunner.cluster_counters()[CLUSTER].rx_packets  # taken from the peer
             assert stats.latency_dropped > 0
@@ -229,8 +272,9 @@ def test_relayed_frames_that_waited_in_the_socket_are_dropped_requests_are_not(
         port = free_port()
         async with tcp_stunner(port, limits, [f"{HOST}/32"]) as stunner:
             reader, writer = await tcp_allocation(port, (HOST, peer.port))
-            relay = native_transport(stunner).relay
-            assert relay is not None
+            relays = native_transport(stunner).relays
+            assert len(relays) == 1  # one engine: this stunnerd has no UDP worker processes
+            relay = relays[0]
             relay._engine.stop()  # the thread alone: the tables and the connection stay
             for i in range(10):
                 writer.write(stun.pack_channel_data(0x4000, b"stale %d" % i, pad=True))
