@@ -28,6 +28,7 @@ WORKDIR /src
 COPY pyproject.toml README.md setup.py* ./
 COPY stunner_api/ stunner_api/
 COPY stunner_http/ stunner_http/
+COPY stunner_client/ stunner_client/
 COPY stunnerd/ stunnerd/
 COPY reconciler/ reconciler/
 COPY webhook/ webhook/

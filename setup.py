@@ -2,7 +2,8 @@
 
 Everything else about the package is in pyproject.toml. The extension is optional: without a
 compiler or Python headers the install goes on with a warning and stunnerd relays in Python
-(`stunnerd.native.available()` says why). Linux only (epoll, recvmmsg, sendmmsg, eventfd).
+(`stunnerd.native.available()` says why). Linux only (epoll, recvmmsg, sendmmsg, eventfd,
+TCP_NOTSENT_LOWAT).
 """
 
 import sys
@@ -14,7 +15,11 @@ if sys.platform.startswith("linux"):
     extensions.append(
         Extension(
             "stunnerd._relay",
-            sources=["stunnerd/relaycore/relay.c", "stunnerd/relaycore/pymodule.c"],
+            sources=[
+                "stunnerd/relaycore/relay.c",
+                "stunnerd/relaycore/stream.c",
+                "stunnerd/relaycore/pymodule.c",
+            ],
             depends=["stunnerd/relaycore/relay.h"],
             extra_compile_args=["-O2", "-std=gnu11", "-fvisibility=hidden"],
             extra_link_args=["-pthread"],

@@ -22,8 +22,10 @@ from pathlib import Path
 DISTRIBUTION = "stunner"
 # The dataplane image runs stunnerd alone: its command and the packages it imports.
 DATAPLANE_SCRIPTS = frozenset({"stunnerd"})
-# stunner_http: the connection discipline of stunnerd's admin server (health check, metrics).
-DATAPLANE_PACKAGES = frozenset({"stunnerd", "stunner_api", "stunner_http"})
+# stunner_http: the connection discipline of stunnerd's admin server (health check, metrics);
+# stunner_client: its CDS client (stunner_client.cds; the package's TURN client and echo peer
+# are there too, a few kB, unimportable without the demo/cli extras and never imported).
+DATAPLANE_PACKAGES = frozenset({"stunnerd", "stunner_api", "stunner_http", "stunner_client"})
 # The webhook's gunicorn configuration, which the chart names by its path in the venv.
 WEBHOOK_GUNICORN_CONF = ("webhook", "gunicorn.conf.py")
 

@@ -6,7 +6,8 @@
 
 Types come from the defaults in values.yaml; every object refuses keys it does not document
 (additionalProperties: false) except the free-form Kubernetes maps listed in FREE_FORM. What a
-default cannot say (enums, ranges, the item type of an empty list) is in CONSTRAINTS and ITEMS.
+default cannot say (enums, ranges, the item type of an empty list) is in CONSTRAINTS and ITEMS;
+the enum of loadBalancer.preset is the names of loadBalancer.presets (one table, in values.yaml).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ PULL_POLICY = {"type": "string", "enum": ["Always", "IfNotPresent", "Never"]}
 K8S_OBJECT = {"type": "object"}
 DNS_SUBDOMAIN = "^[a-z0-9]([-.a-z0-9]*[a-z0-9])?$"
 NAMESPACED_NAME = "^[a-z0-9][-a-z0-9]*/[a-z0-9][-.a-z0-9]*$"
+DNS_LABEL = "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 CIDR_LIST = r"^ *([0-9a-fA-F.:]+(/[0-9]+)? *(, *[0-9a-fA-F.:]+(/[0-9]+)? *)*)?$"
 
 # Kubernetes-typed maps whose keys are not ours to list.
@@ -83,6 +85,12 @@ CONSTRAINTS: dict[str, dict[str, Any]] = {
         "type": "string",
         "pattern": "^[a-z0-9]([-.a-z0-9]*[a-z0-9])?$",
     },
+    "gatewayConfig.name": {"type": "string", "pattern": DNS_SUBDOMAIN},
+    "gatewayConfig.namespace": {"type": "string", "pattern": f"^$|{DNS_LABEL}"},
+    "gatewayConfig.realm": {"type": "string", "minLength": 1},
+    "gatewayConfig.authSecretName": {"type": "string", "pattern": DNS_SUBDOMAIN},
+    # Annotation values are strings (--set-string for "true" or a number).
+    "loadBalancer.annotations": {"type": "object", "additionalProperties": {"type": "string"}},
 }
 ITEMS: dict[str, dict[str, Any]] = {
     "imagePullSecrets": K8S_OBJECT,
@@ -104,9 +112,19 @@ ITEMS: dict[str, dict[str, Any]] = {
 }
 
 
-def schema_of(value: Any, path: str) -> dict[str, Any]:
-    if path in CONSTRAINTS:
-        return dict(CONSTRAINTS[path])
+def constraints_of(values: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """CONSTRAINTS plus what the defaults themselves name: the preset names."""
+    presets = sorted(values["loadBalancer"]["presets"])
+    if "none" in presets:
+        raise SystemExit("hack/values_schema.py: loadBalancer.presets must not name 'none'")
+    return CONSTRAINTS | {
+        "loadBalancer.preset": {"type": "string", "enum": ["none", *presets]},
+    }
+
+
+def schema_of(value: Any, path: str, constraints: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    if path in constraints:
+        return dict(constraints[path])
     if isinstance(value, dict):
         if path in FREE_FORM:
             return {"type": "object"}
@@ -114,7 +132,7 @@ def schema_of(value: Any, path: str) -> dict[str, Any]:
             "type": "object",
             "additionalProperties": False,
             "properties": {
-                key: schema_of(item, f"{path}.{key}" if path else key)
+                key: schema_of(item, f"{path}.{key}" if path else key, constraints)
                 for key, item in value.items()
             },
         }
@@ -135,7 +153,10 @@ def schema_of(value: Any, path: str) -> dict[str, Any]:
 
 def render() -> str:
     values = yaml.safe_load((CHART / "values.yaml").read_text(encoding="utf-8"))
-    schema = {"$schema": "http://json-schema.org/draft-07/schema#", **schema_of(values, "")}
+    schema = {
+        "$schema": "http://json-schema.org/draft-07/schema#",
+        **schema_of(values, "", constraints_of(values)),
+    }
     return json.dumps(schema, indent=2) + "\n"
 
 

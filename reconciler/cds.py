@@ -1,4 +1,4 @@
-"""The config discovery service (CDS) server and the auth service's TURN REST endpoints.
+"""The config discovery service (CDS) server.
 
 `ConfigStore` holds the rendered dataplane configs by id (`<namespace>/<gateway>`) and the
 watchers of each. `publish(configs)` makes the store hold exactly `configs` (level-based): a
@@ -21,18 +21,17 @@ it, and the Gateway's status says which Nodes have no public address). A watcher
 config again when its Node's address changes.
 
 `serve` runs an app with the connection discipline of every server of ours
-(stunner_http.server): a request deadline, a cap on connections (CDS_LIMITS, AUTH_LIMITS, an
-admin endpoint's otherwise), accept errors logged at a bounded rate.
+(stunner_http.server): a request deadline, a cap on connections (CDS_LIMITS, the auth service's
+AUTH_LIMITS in reconciler.auth, an admin endpoint's otherwise), accept errors logged at a bounded
+rate.
 
 Every watcher has its own bounded queue: at most one pending config per id, a newer one replacing
 an older one that was not sent yet (latest config wins). Publishing never waits for a watcher; a
 watcher that cannot take a frame within `write_timeout` seconds (not reading, or gone) is dropped,
 and the others are not held up.
 
-`auth_app(store)` serves the TURN REST endpoints of the auth service (ANCHORS §5): `GET /`
-(credentials) and `GET /ice` (ICE-server JSON), computed by `stunner_api.ice`. Like Go's, it is
-unauthenticated: serve it where only the application server reaches it. Secrets are in these
-answers (and in the configs the CDS serves) and nowhere else: logs name ids, never content.
+Secrets are in the configs the CDS serves and nowhere else: logs name ids, never content. The
+auth service's endpoints over the same store are reconciler.auth's.
 """
 
 from __future__ import annotations
@@ -41,14 +40,11 @@ import asyncio
 import contextlib
 import dataclasses
 import ipaddress
-import json
 import logging
 import socket
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from http import HTTPStatus
-from typing import Any
 
 from aiohttp import WSMsgType, web
 from aiohttp.typedefs import Middleware
@@ -68,15 +64,13 @@ from stunner_api.cds import (
     patch_node_address,
 )
 from stunner_api.dataplane import StunnerConfig, zero_config
-from stunner_api.ice import IceError, IceQuery, ice_config, turn_auth
-from stunner_http.server import LIMITS_KEY, NAME_KEY, RateLimitedLog, Served, ServerLimits
+from stunner_http.server import LIMITS_KEY, NAME_KEY, Served, ServerLimits
 from stunner_http.server import serve as serve_http
 from stunner_http.websocket import FrameBudget, WebSocketGuard
 
 from .cds_access import ALLOWED_KEY, Allowed
 
 log = logging.getLogger("stunner.cds-server")
-auth_log = logging.getLogger("stunner.auth-service")
 
 # One frame is one config (a few kB; TLS certificates make it larger): wait for the socket to
 # drain once this much is buffered, so a watcher that does not read blocks only its own sender.
@@ -87,10 +81,8 @@ WRITER_LIMIT = 64 * 1024
 WATCH_BUDGET = FrameBudget(burst=16, rate=4.0)
 MAX_CLIENT_MESSAGE = 4096  # a close frame's reason is at most 123 bytes
 # Connections per server (stunner_http.server): every stunnerd replica holds one CDS watch
-# (1,000 Gateways with a few replicas each fit), and the auth service answers an application
-# server's short requests.
+# (1,000 Gateways with a few replicas each fit).
 CDS_LIMITS = ServerLimits(max_connections=8192)
-AUTH_LIMITS = ServerLimits(max_connections=1024)
 
 
 @dataclass(frozen=True)
@@ -282,10 +274,9 @@ def _is_ip(address: str) -> bool:
 
 STORE_KEY = web.AppKey("store", ConfigStore)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-Builder = Callable[[Mapping[str, StunnerConfig], IceQuery, int, str], dict[str, Any]]
 
 
-def _json_error(status: HTTPStatus, message: str) -> web.Response:
+def json_error(status: HTTPStatus, message: str) -> web.Response:
     return web.json_response({"code": int(status), "message": message}, status=status)
 
 
@@ -297,7 +288,7 @@ async def json_errors(request: web.Request, handler: Handler) -> web.StreamRespo
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        return _json_error(HTTPStatus(exc.status), f"{exc.reason}: {request.method} {request.path}")
+        return json_error(HTTPStatus(exc.status), f"{exc.reason}: {request.method} {request.path}")
 
 
 def _selector(request: web.Request) -> Selector:
@@ -325,13 +316,13 @@ class CdsHandlers:
         selector = _selector(request)
         if request.query.get(WATCH_PARAM) == "true":
             if request.headers.get("Upgrade", "").lower() != "websocket":
-                return _json_error(HTTPStatus.BAD_REQUEST, "watch=true needs a WebSocket upgrade")
+                return json_error(HTTPStatus.BAD_REQUEST, "watch=true needs a WebSocket upgrade")
             return await self.watch(request, selector)
         node = request.query.get(NODE_PARAM, "")
         if selector.name:
             text = self.store.text(str(selector))
             if text is None:
-                return _json_error(HTTPStatus.NOT_FOUND, f"config {selector} not found")
+                return json_error(HTTPStatus.NOT_FOUND, f"config {selector} not found")
             text = self.store.patched(text, node)
             return web.Response(text=text, content_type="application/json")
         items = ",".join(self.store.select(selector, node).values())
@@ -450,54 +441,12 @@ def cds_app(
     return app
 
 
-def auth_app(
-    store: ConfigStore,
-    *,
-    public_address: str = "",
-    clock: Callable[[], float] = time.time,
-) -> web.Application:
-    """The auth service's `GET /` and `GET /ice` as an aiohttp application over `store`.
-    `public_address`: the address put in the URIs unless the request names one (Go's
-    STUNNER_PUBLIC_ADDR)."""
-
-    # Anyone may send a bad query: a WARNING line per 10 s at most, with a count.
-    bad_queries = RateLimitedLog(auth_log, AUTH_LIMITS.log_period)
-
-    def answer(build: Builder) -> Handler:
-        async def handler(request: web.Request) -> web.StreamResponse:
-            try:
-                query = IceQuery.from_params(request.query)
-                body = build(store.configs, query, int(clock()), public_address)
-            except IceError as exc:
-                bad_queries.event(
-                    logging.WARNING,
-                    "%s %s: %d %s",
-                    request.method,
-                    request.path[:64],
-                    int(exc.status),
-                    exc.message,
-                )
-                return _json_error(exc.status, exc.message)
-            auth_log.debug("%s %s: answered", request.method, request.path)
-            return web.Response(text=json.dumps(body), content_type="application/json")
-
-        return handler
-
-    app = web.Application(middlewares=[json_errors], client_max_size=MAX_CLIENT_MESSAGE)
-    app[STORE_KEY] = store
-    app[LIMITS_KEY] = AUTH_LIMITS
-    app[NAME_KEY] = "auth service"
-    app.router.add_get("/", answer(turn_auth), allow_head=False)
-    app.router.add_get("/ice", answer(ice_config), allow_head=False)
-    return app
-
-
 @contextlib.asynccontextmanager
 async def serve(
     app: web.Application, host: str = "127.0.0.1", port: int = 0
 ) -> AsyncIterator[Served]:
     """Serve `app` on host:port (0: any free port) until the block ends, with the connection
-    discipline of `stunner_http.server` and the app's limits (CDS_LIMITS, AUTH_LIMITS, else
-    an admin endpoint's); open WebSockets are closed on exit."""
+    discipline of `stunner_http.server` and the app's limits (CDS_LIMITS, reconciler.auth's
+    AUTH_LIMITS, else an admin endpoint's); open WebSockets are closed on exit."""
     async with serve_http(app, host, port) as served:
         yield served

@@ -68,8 +68,8 @@ from .loop import THROTTLE, Reconciler
 from .metrics import Metrics, ServedInThread, health_app, metrics_app
 from .relevance import References
 from .render import Plan, Renderer, RenderSettings
+from .render.deployment import service_account_of
 from .render.finalize import finalized
-from .render.manifests import service_account_of
 from .render.tracked import same_kinds
 from .store import STALE_AFTER, WATCHED, Cache, Kind, Object, Snapshot, labels_of
 from .supervise import Supervisor

@@ -30,7 +30,9 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from stunnerd.demo import EchoPeer, port_busy, refused, relay, wait_until_serving
+from stunner_client.echo import EchoPeer
+from stunner_client.probes import port_busy, wait_until_serving
+from stunner_client.turn import refused, relay
 
 from .local import LocalSettings, run_local
 
@@ -90,9 +92,8 @@ async def until_allowed(
 
 
 async def run(address: str, port: int, count: int, manifests: Path, verbose: bool) -> int:
-    loop = asyncio.get_running_loop()
-    echo, _ = await loop.create_datagram_endpoint(EchoPeer, local_addr=(address, 0))
-    echo_port = echo.get_extra_info("sockname")[1]
+    echo = await EchoPeer.bind(address)
+    echo_port = echo.port
     peer = (address, echo_port)
     server = (address, port)
     route_file = prepare(manifests, port, echo_port)
@@ -160,7 +161,7 @@ async def run(address: str, port: int, count: int, manifests: Path, verbose: boo
             print("\nresult:", "OK" if ok else "FAILED")
             return 0 if ok else 1
     finally:
-        echo.close()
+        await echo.aclose()
 
 
 def main() -> int:

@@ -30,7 +30,8 @@ from typing import IO, Any
 
 from stunner_api.cds import DEFAULT_PORT as DEFAULT_CDS_PORT
 
-from .cds import ConfigStore, auth_app, cds_app, serve
+from .auth import auth_app
+from .cds import ConfigStore, cds_app, serve
 from .files import ManifestDir
 from .loop import THROTTLE, Reconciler, Rendered
 from .render import RenderSettings, render

@@ -114,15 +114,3 @@ def bearer_headers(path: Path) -> dict[str, str]:
     it); {} for an empty file. Raises OSError or UnicodeDecodeError when it cannot be read."""
     token = path.read_text().strip()
     return {"Authorization": f"Bearer {token}"} if token else {}
-
-
-def token_headers(env: Mapping[str, str] | None = None) -> dict[str, str]:
-    """`bearer_headers` of the token file `env` names; {} when none is set or it cannot be
-    read. For the CDS's readers (the auth service, `helm test`)."""
-    path = token_file(env)
-    if path is None:
-        return {}
-    try:
-        return bearer_headers(path)
-    except (OSError, UnicodeDecodeError):
-        return {}

@@ -276,6 +276,13 @@ class AuthConfig(_GoStruct):
     def _normalize_type(cls, value: object) -> object:
         return _normalize(value, AUTH_TYPES, str.lower, "static", "authentication type")
 
+    @property
+    def stun_only(self) -> bool:
+        """Type `none`: a pure STUN server (Go's nil auth handler; the operator renders it for
+        a GatewayConfig with `stunMode: true`). Binding is answered, every TURN request gets
+        403 and no allocation is ever made."""
+        return self.type == "none"
+
     @field_validator("realm", mode="before")
     @classmethod
     def _default_realm(cls, value: object) -> object:

@@ -12,6 +12,14 @@ comes out. The reconciler's HTTP server (`GET /` and `GET /ice`) and the demo us
 Static auth hands out the configured username and password. Ephemeral auth mints TURN REST
 credentials: username `<now + ttl>:<username parameter>`, password
 `base64(HMAC-SHA1(shared secret, username))`, which stunnerd checks without any state.
+
+A STUN-only Gateway (auth type `none`, GatewayConfig `stunMode: true`) gets `stun:<addr>:<port>`
+URIs (RFC 7064) and no username or credential, one per TURN-UDP listener only: a `stun:` URI
+carries no transport and browsers send Binding requests over UDP alone (libwebrtc puts
+`stun:` and `stuns:` alike into its UDP STUN list, and refuses `stun:...?transport=` as a syntax
+error), so a TCP, TLS or DTLS listener's port would only make them wait for answers that never
+come. stunnerd still answers Binding on those listeners
+for clients configured by hand.
 """
 
 from __future__ import annotations
@@ -126,7 +134,9 @@ def ephemeral_username(expiry: int, user_id: str = "") -> str:
 
 def credentials(auth: AuthConfig, user_id: str, ttl: int, now: int) -> tuple[str, str]:
     """(username, password) a client uses with `auth`: the static pair, or an ephemeral pair
-    valid for `ttl` seconds from `now` (Unix seconds) for `user_id`."""
+    valid for `ttl` seconds from `now` (Unix seconds) for `user_id`; none for STUN only."""
+    if auth.stun_only:
+        return "", ""
     if auth.type == "ephemeral":
         username = ephemeral_username(now + ttl, user_id)
         return username, ephemeral_password(auth.credentials.get("secret", ""), username)
@@ -152,15 +162,26 @@ def _address(listener: ListenerConfig, query: IceQuery, public_address: str) -> 
     )
 
 
+def _offered(config: StunnerConfig, listener: ListenerConfig, query: IceQuery) -> bool:
+    """Whether `listener` has a URI in the answer: it passes `query`'s filters and, on a
+    STUN-only Gateway, it is plain UDP (the module's docstring says why)."""
+    facts = listener.facts
+    stun_only_usable = facts.transport == "UDP" and not facts.tls
+    return query.matches(listener.name) and (stun_only_usable or not config.auth.stun_only)
+
+
 def listener_uris(config: StunnerConfig, query: IceQuery, public_address: str = "") -> list[str]:
-    """The TURN URIs of `config`'s listeners that pass `query`'s filters, at `_address`'s
-    address, else 0.0.0.0 (as Go's auth service)."""
+    """The URIs of `config`'s offered listeners at `_address`'s address, else 0.0.0.0 (as Go's
+    auth service): TURN URIs, or `stun:<addr>:<port>` on a STUN-only Gateway."""
     uris = []
     for listener in config.listeners:
-        if not query.matches(listener.name):
+        if not _offered(config, listener, query):
             continue
         address = _address(listener, query, public_address) or WILDCARD_ADDRESS
-        uris.append(listener.model_copy(update={"public_address": address}).uri())
+        if config.auth.stun_only:
+            uris.append(f"stun:{address}:{listener.public_port or listener.port}")
+        else:
+            uris.append(listener.model_copy(update={"public_address": address}).uri())
     return uris
 
 
@@ -173,7 +194,7 @@ def unaddressed(
         (id, listener)
         for id in sorted(configs)
         for listener in configs[id].listeners
-        if query.matches(listener.name) and not _address(listener, query, public_address)
+        if _offered(configs[id], listener, query) and not _address(listener, query, public_address)
     ]
 
 
@@ -204,8 +225,11 @@ def ice_config(
     configs: Mapping[str, StunnerConfig], query: IceQuery, now: int, public_address: str = ""
 ) -> dict[str, Any]:
     """`GET /ice`: one iceServer per Gateway (by id) with a matching listener."""
-    servers = []
+    servers: list[dict[str, Any]] = []
     for config, uris in _matching(configs, query, public_address):
+        if config.auth.stun_only:  # an RTCIceServer of stun: URLs takes no credentials
+            servers.append({"urls": uris})
+            continue
         username, password = credentials(config.auth, query.username, query.ttl, now)
         servers.append({"username": username, "credential": password, "urls": uris})
     if not servers:

@@ -2,15 +2,17 @@
 (dropping its allocations). stunnerd applies it; `helm stunner diff` predicts with it.
 
 Only a listener's identity restarts it: protocol, address, port, certificate or key, or the
-realm (every listener's: the long-term credentials of every client change with it). Routes,
-public address and port, clusters, credentials and admin settings change in place.
+realm (every listener's: the long-term credentials of every client change with it), or a switch
+into or out of STUN-only mode (auth type `none`, every listener's: a STUN-only listener holds no
+allocation, and one leaving that mode starts from none). Routes, public address and port,
+clusters, credentials and admin settings change in place.
 """
 
 from __future__ import annotations
 
 from enum import StrEnum
 
-from .dataplane import ListenerConfig, StunnerConfig
+from .dataplane import AuthConfig, ListenerConfig, StunnerConfig
 
 RESTART_FIELDS = ("protocol", "address", "port", "cert", "key")
 
@@ -21,6 +23,14 @@ class ListenerChange(StrEnum):
     RESTARTED = "restarted"
     ADDED = "added"
     REMOVED = "removed"
+
+
+def every_listener_restarts(old: AuthConfig | None, new: AuthConfig | None) -> bool:
+    """Whether going from auth `old` to `new` restarts every listener: the realm changed, or
+    STUN-only mode was switched on or off."""
+    if old is None or new is None:
+        return False
+    return old.realm != new.realm or old.stun_only != new.stun_only
 
 
 def restart_needed(old: ListenerConfig, new: ListenerConfig, realm_changed: bool) -> bool:
@@ -35,7 +45,7 @@ def listener_changes(
     config, before the first or after the Gateway is gone)."""
     before = {lc.name: lc for lc in old.listeners} if old is not None else {}
     after = {lc.name: lc for lc in new.listeners} if new is not None else {}
-    realm_changed = old is not None and new is not None and old.auth.realm != new.auth.realm
+    realm_changed = every_listener_restarts(old.auth if old else None, new.auth if new else None)
     changes = {}
     for name in sorted(before.keys() | after.keys()):
         if name not in after:

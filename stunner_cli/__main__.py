@@ -277,8 +277,9 @@ def _target(args: argparse.Namespace) -> Any:
 
 def run_cluster(args: argparse.Namespace) -> int:
     from stunner_cli import cluster
+    from stunner_cli.kube import Kube
 
-    client = cluster.connect(args.kubeconfig, args.kube_context)
+    client = Kube.connect(args.kubeconfig, args.kube_context)
     try:
         target = _target(args)
         if args.command == "diff":
@@ -324,7 +325,7 @@ def run_cluster(args: argparse.Namespace) -> int:
                 last = now
         return OK
     finally:
-        client.close()  # type: ignore[no-untyped-call]
+        client.close()
 
 
 def no_public_address(client: Any, missing: list[tuple[str, ListenerConfig]]) -> int:
@@ -390,12 +391,18 @@ def run_auth_server(args: argparse.Namespace) -> int:
     import asyncio
     import logging
 
-    from stunner_cli.authserver import run
+    from reconciler.auth import run
+    from stunner_client.cds import CdsError, split_address
 
     logging.basicConfig(
         level=args.log.upper(), format="%(asctime)s %(name)s %(levelname)s: %(message)s"
     )
     public = args.public_address or os.environ.get("STUNNER_PUBLIC_ADDR", "")
+    try:
+        split_address(args.cds_url)
+    except CdsError as e:
+        _err(str(e))
+        return FAILED
     asyncio.run(run(args.cds_url, args.address, args.port, public))
     return OK
 
@@ -416,7 +423,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return OK
     except Exception as e:
-        from stunner_cli.cluster import ClusterError
+        from stunner_cli.kube import ClusterError
 
         if isinstance(e, ClusterError):
             _err(str(e))

@@ -14,15 +14,13 @@ import datetime
 from collections.abc import Mapping
 from typing import Any
 
-import kubernetes.client
-
-from reconciler.kube.api import Api
 from reconciler.render import RenderSettings, render
-from reconciler.store import WATCHED, Snapshot
+from reconciler.store import Snapshot
 from stunner_api.cds import split_id
 from stunner_api.dataplane import StunnerConfig
 from stunner_api.restart import ListenerChange, listener_changes
-from stunner_cli.cluster import ClusterError, Target, cds_configs, dataplane_status
+from stunner_cli.cluster import Target, cds_configs, dataplane_status
+from stunner_cli.kube import Kube
 from stunner_cli.offline import Located
 
 Key = tuple[str, str, str, str]  # group, kind, namespace, name
@@ -33,27 +31,6 @@ def _key(obj: Mapping[str, Any]) -> Key:
     group = str(obj.get("apiVersion", "")).rpartition("/")[0]
     meta = obj.get("metadata") or {}
     return group, str(obj.get("kind")), str(meta.get("namespace") or ""), str(meta.get("name"))
-
-
-def live_objects(client: kubernetes.client.ApiClient) -> list[dict[str, Any]]:
-    """Every object of the kinds cluster mode watches, as the API serves them now."""
-    api = Api(client)
-    out: list[dict[str, Any]] = []
-    for watched in WATCHED:
-        if not watched.rendered:
-            continue
-        for version in watched.versions:
-            try:
-                items, _ = api.list(watched, version)
-            except kubernetes.client.exceptions.ApiException as e:
-                if e.status == 404:
-                    continue  # this version (or the CRD) is not served
-                raise ClusterError(f"listing {watched.name}: HTTP {e.status} {e.reason}") from None
-            except Exception as e:
-                raise ClusterError(f"cannot reach the Kubernetes API: {e}") from None
-            out.extend(items)
-            break
-    return out
 
 
 def proposed(
@@ -70,9 +47,9 @@ def proposed(
     return render(snapshot, settings, datetime.datetime.now(datetime.UTC)).configs
 
 
-def report(client: kubernetes.client.ApiClient, target: Target, files: list[Located]) -> list[str]:
-    running = {c.admin.name: c for c in cds_configs(client, Target(target.namespace))}
-    after = proposed(live_objects(client), files, RenderSettings())
+def report(kube: Kube, target: Target, files: list[Located]) -> list[str]:
+    running = {c.admin.name: c for c in cds_configs(kube, Target(target.namespace))}
+    after = proposed(kube.rendered_objects(), files, RenderSettings())
     lines: list[str] = []
     for id in sorted(running.keys() | after.keys()):
         namespace, name = split_id(id)
@@ -91,7 +68,7 @@ def report(client: kubernetes.client.ApiClient, target: Target, files: list[Loca
         for listener, change in changes.items():
             lines.append(f"  {listener}: {change}")
         if dropping:
-            pods = dataplane_status(client, Target(target.namespace, namespace, name))
+            pods = dataplane_status(kube, Target(target.namespace, namespace, name))
             allocations = sum(int(p["status"].get("allocationCount", 0)) for p in pods)
             lines.append(
                 f"  cost: {len(dropping)} listener(s) restarted or removed; up to {allocations} "

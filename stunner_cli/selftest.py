@@ -1,6 +1,8 @@
 """`stunner selftest`: the chart's `helm test`. For every Gateway config the CDS serves, through
 each TURN-UDP and TURN-TCP listener's public address: allocate with a real TURN client, and,
-given an echo peer a route admits, relay a few packets to it and back.
+given an echo peer a route admits, relay a few packets to it and back. A STUN-only Gateway
+(auth type none) is tested for what it serves: a Binding request is answered and an Allocate
+gets 403 (no relay, so no echo).
 
 The echo peer is either one that runs elsewhere (`--peer IP:PORT`) or one the selftest runs
 itself (`--echo IP:PORT`: bound on the port, reached at the address, which is how the chart's
@@ -16,12 +18,14 @@ import asyncio
 import json
 import sys
 import time
-import urllib.request
 from collections.abc import Sequence
 
-from stunner_api.cds import CONFIGS_PATH, token_headers
+from stunner_api.cds import CONFIGS_PATH
 from stunner_api.dataplane import StunnerConfig, validate_config
 from stunner_api.ice import credentials
+from stunner_client.cds import CdsClient
+from stunner_client.echo import EchoPeer
+from stunner_client.turn import allocate, relay
 
 TRANSPORTS = {"TURN-UDP": "udp", "TURN-TCP": "tcp"}
 RETRY_PAUSE = 0.5  # seconds between two tries of a listener whose route is not there yet
@@ -33,11 +37,10 @@ def _address(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def _fetch(cds_url: str, timeout: float) -> list[StunnerConfig]:
-    # The chart runs this pod as the CDS's reader account, with its projected token.
-    request = urllib.request.Request(cds_url.rstrip("/") + CONFIGS_PATH, headers=token_headers())
-    with urllib.request.urlopen(request, timeout=timeout) as answer:
-        items = json.load(answer).get("items", [])
+def _fetch(cds: CdsClient, timeout: float) -> list[StunnerConfig]:
+    # The chart runs this pod as the CDS's reader account, with its projected token
+    # (STUNNER_CDS_TOKEN_FILE, which the CDS client reads).
+    items = json.loads(cds.get(CONFIGS_PATH, timeout=timeout)).get("items", [])
     return [validate_config(item) for item in items]
 
 
@@ -47,8 +50,9 @@ def _testable(config: StunnerConfig) -> bool:
 
 async def _configs(cds_url: str, gateways: Sequence[str], deadline: float) -> list[StunnerConfig]:
     """The CDS's configs, once every named Gateway has a listener to test (or at the deadline)."""
+    cds = CdsClient(cds_url)
     while True:
-        configs = await asyncio.to_thread(_fetch, cds_url, max(1.0, deadline - time.monotonic()))
+        configs = await asyncio.to_thread(_fetch, cds, max(1.0, deadline - time.monotonic()))
         ready = {c.admin.name for c in configs if _testable(c)}
         if set(gateways) <= ready or time.monotonic() >= deadline:
             return configs
@@ -59,8 +63,6 @@ async def _try(
     transport: str, server: tuple[str, int], creds: tuple[str, str], peer: str, timeout: float
 ) -> str:
     """One allocation, and one echo through it when there is a peer."""
-    from stunnerd.demo import relay
-
     if peer:
         result = await asyncio.wait_for(
             relay(transport, server, _address(peer), 5, creds, wait=min(ECHO_WAIT, timeout)),
@@ -69,31 +71,74 @@ async def _try(
         if not result["received"]:
             raise RuntimeError(f"allocated {result['relayed_address']}, no echo from {peer}")
         return f"echoed {result['received']}/{result['sent']} via {result['relayed_address']}"
-    from aioice.turn import create_turn_endpoint
+    return f"allocated {await allocate(transport, server, creds, timeout)}"
 
-    turn, _ = await asyncio.wait_for(
-        create_turn_endpoint(
-            asyncio.DatagramProtocol,
-            server_addr=server,
-            username=creds[0],
-            password=creds[1],
-            transport=transport,
-        ),
-        timeout,
-    )
+
+async def _ask(transport: str, server: tuple[str, int], requests: list[bytes]) -> list[bytes]:
+    """Each request's answer, over one UDP socket or one TCP connection."""
+    loop = asyncio.get_running_loop()
+    answers = []
+    if transport == "tcp":
+        reader, writer = await asyncio.open_connection(*server)
+        try:
+            for request in requests:
+                writer.write(request)
+                header = await reader.readexactly(20)
+                answers.append(header + await reader.readexactly(int.from_bytes(header[2:4])))
+        finally:
+            writer.close()
+        return answers
+    received: asyncio.Queue[bytes] = asyncio.Queue()
+
+    class Client(asyncio.DatagramProtocol):
+        def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
+            received.put_nowait(data)
+
+    udp, _ = await loop.create_datagram_endpoint(Client, remote_addr=server)
     try:
-        return f"allocated {turn.get_extra_info('sockname')}"
+        for request in requests:
+            udp.sendto(request)
+            answers.append(await received.get())
     finally:
-        turn.close()
+        udp.close()
+    return answers
+
+
+async def _try_stun_only(transport: str, server: tuple[str, int], timeout: float) -> str:
+    """A STUN-only listener: Binding answered with the mapped address, an Allocate refused 403."""
+    from stunnerd import stun
+    from stunnerd.stun import Class, Message, Method
+
+    allocate = Message(Method.ALLOCATE, Class.REQUEST)
+    allocate.attributes["REQUESTED-TRANSPORT"] = 17
+    requests = [Message(Method.BINDING, Class.REQUEST).encode(), allocate.encode()]
+    binding, refusal = [
+        stun.parse_message(answer)
+        for answer in await asyncio.wait_for(_ask(transport, server, requests), timeout)
+    ]
+    mapped = binding.attributes.get("XOR-MAPPED-ADDRESS")
+    if binding.message_class != Class.SUCCESS or mapped is None:
+        raise RuntimeError("the Binding request was not answered with a mapped address")
+    code = refusal.attributes.get("ERROR-CODE", (0, ""))[0]
+    if refusal.message_class != Class.ERROR or code != 403:
+        raise RuntimeError(f"STUN only, yet an Allocate was answered {code or 'with success'}")
+    return f"STUN only: Binding answered (mapped {mapped[0]}:{mapped[1]}), Allocate refused 403"
 
 
 async def _probe(
-    transport: str, server: tuple[str, int], creds: tuple[str, str], peer: str, deadline: float
+    transport: str,
+    server: tuple[str, int],
+    creds: tuple[str, str] | None,
+    peer: str,
+    deadline: float,
 ) -> str:
-    """`_try` until it succeeds or the deadline passes (the route may still be on its way)."""
+    """`_try` until it succeeds or the deadline passes (the route may still be on its way);
+    `_try_stun_only` when there are no credentials (a STUN-only Gateway)."""
     while True:
         left = max(1.0, deadline - time.monotonic())
         try:
+            if creds is None:
+                return await _try_stun_only(transport, server, left)
             return await _try(transport, server, creds, peer, left)
         except Exception:
             if time.monotonic() + RETRY_PAUSE >= deadline:
@@ -107,18 +152,14 @@ async def _selftest(
     deadline = time.monotonic() + timeout
     echo_server = None
     if echo:
-        from stunnerd.demo import EchoPeer
-
-        echo_server, _ = await asyncio.get_running_loop().create_datagram_endpoint(
-            EchoPeer, local_addr=("0.0.0.0", _address(echo)[1])
-        )
+        echo_server = await EchoPeer.bind("0.0.0.0", _address(echo)[1])
         peer = echo
     try:
         configs = await _configs(cds_url, gateways, deadline)
         return await _run(configs, peer, gateways, deadline)
     finally:
         if echo_server is not None:
-            echo_server.close()
+            await echo_server.aclose()
 
 
 async def _run(
@@ -131,7 +172,11 @@ async def _run(
         sys.stdout.write(f"FAIL {name}: no TURN-UDP or TURN-TCP listener with a public address\n")
     for config in configs:
         echo_here = peer if not gateways or config.admin.name in gateways else ""
-        creds = credentials(config.auth, "helm-test", 3600, int(time.time()))
+        creds = (
+            None
+            if config.auth.stun_only
+            else credentials(config.auth, "helm-test", 3600, int(time.time()))
+        )
         for listener in config.listeners:
             transport = TRANSPORTS.get(listener.protocol)
             if transport is None or not listener.public_address:

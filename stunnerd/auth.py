@@ -106,6 +106,7 @@ class Authenticator:
         if normalized is None:
             raise AuthError(f"unknown authentication type {auth_type!r}")
         self.auth_type = normalized
+        self.stun_only = normalized == "none"  # an attribute: read for every message (turn.py)
         self.realm = realm
         self._clock = clock
         self._static_username = ""

@@ -47,6 +47,7 @@ class ListenerCounters(Counters):
     backpressure_dropped: int = 0  # sent to a stream client past its output high-water mark
     latency_dropped: int = 0  # relayed over a stream later than --stream-latency-bound
     rate_limited: int = 0  # error answers not sent past --error-rate
+    stun_only: int = 0  # TURN messages a STUN-only listener refused (403, or dropped unanswered)
 
 
 @dataclass(slots=True)

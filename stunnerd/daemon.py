@@ -18,7 +18,10 @@ from stunner_api.dataplane import (
     StunnerConfig,
     is_zero_config,
 )
-from stunner_api.restart import restart_needed  # the rule `helm stunner diff` predicts with
+from stunner_api.restart import (  # the rule `helm stunner diff` predicts with
+    every_listener_restarts,
+    restart_needed,
+)
 
 from .admin import HttpServer, health_routes, metrics_routes, relocate
 from .auth import NonceManager
@@ -158,7 +161,7 @@ class Stunner:
         if config == self.config:
             return
         old = self.config
-        realm_changed = old is not None and old.auth.realm != config.auth.realm
+        realm_changed = every_listener_restarts(old.auth if old else None, config.auth)
         wanted = {lc.name: lc for lc in config.listeners}
         to_stop = [
             lst

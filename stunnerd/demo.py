@@ -3,53 +3,34 @@
 Starts a UDP echo peer on 127.0.0.1, starts `stunnerd` (a subprocess) with a TURN-UDP and a
 TURN-TCP listener whose only route admits that echo peer, relays packets through both listeners
 with aioice's TURN client, shows that a peer outside the routes is refused, prints the
-ICE-server JSON a browser would use, and stops everything it started.
+ICE-server JSON a browser would use, and stops everything it started. The echo peer and the
+TURN client are stunner_client's.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from stunner_api.dataplane import validate_config
 from stunner_api.ice import IceQuery, ice_config
 from stunner_api.vocabulary import DEFAULT_REALM
+from stunner_client.echo import EchoPeer
+from stunner_client.probes import port_busy, wait_until_serving
+from stunner_client.turn import refused, relay
 
 USERNAME = "user-1"
 PASSWORD = "pass-1"
-
-
-class EchoPeer(asyncio.DatagramProtocol):
-    """A media-server stand-in: sends every datagram back where it came from."""
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.DatagramTransport, transport)
-
-    def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
-        self.transport.sendto(data, addr)
-
-
-class Receiver(asyncio.DatagramProtocol):
-    def __init__(self) -> None:
-        self.received: dict[bytes, float] = {}
-        self.errors: list[Exception] = []
-
-    def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
-        self.received[data] = time.monotonic()
-
-    def error_received(self, exc: Exception) -> None:
-        self.errors.append(exc)
+CREDENTIALS = (USERNAME, PASSWORD)
 
 
 def demo_config(address: str, port: int, echo_port: int) -> dict[str, Any]:
@@ -87,68 +68,6 @@ def demo_config(address: str, port: int, echo_port: int) -> dict[str, Any]:
     }
 
 
-async def relay(
-    transport: str,
-    server: tuple[str, int],
-    peer: tuple[str, int],
-    count: int,
-    credentials: tuple[str, str] = (USERNAME, PASSWORD),
-    wait: float = 2.0,
-) -> dict[str, Any]:
-    """Send `count` packets to the echo peer through TURN; report what came back within `wait`
-    seconds."""
-    from aioice.turn import create_turn_endpoint
-
-    username, password = credentials
-    turn, receiver = await create_turn_endpoint(
-        Receiver, server_addr=server, username=username, password=password, transport=transport
-    )
-    try:
-        relayed = turn.get_extra_info("sockname")
-        sent: dict[bytes, float] = {}
-        for i in range(count):
-            payload = f"{transport}-packet-{i:04d}".encode()
-            sent[payload] = time.monotonic()
-            turn.sendto(payload, peer)
-            await asyncio.sleep(0.01)  # a modest 100 packets/s
-        deadline = time.monotonic() + wait
-        while len(receiver.received) < count and time.monotonic() < deadline:
-            await asyncio.sleep(0.02)
-        rtts = [receiver.received[p] - t for p, t in sent.items() if p in receiver.received]
-        return {
-            "transport": transport,
-            "relayed_address": relayed,
-            "sent": count,
-            "received": len(rtts),
-            "mean_rtt_ms": round(1000 * sum(rtts) / len(rtts), 2) if rtts else None,
-        }
-    finally:
-        turn.close()
-
-
-async def refused(
-    server: tuple[str, int],
-    peer: tuple[str, int],
-    credentials: tuple[str, str] = (USERNAME, PASSWORD),
-    timeout: float = 3.0,
-) -> str:
-    """Try to reach a peer no route admits: the ChannelBind must fail with 403."""
-    from aioice.turn import create_turn_endpoint
-
-    username, password = credentials
-    turn, receiver = await create_turn_endpoint(
-        Receiver, server_addr=server, username=username, password=password, transport="udp"
-    )
-    try:
-        turn.sendto(b"should not arrive", peer)
-        deadline = time.monotonic() + timeout
-        while not receiver.errors and time.monotonic() < deadline:
-            await asyncio.sleep(0.02)
-        return str(receiver.errors[0]) if receiver.errors else "no error (unexpected)"
-    finally:
-        turn.close()
-
-
 def ice_servers(config: dict[str, Any]) -> dict[str, Any]:
     """What the STUNner auth service's `/ice?service=turn&iceTransportPolicy=relay` answers for
     the demo's config: the very builder the reconciler serves it with."""
@@ -156,27 +75,12 @@ def ice_servers(config: dict[str, Any]) -> dict[str, Any]:
     return ice_config({"demo": validate_config(config)}, query, now=int(time.time()))
 
 
-async def wait_until_serving(address: str, port: int, proc: subprocess.Popen[bytes]) -> None:
-    """Poll with TCP connects until stunnerd accepts, or fail if it exited."""
-    deadline = time.monotonic() + 15.0
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"stunnerd exited with code {proc.returncode}")
-        with contextlib.suppress(OSError):
-            _, writer = await asyncio.open_connection(address, port)
-            writer.close()
-            return
-        await asyncio.sleep(0.1)
-    raise RuntimeError("stunnerd did not start listening within 15 s")
-
-
 async def run(address: str, port: int, count: int) -> int:
-    loop = asyncio.get_running_loop()
-    echo, _ = await loop.create_datagram_endpoint(EchoPeer, local_addr=(address, 0))
-    echo_port = echo.get_extra_info("sockname")[1]
+    echo = await EchoPeer.bind(address)
+    echo_port = echo.port
     # Another local peer on a port outside the route's range: packets to it must be dropped.
-    other, _ = await loop.create_datagram_endpoint(EchoPeer, local_addr=(address, 0))
-    other_port = other.get_extra_info("sockname")[1]
+    other = await EchoPeer.bind(address)
+    other_port = other.port
 
     with tempfile.TemporaryDirectory(prefix="stunnerd-demo-") as tmp:
         config_path = Path(tmp) / "stunnerd.conf"
@@ -188,18 +92,21 @@ async def run(address: str, port: int, count: int) -> int:
             server = (address, port)
             print(f"stunnerd (pid {proc.pid}) serving TURN-UDP and TURN-TCP on {address}:{port}")
             print(f"echo peer on {address}:{echo_port}, the only endpoint the route admits\n")
-            results = [await relay(t, server, (address, echo_port), count) for t in ("udp", "tcp")]
+            results = [
+                await relay(t, server, (address, echo_port), count, CREDENTIALS)
+                for t in ("udp", "tcp")
+            ]
             for r in results:
                 print(
                     f"TURN-{r['transport'].upper()}: relayed via {r['relayed_address']}: "
                     f"{r['received']}/{r['sent']} echoed, mean RTT {r['mean_rtt_ms']} ms"
                 )
-            outside = await relay("udp", server, (address, other_port), 5)
+            outside = await relay("udp", server, (address, other_port), 5, CREDENTIALS)
             print(
                 f"peer {address}:{other_port} (port outside the route): "
                 f"{outside['received']}/{outside['sent']} came back (dropped by policy)"
             )
-            denied = await refused(server, ("127.0.0.2", echo_port))
+            denied = await refused(server, ("127.0.0.2", echo_port), CREDENTIALS)
             print(f"peer 127.0.0.2:{echo_port} (no route): {denied}")
             print("\nICE servers for a browser (RTCPeerConnection configuration):")
             print(json.dumps(ice_servers(config), indent=2))
@@ -216,18 +123,8 @@ async def run(address: str, port: int, count: int) -> int:
                 proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 proc.kill()
-            echo.close()
-            other.close()
-
-
-def port_busy(port: int) -> str | None:
-    """Why the demo cannot have UDP `port`, or None if it is free."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        try:
-            probe.bind(("0.0.0.0", port))
-        except OSError as exc:
-            return f"port {port}/udp is busy ({exc.strerror}); try --port"
-    return None
+            await echo.aclose()
+            await other.aclose()
 
 
 def main() -> int:

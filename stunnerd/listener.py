@@ -26,6 +26,7 @@ from stunner_api.vocabulary import ListenerProtocol
 
 from . import native
 from .counters import ClusterCounters, ListenerCounters
+from .native_tcp import NativeTcpTransport
 from .native_udp import NativeUdpTransport
 from .runtime import port_holders
 from .transports import DtlsTransport, TcpTransport, Transport, UdpTransport
@@ -130,7 +131,7 @@ class Listener:
     def stats(self) -> ListenerCounters:
         """The listener's counters: the TURN server's plus what the native engine relayed."""
         transport = self.transport
-        if not isinstance(transport, NativeUdpTransport):
+        if not isinstance(transport, _NATIVE):
             return self.server.stats
         total = ListenerCounters()
         total.add(self.server.stats)
@@ -140,7 +141,7 @@ class Listener:
     def cluster_counters(self) -> Mapping[str, ClusterCounters]:
         """Per cluster, what the native engine relayed (Python's count is the context's)."""
         transport = self.transport
-        return transport.cluster_counters() if isinstance(transport, NativeUdpTransport) else {}
+        return transport.cluster_counters() if isinstance(transport, _NATIVE) else {}
 
     @property
     def _log_level(self) -> int:
@@ -159,17 +160,18 @@ class Listener:
         log.log(self._log_level, "listener %s stopped", self.name)
 
 
+_NATIVE = (NativeUdpTransport, NativeTcpTransport)
 _told: set[str] = set()
 
 
 def _tell_python_relay(reason: str) -> None:
-    """Say once per process why TURN-UDP relays in Python: a warning if the extension did not
-    build, an info line when STUNNER_NATIVE=0 asked for it."""
+    """Say once per process why TURN-UDP and TURN-TCP relay in Python: a warning if the
+    extension did not build, an info line when STUNNER_NATIVE=0 asked for it."""
     if reason in _told:
         return
     _told.add(reason)
     level = logging.INFO if "STUNNER_NATIVE" in reason else logging.WARNING
-    log.log(level, "TURN-UDP relays in Python: %s", reason)
+    log.log(level, "TURN-UDP and TURN-TCP relay in Python: %s", reason)
 
 
 # --- the transport registry: protocol -> the function that builds its transport ---------------
@@ -194,6 +196,11 @@ def _udp(
 def _tcp(
     config: ListenerConfig, server: TurnServer, udp_sockets: int, given: socket.socket | None
 ) -> Transport:
+    """TURN-TCP on the native relay engine where it is available, else in Python."""
+    reason = native.unavailable_reason()
+    if reason is None:
+        return NativeTcpTransport(server, engines=udp_sockets)  # an engine per UDP process
+    _tell_python_relay(reason)
     return TcpTransport(server)
 
 

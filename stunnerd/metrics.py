@@ -80,6 +80,7 @@ def stunner_families(view: MetricsView) -> Iterator[Metric]:
         dropped.add_metric([name, "latency"], counters.latency_dropped)
         dropped.add_metric([name, "rate_limit"], counters.rate_limited)
         dropped.add_metric([name, "invalid"], counters.dropped)
+        dropped.add_metric([name, "stun_only"], counters.stun_only)
     yield dropped
     yield from _by_direction("listener", "on the listener", stats, ("rx", "tx"))
     clusters = sorted(view.cluster_counters().items())

@@ -1,9 +1,10 @@
-"""The native relay path of a TURN-UDP listener (issue 16): a C engine carries the media, Python
-keeps the protocol.
+"""The native relay path of a TURN-UDP listener (issue 16) and of a TURN-TCP listener (issue 21):
+a C engine carries the media, Python keeps the protocol.
 
 `NativeRelay` wraps one `stunnerd._relay.Engine` (stunnerd/relaycore/: relay.c is the core,
-pymodule.c its bindings). The engine owns the packet path of one TURN-UDP listener socket and of
-its allocations' relay sockets in its own thread, which never takes the GIL: epoll, batches of
+stream.c its TURN-TCP streams, pymodule.c its bindings). The engine owns the packet path of one
+TURN-UDP listener socket (or of one TURN-TCP listener's connections, below) and of its
+allocations' relay sockets in its own thread, which never takes the GIL: epoll, batches of
 `recvmmsg`/`sendmmsg`, and per packet a decision from tables Python fills.
 
 - client -> peer: ChannelData on a bound channel, and Send indications of the plain shape
@@ -47,10 +48,32 @@ its allocations' relay sockets in its own thread, which never takes the GIL: epo
 - counters (packets and bytes per listener and per cluster, both directions; drops by cause;
   packets handed up) are read under the engine's lock without stopping its thread.
 
-Safety: the C side parses only the ChannelData header, the plain Send indication and (for a
-stranger's STUN) the attribute headers in search of MESSAGE-INTEGRITY, checks every length
-before reading it, and is fuzzed under ASan/UBSan by tests/stunnerd/
-test_native_fuzz.py (relaycore/fuzz.c drives relay_process with random and mutated datagrams).
+TURN-TCP (`NativeRelay(None)`, an engine without a UDP listener; stream.c): Python accepts
+each connection (admission, caps) and hands it over (`add_stream`: the engine keeps a
+duplicate). The engine's thread reads it and frames it as `stun.stream_frame_length` does (STUN
+by the header's length, ChannelData by its length padded to 4); it relays ChannelData and plain
+Send indications of a client with an allocation (allocations are added with their `stream`, and
+keyed by the connection's remote address as on the Python path), queues its peers' datagrams
+toward it (ChannelData padded, or Data indications), and hands every other frame up whole
+(SOURCE_STREAM, with the stream's handle); when the queue to Python is full, the stream is not
+read until it drains (its TCP window pushes back) instead of dropping a request no TCP client
+would resend. Python's answers go through the same queue (`stream_send`), so their order with
+relayed frames is kept. A framing error, a frame longer
+than the buffer (`transports.MAX_STREAM_BUFFER`), EOF or an error close the connection; every
+close (also `close_stream`) is handed up as SOURCE_CLOSED after every frame handed up before it,
+never dropped. `streams()` reports each stream's framing progress for Python's deadlines.
+Bounded delay (`stream_limits`): each queued frame carries its arrival time; a relayed one not
+yet begun that is older than the bound when the socket can take it is dropped ("latency"; one
+partly written is always finished); TCP_NOTSENT_LOWAT keeps what the kernel holds unsent small;
+the high-water mark bounds the queue ("backpressure"). Reading side: SO_TIMESTAMPNS gives the
+arrival of the data read; media (ChannelData, Send indications) from a read that waited longer
+than the bound is dropped ("latency"); STUN requests never are.
+
+Safety: the C side parses only the ChannelData header, the plain Send indication, (for a
+stranger's STUN) the attribute headers in search of MESSAGE-INTEGRITY, and over TCP the frame
+headers, checks every length before reading it, and is fuzzed under ASan/UBSan by tests/stunnerd/
+test_native_fuzz.py (relaycore/fuzz.c drives relay_process with random and mutated datagrams,
+and the stream framing with random and mutated byte streams split at random boundaries).
 
 How stunnerd uses it (`stunnerd/native_udp.py`, `NativeUdpTransport`): every TURN-UDP listener
 (the primary's and each UDP worker's socket: one engine per process) runs on an engine when
@@ -58,8 +81,10 @@ How stunnerd uses it (`stunnerd/native_udp.py`, `NativeUdpTransport`): every TUR
 Python closes its own), permissions and channels are mirrored through the allocation's
 `AllocationMirror`, handed-up packets go through the Python path, verdicts come from the
 router and are cleared whenever it drops its caches, and the engine's counters are added to
-Python's once (`Listener.stats`, `DataplaneCore.cluster_counters`). TURN-TCP/TLS/DTLS stay in
-Python. `STUNNER_NATIVE=0` (or an install without a compiler) keeps the pure-Python path.
+Python's once (`Listener.stats`, `DataplaneCore.cluster_counters`). Every TURN-TCP listener
+runs on an engine of its own (`stunnerd/native_tcp.py`, `NativeTcpTransport`). TURN-TLS and
+-DTLS stay in Python. `STUNNER_NATIVE=0` (or an install without a compiler) keeps the
+pure-Python path.
 """
 
 from __future__ import annotations
@@ -71,6 +96,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from .counters import ClusterCounters, ListenerCounters
+
 try:
     from . import _relay
 except ImportError as exc:  # built without a compiler, or not on Linux
@@ -81,6 +108,8 @@ else:
 
 SOURCE_CLIENT = 0  # from a client, on the listener socket
 SOURCE_PEER = 1  # from a peer, on an allocation's relay socket
+SOURCE_STREAM = 2  # one whole frame of a TURN-TCP stream (handle: the stream's)
+SOURCE_CLOSED = 3  # a TURN-TCP stream closed (handle: the stream's; data: why)
 RELAYED, DROPPED, UP = 0, 1, 2  # what reinject() did
 FORBIDDEN = -1  # the verdict of a peer no routed cluster admits
 DRAIN_BATCH = 256
@@ -103,8 +132,8 @@ def available() -> bool:
 class HandedUp(NamedTuple):
     """A packet the engine did not own, exactly as received."""
 
-    source: int  # SOURCE_CLIENT or SOURCE_PEER
-    handle: int  # the allocation of a peer packet; 0 for a client packet
+    source: int  # SOURCE_CLIENT, SOURCE_PEER, SOURCE_STREAM or SOURCE_CLOSED
+    handle: int  # the allocation of a peer packet, the stream of a frame; 0 for a client packet
     address: tuple[Any, ...]  # its sender, as the socket module reports it
     data: bytes
 
@@ -145,13 +174,67 @@ class NativeCounters:
     stranger_ips: int = 0  # source IPs whose unauthenticated-STUN bucket is tracked
     bucket_resets: int = 0  # times that table was full of live buckets and started afresh
 
+    def listener(self) -> ListenerCounters:
+        """As the listener's counters (Python's path counts the same events in these fields)."""
+        drops = self.drops
+        return ListenerCounters(
+            rx_packets=self.rx_packets,
+            rx_bytes=self.rx_bytes,
+            tx_packets=self.tx_packets,
+            tx_bytes=self.tx_bytes,
+            dropped=sum(n for cause, n in drops.items() if cause not in _NOT_INVALID),
+            rate_limited=sum(drops.get(cause, 0) for cause in _RATE_LIMITS),
+            latency_dropped=drops.get("latency", 0),
+            backpressure_dropped=drops.get("backpressure", 0),
+        )
+
+    def cluster_counters(self) -> dict[str, ClusterCounters]:
+        return {name: ClusterCounters(*values) for name, values in self.clusters.items()}
+
+    @classmethod
+    def total(cls, each: list[NativeCounters]) -> NativeCounters:
+        """The sum of several engines' counters (a TURN-TCP listener runs one per CPU)."""
+        if len(each) == 1:
+            return each[0]
+        total = cls()
+        for counted in each:
+            for name in ("rx_packets", "rx_bytes", "tx_packets", "tx_bytes", "handed_up",
+                         "stranger_ips", "bucket_resets"):  # fmt: skip
+                setattr(total, name, getattr(total, name) + getattr(counted, name))
+            for cluster, values in counted.clusters.items():
+                mine = total.clusters.setdefault(cluster, [0] * len(values))
+                total.clusters[cluster] = [a + b for a, b in zip(mine, values, strict=True)]
+            for cause, n in counted.drops.items():
+                total.drops[cause] = total.drops.get(cause, 0) + n
+        return total
+
+
+# The engine's drop causes counted as rate_limited (the metric's reason="rate_limit"); with the
+# stream ones, those not counted as dropped (reason="invalid").
+_RATE_LIMITS = ("rate_limited", "unauthenticated_rate")
+_NOT_INVALID = (*_RATE_LIMITS, "latency", "backpressure")
+
+
+class StreamProgress(NamedTuple):
+    """Where a TURN-TCP stream's framing is, for the deadlines Python keeps (times are
+    `time.monotonic()`; frame_started 0: no frame begun)."""
+
+    handle: int
+    opened: float
+    first_done: bool  # a whole frame came
+    buffered: int  # bytes of a frame begun
+    frame_started: float
+    last_frame: float
+    queued: int  # bytes queued toward the client, not yet written
+
 
 class NativeRelay:
-    """The native engine of one TURN-UDP listener socket (see the module docstring)."""
+    """The native engine of one TURN-UDP listener socket, or (`listener` None) of the streams of
+    one TURN-TCP listener (see the module docstring)."""
 
     def __init__(
         self,
-        listener: socket.socket,
+        listener: socket.socket | None,
         clusters: ClusterIds | None = None,
         queue_limit: int = 4096,
         queue_bytes: int = 8 << 20,
@@ -166,7 +249,7 @@ class NativeRelay:
         assert _relay is not None
         self.clusters = clusters or ClusterIds()
         self._engine = _relay.Engine(
-            listener.fileno(),
+            listener.fileno() if listener is not None else -1,
             queue_limit,
             queue_bytes,
             max_message,
@@ -213,10 +296,38 @@ class NativeRelay:
     # --- state Python decides ---------------------------------------------------------------
 
     def add_allocation(
-        self, client: tuple[Any, ...], relay: socket.socket, expires_at: float
+        self, client: tuple[Any, ...], relay: socket.socket, expires_at: float, stream: int = 0
     ) -> int:
-        """Mirror a new allocation; the engine reads (a duplicate of) `relay` from now on."""
-        return self._engine.add_allocation(client, relay.fileno(), expires_at)
+        """Mirror a new allocation; the engine reads (a duplicate of) `relay` from now on.
+        `stream`: the TURN-TCP stream of its client (its peers' packets go there)."""
+        return self._engine.add_allocation(client, relay.fileno(), expires_at, stream)
+
+    # --- TURN-TCP streams -------------------------------------------------------------------
+
+    def stream_limits(self, latency_bound: float, high_water: int, buffer: int) -> None:
+        """The bounds of every stream: the delay of a relayed frame (0: none), the bytes queued
+        toward one client, the longest frame (a longer one closes its connection)."""
+        self._engine.stream_limits(latency_bound, high_water, buffer)
+
+    def add_stream(self, connection: socket.socket) -> int:
+        """Take over (a duplicate of) an accepted connection; the caller closes its own."""
+        return self._engine.add_stream(connection.fileno())
+
+    def stream_send(self, handle: int, data: bytes) -> bool:
+        """Queue `data` to the stream's client, in order with relayed frames; False when it is
+        closed or its queue is past the high-water mark (counted as "backpressure")."""
+        return self._engine.stream_send(handle, data)
+
+    def close_stream(self, handle: int) -> bool:
+        """Close a stream (what is queued is tried once more); a SOURCE_CLOSED packet follows.
+        False if it is closed already."""
+        return self._engine.close_stream(handle)
+
+    def streams(self) -> list[StreamProgress]:
+        return [
+            StreamProgress(h, o, bool(f), b, s, last, q)
+            for h, o, f, b, s, last, q in self._engine.streams()
+        ]
 
     def refresh_allocation(self, handle: int, expires_at: float) -> None:
         self._engine.refresh_allocation(handle, expires_at)

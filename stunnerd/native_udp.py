@@ -22,7 +22,8 @@ listener socket and of every allocation's relay socket, in its own thread:
 - Counting: the engine counts the packets it consumes, Python the ones it handles; `counters()`
   gives the engine's share, which `Listener` adds to the TURN server's once.
 
-TURN-TCP, -TLS and -DTLS stay in Python (stream framing, TLS and DTLS sessions).
+TURN-TCP has its own engine (`native_tcp`); TURN-TLS and -DTLS stay in Python (TLS and DTLS
+sessions).
 """
 
 from __future__ import annotations
@@ -149,8 +150,8 @@ class NativeUdpTransport(UdpTransport):
             self._final = relay.counters()
             relay.close()
             # The engine's cluster counters outlive it in the process's, as Python's do.
-            for name, values in self._final.clusters.items():
-                self.server.scope.cluster_counters[name].add(_cluster(values))
+            for name, counters in self._final.cluster_counters().items():
+                self.server.scope.cluster_counters[name].add(counters)
             self._final.clusters = {}
         if self._sock is not None:
             self._sock.close()
@@ -197,7 +198,7 @@ class NativeUdpTransport(UdpTransport):
         data, addr = packet.data, packet.address
         allocation = self.server.allocations.get(addr)
         if allocation is not None and allocation.mirror is not None:
-            peer = _relayed_peer(allocation, data)
+            peer = relayed_peer(allocation, data)
             if peer is not None and self._decided(peer, packet) != native.UP:
                 return
         stats = self.server.stats
@@ -230,38 +231,18 @@ class NativeUdpTransport(UdpTransport):
     def listener_counters(self) -> ListenerCounters:
         """What the engine consumed of the listener's traffic (Python's is the server's)."""
         counted = self._counters()
-        if counted is None:
-            return ListenerCounters()
-        return ListenerCounters(
-            rx_packets=counted.rx_packets,
-            rx_bytes=counted.rx_bytes,
-            tx_packets=counted.tx_packets,
-            tx_bytes=counted.tx_bytes,
-            dropped=sum(n for cause, n in counted.drops.items() if cause not in _RATE_LIMITS),
-            rate_limited=sum(counted.drops.get(cause, 0) for cause in _RATE_LIMITS),
-        )
+        return counted.listener() if counted is not None else ListenerCounters()
 
     def cluster_counters(self) -> dict[str, ClusterCounters]:
         """The engine's per-cluster counters while it runs (then they are in the process's)."""
         counted = self._counters()
-        if counted is None:
-            return {}
-        return {name: _cluster(values) for name, values in counted.clusters.items()}
+        return counted.cluster_counters() if counted is not None else {}
 
     def _counters(self) -> native.NativeCounters | None:
         return self.relay.counters() if self.relay is not None else self._final
 
 
-# The engine's drop causes counted as rate_limited (the metric's reason="rate_limit").
-_RATE_LIMITS = ("rate_limited", "unauthenticated_rate")
-
-
-def _cluster(values: list[int]) -> ClusterCounters:
-    tx_packets, tx_bytes, rx_packets, rx_bytes = values
-    return ClusterCounters(tx_packets, tx_bytes, rx_packets, rx_bytes)
-
-
-def _relayed_peer(allocation: Allocation, data: bytes) -> Address | None:
+def relayed_peer(allocation: Allocation, data: bytes) -> Address | None:
     """The peer a client's ChannelData or Send indication is for, as Python's state says."""
     if len(data) >= 4 and (data[0] & 0xC0) == 0x40:
         binding = allocation.channels.get(int.from_bytes(data[:2], "big"))

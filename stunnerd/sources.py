@@ -14,8 +14,8 @@ With STUNNER_CDS_TOKEN_FILE set (the rendered Deployment sets it to its projecte
 token), the CDS client reads that file at every request and (re)connect, since the kubelet
 rotates it, and sends `Authorization: Bearer <token>`; without it, or with no file there, no
 header is sent (local mode, a hand-written config). A refused watch (401, 403) keeps the running
-config and retries with back-off, `retry_period` doubling up to `REFUSED_BACKOFF_MAX` seconds.
-The token is never logged.
+config and retries with back-off, `retry_period` doubling up to 15 s. The token is never logged.
+The CDS side is spoken by the one CDS client, stunner_client.cds.CdsClient.
 
 The CDS watch ignores the zero config, which the CDS sends when the Gateway is deleted: a draining
 stunnerd keeps serving its last config (Go's `suppressDelete`).
@@ -24,14 +24,10 @@ stunnerd keeps serving its last config (Go's `suppressDelete`).
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import re
 import socket
-import urllib.error
-import urllib.parse
-import urllib.request
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from pathlib import Path
 from typing import Protocol
@@ -41,20 +37,17 @@ from stunner_api.cds import (
     DEFAULT_PORT,
     NODE_ENV,
     NODE_PARAM,
-    OPEN_TIMEOUT,
     PING_PERIOD,
     PONG_WAIT,
     RETRY_PERIOD,
-    WATCH_PARAM,
     InvalidId,
-    bearer_headers,
     config_path,
     split_id,
-    token_file,
 )
 from stunner_api.dataplane import ConfigError, StunnerConfig, is_zero_config
 from stunner_api.dataplane_load import load_config_checked
 from stunner_api.vocabulary import CDS_SERVICE_NAME, SYSTEM_NAMESPACE
+from stunner_client.cds import CdsClient, CdsError
 
 file_log = logging.getLogger("stunner.config-file-client")
 cds_log = logging.getLogger("stunner.cds-client")
@@ -62,8 +55,6 @@ cds_log = logging.getLogger("stunner.cds-client")
 DEFAULT_CDS_ADDRESS = DEFAULT_ADDRESS
 DEFAULT_NAMESPACE = "default"
 FILE_POLL_INTERVAL = 0.25
-HTTP_TIMEOUT = 5.0
-REFUSED_BACKOFF_MAX = 15.0  # seconds between retries of a watch the CDS refuses (401, 403)
 
 # host:port, :port or [v6]:port, with no scheme: the address of a CDS server.
 _HOST_PORT = re.compile(r"(\[[0-9A-Fa-f:.%\w]*\]|[^/\\:\[\]]*):(\d{1,5})")
@@ -185,7 +176,8 @@ class FileSource:
 
 
 class CdsSource:
-    """The config discovery service: `GET` once, or a WebSocket stream of full configs.
+    """The config discovery service: `GET` once, or a WebSocket stream of full configs, through
+    the one CDS client (stunner_client.cds, which the auth service shares).
 
     The watch pings the server every `ping_period` seconds and drops the connection when a ping
     is unanswered for `pong_wait` seconds; after any failure it reconnects every `retry_period`
@@ -213,58 +205,37 @@ class CdsSource:
         self.retry_period = retry_period
         self.ping_period = ping_period
         self.pong_wait = pong_wait
-        self.token_file = token_file(env)
-        self._token_unreadable = False
-        scheme, netloc = _split_address(address)
-        secure = scheme in ("https", "wss")
-        path = config_path(namespace, name)
-        node_query = {NODE_PARAM: node} if node else {}
-        get_query = urllib.parse.urlencode(node_query)
-        watch_query = urllib.parse.urlencode({WATCH_PARAM: "true"} | node_query)
-        self.origin = f"{'https' if secure else 'http'}://{netloc}"
-        self.url = self.origin + path + (f"?{get_query}" if get_query else "")
-        self.ws_url = f"{'wss' if secure else 'ws'}://{netloc}{path}?{watch_query}"
+        try:
+            self.client = CdsClient(
+                address,
+                env=env,
+                retry_period=retry_period,
+                ping_period=ping_period,
+                pong_wait=pong_wait,
+                logger=cds_log,
+            )
+        except CdsError as exc:
+            raise SourceError(str(exc)) from None
+        self.path = config_path(namespace, name)
+        self.query = {NODE_PARAM: node} if node else {}
+        self.origin = self.client.origin
+        self.url = self.client.url(self.path, self.query)
+        self.ws_url = self.client.ws_url(self.path, self.query)
 
     def __repr__(self) -> str:
         return f"CdsSource({self.origin!r}, {self.namespace}/{self.name})"
 
     def auth_headers(self) -> dict[str, str]:
         """`Authorization: Bearer` with the token file's current content; {} without one."""
-        if self.token_file is None:
-            return {}
-        try:
-            headers = bearer_headers(self.token_file)
-        except (OSError, UnicodeDecodeError) as exc:
-            if not self._token_unreadable:
-                cds_log.warning(
-                    "cannot read the CDS token file %s (%s): connecting without a token",
-                    self.token_file,
-                    exc.strerror if isinstance(exc, OSError) else "not text",
-                )
-                self._token_unreadable = True
-            return {}
-        self._token_unreadable = False
-        return headers
+        return self.client.auth_headers()
 
     def _get(self) -> bytes:
-        # No proxies: the CDS is in-cluster, and a stray http_proxy must not capture it.
-        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-        headers = {"Accept": "application/json"} | self.auth_headers()
-        request = urllib.request.Request(self.url, headers=headers)
         try:
-            with opener.open(request, timeout=HTTP_TIMEOUT) as response:
-                body: bytes = response.read()
-                return body
-        except urllib.error.HTTPError as exc:
-            with exc:
-                message = _error_message(exc.read()) or exc.reason
-            raise SourceError(
-                f"CDS server {self.origin}: config {self.namespace}/{self.name}: "
-                f"HTTP {exc.code}: {message}"
-            ) from None
-        except (urllib.error.URLError, OSError) as exc:
-            reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
-            raise SourceError(f"cannot reach CDS server {self.origin}: {reason}") from None
+            return self.client.get(
+                self.path, self.query, what=f"config {self.namespace}/{self.name}"
+            )
+        except CdsError as exc:
+            raise SourceError(str(exc)) from None
 
     async def load_checked(self) -> Checked:
         cds_log.debug("GET %s", self.url)
@@ -277,75 +248,20 @@ class CdsSource:
         return config
 
     async def watch(self) -> AsyncGenerator[StunnerConfig, None]:
-        # websockets is loaded by a CDS watch only: a config file needs none of it.
-        from websockets.asyncio.client import connect
-        from websockets.exceptions import InvalidStatus, WebSocketException
-        from websockets.typing import Origin
-
         last_json: str | None = None
-        failing = False
-        delay = self.retry_period
-        while True:
-            try:
-                async with connect(
-                    self.ws_url,
-                    origin=Origin(self.origin),
-                    additional_headers=self.auth_headers(),
-                    ping_interval=self.ping_period,
-                    ping_timeout=self.pong_wait,
-                    open_timeout=min(max(self.pong_wait, 1.0), OPEN_TIMEOUT),
-                    close_timeout=min(1.0, self.pong_wait),
-                    proxy=None,
-                ) as ws:
-                    cds_log.info("connected to CDS server %s", self.ws_url)
-                    failing = False
-                    delay = self.retry_period
-                    async for message in ws:
-                        checked = self._parse(message)
-                        if checked is None:
-                            continue
-                        config, warnings = checked
-                        config_json = config.to_json()
-                        if config_json == last_json:
-                            cds_log.debug("config unchanged, ignoring")
-                            continue
-                        last_json = config_json
-                        log_warnings(cds_log, self.ws_url, warnings)
-                        yield config
-                cds_log.info("CDS server %s closed the connection; reconnecting", self.ws_url)
-            except InvalidStatus as exc:
-                status = exc.response.status_code
-                refused = status in (401, 403)
-                level = logging.DEBUG if failing else logging.WARNING
-                cds_log.log(
-                    level,
-                    "CDS server %s refused the watch of %s/%s: HTTP %d %s%s; keeping the running "
-                    "config, retrying with back-off",
-                    self.ws_url,
-                    self.namespace,
-                    self.name,
-                    status,
-                    _error_message(bytes(exc.response.body or b"")) or exc.response.reason_phrase,
-                    " (no token: is STUNNER_CDS_TOKEN_FILE set?)"
-                    if status == 401 and not self.auth_headers()
-                    else "",
-                )
-                failing = True
-                if refused:
-                    await asyncio.sleep(delay)
-                    delay = min(delay * 2, max(REFUSED_BACKOFF_MAX, self.retry_period))
-                    continue
-            except (OSError, TimeoutError, WebSocketException) as exc:
-                level = logging.DEBUG if failing else logging.WARNING
-                cds_log.log(
-                    level,
-                    "connection to CDS server %s failed: %s; retrying every %gs",
-                    self.ws_url,
-                    str(exc) or type(exc).__name__,
-                    self.retry_period,
-                )
-                failing = True
-            await asyncio.sleep(self.retry_period)
+        what = f"{self.namespace}/{self.name}"
+        async for message in self.client.watch(self.path, self.query, what=what):
+            checked = self._parse(message)
+            if checked is None:
+                continue
+            config, warnings = checked
+            config_json = config.to_json()
+            if config_json == last_json:
+                cds_log.debug("config unchanged, ignoring")
+                continue
+            last_json = config_json
+            log_warnings(cds_log, self.ws_url, warnings)
+            yield config
 
     def _parse(self, message: str | bytes) -> Checked | None:
         try:
@@ -361,36 +277,6 @@ class CdsSource:
             )
             return None
         return config, warnings
-
-
-def _error_message(body: bytes) -> str:
-    """The `message` of a CDS error body `{code, message}`, else the body's text."""
-    text = body.decode("utf-8", "replace").strip()
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError:
-        return text
-    if isinstance(data, dict) and isinstance(data.get("message"), str):
-        return str(data["message"])
-    return text
-
-
-def _split_address(address: str) -> tuple[str, str]:
-    """(scheme, host:port) of a CDS address; an empty host is localhost."""
-    if "://" not in address:
-        address = "http://" + address
-    parts = urllib.parse.urlsplit(address)
-    scheme = parts.scheme.lower()
-    if scheme not in ("http", "https", "ws", "wss"):
-        raise SourceError(f"invalid CDS address {address!r}: unsupported scheme {scheme!r}")
-    try:
-        port = parts.port
-    except ValueError as exc:
-        raise SourceError(f"invalid CDS address {address!r}: {exc}") from None
-    host = parts.hostname or "localhost"
-    if ":" in host:
-        host = f"[{host}]"
-    return scheme, host if port is None else f"{host}:{port}"
 
 
 def log_warnings(logger: logging.Logger, origin: str, warnings: list[str]) -> None:

@@ -49,6 +49,9 @@ RESPONSE_CACHE_MAX = 65536
 EVEN_PORT_ATTEMPTS = 16
 
 TRANSPORT_UDP = 17
+# The 403's reason phrase in STUN-only mode (auth type none): short, as the answer goes to an
+# address nobody verified (48 bytes in all; static auth's 401 with REALM and NONCE is ~120).
+STUN_ONLY_REASON = "Forbidden: STUN only"
 
 
 class RequestError(Exception):
@@ -89,6 +92,11 @@ class ServerContext:
     @property
     def realm(self) -> str:
         return self.authenticator.realm
+
+    @property
+    def stun_only(self) -> bool:
+        """Auth type `none`: Binding only, every TURN request refused (Go's pure STUN server)."""
+        return self.authenticator.stun_only
 
 
 class Exchange:
@@ -159,6 +167,11 @@ class TurnServer:
         ):
             self.stats.dropped += 1
             return
+        if self.context.authenticator.stun_only and (
+            data[0] & 0x3E or (data[1] & 0xEF) != Method.BINDING  # the method bits: not Binding
+        ):
+            self._refuse_turn(data, downstream)
+            return
         if data[:2] == stun.SEND_INDICATION_PREFIX:
             relay = stun.parse_send_indication(data)
             if relay is not None:  # the hot path; anything unusual takes the full parser below
@@ -175,7 +188,8 @@ class TurnServer:
             message = stun.parse_message(data, self.context.limits.max_attributes)
         except stun.UnknownMethodError as exc:
             if exc.message_class == Class.REQUEST and self._may_answer_error(downstream):
-                self._send(downstream, _unknown_method_error(bytes(data[:20])))
+                header = bytes(data[:20])
+                self._send(downstream, _header_error(header, 400, "Bad Request: unknown method"))
             return
         except stun.StunError as exc:
             log.debug(
@@ -242,6 +256,29 @@ class TurnServer:
         allocation = self.allocations.get(remote)
         if allocation is not None:
             self._delete(allocation)
+
+    def _refuse_turn(self, data: bytes, downstream: Downstream) -> None:
+        """STUN-only mode: a request of any method but Binding gets 403 from its header alone,
+        and any other message (an indication, ChannelData has no STUN header) is dropped; no
+        parse, nonce, allocation or response-cache entry. The 403 spends the client's error
+        budget (--error-rate) like any error answer; one past it is not sent (reason
+        rate_limit), every other refusal counts as reason stun_only."""
+        if len(data) != stun.HEADER_LENGTH + int.from_bytes(data[2:4], "big") or data[3] & 3:
+            self.stats.dropped += 1  # not one STUN message: garbage, as parse_message says
+            return
+        if data[0] & 0x01 or data[1] & 0x10:  # the class bits: not a request
+            self.stats.stun_only += 1
+            return
+        if not self._may_answer_error(downstream):
+            return
+        self.stats.stun_only += 1
+        log.debug(
+            "listener %s: method 0x%03x from %s: 403, STUN only",
+            self.name,
+            _method_bits(data),
+            _fmt(downstream.address),
+        )
+        self._send(downstream, _header_error(bytes(data[:20]), 403, STUN_ONLY_REASON))
 
     # --- answering -----------------------------------------------------------------------------
 
@@ -724,11 +761,19 @@ def _error_for(transaction_id: bytes, method: Method, error: RequestError) -> Me
     return response
 
 
-def _unknown_method_error(header: bytes) -> bytes:
-    """400 to a request whose method this server does not know, echoing that method."""
+def _method_bits(data: bytes) -> int:
+    """The method of a STUN message, from its first two bytes (RFC 8489 §5: the class bits
+    C1 and C0 sit between the method's)."""
+    message_type = (data[0] << 8) | data[1]
+    return (message_type & 0x000F) | ((message_type & 0x00E0) >> 1) | ((message_type & 0x3E00) >> 2)
+
+
+def _header_error(header: bytes, code: int, text: str) -> bytes:
+    """An error response to the request whose 20-byte header this is, echoing its method
+    (known or not) with ERROR-CODE `code` and the reason `text`; nothing else."""
     message_type = (struct.unpack_from("!H", header)[0] & 0x3EEF) | Class.ERROR
-    reason = b"Bad Request: unknown method"
-    value = struct.pack("!HBB", 0, 4, 0) + reason
+    reason = text.encode()
+    value = struct.pack("!HBB", 0, code // 100, code % 100) + reason
     value += bytes(-len(value) % 4)
     attribute = struct.pack("!HH", 0x0009, 4 + len(reason)) + value
     return struct.pack("!HHI", message_type, len(attribute), stun.COOKIE) + header[8:20] + attribute

@@ -12,6 +12,8 @@ a Node's ExternalIP, else its ExternalDNS, and stops there; we add the InternalI
 resort: on bare-metal, kubeadm and kind clusters Nodes carry only an InternalIP, it is the
 address the NodePort answers on, and without it `ice` handed out `0.0.0.0`. A LoadBalancer
 ingress, once it arrives, replaces the node address (a public address changes in place).
+
+The addresses stage (`listener_addresses`) asks it for each rendered listener of a Gateway.
 """
 
 from __future__ import annotations
@@ -21,8 +23,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from stunner_api.vocabulary import SERVICE_TYPE
+from stunner_api.vocabulary import ConditionReason as Reason
 
-from ..store import Object, meta, name_of, namespace_of
+from ..store import Kind, Object, meta, name_of, namespace_of
+from .context import Context, GatewayPlan, Staged, finding
+from .plan import Finding
 
 # Preferred first: Go's two, then ours (see the module's note).
 NODE_ADDRESS_TYPES = ("ExternalIP", "ExternalDNS", "InternalIP")
@@ -164,6 +169,34 @@ def public_address(
     )
 
 
+def listener_addresses(
+    ctx: Context, plan: GatewayPlan
+) -> Staged[tuple[tuple[str, int] | None, ...]]:
+    """The stage: the public (address, port) of each listener of a rendered Gateway, in the
+    order of `plan.listeners` (None for one not rendered or without an address); a finding for
+    each listener its Service has no port for."""
+    gateway = plan.gateway
+    rendered = any(lst.rendered for lst in plan.listeners)
+    services = (
+        ctx.snapshot.services_of_gateway(namespace_of(gateway), _id(gateway)) if rendered else ()
+    )
+    service = gateway_service(gateway, services)
+    nodes = ctx.snapshot.all(Kind.NODE) if rendered else []
+    publics: list[tuple[str, int] | None] = []
+    found: list[Finding] = []
+    for lst in plan.listeners:
+        address = (
+            public_address(gateway, service, nodes, lst.port or 0, lst.transport)
+            if lst.rendered
+            else PublicAddress()
+        )
+        publics.append((address.address, address.port) if address else None)
+        if address.no_port:
+            path = f"spec.listeners[{lst.index}]"
+            found.append(finding(gateway, path, address.missing, Reason.ADDRESS_NOT_ASSIGNED))
+    return Staged(tuple(publics), tuple(found))
+
+
 # --- relay address discovery (a node-local dataplane's relay address) ----------------------
 
 # Go's node patcher: a Node's ExternalIP, else its ExternalDNS (resolved by the CDS); no
@@ -211,6 +244,7 @@ __all__ = [
     "RELAY_ADDRESS_TYPES",
     "PublicAddress",
     "gateway_service",
+    "listener_addresses",
     "node_address",
     "node_relay_addresses",
     "public_address",

@@ -1,35 +1,32 @@
 """The dataplane config of one Gateway, the parts of ANCHORS §2.3 (managed mode).
 
 - `admin` from the GatewayConfig and the Dataplane;
-- `auth` from the GatewayConfig's inline fields or its `authRef` Secret;
-- one listener per rendered Gateway listener (built by core), at `$STUNNER_ADDR`;
-- one cluster per attached UDPRoute: the EndpointSlice addresses of Service backends (every
-  one, ready or not: the list is a permission, and a starting or terminating pod still carries
-  calls) plus the ClusterIP, StaticService prefixes, the `:<port-endPort>` suffix; STRICT_DNS
-  cluster DNS names when endpoint discovery is off.
+- `auth` from the GatewayConfig's inline fields or its `authRef` Secret, or type `none` for
+  `stunMode: true` (the classes stage);
+- one listener per rendered Gateway listener, at `$STUNNER_ADDR` (or, with relay address
+  discovery, the node placeholder the CDS patches per Node) (its TLS pair found by the
+  listeners stage, `tls_pair`; its public address by the addresses stage);
+- one cluster per attached UDPRoute (clusters.py, found by the routes stage).
 
-Unlike Go STUNner, a backend in another namespace needs a ReferenceGrant there, and a cluster
-whose backends are all TCP Service ports is a TCP cluster (Go always renders UDP).
+The config stage (`dataplane_config`) puts them together and validates the result.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
-import functools
-import ipaddress
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+from stunner_api.annotations import RELAY_ADDRESS_DISCOVERY_ROW, TARGETPORT_ROW, Limits
 from stunner_api.dataplane import DEFAULT_HEALTHCHECK_ENDPOINT as HEALTHCHECK_ENDPOINT
+from stunner_api.dataplane import ConfigError, StunnerConfig, validate_config
 from stunner_api.vocabulary import (
     AUTH_SECRET_PASSWORD_KEYS,
     AUTH_SECRET_SHARED_SECRET_KEYS,
     AUTH_SECRET_TYPE_KEY,
     AUTH_SECRET_USERNAME_KEYS,
     AUTH_TYPE_ALIASES,
-    BACKEND_KINDS,
     CORE_GROUP,
     DEFAULT_AUTH_TYPE,
     DEFAULT_LOG_LEVEL,
@@ -37,16 +34,19 @@ from stunner_api.vocabulary import (
     GATEWAY_API_GROUP,
     GATEWAY_CONFIG_AUTH_TYPES,
     METRICS_PORT,
+    NODE_ADDRESS_PLACEHOLDER,
     STUNNER_GROUP,
     TLS_CERT_KEYS,
     TLS_KEY_KEYS,
     AuthType,
-    group_of,
 )
 from stunner_api.vocabulary import ConditionReason as Reason
 
-from ..store import Kind, Object, Snapshot, name_of, namespace_of
-from .plan import RenderSettings
+from ..store import Kind, Object, Snapshot, namespace_of
+from . import manifests
+from .clusters import Cluster
+from .context import Attachments, Context, GatewayPlan, ListenerPlan, Staged, finding, id_of
+from .plan import Finding
 
 STUNNER_ADDR = "$STUNNER_ADDR"
 METRICS_ENDPOINT = f"http://:{METRICS_PORT}/metrics"
@@ -114,9 +114,13 @@ def _base64_values(secret: Object) -> dict[str, str]:
 
 
 def auth(gateway_config: Object, snapshot: Snapshot) -> dict[str, Any]:
-    """The `auth` section from the authRef Secret (which wins) or the inline fields."""
+    """The `auth` section from the authRef Secret (which wins) or the inline fields; with
+    `stunMode: true`, type `none` (a pure STUN server, as Go's premium operator renders it) and
+    no credentials: the inline ones and the authRef Secret are not read."""
     spec = _spec(gateway_config)
     realm = spec.get("realm") or DEFAULT_REALM
+    if spec.get("stunMode") is True:
+        return {"type": str(AuthType.NONE), "realm": realm, "credentials": {}}
     ref = spec.get("authRef")
     if isinstance(ref, Mapping):
         namespace = str(ref.get("namespace") or namespace_of(gateway_config))
@@ -196,140 +200,73 @@ def tls_pair(
     )
 
 
-# --- clusters ---------------------------------------------------------------------------------
+# --- the stage --------------------------------------------------------------------------------
 
 
-@dataclass
-class Cluster:
-    """One route's cluster and what went wrong resolving its backends."""
-
-    name: str
-    type: str = "STATIC"
-    protocol: str = "UDP"
-    endpoints: list[str] = field(default_factory=list)
-    problems: list[tuple[str, str]] = field(default_factory=list)  # (reason, message)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "type": self.type,
-            "protocol": self.protocol,
-            "endpoints": sorted(set(self.endpoints)),
-        }
+def relay_address(gateway: Object, gateway_config: Object, limits: Limits) -> str:
+    """A rendered listener's `address`: the pod's address (stunnerd expands it), or with relay
+    address discovery the node placeholder, which the CDS replaces for each stunnerd with its
+    Node's public address (reconciler.cds; the pod sends its node name, STUNNER_NODENAME)."""
+    if manifests.annotation(RELAY_ADDRESS_DISCOVERY_ROW, gateway, gateway_config, limits):
+        return NODE_ADDRESS_PLACEHOLDER
+    return STUNNER_ADDR
 
 
-def _port_suffix(ref: Mapping[str, Any], ports_apply: bool) -> str:
-    port, end_port = ref.get("port"), ref.get("endPort")
-    if not ports_apply or not isinstance(port, int):
-        return ""
-    end = end_port if isinstance(end_port, int) else port
-    return f":<{port}-{end}>"
+def _listener(
+    gw_id: str,
+    listener: ListenerPlan,
+    public: tuple[str, int] | None,
+    routes: Sequence[str],
+    targetports: Mapping[str, int],
+    address: str,
+) -> dict[str, Any]:
+    entry: dict[str, Any] = {
+        "name": f"{gw_id}/{listener.name}",
+        "protocol": str(listener.protocol),
+        "address": address,
+        "port": targetports.get(listener.name, listener.port),
+        "routes": list(routes),
+    }
+    if public is not None:
+        entry["public_address"], entry["public_port"] = public
+    if listener.cert:
+        entry["cert"], entry["key"] = listener.cert, listener.key
+    return entry
 
 
-# Memoised: asked of every endpoint address of every backend Service in each render, and the
-# addresses repeat from one render to the next; bounded for pod churn.
-@functools.lru_cache(maxsize=1 << 16)
-def is_ip(text: str) -> bool:
-    try:
-        ipaddress.ip_address(text)
-    except ValueError:
-        return False
-    return True
-
-
-def _service_addresses(service: Object, snapshot: Snapshot, settings: RenderSettings) -> list[str]:
-    namespace, name = namespace_of(service), name_of(service)
-    out: list[str] = []
-    for endpoint_slice in snapshot.endpoint_slices(namespace, name):
-        if endpoint_slice.get("addressType") not in ("IPv4", "IPv6", None):
-            continue  # FQDN slices carry names, not addresses
-        for endpoint in endpoint_slice.get("endpoints") or []:
-            out += [a for a in endpoint.get("addresses") or [] if is_ip(str(a))]
-    if settings.relay_to_cluster_ip:
-        spec = _spec(service)
-        cluster_ips = spec.get("clusterIPs") or [spec.get("clusterIP")]
-        out += [str(ip) for ip in cluster_ips if ip and ip != "None" and is_ip(str(ip))]
-    return out
-
-
-def _service_transports(service: Object, ref: Mapping[str, Any]) -> set[str]:
-    """The protocols of the Service ports a backendRef's port range selects."""
-    port, end_port = ref.get("port"), ref.get("endPort")
-    if not isinstance(port, int):
-        return {"UDP"}  # every port: the route is about media, which is UDP
-    end = end_port if isinstance(end_port, int) else port
-    selected = [
-        str(p.get("protocol") or "TCP")
-        for p in _spec(service).get("ports") or []
-        if isinstance(p, Mapping) and isinstance(p.get("port"), int) and port <= p["port"] <= end
+def dataplane_config(
+    ctx: Context,
+    plan: GatewayPlan,
+    publics: Sequence[tuple[str, int] | None],
+    attachments: Attachments,
+    clusters: Mapping[str, Cluster],
+) -> Staged[StunnerConfig | str]:
+    """The stage: a rendered Gateway's dataplane config, or why the config it makes is invalid
+    (a finding too). `publics` are its listeners' public addresses (the addresses stage, in the
+    order of `plan.listeners`), `attachments` the routes attached to them (the routes stage)."""
+    gateway, of_class = plan.gateway, plan.context
+    assert of_class.gateway_config is not None and of_class.dataplane is not None
+    gw_id, key = id_of(gateway), plan.key
+    limits = Limits(ctx.rule_settings.node_port_range)
+    targetports = manifests.annotation(TARGETPORT_ROW, gateway, of_class.gateway_config, limits)
+    address = relay_address(gateway, of_class.gateway_config, limits)
+    listeners = [
+        _listener(gw_id, lst, public, attachments.get((key, lst.index), ()), targetports, address)
+        for lst, public in zip(plan.listeners, publics, strict=True)
+        if lst.rendered
     ]
-    return set(selected) or {"UDP"}
-
-
-def cluster(route: Object, snapshot: Snapshot, settings: RenderSettings) -> Cluster:
-    """The cluster of a UDPRoute: its first rule's backends (the other rules are not used)."""
-    route_namespace, route_group = namespace_of(route), group_of(str(route.get("apiVersion")))
-    result = Cluster(name=f"{route_namespace}/{name_of(route)}")
-    rules_ = [r for r in _spec(route).get("rules") or [] if isinstance(r, Mapping)]
-    refs = (
-        [r for r in (rules_[0].get("backendRefs") or []) if isinstance(r, Mapping)]
-        if rules_
-        else []
-    )
-    # The Gateway API UDPRoute's port is required by its schema and ignored (GATEWAY.md).
-    ports_apply = route_group == STUNNER_GROUP
-    resolved: list[tuple[str, list[str]]] = []  # (cluster type, endpoints) per backend
-    transports: set[str] = set()
-    for ref in refs:
-        group, kind = str(ref.get("group") or ""), str(ref.get("kind") or "Service")
-        namespace, name = str(ref.get("namespace") or route_namespace), str(ref.get("name") or "")
-        where = f"{kind} {namespace}/{name}"
-        if (group, kind) not in BACKEND_KINDS:
-            result.problems.append(
-                (Reason.INVALID_KIND, f"backend group {group!r} kind {kind!r} is not supported")
-            )
-            continue
-        if not snapshot.permits(
-            (route_group, "UDPRoute", route_namespace), (group, kind, namespace, name)
-        ):
-            result.problems.append(
-                (
-                    Reason.REF_NOT_PERMITTED,
-                    f"backend {where} is in another namespace and no ReferenceGrant there "
-                    f"permits UDPRoutes of {route_namespace}",
-                )
-            )
-            continue
-        suffix = _port_suffix(ref, ports_apply)
-        if kind == "StaticService":
-            static = snapshot.get(Kind.STATIC_SERVICE, namespace, name)
-            if static is None:
-                result.problems.append((Reason.BACKEND_NOT_FOUND, f"backend {where} not found"))
-                continue
-            transports.add("UDP")
-            prefixes = [str(p) for p in _spec(static).get("prefixes") or []]
-            resolved.append(("STATIC", [f"{p}{suffix}" for p in prefixes]))
-            continue
-        service = snapshot.get(Kind.SERVICE, namespace, name)
-        if service is None:
-            result.problems.append((Reason.BACKEND_NOT_FOUND, f"backend {where} not found"))
-            continue
-        transports |= _service_transports(service, ref) if ports_apply else {"UDP"}
-        if settings.endpoint_discovery:
-            addresses = _service_addresses(service, snapshot, settings)
-            resolved.append(("STATIC", [f"{a}{suffix}" for a in addresses]))
-        else:
-            resolved.append(("STRICT_DNS", [f"{name}.{namespace}.svc.{settings.cluster_domain}"]))
-    if resolved:
-        result.type = resolved[0][0]
-        result.endpoints = [e for t, endpoints in resolved if t == result.type for e in endpoints]
-        if any(t != result.type for t, _ in resolved):
-            result.problems.append(
-                (
-                    Reason.BACKEND_NOT_FOUND,
-                    "inconsistent cluster type for backends: StaticServices (STATIC) and "
-                    "Services without endpoint discovery (STRICT_DNS) cannot share a route",
-                )
-            )
-    result.protocol = "TCP" if transports == {"TCP"} else "UDP"
-    return result
+    routes = sorted({r for lst in plan.listeners for r in attachments.get((key, lst.index), ())})
+    data = {
+        "version": "v1",
+        "admin": admin(gw_id, of_class.gateway_config, of_class.dataplane),
+        "auth": of_class.auth,
+        "listeners": listeners,
+        "clusters": [clusters[r].to_dict() for r in routes],
+    }
+    found: tuple[Finding, ...] = ()
+    try:
+        rendered: StunnerConfig | str = validate_config(data)
+    except ConfigError as exc:
+        rendered = f"rendered dataplane config is invalid: {exc}"
+        found = (finding(gateway, "", rendered, Reason.INVALID),)
+    return Staged(rendered, found)

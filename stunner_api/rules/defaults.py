@@ -85,7 +85,9 @@ def _gatewayclass(p: Patcher) -> None:
 def _gatewayconfig(p: Patcher) -> None:
     spec = as_dict(p.doc.get("spec"))
     p.default(["spec", "realm"], DEFAULT_REALM)
-    if spec.get("authRef") is None:  # the auth type of an authRef comes from the Secret
+    # The auth type of an authRef comes from the Secret; in STUN-only mode there is none (a
+    # defaulted one would only draw gatewayconfig_stun_mode's "ignored" warning).
+    if spec.get("authRef") is None and spec.get("stunMode") is not True:
         p.default(["spec", "authType"], DEFAULT_AUTH_TYPE.value)
     p.default(["spec", "dataplane"], DEFAULT_DATAPLANE)
     p.default(["spec", "logLevel"], DEFAULT_LOG_LEVEL)

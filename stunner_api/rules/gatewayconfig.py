@@ -1,7 +1,8 @@
-"""Rules of a GatewayConfig: realm, authentication (inline or an authRef Secret), log level and
-the LoadBalancer Service annotations. Every problem but an annotation's invalidates the
-GatewayClasses using it, so its reason is InvalidParameters; render ignores a refused annotation
-(the default applies, as in Go), and its reason is the annotation rule's, Invalid."""
+"""Rules of a GatewayConfig: realm, authentication (inline or an authRef Secret, neither needed
+with stunMode), log level and the LoadBalancer Service annotations. Every problem but an
+annotation's invalidates the GatewayClasses using it, so its reason is InvalidParameters; render
+ignores a refused annotation (the default applies, as in Go), and its reason is the annotation
+rule's, Invalid."""
 
 from __future__ import annotations
 
@@ -92,10 +93,38 @@ def gatewayconfig_auth_type(req: Request) -> list[Problem]:
     return []
 
 
+def _stun_mode(req: Request) -> bool:
+    return req.spec.get("stunMode") is True
+
+
+# What STUN-only mode leaves unused: the credentials (no TURN request is served) and the quota.
+STUN_MODE_IGNORES = ("authType", "userName", "password", "sharedSecret", "authRef", "userQuota")
+
+
+def gatewayconfig_stun_mode(req: Request) -> list[Problem]:
+    """stunMode: true makes the Gateways pure STUN servers: credentials and userQuota are not
+    needed, and set they are ignored (warning, as Go's CRD documents them optional)."""
+    if not _stun_mode(req):
+        return []
+    ignored = [key for key in STUN_MODE_IGNORES if req.spec.get(key) is not None]
+    if not ignored:
+        return []
+    return [
+        warning(
+            "spec.stunMode",
+            f"STUN-only mode refuses every TURN request, so {quote_list(ignored)} "
+            f"{'is' if len(ignored) == 1 else 'are'} ignored",
+            REASON,
+        )
+    ]
+
+
 def gatewayconfig_inline_auth(req: Request) -> list[Problem]:
     """Without authRef: static needs userName and password, ephemeral a sharedSecret. With
-    authRef, inline credentials are ignored (warning)."""
+    authRef, inline credentials are ignored (warning). In STUN-only mode nothing is needed."""
     spec = req.spec
+    if _stun_mode(req):
+        return []
     inline = [k for k in ("authType", "userName", "password", "sharedSecret") if k in spec]
     if spec.get("authRef") is not None:
         if inline:
@@ -144,9 +173,10 @@ def gatewayconfig_inline_auth(req: Request) -> list[Problem]:
 
 def gatewayconfig_auth_ref(req: Request) -> list[Problem]:
     """The authRef Secret holds the keys its auth type needs; a missing one is a warning. No
-    message says what the Secret holds (its type value, data), only which keys are wrong."""
+    message says what the Secret holds (its type value, data), only which keys are wrong. In
+    STUN-only mode the Secret is not read (gatewayconfig_stun_mode warns that it is ignored)."""
     ref = req.spec.get("authRef")
-    if not isinstance(ref, dict):
+    if not isinstance(ref, dict) or _stun_mode(req):
         return []
     path = "spec.authRef"
     problems, key = secret_ref(ref, path, req.namespace, REASON)
@@ -235,6 +265,7 @@ RULES = [
     gatewayconfig_schema,
     gatewayconfig_realm,
     gatewayconfig_auth_type,
+    gatewayconfig_stun_mode,
     gatewayconfig_inline_auth,
     gatewayconfig_auth_ref,
     gatewayconfig_log_level,

@@ -12,11 +12,22 @@
  * per-source share of the strangers' queue, with tiny bounds so that they fill), and either
  * decides it directly (relay_process, as a client or a peer
  * packet) or sends it through the real sockets to the thread. The tables change under it
- * meanwhile. Prints the outcomes; any memory or undefined-behaviour error aborts with the
- * sanitizer's report.
+ * meanwhile.
+ *
+ * TURN-TCP streams (stream.c): byte streams of several frames (ChannelData padded, Send
+ * indications, STUN requests, each maybe mutated, or random bytes) are split at random
+ * boundaries and fed to the framing (relay_stream_input) of a stream of a client with an
+ * allocation, directly or through real loopback TCP connections the engine's thread reads;
+ * a stream of unmutated frames must be framed whole whatever the splits. Peers' packets go to
+ * an allocation of a stream client (queued toward it, with a tiny latency bound and high-water
+ * mark so that both drop), the hand-up queues are left to fill now and then (streams then wait
+ * for room), and streams are closed and replaced under the traffic. Prints the
+ * outcomes; any memory or undefined-behaviour error aborts with the sanitizer's report.
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -118,6 +129,53 @@ static size_t put_request(uint8_t *b, size_t cap) {
     return off;
 }
 
+/* A connected loopback TCP pair: *client (the harness's end) and the accepted end. */
+static int tcp_pair(int listener, int *client) {
+    struct sockaddr_storage ss;
+    socklen_t len = sizeof ss;
+    getsockname(listener, (struct sockaddr *)&ss, &len);
+    *client = socket(AF_INET, SOCK_STREAM, 0);
+    if (*client < 0 || connect(*client, (struct sockaddr *)&ss, len) < 0) return -1;
+    int one = 1;
+    setsockopt(*client, IPPROTO_TCP, 1 /* TCP_NODELAY */, &one, sizeof one);
+    return accept(listener, NULL, NULL);
+}
+
+typedef struct {
+    int client;      /* the harness's end, -1 when closed */
+    uint64_t handle; /* the engine's stream */
+} tcp_conn;
+
+static void tcp_open(relay_engine *e, int listener, tcp_conn *c) {
+    int accepted = tcp_pair(listener, &c->client);
+    if (accepted < 0 || relay_add_stream(e, accepted, &c->handle) < 0) {
+        perror("stream");
+        exit(2);
+    }
+    close(accepted); /* the engine has its duplicate */
+}
+
+/* Frames of a byte stream over TCP, one after another: returns the length written at b. */
+static size_t put_stream_frame(uint8_t *b, size_t cap, const relay_addr *peer,
+                               const uint8_t *payload, int kind) {
+    size_t plen = rnd() % 300, len;
+    if (kind == 0) { /* ChannelData, padded */
+        b[0] = 0x40, b[1] = (uint8_t)(rnd() % 3);
+        b[2] = (uint8_t)(plen >> 8), b[3] = (uint8_t)plen;
+        memcpy(b + 4, payload, plen);
+        len = 4 + plen;
+        while (len % 4) b[len++] = 0;
+    } else if (kind == 1) {
+        len = put_send(b, peer, payload, plen, (int)(rnd() % 2));
+    } else {
+        len = put_request(b, cap < 1400 ? cap : 1400);
+        len &= ~(size_t)3; /* a consistent length: a whole STUN message */
+        if (len < 20) len = 20;
+        b[2] = (uint8_t)((len - 20) >> 8), b[3] = (uint8_t)(len - 20);
+    }
+    return len;
+}
+
 static size_t mutate(uint8_t *b, size_t len, size_t cap) {
     int rounds = 1 + (int)(rnd() % 4);
     for (int r = 0; r < rounds; r++) {
@@ -199,7 +257,7 @@ int main(int argc, char **argv) {
             clients[i] = clients[0];
             clients[i].port = (uint16_t)(clients[0].port + i);
         }
-        if (relay_add_allocation(e, &clients[i], relays[i], now + 3600, &handles[i]) < 0) {
+        if (relay_add_allocation(e, &clients[i], relays[i], now + 3600, 0, &handles[i]) < 0) {
             perror("relay_add_allocation");
             return 2;
         }
@@ -210,6 +268,46 @@ int main(int argc, char **argv) {
     }
     for (int p = 0; p < npeers; p++) relay_set_verdict(e, &peers[p], p);
     relay_strangers(e, 5.0, 4, 2); /* 5/s, burst 10; 4 source IPs; 2 queued per IP */
+    /* TURN-TCP: a listener for real connections, three of them with allocations (the first
+     * one's peers' packets are queued toward it), and a stream of the harness's own that only
+     * relay_stream_input feeds (never registered: no thread touches it). */
+    int tcp_listener = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in tl = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    if (tcp_listener < 0 || bind(tcp_listener, (struct sockaddr *)&tl, sizeof tl) < 0 ||
+        listen(tcp_listener, 64) < 0) {
+        perror("tcp listener");
+        return 2;
+    }
+    relay_stream_limits(e, 0.0005, 4096, 2048); /* tiny: late and full queues, long frames */
+    enum { CONNS = 3 };
+    tcp_conn conns[CONNS];
+    relay_addr conn_addr[CONNS];
+    int conn_relay[CONNS];
+    uint64_t conn_alloc[CONNS];
+    for (int i = 0; i < CONNS; i++) {
+        tcp_open(e, tcp_listener, &conns[i]);
+        struct sockaddr_storage css;
+        local(conns[i].client, &css, &conn_addr[i]);
+        conn_relay[i] = udp_socket(AF_INET, "127.0.0.1");
+        if (relay_add_allocation(e, &conn_addr[i], conn_relay[i], now + 3600, conns[i].handle,
+                                 &conn_alloc[i]) < 0) {
+            perror("stream allocation");
+            return 2;
+        }
+        relay_set_permission(e, conn_alloc[i], &peers[0], now + 3600);
+        relay_bind_channel(e, conn_alloc[i], 0x4000, &peers[0], now + 3600);
+    }
+    relay_stream own; /* fed directly: its remote is clients[0] (an allocation) */
+    memset(&own, 0, sizeof own);
+    own.fd = -1;
+    own.remote = clients[0];
+    relay_sockaddr_from_addr(&own.remote_ss, AF_INET, &own.remote);
+    own.remote_len = sizeof(struct sockaddr_in);
+    long streamed = 0, closed = 0;
+    static relay_send stream_sends[RELAY_BATCH];
+    static struct mmsghdr stream_hdrs[RELAY_BATCH];
+    static uint8_t stream_buf[8192];
+
     relay_start(e);
 
     long outcomes[3] = {0}, sent = 0;
@@ -235,9 +333,107 @@ int main(int argc, char **argv) {
         }
         else if (change == 7 && which > 0) { /* replace an allocation */
             relay_remove_allocation(e, handles[which]);
-            relay_add_allocation(e, &clients[which], relays[which], relay_now() + 3600, &handles[which]);
+            relay_add_allocation(e, &clients[which], relays[which], relay_now() + 3600, 0, &handles[which]);
             relay_set_permission(e, handles[which], &peers[p], relay_now() + 3600);
         }
+        if (rnd() % 4 == 0) { /* a byte stream of frames, split at random boundaries */
+            size_t len = 0;
+            int frames = 1 + (int)(rnd() % 6), mutated = 0;
+            for (int f = 0; f < frames && len + 1400 < sizeof stream_buf; f++) {
+                size_t flen = put_stream_frame(stream_buf + len, sizeof stream_buf - len, &peers[p],
+                                               payload, (int)(rnd() % 3));
+                if (rnd() % 6 == 0) {
+                    flen = mutate(stream_buf + len, flen, sizeof stream_buf - len);
+                    mutated = 1;
+                }
+                if (flen > 2048) mutated = 1; /* over the stream buffer: closes, rightly */
+                len += flen;
+            }
+            if (rnd() % 16 == 0) { /* random bytes */
+                len = rnd() % 512;
+                for (size_t i = 0; i < len; i++) stream_buf[i] = (uint8_t)rnd();
+                mutated = 1;
+            }
+            int through = rnd() % 4 == 0;
+            tcp_conn *c = &conns[rnd() % CONNS];
+            if (through && c->client < 0) through = 0;
+            int failed = 0;
+            for (size_t at = 0; at < len && !failed;) {
+                size_t piece = 1 + rnd() % (rnd() % 2 ? 8 : 600);
+                if (piece > len - at) piece = len - at;
+                if (through) {
+                    if (send(c->client, stream_buf + at, piece, MSG_NOSIGNAL | MSG_DONTWAIT) < 0)
+                        failed = 1; /* closed by the engine (bad framing), or full */
+                } else {
+                    uint8_t *chunk = malloc(piece); /* exactly: ASan sees any over-read */
+                    memcpy(chunk, stream_buf + at, piece);
+                    int rc;
+                    const uint8_t *data = chunk;
+                    size_t dlen = piece;
+                    do {
+                        int count = 0;
+                        pthread_mutex_lock(&e->lock);
+                        rc = relay_stream_input(e, &own, data, dlen, relay_now(), rnd() % 8 ? 0 : 1.0,
+                                                stream_sends, &count);
+                        pthread_mutex_unlock(&e->lock);
+                        relay_flush(e, stream_sends, count, stream_hdrs);
+                        data = NULL, dlen = 0;
+                    } while (rc == 1);
+                    free(chunk);
+                    if (rc < 0) { /* closed: a fresh stream */
+                        if (!mutated) {
+                            fprintf(stderr, "valid frames closed the stream: %s\n", own.close_reason);
+                            abort();
+                        }
+                        free(own.in);
+                        own.in = NULL;
+                        own.in_off = own.in_len = own.in_cap = 0;
+                        own.frame_started = 0;
+                        own.close_reason = NULL;
+                        failed = 1;
+                        closed++;
+                    }
+                }
+                at += piece;
+            }
+            if (!through && !failed && !mutated && own.in_len != own.in_off) {
+                fprintf(stderr, "valid frames left %u bytes unframed\n", own.in_len - own.in_off);
+                abort();
+            }
+            if (!through && !failed && own.in_len != own.in_off) { /* a leftover: start afresh */
+                own.in_off = own.in_len = 0;
+                own.frame_started = 0;
+            }
+            streamed++;
+        }
+        if (change == 9) relay_stream_send(e, conns[which % CONNS].handle, payload, rnd() % 64);
+        if (change == 10) { /* a stream closed and replaced under the traffic */
+            tcp_conn *c = &conns[which % CONNS];
+            relay_close_stream(e, c->handle);
+            if (c->client >= 0) close(c->client);
+            c->client = -1;
+        }
+        if (change == 11) { /* a peer's packet toward a stream client, decided here */
+            relay_send out;
+            struct mmsghdr hdr;
+            struct sockaddr_storage from;
+            relay_sockaddr_from_addr(&from, AF_INET, &peers[0]);
+            pthread_mutex_lock(&e->lock);
+            int outcome = relay_process(e, RELAY_SRC_PEER, conn_alloc[which % CONNS],
+                                        (struct sockaddr *)&from, payload, rnd() % 1200,
+                                        relay_now(), &out);
+            pthread_mutex_unlock(&e->lock);
+            if (outcome == RELAY_RELAYED) relay_flush(e, &out, 1, &hdr);
+        }
+        if (it % 512 == 0) { /* through the sockets: peers to the stream clients' relays */
+            for (int i = 0; i < CONNS; i++) {
+                struct sockaddr_storage ss;
+                socklen_t sl = sizeof ss;
+                getsockname(conn_relay[i], (struct sockaddr *)&ss, &sl);
+                for (int k = 0; k < 8; k++) sendto(peer4, payload, rnd() % 1200, 0, (struct sockaddr *)&ss, sl);
+            }
+        }
+
         /* a datagram */
         size_t len, plen = rnd() % 4 ? rnd() % 200 : rnd() % sizeof payload;
         uint32_t kind = rnd() % 8;
@@ -304,22 +500,46 @@ int main(int argc, char **argv) {
             outcomes[outcome]++;
         }
         free(data);
-        if (it % 64 == 0) {
+        if (it % 64 == 0 && (it / 2048) % 4 != 3) { /* a quarter of the time the queues fill */
             relay_up *ups[128];
             uint32_t n = relay_drain(e, ups, 128);
-            for (uint32_t i = 0; i < n; i++) free(ups[i]);
+            for (uint32_t i = 0; i < n; i++) {
+                for (int k = 0; ups[i]->source == RELAY_SRC_CLOSED && k < CONNS; k++) {
+                    if (conns[k].handle != ups[i]->handle) continue;
+                    closed++; /* closed by the engine or by us: a fresh connection */
+                    if (conns[k].client >= 0) close(conns[k].client);
+                    relay_remove_allocation(e, conn_alloc[k]);
+                    tcp_open(e, tcp_listener, &conns[k]);
+                    struct sockaddr_storage css;
+                    local(conns[k].client, &css, &conn_addr[k]);
+                    relay_add_allocation(e, &conn_addr[k], conn_relay[k], relay_now() + 3600,
+                                         conns[k].handle, &conn_alloc[k]);
+                    relay_set_permission(e, conn_alloc[k], &peers[0], relay_now() + 3600);
+                    relay_bind_channel(e, conn_alloc[k], 0x4000, &peers[0], relay_now() + 3600);
+                }
+                free(ups[i]);
+            }
         }
         if (it % 256 == 0) { /* keep the peers' buffers from filling */
             uint8_t sink[65536];
             while (recv(peer4, sink, sizeof sink, MSG_DONTWAIT) > 0) {}
             while (peer6 >= 0 && recv(peer6, sink, sizeof sink, MSG_DONTWAIT) > 0) {}
             while (recv(client, sink, sizeof sink, MSG_DONTWAIT) > 0) {}
+            for (int i = 0; i < CONNS; i++) /* read what was queued toward the stream clients */
+                while (conns[i].client >= 0 && recv(conns[i].client, sink, sizeof sink, MSG_DONTWAIT) > 0) {}
         }
     }
     usleep(100000); /* let the thread take what was sent through the sockets */
     relay_free(e);
     free(e);
-    printf("relayed %ld dropped %ld up %ld through-sockets %ld\n", outcomes[RELAY_RELAYED],
-           outcomes[RELAY_DROPPED], outcomes[RELAY_UP], sent);
+    free(own.in);
+    for (int i = 0; i < CONNS; i++) {
+        if (conns[i].client >= 0) close(conns[i].client);
+        close(conn_relay[i]);
+    }
+    close(tcp_listener);
+    printf("relayed %ld dropped %ld up %ld through-sockets %ld streams %ld closed %ld\n",
+           outcomes[RELAY_RELAYED], outcomes[RELAY_DROPPED], outcomes[RELAY_UP], sent, streamed,
+           closed);
     return 0;
 }

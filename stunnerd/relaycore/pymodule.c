@@ -187,13 +187,22 @@ static PyObject *Engine_add_allocation(EngineObject *self, PyObject *args) {
     PyObject *client;
     int fd;
     double expires;
-    if (!PyArg_ParseTuple(args, "O!id", &PyTuple_Type, &client, &fd, &expires)) return NULL;
+    unsigned long long stream = 0;
+    if (!PyArg_ParseTuple(args, "O!id|K", &PyTuple_Type, &client, &fd, &expires, &stream))
+        return NULL;
     if (engine_check(self) < 0) return NULL;
     struct sockaddr_storage ss;
     relay_addr addr;
     if (parse_address(client, &ss, &addr) < 0) return NULL;
     uint64_t handle;
-    int rc = relay_add_allocation(&self->engine, &addr, fd, expires, &handle);
+    pthread_mutex_lock(&self->engine.lock);
+    int known = !stream || relay_stream_of(&self->engine, stream) != NULL;
+    pthread_mutex_unlock(&self->engine.lock);
+    if (!known) {
+        PyErr_SetString(PyExc_KeyError, "no such stream");
+        return NULL;
+    }
+    int rc = relay_add_allocation(&self->engine, &addr, fd, expires, stream, &handle);
     if (rc == -EEXIST) {
         PyErr_Format(PyExc_ValueError, "client %R already has an allocation", client);
         return NULL;
@@ -343,15 +352,18 @@ static PyObject *Engine_inject(EngineObject *self, PyObject *args) {
     relay_addr addr;
     PyObject *ret = NULL;
     if (engine_check(self) < 0 || parse_address(from, &ss, &addr) < 0) goto done;
-    if (source != RELAY_SRC_CLIENT && source != RELAY_SRC_PEER) {
-        PyErr_SetString(PyExc_ValueError, "source is SOURCE_CLIENT or SOURCE_PEER");
+    if (source != RELAY_SRC_CLIENT && source != RELAY_SRC_PEER && source != RELAY_SRC_STREAM) {
+        PyErr_SetString(PyExc_ValueError, "source is SOURCE_CLIENT, SOURCE_PEER or SOURCE_STREAM");
         goto done;
     }
     relay_engine *e = &self->engine;
     relay_send send;
     pthread_mutex_lock(&e->lock);
-    int outcome = relay_process(e, source, handle, (struct sockaddr *)&ss, data.buf,
-                                (size_t)data.len, relay_now(), &send);
+    int outcome = source == RELAY_SRC_STREAM
+                      ? relay_process_frame(e, handle, data.buf, (size_t)data.len, relay_now(),
+                                            &send)
+                      : relay_process(e, source, handle, (struct sockaddr *)&ss, data.buf,
+                                      (size_t)data.len, relay_now(), &send);
     pthread_mutex_unlock(&e->lock);
     ret = finish(e, outcome, &send);
 done:
@@ -423,6 +435,71 @@ static PyObject *Engine_send(EngineObject *self, PyObject *args) {
 done:
     PyBuffer_Release(&payload);
     return ret;
+}
+
+/* --- TURN-TCP streams (stream.c) --- */
+
+static PyObject *Engine_stream_limits(EngineObject *self, PyObject *args) {
+    double latency_bound;
+    Py_ssize_t high_water;
+    unsigned int buffer;
+    if (!PyArg_ParseTuple(args, "dnI", &latency_bound, &high_water, &buffer) ||
+        engine_check(self) < 0)
+        return NULL;
+    if (!(latency_bound >= 0) || high_water < 0 || buffer < 20) {
+        PyErr_SetString(PyExc_ValueError,
+                        "latency_bound >= 0, high_water >= 0, buffer >= 20 (a STUN header)");
+        return NULL;
+    }
+    relay_stream_limits(&self->engine, latency_bound, (size_t)high_water, buffer);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Engine_add_stream(EngineObject *self, PyObject *args) {
+    int fd;
+    if (!PyArg_ParseTuple(args, "i", &fd) || engine_check(self) < 0) return NULL;
+    uint64_t handle;
+    int rc = relay_add_stream(&self->engine, fd, &handle);
+    if (rc < 0) return raise_errno(rc);
+    return PyLong_FromUnsignedLongLong(handle);
+}
+
+static PyObject *Engine_stream_send(EngineObject *self, PyObject *args) {
+    unsigned long long handle;
+    Py_buffer data;
+    if (!PyArg_ParseTuple(args, "Ky*", &handle, &data)) return NULL;
+    PyObject *ret = NULL;
+    if (engine_check(self) == 0) {
+        int rc = relay_stream_send(&self->engine, handle, data.buf, (size_t)data.len);
+        ret = Py_NewRef(rc == 0 ? Py_True : Py_False);
+    }
+    PyBuffer_Release(&data);
+    return ret;
+}
+
+static PyObject *Engine_close_stream(EngineObject *self, PyObject *args) {
+    unsigned long long handle;
+    if (!PyArg_ParseTuple(args, "K", &handle) || engine_check(self) < 0) return NULL;
+    return PyBool_FromLong(relay_close_stream(&self->engine, handle) == 0);
+}
+
+static PyObject *Engine_streams(EngineObject *self, PyObject *unused) {
+    if (engine_check(self) < 0) return NULL;
+    uint32_t max = relay_stream_count(&self->engine) + 64;
+    relay_progress *rows = malloc(max * sizeof *rows);
+    if (!rows) return PyErr_NoMemory();
+    uint32_t n = relay_stream_progress(&self->engine, rows, max);
+    PyObject *list = PyList_New(n);
+    for (uint32_t i = 0; list && i < n; i++) {
+        relay_progress *r = &rows[i];
+        PyObject *item = Py_BuildValue("(KdiIddn)", (unsigned long long)r->handle, r->opened,
+                                       r->first_done, r->buffered, r->frame_started,
+                                       r->last_frame, (Py_ssize_t)r->queued);
+        if (!item) Py_CLEAR(list);
+        else PyList_SET_ITEM(list, i, item);
+    }
+    free(rows);
+    return list;
 }
 
 static PyObject *Engine_counters(EngineObject *self, PyObject *unused) {
@@ -503,6 +580,16 @@ static PyMethodDef Engine_methods[] = {
     {"send", (PyCFunction)Engine_send, METH_VARARGS,
      "Send a payload Python decided and counted on an allocation's relay socket."},
     {"counters", (PyCFunction)Engine_counters, METH_NOARGS, NULL},
+    {"stream_limits", (PyCFunction)Engine_stream_limits, METH_VARARGS,
+     "TURN-TCP: the latency bound (s), the output high-water mark and the frame cap (bytes)."},
+    {"add_stream", (PyCFunction)Engine_add_stream, METH_VARARGS,
+     "Take over (a duplicate of) an accepted TURN-TCP connection -> handle."},
+    {"stream_send", (PyCFunction)Engine_stream_send, METH_VARARGS,
+     "Queue bytes to a stream's client; False when closed or past the high-water mark."},
+    {"close_stream", (PyCFunction)Engine_close_stream, METH_VARARGS,
+     "Close a stream; its close event follows."},
+    {"streams", (PyCFunction)Engine_streams, METH_NOARGS,
+     "[(handle, opened, first_done, buffered, frame_started, last_frame, queued)] of each."},
     {"thread_cpu", (PyCFunction)Engine_thread_cpu, METH_NOARGS, "CPU seconds of the thread."},
     {NULL, NULL, 0, NULL},
 };
@@ -511,7 +598,7 @@ static PyTypeObject EngineType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "stunnerd._relay.Engine",
     .tp_basicsize = sizeof(EngineObject),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "The native relay engine of one TURN-UDP listener.",
+    .tp_doc = "The native relay engine of one TURN-UDP or TURN-TCP listener.",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)Engine_init,
     .tp_dealloc = (destructor)Engine_dealloc,
@@ -531,6 +618,8 @@ PyMODINIT_FUNC PyInit__relay(void) {
     if (PyModule_AddObject(m, "Engine", (PyObject *)&EngineType) < 0 ||
         PyModule_AddIntConstant(m, "SOURCE_CLIENT", RELAY_SRC_CLIENT) < 0 ||
         PyModule_AddIntConstant(m, "SOURCE_PEER", RELAY_SRC_PEER) < 0 ||
+        PyModule_AddIntConstant(m, "SOURCE_STREAM", RELAY_SRC_STREAM) < 0 ||
+        PyModule_AddIntConstant(m, "SOURCE_CLOSED", RELAY_SRC_CLOSED) < 0 ||
         PyModule_AddIntConstant(m, "RELAYED", RELAY_RELAYED) < 0 ||
         PyModule_AddIntConstant(m, "DROPPED", RELAY_DROPPED) < 0 ||
         PyModule_AddIntConstant(m, "UP", RELAY_UP) < 0 ||

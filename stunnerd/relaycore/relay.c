@@ -27,7 +27,7 @@
 
 const char *const relay_drop_names[DROP_COUNT] = {
     "no_permission", "forbidden", "expired", "too_big", "send_error", "queue_full", "invalid",
-    "rate_limited", "unauthenticated_rate",
+    "rate_limited", "unauthenticated_rate", "latency", "backpressure",
 };
 
 /* --- small helpers ------------------------------------------------------------------------ */
@@ -216,14 +216,24 @@ static int epoll_add(int epfd, int fd, uint64_t tag) {
     return epoll_ctl(epfd, EPOLL_CTL_ADD, fd, &ev) < 0 ? -errno : 0;
 }
 
+int relay_epoll_set(relay_engine *e, int fd, uint64_t tag, uint32_t events, int op) {
+    struct epoll_event ev = {.events = events, .data.u64 = tag};
+    return epoll_ctl(e->epfd, op, fd, &ev) < 0 ? -errno : 0;
+}
+
 int relay_new(relay_engine *e, int listen_fd, uint32_t queue_limit, size_t queue_bytes) {
     memset(e, 0, sizeof *e);
     e->listen_fd = e->epfd = e->wake_fd = e->up_fd = -1;
     pthread_mutex_init(&e->lock, NULL);
     pthread_mutex_init(&e->qlock, NULL);
-    int family = socket_family(listen_fd);
-    if (family < 0) return family;
-    e->listen_family = family;
+    if (listen_fd >= 0) { /* else an engine of TURN-TCP streams alone (stream.c) */
+        int family = socket_family(listen_fd);
+        if (family < 0) return family;
+        e->listen_family = family;
+    }
+    e->latency_bound = 0.1;
+    e->high_water = 512 * 1024;
+    e->stream_buffer = RELAY_STREAM_BUFFER;
     e->qbytes_limit = queue_bytes;
     e->max_message = RELAY_MAX_MESSAGE;
     e->bucket_limit = RELAY_BUCKET_LIMIT;
@@ -242,15 +252,17 @@ int relay_new(relay_engine *e, int listen_fd, uint32_t queue_limit, size_t queue
         return -ENOMEM;
     if (getrandom(e->rng, sizeof e->rng, 0) != sizeof e->rng) e->rng[0] = (uint64_t)time(NULL);
     e->rng[1] |= 1;
-    e->listen_fd = fcntl(listen_fd, F_DUPFD_CLOEXEC, 3);
+    if (listen_fd >= 0 && (e->listen_fd = fcntl(listen_fd, F_DUPFD_CLOEXEC, 3)) < 0) return -errno;
     e->epfd = epoll_create1(EPOLL_CLOEXEC);
     e->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     e->up_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    if (e->listen_fd < 0 || e->epfd < 0 || e->wake_fd < 0 || e->up_fd < 0) return -errno;
-    int flags = fcntl(e->listen_fd, F_GETFL);
-    fcntl(e->listen_fd, F_SETFL, flags | O_NONBLOCK);
+    if (e->epfd < 0 || e->wake_fd < 0 || e->up_fd < 0) return -errno;
     int rc = epoll_add(e->epfd, e->wake_fd, WAKE_TAG);
-    if (rc == 0) rc = epoll_add(e->epfd, e->listen_fd, LISTEN_TAG);
+    if (rc == 0 && e->listen_fd >= 0) {
+        int flags = fcntl(e->listen_fd, F_GETFL);
+        fcntl(e->listen_fd, F_SETFL, flags | O_NONBLOCK);
+        rc = epoll_add(e->epfd, e->listen_fd, LISTEN_TAG);
+    }
     return rc;
 }
 
@@ -285,6 +297,12 @@ static void wake(relay_engine *e) {
 void relay_free(relay_engine *e) {
     relay_stop(e);
     reap(e);
+    relay_stream_free_all(e);
+    while (e->closed_head) {
+        relay_up *next = e->closed_head->next;
+        free(e->closed_head);
+        e->closed_head = next;
+    }
     for (uint32_t i = 0; i < e->nslots; i++)
         if (e->allocs[i]) alloc_free(e->allocs[i]);
     free(e->allocs);
@@ -325,8 +343,10 @@ static relay_alloc *alloc_of(relay_engine *e, uint64_t handle) {
     return a && a->gen == gen ? a : NULL;
 }
 
+relay_alloc *relay_alloc_of(relay_engine *e, uint64_t handle) { return alloc_of(e, handle); }
+
 int relay_add_allocation(relay_engine *e, const relay_addr *client, int relay_fd, double expires,
-                         uint64_t *handle) {
+                         uint64_t stream, uint64_t *handle) {
     int family = socket_family(relay_fd);
     if (family < 0) return family;
     relay_alloc *a = calloc(1, sizeof *a);
@@ -341,6 +361,7 @@ int relay_add_allocation(relay_engine *e, const relay_addr *client, int relay_fd
     a->family = family;
     a->client = *client;
     a->expires = expires;
+    a->stream = stream;
     int rc = 0;
     pthread_mutex_lock(&e->lock);
     if (table_find(&e->by_client, client)) {
@@ -365,7 +386,9 @@ int relay_add_allocation(relay_engine *e, const relay_addr *client, int relay_fd
     if (rc == 0 && !(entry = table_put(&e->by_client, client))) rc = -ENOMEM;
     if (rc == 0) {
         a->slot = e->free_slots[--e->nfree];
-        a->gen = ++e->next_gen ? e->next_gen : ++e->next_gen;
+        /* 30 bits of generation: a handle stays below RELAY_STREAM_TAG (streams' tags) */
+        e->next_gen = (e->next_gen + 1) & 0x3FFFFFFFu;
+        a->gen = e->next_gen ? e->next_gen : (e->next_gen = 1);
         entry->value = (int32_t)a->slot;
         e->allocs[a->slot] = a;
         *handle = ((uint64_t)a->gen << 32) | a->slot;
@@ -599,6 +622,10 @@ static relay_alloc *alloc_of_client(relay_engine *e, const relay_addr *client) {
     return s ? e->allocs[s->value] : NULL;
 }
 
+relay_alloc *relay_alloc_of_client(relay_engine *e, const relay_addr *client) {
+    return alloc_of_client(e, client);
+}
+
 /* The verdict for a peer: >= 0 a cluster, -1 forbidden, -2 unknown (hand the packet up). */
 static int verdict_of(relay_engine *e, const relay_addr *peer) {
     relay_entry *s = table_find(&e->verdicts, peer);
@@ -662,6 +689,8 @@ static int drop(relay_engine *e, int cause) {
     return RELAY_DROPPED;
 }
 
+int relay_drop(relay_engine *e, int cause) { return drop(e, cause); }
+
 static int permitted(relay_alloc *a, const relay_addr *peer, double now) {
     relay_addr k = ip_key(peer);
     relay_entry *p = table_find(&a->perms, &k);
@@ -699,13 +728,19 @@ static int peer_to_client(relay_engine *e, relay_alloc *a, const relay_addr *pee
     uint8_t *h = out->header;
     relay_entry *ch = table_find(&a->chan_peer, peer);
     static const uint8_t zeros[4] = {0};
-    if (ch && ch->expiry > now) { /* ChannelData, unpadded over UDP (RFC 8656 §12.5) */
+    if (ch && ch->expiry > now) { /* ChannelData, padded over TCP only (RFC 8656 §12.5) */
         if (plen > 0xFFFF) return drop(e, DROP_TOO_BIG);
         put16(h, (uint16_t)ch->value);
         put16(h + 2, (uint16_t)plen);
         out->iov[0].iov_base = h;
         out->iov[0].iov_len = 4;
         out->iovcnt = 2;
+        size_t pad = a->stream ? (4 - plen % 4) % 4 : 0;
+        if (pad) {
+            out->iov[2].iov_base = (void *)zeros;
+            out->iov[2].iov_len = pad;
+            out->iovcnt = 3;
+        }
     } else { /* a Data indication: XOR-PEER-ADDRESS, DATA, a fresh transaction id */
         int v4 = addr_is_v4(peer);
         size_t alen = v4 ? 8 : 20, pad = (4 - plen % 4) % 4;
@@ -741,14 +776,18 @@ static int peer_to_client(relay_engine *e, relay_alloc *a, const relay_addr *pee
     }
     out->iov[1].iov_base = payload;
     out->iov[1].iov_len = plen;
-    out->dstlen = relay_sockaddr_from_addr(&out->dst, e->listen_family, &a->client);
-    if (out->dstlen == 0) return drop(e, DROP_SEND_ERROR);
-    out->fd = e->listen_fd;
     out->cluster = verdict;
     out->to_client = 1;
     out->payload = (uint32_t)plen;
     out->total = 0;
     for (int i = 0; i < out->iovcnt; i++) out->total += (uint32_t)out->iov[i].iov_len;
+    if (a->stream) { /* TURN-TCP: queued on the client's stream (out->fd -1: nothing to send) */
+        out->fd = -1;
+        return relay_stream_enqueue(e, a->stream, out, now);
+    }
+    out->dstlen = relay_sockaddr_from_addr(&out->dst, e->listen_family, &a->client);
+    if (out->dstlen == 0) return drop(e, DROP_SEND_ERROR);
+    out->fd = e->listen_fd;
     return RELAY_RELAYED;
 }
 
@@ -775,19 +814,11 @@ int relay_process(relay_engine *e, int source, uint64_t handle, const struct soc
         return peer_to_client(e, a, &addr, data, len, now, out);
     }
     if (!plausible(e, data, len)) return drop(e, DROP_INVALID);
-    relay_alloc *a;
+    relay_alloc *a = alloc_of_client(e, &addr);
     if ((data[0] & 0xC0) == 0x40) { /* ChannelData (RFC 8656 §12.4) */
-        a = alloc_of_client(e, &addr);
         if (!a) return drop(e, DROP_INVALID); /* a stranger's: Python has no allocation either */
-        if (now >= a->expires) return RELAY_UP;
-        size_t plen = be16(data + 2);
-        relay_addr nk = number_key(be16(data));
-        relay_entry *ch = table_find(&a->chan_num, &nk);
-        if (!ch || ch->expiry <= now) return RELAY_UP;
-        relay_addr peer = ch->peer;
-        return client_to_peer(e, a, &peer, data + 4, plen, len, now, out);
+        return relay_client_frame(e, a, data, len, now, out);
     }
-    a = alloc_of_client(e, &addr);
     if (!a) { /* a stranger's STUN message: Python's, unless its error budget is spent */
         relay_entry *m = e->muted.used ? table_find(&e->muted, &addr) : NULL;
         if (m && m->expiry > now) return drop(e, DROP_RATE_LIMITED);
@@ -796,7 +827,24 @@ int relay_process(relay_engine *e, int source, uint64_t handle, const struct soc
             return drop(e, DROP_UNAUTHENTICATED);
         return RELAY_UP;
     }
-    if (data[0] != 0x00 || data[1] != SEND_INDICATION || now >= a->expires) return RELAY_UP;
+    return relay_client_frame(e, a, data, len, now, out);
+}
+
+/* A client's ChannelData (length checked by the caller: 4 + its length fit `len`) or STUN
+ * message (a whole one) of allocation `a`: relayed if it is ChannelData on a bound channel or
+ * a plain Send indication, for a permitted peer with a verdict; else handed up. */
+int relay_client_frame(relay_engine *e, relay_alloc *a, uint8_t *data, size_t len, double now,
+                       relay_send *out) {
+    if (now >= a->expires) return RELAY_UP;
+    if ((data[0] & 0xC0) == 0x40) {
+        size_t plen = be16(data + 2);
+        relay_addr nk = number_key(be16(data));
+        relay_entry *ch = table_find(&a->chan_num, &nk);
+        if (!ch || ch->expiry <= now) return RELAY_UP;
+        relay_addr peer = ch->peer;
+        return client_to_peer(e, a, &peer, data + 4, plen, len, now, out);
+    }
+    if (data[0] != 0x00 || data[1] != SEND_INDICATION) return RELAY_UP;
     relay_addr peer;
     const uint8_t *payload;
     size_t plen;
@@ -810,6 +858,17 @@ int relay_payload_to_peer(relay_engine *e, uint64_t handle, const relay_addr *pe
     relay_alloc *a = alloc_of(e, handle);
     if (!a || now >= a->expires) return RELAY_UP;
     return client_to_peer(e, a, peer, payload, plen, len, now, out);
+}
+
+int relay_hand_up_room(relay_engine *e, const struct sockaddr *from, size_t len) {
+    relay_addr client;
+    relay_addr_from_sockaddr(&client, from);
+    int known = table_find(&e->by_client, &client) != NULL;
+    relay_queue *queue = &e->queues[known ? RELAY_QUEUE_KNOWN : RELAY_QUEUE_STRANGERS];
+    pthread_mutex_lock(&e->qlock);
+    int room = queue->len < queue->cap && queue->bytes + len <= e->qbytes_limit;
+    pthread_mutex_unlock(&e->qlock);
+    return room;
 }
 
 void relay_hand_up(relay_engine *e, int source, uint64_t handle, const struct sockaddr *from,
@@ -850,10 +909,12 @@ void relay_hand_up(relay_engine *e, int source, uint64_t handle, const struct so
     up->len = (uint32_t)len;
     up->counted = share != NULL;
     memcpy(up->data, data, len);
+    up->next = NULL;
     queue->items[(queue->head + queue->len) % queue->cap] = up;
     queue->bytes += len;
     queue->len++;
-    if (e->queues[RELAY_QUEUE_KNOWN].len + e->queues[RELAY_QUEUE_STRANGERS].len == 1) {
+    if (e->queues[RELAY_QUEUE_KNOWN].len + e->queues[RELAY_QUEUE_STRANGERS].len == 1 &&
+        !e->closed_head) {
         uint64_t one = 1;
         if (write(e->up_fd, &one, sizeof one) < 0) { /* already readable */
         }
@@ -862,15 +923,56 @@ void relay_hand_up(relay_engine *e, int source, uint64_t handle, const struct so
     e->handed_up++;
 }
 
+/* A stream's close event is due once everything handed up before it was drained. */
+static int close_due(relay_engine *e) {
+    relay_up *c = e->closed_head;
+    return c && e->queues[0].drained >= c->after[0] && e->queues[1].drained >= c->after[1];
+}
+
+void relay_push_closed(relay_engine *e, relay_stream *s) {
+    const char *reason = s->close_reason ? s->close_reason : "closed";
+    size_t len = strlen(reason);
+    relay_up *up = malloc(sizeof *up + len); /* never dropped: one per stream */
+    if (!up) return;
+    memset(up, 0, sizeof *up);
+    up->source = RELAY_SRC_CLOSED;
+    up->handle = ((uint64_t)s->gen << 32) | s->slot;
+    memcpy(&up->from, &s->remote_ss, sizeof up->from);
+    up->fromlen = s->remote_len;
+    up->len = (uint32_t)len;
+    memcpy(up->data, reason, len);
+    pthread_mutex_lock(&e->qlock);
+    int was_empty = e->queues[0].len + e->queues[1].len == 0 && !e->closed_head;
+    for (int q = 0; q < RELAY_QUEUES; q++) up->after[q] = e->queues[q].drained + e->queues[q].len;
+    if (e->closed_tail)
+        e->closed_tail->next = up;
+    else
+        e->closed_head = up;
+    e->closed_tail = up;
+    if (was_empty) {
+        uint64_t one = 1;
+        if (write(e->up_fd, &one, sizeof one) < 0) { /* already readable */
+        }
+    }
+    pthread_mutex_unlock(&e->qlock);
+}
+
 uint32_t relay_drain(relay_engine *e, relay_up **out, uint32_t max) {
     pthread_mutex_lock(&e->qlock);
     uint32_t n = 0;
     for (int q = 0; q < RELAY_QUEUES; q++) { /* the known clients' and peers' first */
         relay_queue *queue = &e->queues[q];
-        while (n < max && queue->len > 0) {
+        while (n < max && (queue->len > 0 || close_due(e))) {
+            if (close_due(e)) {
+                out[n++] = e->closed_head;
+                e->closed_head = e->closed_head->next;
+                if (!e->closed_head) e->closed_tail = NULL;
+                continue;
+            }
             relay_up *up = queue->items[queue->head];
             queue->head = (queue->head + 1) % queue->cap;
             queue->len--;
+            queue->drained++;
             queue->bytes -= up->len;
             out[n++] = up;
             if (up->counted) {
@@ -882,7 +984,14 @@ uint32_t relay_drain(relay_engine *e, relay_up **out, uint32_t max) {
             }
         }
     }
-    if (e->queues[RELAY_QUEUE_KNOWN].len + e->queues[RELAY_QUEUE_STRANGERS].len == 0) {
+    while (n < max && close_due(e)) {
+        out[n++] = e->closed_head;
+        e->closed_head = e->closed_head->next;
+        if (!e->closed_head) e->closed_tail = NULL;
+    }
+    if (n > 0 && __atomic_load_n(&e->stalled, __ATOMIC_RELAXED)) wake(e); /* room for them */
+    if (e->queues[RELAY_QUEUE_KNOWN].len + e->queues[RELAY_QUEUE_STRANGERS].len == 0 &&
+        !e->closed_head) {
         uint64_t value;
         if (read(e->up_fd, &value, sizeof value) < 0) { /* not signalled */
         }
@@ -895,6 +1004,10 @@ void relay_flush(relay_engine *e, relay_send *sends, int count, struct mmsghdr *
     int sent_ok[RELAY_BATCH];
     for (int start = 0; start < count;) {
         int fd = sends[start].fd, end = start;
+        if (fd < 0) { /* queued on a stream (stream.c), counted there */
+            sent_ok[start++] = 1;
+            continue;
+        }
         while (end < count && sends[end].fd == fd && end - start < RELAY_BATCH) {
             struct msghdr *m = &scratch[end - start].msg_hdr;
             memset(m, 0, sizeof *m);
@@ -922,6 +1035,7 @@ void relay_flush(relay_engine *e, relay_send *sends, int count, struct mmsghdr *
     pthread_mutex_lock(&e->lock);
     for (int i = 0; i < count; i++) {
         relay_send *s = &sends[i];
+        if (s->fd < 0) continue;
         if (!sent_ok[i]) {
             e->drops[DROP_SEND_ERROR]++;
             continue;
@@ -973,8 +1087,11 @@ static int serve_batch(relay_engine *e, int fd, int source, uint64_t handle) {
     return n;
 }
 
+__thread int relay_in_thread;
+
 static void *run(void *arg) {
     relay_engine *e = arg;
+    relay_in_thread = 1;
     struct epoll_event events[64];
     while (!__atomic_load_n(&e->stopping, __ATOMIC_ACQUIRE)) {
         int n = epoll_wait(e->epfd, events, 64, -1);
@@ -985,6 +1102,10 @@ static void *run(void *arg) {
                 uint64_t value;
                 if (read(e->wake_fd, &value, sizeof value) < 0) { /* spurious */
                 }
+                continue;
+            }
+            if (tag & RELAY_STREAM_TAG && tag != LISTEN_TAG) {
+                relay_stream_event(e, tag, events[i].events);
                 continue;
             }
             int fd = -1, source = RELAY_SRC_CLIENT;
@@ -1003,7 +1124,10 @@ static void *run(void *arg) {
             for (int k = 0; k < READS_PER_WAKEUP; k++)
                 if (serve_batch(e, fd, source, handle) < RELAY_BATCH) break;
         }
+        relay_stream_resume(e);  /* streams that waited for room in the hand-up queues */
+        relay_stream_service(e); /* what the batch queued toward streams, and closes */
         reap(e);
+        relay_stream_reap(e);
     }
     return NULL;
 }

@@ -57,10 +57,13 @@ typedef struct relay_alloc {
     relay_table perms;     /* peer IP (port 0) -> expiry */
     relay_table chan_num;  /* channel number (in .port) -> peer, expiry */
     relay_table chan_peer; /* peer address -> channel number, expiry */
+    uint64_t stream;       /* TURN-TCP: the handle of its client's stream; 0 over UDP */
     struct relay_alloc *next_dead;
 } relay_alloc;
 
-enum { RELAY_SRC_CLIENT = 0, RELAY_SRC_PEER = 1 };
+/* Where a handed-up packet comes from: the UDP listener socket, a relay socket, a TURN-TCP
+ * stream (one whole frame), or the close of a stream (no data but the reason). */
+enum { RELAY_SRC_CLIENT = 0, RELAY_SRC_PEER = 1, RELAY_SRC_STREAM = 2, RELAY_SRC_CLOSED = 3 };
 
 enum relay_outcome {
     RELAY_RELAYED = 0,
@@ -78,6 +81,8 @@ enum relay_drop {
     DROP_INVALID,      /* cannot be STUN or ChannelData, or a stranger's ChannelData */
     DROP_RATE_LIMITED, /* a stranger over its error-answer budget (relay_mute) */
     DROP_UNAUTHENTICATED, /* a stranger's STUN without MESSAGE-INTEGRITY past its IP's budget */
+    DROP_LATENCY,      /* TURN-TCP: older than the latency bound (stream.c) */
+    DROP_BACKPRESSURE, /* TURN-TCP: past the high-water mark of the client's output queue */
     DROP_COUNT
 };
 extern const char *const relay_drop_names[DROP_COUNT];
@@ -104,6 +109,8 @@ typedef struct relay_up {
     socklen_t fromlen;
     uint32_t len;
     int counted; /* counted in `queued` (a stranger's packet) */
+    uint64_t after[2]; /* a close event: delivered once this many of each queue were drained */
+    struct relay_up *next; /* in the list of close events */
     uint8_t data[];
 } relay_up;
 
@@ -112,6 +119,7 @@ typedef struct {
     relay_up **items;
     uint32_t cap, head, len;
     size_t bytes;
+    uint64_t drained; /* items taken out so far (close events wait for their turn) */
 } relay_queue;
 
 enum { RELAY_QUEUE_KNOWN = 0, RELAY_QUEUE_STRANGERS = 1, RELAY_QUEUES = 2 };
@@ -160,6 +168,17 @@ typedef struct relay_engine {
     size_t qbytes_limit;
     relay_table queued;   /* a stranger's IP (port 0) -> its packets in the strangers' queue */
     uint32_t per_source;  /* at most this many of them per IP (0: no cap) */
+    /* TURN-TCP streams (stream.c): an engine without a UDP listener (listen_fd -1) serves the
+     * client connections Python accepted and handed over. */
+    struct relay_stream **streams;
+    uint32_t nstream_slots, *stream_free, nstream_free, stream_gen;
+    struct relay_stream *dirty;       /* output to write, or a close Python asked for */
+    struct relay_stream *stream_dead; /* closed, freed by the thread */
+    relay_up *closed_head, *closed_tail; /* close events, in order with the queues */
+    double latency_bound;   /* seconds; 0: none */
+    size_t high_water;      /* bytes queued toward one client before drops */
+    uint32_t stream_buffer; /* a frame longer than this closes its connection */
+    uint32_t stalled;       /* streams waiting for room in the hand-up queues (atomic reads) */
     /* the thread */
     pthread_t thread;
     int running;
@@ -181,9 +200,10 @@ void relay_stop(relay_engine *e);
 void relay_free(relay_engine *e);
 
 /* State Python decides (call with `lock` not held). Handles are 64-bit: generation << 32 | slot.
- * relay_add_allocation duplicates relay_fd; returns 0 and sets *handle, or -errno. */
+ * relay_add_allocation duplicates relay_fd; returns 0 and sets *handle, or -errno. `stream`:
+ * the handle of the client's TURN-TCP stream (its peers' packets go there), 0 over UDP. */
 int relay_add_allocation(relay_engine *e, const relay_addr *client, int relay_fd, double expires,
-                         uint64_t *handle);
+                         uint64_t stream, uint64_t *handle);
 int relay_refresh_allocation(relay_engine *e, uint64_t handle, double expires);
 int relay_remove_allocation(relay_engine *e, uint64_t handle);
 int relay_set_permission(relay_engine *e, uint64_t handle, const relay_addr *peer_ip,
@@ -208,12 +228,23 @@ void relay_strangers(relay_engine *e, double rate, uint32_t ips, uint32_t per_so
  * them (takes the lock itself). */
 int relay_process(relay_engine *e, int source, uint64_t handle, const struct sockaddr *from,
                   uint8_t *data, size_t len, double now, relay_send *out);
+/* The shared decisions (lock held): a client's ChannelData or plain Send indication of
+ * allocation `a` to its peer. */
+int relay_client_frame(relay_engine *e, relay_alloc *a, uint8_t *data, size_t len, double now,
+                       relay_send *out);
+relay_alloc *relay_alloc_of(relay_engine *e, uint64_t handle);
+relay_alloc *relay_alloc_of_client(relay_engine *e, const relay_addr *client);
+int relay_drop(relay_engine *e, int cause);
+int relay_epoll_set(relay_engine *e, int fd, uint64_t tag, uint32_t events, int op);
 void relay_flush(relay_engine *e, relay_send *sends, int count, struct mmsghdr *scratch);
 /* A payload Python parsed from a client's message (a Send indication of another shape) for
  * the allocation's peer: decided and counted as relay_process would (lock held). */
 int relay_payload_to_peer(relay_engine *e, uint64_t handle, const relay_addr *peer,
                           uint8_t *payload, size_t plen, size_t len, double now,
                           relay_send *out);
+/* Whether relay_hand_up would queue (not drop) a packet of `len` bytes from `from`: TURN-TCP
+ * waits for room instead of dropping (only the thread queues, so the answer holds). */
+int relay_hand_up_room(relay_engine *e, const struct sockaddr *from, size_t len);
 /* Hand one packet up: to the priority queue when it comes from a peer or from a client with an
  * allocation, else to the strangers' queue; dropped (counted) when that queue is full. Call
  * with `lock` held. */
@@ -222,6 +253,107 @@ void relay_hand_up(relay_engine *e, int source, uint64_t handle, const struct so
 /* Up to `max` queued packets, the priority queue's first, each queue oldest first; the caller
  * frees each. Returns the count. */
 uint32_t relay_drain(relay_engine *e, relay_up **out, uint32_t max);
+
+/* --- TURN-TCP streams (stream.c) ------------------------------------------------------------
+ *
+ * A stream is one client's TCP connection, accepted by Python (which keeps admission), then
+ * owned by the engine: its thread reads it, frames it (RFC 8656 §12.5: STUN by the header's
+ * length, ChannelData by its length padded to 4), relays what it can, hands every other frame
+ * up whole (RELAY_SRC_STREAM with the stream's handle), and writes to it: relayed frames and
+ * what Python sends (relay_stream_send), in one queue, so their order is kept. Only the thread
+ * reads, writes or closes a stream's descriptor; Python's calls queue and wake it.
+ *
+ * Bounded delay (issue 21): every queued frame carries its arrival time, and a relayed frame
+ * not yet begun that is older than latency_bound when the socket can take it is dropped
+ * (DROP_LATENCY; one partly written is always finished); TCP_NOTSENT_LOWAT keeps what the
+ * kernel holds unsent small; high_water bounds the queue (DROP_BACKPRESSURE). Reading side:
+ * the arrival time of the data read (SO_TIMESTAMPNS) older than the bound drops the relayed
+ * frames it completes (DROP_LATENCY); STUN messages are never dropped for latency. A frame to
+ * hand up that finds its queue full waits in the buffer and the stream is not read until
+ * relay_drain makes room (a TCP client does not resend a lost request). A framing
+ * error, a frame longer than stream_buffer, EOF and errors close the stream; its close is
+ * handed up (RELAY_SRC_CLOSED) after every frame it handed up before. */
+typedef struct relay_frame {
+    struct relay_frame *next;
+    double arrival; /* relay_now() when it arrived */
+    uint32_t len;
+    uint8_t relayed; /* relayed from a peer: counted when written, dropped when late */
+    uint8_t data[];
+} relay_frame;
+
+typedef struct relay_stream {
+    uint32_t slot, gen;
+    int fd;
+    relay_addr remote;
+    struct sockaddr_storage remote_ss;
+    socklen_t remote_len;
+    uint8_t *in;
+    uint32_t in_off, in_len, in_cap; /* framed up to in_off; bytes up to in_len */
+    relay_frame *out_head, *out_tail;
+    uint32_t out_off;  /* bytes of out_head written */
+    size_t out_bytes;  /* bytes queued, unwritten */
+    double opened, frame_started, last_frame; /* relay_now(); frame_started 0: none begun */
+    int first_done;    /* a whole frame came */
+    int writable_wait; /* EPOLLOUT armed */
+    int stalled;       /* a frame to hand up found its queue full: not read until it drains */
+    int in_dirty, close_asked;
+    const char *close_reason;
+    struct relay_stream *next_dirty, *next_dead;
+} relay_stream;
+
+#define RELAY_STREAM_BUFFER (4 * 65536) /* stunnerd.transports.MAX_STREAM_BUFFER */
+#define RELAY_STREAM_NOTSENT 16384      /* TCP_NOTSENT_LOWAT of a stream */
+#define RELAY_STREAM_TAG (1ull << 62)   /* epoll tags of streams; allocations' stay below */
+
+/* Set the bounds of streams (before start, or at any time). */
+void relay_stream_limits(relay_engine *e, double latency_bound, size_t high_water,
+                         uint32_t buffer);
+/* Take over an accepted connection (duplicated; the caller closes its own); 0 and *handle,
+ * or -errno. */
+int relay_add_stream(relay_engine *e, int fd, uint64_t *handle);
+/* Queue bytes Python sends to the stream's client (an answer: never dropped for latency).
+ * 0 queued; -ENOENT closed; -ENOBUFS past the high-water mark (counted). */
+int relay_stream_send(relay_engine *e, uint64_t handle, const uint8_t *data, size_t len);
+/* Close the stream (what is queued is tried once more); its close event follows. */
+int relay_close_stream(relay_engine *e, uint64_t handle);
+/* The length of the frame that begins `b` (of `len` bytes buffered): 0 until its 4-byte
+ * header is there, -1 if it is neither STUN (length a multiple of 4) nor ChannelData
+ * (stunnerd.stun.stream_frame_length, byte for byte). */
+long relay_stream_frame_length(const uint8_t *b, size_t len);
+/* Bytes read from a stream at `now` (age: how long they waited in the socket, seconds): framed,
+ * relayed, handed up. Returns 0, or -1 when the stream must close (s->close_reason). Called
+ * by the thread with `lock` held; sends decided go into `sends` (count in *count, at most
+ * RELAY_BATCH: the caller flushes them). */
+int relay_stream_input(relay_engine *e, relay_stream *s, const uint8_t *data, size_t len,
+                       double now, double age, relay_send *sends, int *count);
+/* Decide one whole frame from a stream again (after Python installed a verdict). */
+int relay_process_frame(relay_engine *e, uint64_t handle, uint8_t *data, size_t len, double now,
+                        relay_send *out);
+/* Progress of every stream, for Python's deadlines: up to `max` entries of handle, opened,
+ * first_done, bytes of a frame begun, when it began, when the last frame ended. */
+typedef struct {
+    uint64_t handle;
+    double opened, frame_started, last_frame;
+    uint32_t buffered;
+    int first_done;
+    size_t queued; /* bytes queued toward the client, unwritten */
+} relay_progress;
+uint32_t relay_stream_progress(relay_engine *e, relay_progress *out, uint32_t max);
+uint32_t relay_stream_count(relay_engine *e);
+/* The thread's side (relay.c calls these). */
+void relay_stream_event(relay_engine *e, uint64_t tag, uint32_t events);
+void relay_stream_service(relay_engine *e); /* dirty streams: write, close */
+void relay_stream_resume(relay_engine *e);  /* stalled streams, once the queues have room */
+void relay_stream_reap(relay_engine *e);
+void relay_stream_free_all(relay_engine *e);
+relay_stream *relay_stream_of(relay_engine *e, uint64_t handle);
+/* Queue a decided peer -> client packet on its allocation's stream (lock held). */
+int relay_stream_enqueue(relay_engine *e, uint64_t handle, const relay_send *out, double now);
+void relay_push_closed(relay_engine *e, relay_stream *s);
+
+/* Set in an engine's thread (only it reads and writes it): stream.c's calls wake the thread
+ * only when made from another one. */
+extern __thread int relay_in_thread;
 
 /* Helpers shared with the bindings and the fuzz harness. */
 double relay_now(void);

@@ -490,7 +490,7 @@ def _servers(release: Release) -> dict[str, tuple[str, int]]:
 def test_a_turn_allocation_from_the_host_relays_to_the_echo_pod(
     release: Release, echo_peer: tuple[str, int]
 ) -> None:
-    from stunnerd.demo import relay
+    from stunner_client.turn import relay
 
     for where, server in _servers(release).items():
         result = asyncio.run(_udp_allocation(server, echo_peer))

@@ -36,7 +36,15 @@ POD_IP = "127.0.0.1"
 NODE_NAME = "node-1"
 # The dataplane image adds its venv to the base image: no more than this (issue 19).
 DATAPLANE_VENV_LIMIT = 60 * 1024 * 1024
-CONTROL_PLANE_ONLY = ("flask", "gunicorn", "gevent", "kubernetes", "jsonpatch", "aioice")
+CONTROL_PLANE_ONLY = (
+    "flask",
+    "gunicorn",
+    "gevent",
+    "kubernetes",
+    "jsonpatch",
+    "aioice",
+    "asyncio_dgram",
+)
 
 
 def du(path: Path) -> int:

@@ -1,4 +1,4 @@
-"""The auth service's TURN REST endpoints (`GET /`, `GET /ice`) served by reconciler.cds.
+"""The auth service's TURN REST endpoints (`GET /`, `GET /ice`) served by reconciler.auth.
 
 We test the Go auth service's answers: static and ephemeral credentials (the ephemeral ones
 checked with stunnerd's own verifier and minted for the requested TTL), one iceServer per
@@ -20,10 +20,12 @@ from typing import Any
 import aiohttp
 import pytest
 
-from reconciler.cds import ConfigStore, auth_app, serve
+from reconciler.auth import auth_app
+from reconciler.cds import ConfigStore, serve
 from stunner_api.dataplane import StunnerConfig, validate_config
 
 NOW = 1_700_000_000
+TLS_PAIR = {"cert": "Y2VydA==", "key": "a2V5"}  # base64 "cert", "key": never used
 SECRET = "the-shared-secret"
 
 
@@ -41,6 +43,7 @@ def gateway(
                     "protocol": protocol,
                     "address": "$STUNNER_ADDR",
                     "port": port,
+                    **(TLS_PAIR if protocol in ("TURN-TLS", "TURN-DTLS") else {}),
                 }
                 for name, (protocol, port) in listeners.items()
             ],
@@ -171,6 +174,45 @@ def test_public_address_precedence() -> None:
         **{"public-addr": "192.0.2.9"},
     )
     assert body["iceServers"][0]["urls"] == ["turn:192.0.2.9:30478?transport=udp"]
+
+
+STUN_ONLY = {"type": "none", "credentials": {}}
+WITH_STUN_ONLY = {
+    **CONFIGS,
+    "ns3/stun": gateway(
+        "ns3/stun",
+        STUN_ONLY,
+        {
+            "udp": ("TURN-UDP", 3478),
+            "tcp": ("TURN-TCP", 3478),
+            "tls": ("TURN-TLS", 443),
+            "dtls": ("TURN-DTLS", 443),
+        },
+    ),
+}
+
+
+def test_a_stun_only_gateway_gets_stun_uris_of_its_udp_listeners_and_no_credentials() -> None:
+    status, body = ask("/ice", WITH_STUN_ONLY, service="turn", **{"public-addr": "192.0.2.9"})
+    assert status == 200
+    assert body["iceServers"][2] == {"urls": ["stun:192.0.2.9:3478"]}
+    assert [server["urls"][0].partition(":")[0] for server in body["iceServers"]] == [
+        "turn",
+        "turn",
+        "stun",
+    ]
+    status, body = ask("/", WITH_STUN_ONLY, service="turn", namespace="ns3")
+    assert status == 200
+    assert body == {"username": "", "password": "", "ttl": 86400, "uris": ["stun:0.0.0.0:3478"]}
+
+
+def test_the_unaddressed_listeners_of_a_stun_only_gateway_are_its_udp_ones() -> None:
+    """`stunner ice` refuses to print URIs without an address: a STUN-only Gateway's TCP, TLS
+    and DTLS listeners have no URI, so an address they lack does not matter."""
+    from stunner_api.ice import IceQuery, unaddressed
+
+    missing = unaddressed(WITH_STUN_ONLY, IceQuery(namespace="ns3"))
+    assert [(id, listener.name) for id, listener in missing] == [("ns3/stun", "ns3/stun/udp")]
 
 
 @pytest.mark.parametrize(

@@ -25,7 +25,9 @@ import aiohttp
 
 from reconciler.demo import prepare, until_allowed, until_refused, without_backend
 from reconciler.local import LocalSettings, run_local
-from stunnerd.demo import EchoPeer, relay, wait_until_serving
+from stunner_client.echo import EchoPeer
+from stunner_client.probes import wait_until_serving
+from stunner_client.turn import relay
 from tests.support.ports import free_port
 
 HOST = "127.0.0.1"
@@ -49,9 +51,8 @@ def test_manifests_to_a_running_stunnerd_and_an_edit_reaching_it(tmp_path: Path)
     output = (tmp_path / "stunnerd.log").open("wb")
 
     async def main() -> None:
-        loop = asyncio.get_running_loop()
-        echo, _ = await loop.create_datagram_endpoint(EchoPeer, local_addr=(HOST, 0))
-        peer = (HOST, echo.get_extra_info("sockname")[1])
+        echo = await EchoPeer.bind(HOST)
+        peer = echo.address
         port, second_port = free_port(), free_port()
         route = prepare(manifests, port, peer[1])
         settings = LocalSettings(
@@ -113,7 +114,7 @@ def test_manifests_to_a_running_stunnerd_and_an_edit_reaching_it(tmp_path: Path)
             assert first.poll() == 0  # stopped on exit
             assert not serving(port)
         finally:
-            echo.close()
+            await echo.aclose()
 
     try:
         asyncio.run(asyncio.wait_for(main(), 60))

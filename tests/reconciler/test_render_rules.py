@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from reconciler.render import Plan, RenderSettings, addresses, render
-from reconciler.render.manifests import service_account_of
+from reconciler.render.deployment import service_account_of
 from reconciler.store import Snapshot
 from stunnerd.certificates import self_signed_certificate
 from tests.reconciler import clusterkit as k
@@ -235,6 +235,36 @@ def test_auth_from_inline_fields_or_the_auth_ref_secret(
     rendered = plan.configs["stunner/gw"].auth
     assert (rendered.type, rendered.credentials) == auth
     assert rendered.realm == "example.org"
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        {"stunMode": True},  # the world's inline static credentials are ignored
+        {"stunMode": True, "authType": None, "userName": None, "password": None},
+        {"stunMode": True, "authType": None, "authRef": {"name": "gone"}},  # not even read
+    ],
+    ids=["with-credentials", "without-credentials", "authref-secret-missing"],
+)
+def test_stun_mode_renders_auth_type_none_without_credentials(spec: Obj) -> None:
+    base = gateway_config(realm="example.org")
+    base["spec"] |= spec
+    base["spec"] = {k: v for k, v in base["spec"].items() if v is not None}
+    plan = plan_of(base=(gateway_class(), base, dataplane()))
+    config = plan.configs["stunner/gw"]
+    # Go's wire form: stunnerd (Go's or ours) runs a pure STUN server on auth type none.
+    assert config.to_dict()["auth"] == {"type": "none", "realm": "example.org", "credentials": {}}
+    assert config.auth.stun_only
+    assert conditions(plan.status_of("GatewayClass", "", "stunner")) == {
+        "Accepted": ("True", "Accepted")
+    }
+    assert conditions(plan.status_of("Gateway", "stunner", "gw"))["Accepted"][0] == "True"
+
+
+def test_stun_mode_false_renders_the_credentials() -> None:
+    base = gateway_config(stunMode=False)
+    plan = plan_of(base=(gateway_class(), base, dataplane()))
+    assert plan.configs["stunner/gw"].auth.type == "static"
 
 
 def test_routes_attach_by_allowed_routes_same_all_and_selector() -> None:

@@ -71,6 +71,7 @@ from stunner_api.rules.gatewayconfig import (
     gatewayconfig_log_level,
     gatewayconfig_realm,
     gatewayconfig_schema,
+    gatewayconfig_stun_mode,
 )
 from stunner_api.rules.staticservice import staticservice_prefixes, staticservice_schema
 from stunner_api.rules.udproute import (
@@ -354,6 +355,19 @@ CASES: list[tuple[Rule, dict[str, Any], list[str]]] = [
     (gatewayconfig_auth_ref, auth_ref("badtype"), ["the 'type' key must be static or"]),
     (gatewayconfig_auth_ref, auth_ref("s", kind="ConfigMap"), ["must reference a core Secret"]),
     (gatewayconfig_auth_ref, gwconfig(authRef={"namespace": "stunner"}), ["authRef.name: req"]),
+    # STUN-only mode needs no credentials: none inline, and an authRef Secret is not read.
+    (gatewayconfig_inline_auth, gwconfig(stunMode=True), []),
+    (gatewayconfig_inline_auth, gwconfig(stunMode=True, authType="ephemeral"), []),
+    (gatewayconfig_inline_auth, gwconfig(stunMode=False), ["spec.userName: required"]),
+    (
+        gatewayconfig_auth_ref,
+        gwconfig(stunMode=True, authRef={"name": "partial", "namespace": "stunner"}),
+        [],
+    ),
+    (gatewayconfig_auth_ref, gwconfig(stunMode=True, authRef={"name": "missing"}), []),
+    (gatewayconfig_auth_type, gwconfig(stunMode=True, authType="none"), ["spec.authType: must"]),
+    (gatewayconfig_stun_mode, gwconfig(stunMode=True), []),
+    (gatewayconfig_stun_mode, static(stunMode=False), []),
     (gatewayconfig_log_level, gwconfig(logLevel="all:DEBUG,turn:INFO"), []),
     (gatewayconfig_log_level, gwconfig(logLevel="all:trace, rtp:disable"), []),
     (gatewayconfig_log_level, gwconfig(logLevel="DEBUG"), ["'DEBUG' is not scope:LEVEL"]),
@@ -504,6 +518,17 @@ WARNINGS: list[tuple[Rule, dict[str, Any], str]] = [
         gatewayconfig_inline_auth,
         gwconfig(authRef={"name": "x"}, userName="u"),
         "spec.authRef: overrides the inline userName: they are ignored",
+    ),
+    (
+        gatewayconfig_stun_mode,
+        static(stunMode=True, userQuota=3),
+        "spec.stunMode: STUN-only mode refuses every TURN request, so authType, userName, "
+        "password, userQuota are ignored",
+    ),
+    (
+        gatewayconfig_stun_mode,
+        gwconfig(stunMode=True, authRef={"name": "x"}),
+        "so authRef is ignored",
     ),
     (
         gateway_listener_protocols,

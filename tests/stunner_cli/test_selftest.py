@@ -16,7 +16,6 @@ import pytest
 
 from reconciler.cds import ConfigStore, cds_app
 from stunner_api.dataplane import validate_config
-from stunnerd.demo import EchoPeer
 from tests.support import ports
 from tests.support.background import Background
 
@@ -49,7 +48,7 @@ def dataplane_config(udp: int, tcp: int, echo_port: int) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     background = Background()
-    _, echo_port = background.udp(EchoPeer)
+    _, echo_port = background.echo()
     udp, tcp = ports.free_port(), ports.free_port()
     config = dataplane_config(udp, tcp, echo_port)
     path = tmp_path_factory.mktemp("stunnerd") / "stunnerd.json"
@@ -168,3 +167,48 @@ def test_a_named_gateway_the_cds_never_serves_fails(world: dict[str, Any]) -> No
     assert done.returncode == 1
     assert "FAIL t/absent: no TURN-UDP or TURN-TCP listener" in done.stdout
     assert done.stdout.count("ok   ") == 2  # the Gateways it does serve are still tested
+
+
+@pytest.fixture(scope="module")
+def stun_only(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A STUN-only stunnerd (auth type none) and the CDS serving its config: the CDS URL."""
+    background = Background()
+    udp, tcp = ports.free_port(), ports.free_port()
+    config = dataplane_config(udp, tcp, 9)
+    config["auth"] = {"type": "none", "credentials": {}}
+    path = tmp_path_factory.mktemp("stunnerd") / "stunnerd.json"
+    path.write_text(json.dumps(config))
+    stunnerd = subprocess.Popen(
+        [sys.executable, "-m", "stunnerd", "-c", str(path)], stderr=subprocess.DEVNULL
+    )
+    store = ConfigStore()
+    store.set("t/gw", validate_config(config))
+    host, port = background.serve(cds_app(store))
+    try:
+        wait_for_tcp(tcp)
+        yield f"http://{host}:{port}"
+    finally:
+        stunnerd.terminate()
+        stunnerd.wait(10)
+        background.close()
+
+
+@pytest.mark.parametrize("echo", [False, True], ids=["alone", "named-with-its-own-echo-peer"])
+def test_a_stun_only_gateway_is_tested_with_binding_and_a_refused_allocate(
+    stun_only: str, echo: bool
+) -> None:
+    """No credentials to allocate with and nothing to relay: the selftest checks what the
+    Gateway serves (a Binding answer) and what it must refuse (an Allocate, 403), and passes."""
+    args = ["--gateway", "t/gw", "--echo", f"127.0.0.1:{ports.free_port()}"] if echo else []
+    done = selftest("--cds-url", stun_only, "--timeout", "10", *args)
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert [line.split(":")[0] for line in lines] == [
+        "ok   t/gw/udp udp 127.0.0.1",
+        "ok   t/gw/tcp tcp 127.0.0.1",
+    ]
+    assert all(
+        "STUN only: Binding answered (mapped 127.0.0.1:" in line
+        and line.endswith("Allocate refused 403")
+        for line in lines
+    ), lines

@@ -87,9 +87,10 @@ def stunnerd() -> Iterator[StartStunnerd]:
 
 @pytest.fixture(params=["python", "native"])
 def relay_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Run a test on both TURN-UDP relay paths: STUNNER_NATIVE=0 (pure Python) and =1 (the
-    native engine; skipped where the extension is not built). The variable is read when a
-    listener starts, in this process and in the UDP workers and stunnerd processes it starts."""
+    """Run a test on both relay paths of TURN-UDP and TURN-TCP: STUNNER_NATIVE=0 (pure Python)
+    and =1 (the native engine; skipped where the extension is not built). The variable is read
+    when a listener starts, in this process and in the UDP workers and stunnerd processes it
+    starts."""
     if request.param == "native":
         reason = native.unavailable_reason()
         if reason is not None and "STUNNER_NATIVE" not in reason:

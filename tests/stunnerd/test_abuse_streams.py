@@ -6,7 +6,8 @@ connection that got an answer but has no allocation is closed when idle, one wit
 allocation is not; connections are capped per source address and in total; with a low
 descriptor limit, hundreds of idle TCP connections leave descriptors for UDP allocations
 (a real stunnerd); a client that stops reading gets packets dropped and counted past the
-high-water mark, and stunnerd's queue toward it stays bounded.
+high-water mark, and stunnerd's queue toward it stays bounded. Each runs on both relay paths
+of TURN-TCP (pure Python, and the native engine: stunnerd/native_tcp.py).
 """
 
 from __future__ import annotations
@@ -22,11 +23,14 @@ import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import pytest
+
 from stunnerd import stun
 from stunnerd.auth import long_term_key
 from stunnerd.daemon import Stunner
 from stunnerd.limits import Limits
 from stunnerd.metrics import render_metrics
+from stunnerd.native_tcp import NativeTcpTransport
 from stunnerd.stun import Class, Message, Method
 from stunnerd.transports import TcpConnectionProtocol
 from tests.support.turnclient import (
@@ -114,6 +118,7 @@ STALLS = (
 )
 
 
+@pytest.mark.usefixtures("relay_path")
 def test_stalled_and_idle_connections_are_closed_at_their_deadlines() -> None:
     async def main() -> None:
         port = free_port()
@@ -141,6 +146,7 @@ def test_stalled_and_idle_connections_are_closed_at_their_deadlines() -> None:
     asyncio.run(main())
 
 
+@pytest.mark.usefixtures("relay_path")
 def test_connections_are_capped_per_source_and_in_total() -> None:
     async def main() -> None:
         port = free_port()
@@ -171,6 +177,7 @@ def _low_fd_limit() -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
 
 
+@pytest.mark.usefixtures("relay_path")
 def test_idle_tcp_connections_cannot_starve_udp_allocations(tmp_path: Path) -> None:
     """The issue's scenario with a 256-descriptor limit: more idle TCP connections than the
     process has descriptors, then UDP Allocates, which must all succeed."""
@@ -218,33 +225,41 @@ def test_idle_tcp_connections_cannot_starve_udp_allocations(tmp_path: Path) -> N
         udp.wait()
 
 
-def test_a_client_that_stops_reading_gets_drops_not_an_unbounded_queue() -> None:
+def test_a_client_that_stops_reading_gets_drops_not_an_unbounded_queue(relay_path: str) -> None:
     high_water = 64 * 1024
+    # No latency bound: the high-water mark alone (test_native_tcp covers the bound).
+    limits = Limits(stream_high_water=high_water, stream_latency_bound=0)
 
     async def main() -> None:
         peer = await start_peer(echo=False)
         port = free_port()
-        limits = Limits(stream_high_water=high_water, stream_latency_bound=0)  # the queue alone
         async with tcp_stunner(port, limits, [f"{HOST}/32"]) as s:
             reader, writer = await tcp_allocation(port, (HOST, peer.port))
             sock = writer.get_extra_info("socket")
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-            server = s.listeners["testns/gw/turn-tcp"].server
+            listener = s.listeners["testns/gw/turn-tcp"]
+            server = listener.server
             relay = next(iter(server.allocations.values())).relayed_address
             assert peer.transport is not None
-            connection = next(
-                p
-                for p in s.listeners["testns/gw/turn-tcp"].transport._connections  # type: ignore[union-attr]
-            )
-            assert isinstance(connection, TcpConnectionProtocol)
+            transport = listener.transport
+            assert isinstance(transport, NativeTcpTransport) == (relay_path == "native")
+
+            def queued() -> int:
+                if isinstance(transport, NativeTcpTransport):
+                    assert transport.relays
+                    return sum(stream.queued for stream in transport.streams())
+                connection = next(iter(transport._connections))  # type: ignore[union-attr]
+                assert isinstance(connection, TcpConnectionProtocol)
+                assert connection.transport is not None
+                return connection.transport.get_write_buffer_size()
+
             largest = 0
             for _ in range(60):  # 60 x 200 x 1000 B = 12 MB offered, never read
                 for _ in range(200):
                     peer.transport.sendto(bytes(1000), relay)
                 await asyncio.sleep(0.01)
-                assert connection.transport is not None
-                largest = max(largest, connection.transport.get_write_buffer_size())
-            assert server.stats.backpressure_dropped > 0
+                largest = max(largest, queued())
+            assert s.listener_stats()["testns/gw/turn-tcp"].backpressure_dropped > 0
             assert largest <= high_water + 2048
             metrics = render_metrics(s)
             assert (

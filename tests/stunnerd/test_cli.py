@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -343,8 +344,16 @@ def test_health_address_moves_the_endpoint_and_a_taken_port_is_one_clear_line(
             "--health-address", f"127.0.0.1:{taken}", f"turn://u:p@127.0.0.1:{blocked_port}"
         )
         assert binding_answered(port) and binding_answered(blocked_port)
-        with urllib.request.urlopen(f"http://127.0.0.1:{health}/live", timeout=5) as answer:
-            assert answer.status == 200
+        # The health server starts once the UDP worker processes serve too: wait for it.
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{health}/live", timeout=5) as answer:
+                    assert answer.status == 200
+                    break
+            except urllib.error.URLError:
+                assert time.monotonic() < deadline, "no health-check server"
+                time.sleep(0.1)
         stderr = blocked.stop()
         moved.stop()
     lines = [line for line in stderr.splitlines() if "health-check server" in line]

@@ -1,9 +1,12 @@
 """Fuzz the native relay core under AddressSanitizer and UndefinedBehaviorSanitizer.
 
-The same C source as the extension (stunnerd/relaycore/relay.c) is built in a temporary
-directory with `-fsanitize=address,undefined` together with relaycore/fuzz.c, a driver that
-feeds random and mutated datagrams through the engine's packet path (directly, and through real
-loopback sockets to its thread) while the tables change under it. Bounded: a few seconds.
+The same C source as the extension (stunnerd/relaycore/relay.c and stream.c) is built in a
+temporary directory with `-fsanitize=address,undefined` together with relaycore/fuzz.c, a driver
+that feeds random and mutated datagrams through the engine's packet path (directly, and through
+real loopback sockets to its thread) while the tables change under it, and random and mutated
+TURN-TCP byte streams split at random boundaries through the stream framing (directly, and
+through real loopback TCP connections), checking that valid frames are framed whole whatever
+the splits. Bounded: a few seconds.
 The same drive runs under ThreadSanitizer too. Skipped only when no compiler here can build
 with the sanitizers.
 """
@@ -49,7 +52,7 @@ def _build(build: Path, name: str, sanitizers: list[str]) -> Path:
     except subprocess.CalledProcessError as exc:
         pytest.skip(f"the compiler lacks {sanitizers}: {exc.stderr.decode()[-300:]}")
     binary = build / name
-    sources = [str(SOURCES / "relay.c"), str(SOURCES / "fuzz.c")]
+    sources = [str(SOURCES / name) for name in ("relay.c", "stream.c", "fuzz.c")]
     result = subprocess.run(
         [compiler, *FLAGS, *sanitizers, "-Wall", "-Werror", *sources, "-o", str(binary)],
         capture_output=True,
@@ -79,7 +82,8 @@ def _check(result: subprocess.CompletedProcess[str], seed: int) -> None:
     assert result.returncode == 0, f"seed {seed}:\n{result.stderr[-6000:]}"
     assert "Sanitizer" not in result.stderr and "runtime error" not in result.stderr
     counts = re.fullmatch(
-        r"relayed (\d+) dropped (\d+) up (\d+) through-sockets (\d+)\n", result.stdout
+        r"relayed (\d+) dropped (\d+) up (\d+) through-sockets (\d+) streams (\d+) closed (\d+)\n",
+        result.stdout,
     )
     assert counts is not None, result.stdout
     # The run reached every outcome, so the fuzzing went past the first checks.

@@ -1,13 +1,13 @@
-"""The two TURN-UDP relay paths side by side: the pure-Python one (STUNNER_NATIVE=0) and the
-native engine (stunnerd/native_udp.py).
+"""The two relay paths of TURN-UDP and TURN-TCP side by side: the pure-Python one
+(STUNNER_NATIVE=0) and the native engine (stunnerd/native_udp.py, stunnerd/native_tcp.py).
 
 We test: one scripted client session (STUN requests and their errors, Send and Data
 indications of both shapes, ChannelData both ways, unpermitted and forbidden peers, an unbound
 channel, Refresh 0) gives the same answers, the same packets and the same counters on both
-paths, and on the native path the engine relayed the media; a route change that forbids a peer
-stops its packets in both directions at the next packet after the reconcile; a compiler that
-fails makes the build of the extension a warning, not a failed install; without the extension,
-TURN-UDP keeps the Python path.
+paths, over UDP and over TCP, and on the native path the engine relayed the media; a route
+change that forbids a peer stops its packets in both directions at the next packet after the
+reconcile (UDP and TCP); a compiler that fails makes the build of the extension a warning, not a
+failed install; without the extension, TURN-UDP and TURN-TCP keep the Python path.
 """
 
 from __future__ import annotations
@@ -24,13 +24,15 @@ from setuptools import Distribution
 from stunnerd import native
 from stunnerd.daemon import Stunner
 from stunnerd.listener import Listener
+from stunnerd.native_tcp import NativeTcpTransport
 from stunnerd.native_udp import NativeUdpTransport
 from stunnerd.stun import Class, Message, Method
-from stunnerd.transports import UdpTransport
+from stunnerd.transports import TcpTransport, UdpTransport
 from tests.support.turnclient import (
     HOST,
     Peer,
     RawClient,
+    RawTcpClient,
     error_code,
     free_port,
     make_config,
@@ -43,6 +45,9 @@ needs_native = pytest.mark.skipif(
     _REASON is not None and "STUNNER_NATIVE" not in _REASON, reason=f"native relay: {_REASON}"
 )
 UDP = "testns/gw/turn-udp"
+TCP = "testns/gw/turn-tcp"
+CLIENTS: dict[str, type[RawClient]] = {UDP: RawClient, TCP: RawTcpClient}
+NATIVE = {UDP: NativeUdpTransport, TCP: NativeTcpTransport}
 CLUSTER = "testns/backend"
 QUIET = 0.2  # how long "nothing more arrives" is watched for
 
@@ -64,12 +69,13 @@ async def received(client: RawClient, peers: dict[int, str]) -> list[Any]:
     return got
 
 
-async def session(port: int, admitted: Peer, outside: Peer) -> list[Any]:
-    """One client's session, with every observable outcome in order."""
+async def session(port: int, admitted: Peer, outside: Peer, listener: str) -> list[Any]:
+    """One client's session on `listener` (UDP or TCP), with every observable outcome in
+    order."""
     names = {admitted.port: "admitted", outside.port: "outside"}
     to_admitted, to_outside = (HOST, admitted.port), (HOST, outside.port)
     log: list[Any] = []
-    client = await RawClient.connect((HOST, port))
+    client = await CLIENTS[listener].connect((HOST, port))
     log.append(answer(await client.request(Message(Method.BINDING, Class.REQUEST), sign=False)))
     log.append(answer(await client.refresh(600)))  # no allocation yet: 437
     response = await client.allocate()
@@ -115,19 +121,22 @@ def counters(stunner: Stunner) -> dict[str, Any]:
     }
 
 
-async def run_session(monkeypatch: pytest.MonkeyPatch, path: str) -> tuple[Any, Any, Any]:
+async def run_session(
+    monkeypatch: pytest.MonkeyPatch, path: str, name: str = UDP
+) -> tuple[Any, Any, Any]:
     monkeypatch.setenv("STUNNER_NATIVE", "1" if path == "native" else "0")
     admitted, outside = await start_peer(echo=True), await start_peer(echo=True)
     port = free_port()
     config = make_config(port, [f"{HOST}/32:<{admitted.port}-{admitted.port}>"])
     async with running_stunner(config) as stunner:
-        listener = stunner.listeners[UDP]
-        assert isinstance(listener.transport, NativeUdpTransport) == (path == "native")
-        log = await session(port, admitted, outside)
+        listener = stunner.listeners[name]
+        transport = listener.transport
+        assert isinstance(transport, NATIVE[name]) == (path == "native")
+        log = await session(port, admitted, outside, name)
         await asyncio.sleep(QUIET)
         engine = (
-            listener.transport.listener_counters()
-            if isinstance(listener.transport, NativeUdpTransport)
+            transport.listener_counters()
+            if isinstance(transport, NativeUdpTransport | NativeTcpTransport)
             else None
         )
         result = counters(stunner)
@@ -137,18 +146,19 @@ async def run_session(monkeypatch: pytest.MonkeyPatch, path: str) -> tuple[Any, 
 
 
 @needs_native
+@pytest.mark.parametrize("name", [UDP, TCP])
 def test_one_session_gives_the_same_answers_packets_and_counters_on_both_paths(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, name: str
 ) -> None:
     async def main() -> None:
-        python_log, python_counters, _ = await run_session(monkeypatch, "python")
-        native_log, native_counters, engine = await run_session(monkeypatch, "native")
+        python_log, python_counters, _ = await run_session(monkeypatch, "python", name)
+        native_log, native_counters, engine = await run_session(monkeypatch, "native", name)
         assert native_log == python_log
         assert native_counters == python_counters
         # The session did what it says: 21 Send indications and 30 ChannelData echoed back.
         assert len(python_log[6]) == 21 and len(python_log[9]) == 30
-        udp = python_counters["listeners"][UDP]
-        assert udp["dropped"] >= 4 and udp["allocations_total"] == 1
+        counted = python_counters["listeners"][name]
+        assert counted["dropped"] >= 4 and counted["allocations_total"] == 1
         cluster = python_counters["clusters"][CLUSTER]
         assert cluster["tx_packets"] == cluster["rx_packets"] == 51
         # ... and on the native path the engine carried the media, not Python.
@@ -159,13 +169,15 @@ def test_one_session_gives_the_same_answers_packets_and_counters_on_both_paths(
 
 
 @pytest.mark.usefixtures("relay_path")
-def test_a_route_change_that_forbids_a_peer_stops_its_packets_at_once() -> None:
+@pytest.mark.parametrize("name", [UDP, TCP])
+def test_a_route_change_that_forbids_a_peer_stops_its_packets_at_once(name: str) -> None:
     async def main() -> None:
         peer = await start_peer(echo=False)
         port = free_port()
-        config = make_config(port, [f"{HOST}/32"], protocols=("TURN-UDP",))
+        protocols = ("TURN-UDP",) if name == UDP else ("TURN-TCP",)
+        config = make_config(port, [f"{HOST}/32"], protocols=protocols)
         async with running_stunner(config) as stunner:
-            client = await RawClient.connect((HOST, port))
+            client = await CLIENTS[name].connect((HOST, port))
             relayed = (await client.allocate()).attributes["XOR-RELAYED-ADDRESS"]
             assert (await client.channel_bind(0x4000, (HOST, peer.port))).message_class == (
                 Class.SUCCESS
@@ -176,15 +188,15 @@ def test_a_route_change_that_forbids_a_peer_stops_its_packets_at_once() -> None:
                 peer.transport.sendto(b"down %d" % i, relayed)
             await asyncio.sleep(QUIET)
             assert len(peer.received) == 5 and client.channel_data.qsize() == 5
-            dropped = stunner.listener_stats()[UDP].dropped
+            dropped = stunner.listener_stats()[name].dropped
             # The route now admits another address only; no packet may pass after apply.
-            await stunner.apply(make_config(port, ["127.0.0.2/32"], protocols=("TURN-UDP",)))
+            await stunner.apply(make_config(port, ["127.0.0.2/32"], protocols=protocols))
             for i in range(5):
                 client.send_channel_data(0x4000, b"late up %d" % i)
                 peer.transport.sendto(b"late down %d" % i, relayed)
             await asyncio.sleep(QUIET)
             assert len(peer.received) == 5 and client.channel_data.qsize() == 5
-            assert stunner.listener_stats()[UDP].dropped == dropped + 10
+            assert stunner.listener_stats()[name].dropped == dropped + 10
             # And a route admitting it again lets the same channel through.
             await stunner.apply(config)
             client.send_channel_data(0x4000, b"readmitted")
@@ -214,7 +226,7 @@ def test_a_compiler_that_fails_makes_the_extension_a_warning(
     assert 'building extension "stunnerd._relay" failed' in capfd.readouterr().err
 
 
-def test_without_the_extension_turn_udp_relays_in_python(
+def test_without_the_extension_turn_udp_and_tcp_relay_in_python(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """An install where the extension did not build keeps today's path, with a warning."""
@@ -226,11 +238,12 @@ def test_without_the_extension_turn_udp_relays_in_python(
     async def main() -> None:
         peer = await start_peer(echo=True)
         port = free_port()
-        config = make_config(port, [f"{HOST}/32"], protocols=("TURN-UDP",))
+        config = make_config(port, [f"{HOST}/32"])
         with caplog.at_level(logging.WARNING, "stunner.listener"):
             async with running_stunner(config) as stunner:
                 listener: Listener = stunner.listeners[UDP]
                 assert type(listener.transport) is UdpTransport
+                assert type(stunner.listeners[TCP].transport) is TcpTransport
                 client = await RawClient.connect((HOST, port))
                 await client.allocate()
                 await client.channel_bind(0x4000, (HOST, peer.port))
@@ -243,7 +256,7 @@ def test_without_the_extension_turn_udp_relays_in_python(
         peer.close()
         warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
         assert warnings == [
-            "TURN-UDP relays in Python: the extension stunnerd._relay is not built "
+            "TURN-UDP and TURN-TCP relay in Python: the extension stunnerd._relay is not built "
             "(No module named 'stunnerd._relay')"
         ]
 

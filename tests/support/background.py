@@ -1,16 +1,17 @@
 """An asyncio loop in a thread, serving aiohttp applications (a CDS, a pod's /status) and
-datagram endpoints for tests whose subject runs in another process (helm, the CLI)."""
+UDP echo peers for tests whose subject runs in another process (helm, the CLI)."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
 import time
-from typing import Any
+from collections.abc import Callable
 
 from aiohttp import web
 
 from reconciler.cds import serve
+from stunner_client.echo import EchoPeer
 
 
 class Background:
@@ -21,7 +22,7 @@ class Background:
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
         self._stops: list[asyncio.Event] = []
-        self._transports: list[asyncio.BaseTransport] = []
+        self._closers: list[Callable[[], None]] = []
 
     def serve(self, app: web.Application) -> tuple[str, int]:
         ready: asyncio.Future[tuple[str, int]] = self.loop.create_future()
@@ -41,22 +42,19 @@ class Background:
     def close(self) -> None:
         for stop in self._stops:
             self.loop.call_soon_threadsafe(stop.set)
-        for transport in self._transports:
-            self.loop.call_soon_threadsafe(transport.close)
+        for close in self._closers:
+            self.loop.call_soon_threadsafe(close)
         time.sleep(0.2)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(5)
         self.loop.close()
 
-    def udp(self, protocol: Any) -> tuple[str, int]:
-        """A datagram endpoint on 127.0.0.1 (any free port) served by `protocol()`."""
+    def echo(self) -> tuple[str, int]:
+        """A UDP echo peer (stunner_client.echo) on 127.0.0.1, any free port: its address."""
 
         async def bind() -> tuple[str, int]:
-            transport, _ = await asyncio.get_running_loop().create_datagram_endpoint(
-                protocol, local_addr=("127.0.0.1", 0)
-            )
-            self._transports.append(transport)
-            host, port = transport.get_extra_info("sockname")[:2]
-            return str(host), int(port)
+            peer = await EchoPeer.bind("127.0.0.1")
+            self._closers.append(peer.close)
+            return peer.address
 
         return asyncio.run_coroutine_threadsafe(bind(), self.loop).result(10)

@@ -263,6 +263,57 @@ class RawClient(asyncio.DatagramProtocol):
             self.transport.close()
 
 
+class RawTcpClient(RawClient):
+    """`RawClient` over TURN-TCP: the same requests on one connection, frames read by their
+    length (RFC 8656 §12.5), ChannelData sent padded to a multiple of 4."""
+
+    def __init__(self, server: tuple[str, int], **kwargs: str) -> None:
+        super().__init__(server, **kwargs)
+        self.writer: asyncio.StreamWriter | None = None
+        self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._reading: asyncio.Task[None] | None = None
+
+    @classmethod
+    async def connect(cls, server: tuple[str, int], **kwargs: str) -> RawClient:
+        client = cls(server, **kwargs)
+        reader, client.writer = await asyncio.open_connection(*server)
+        client._reading = asyncio.get_running_loop().create_task(client._read(reader))
+        return client
+
+    async def _read(self, reader: asyncio.StreamReader) -> None:
+        buffer = bytearray()
+        try:
+            while True:
+                data = await reader.read(65536)
+                if not data:
+                    break
+                buffer += data
+                while (length := stun.stream_frame_length(buffer)) is not None:
+                    if len(buffer) < length:
+                        break
+                    frame = bytes(buffer[:length])
+                    del buffer[:length]
+                    self.datagram_received(frame, self.server)
+        except (OSError, stun.StunError):
+            pass
+        finally:
+            if not self.closed.done():
+                self.closed.set_result(None)
+
+    def send_raw(self, data: bytes) -> None:
+        assert self.writer is not None
+        self.writer.write(data)
+
+    def send_channel_data(self, channel: int, payload: bytes) -> None:
+        self.send_raw(stun.pack_channel_data(channel, payload, pad=True))
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+        if self._reading is not None:
+            self._reading.cancel()
+
+
 def _with_extra_peers(
     request: Message, extra: tuple[tuple[str, int], ...], client: RawClient
 ) -> bytes:

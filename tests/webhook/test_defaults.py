@@ -97,6 +97,23 @@ def test_a_gatewayconfig_gets_the_default_log_level(client: FlaskClient) -> None
     )
 
 
+def test_a_stun_only_gatewayconfig_gets_no_auth_type_and_is_admitted_without_warnings(
+    client: FlaskClient,
+) -> None:
+    """stunMode needs no credentials: a defaulted authType would only be "ignored" (a warning on
+    every STUN-only GatewayConfig); what was defaulted passes validation with no warning."""
+    obj = {
+        "apiVersion": "stunner.l7mp.io/v1",
+        "kind": "GatewayConfig",
+        "metadata": {"name": "c", "namespace": "stunner"},
+        "spec": {"stunMode": True},
+    }
+    spec = mutated(client, obj)["spec"]
+    assert "authType" not in spec and spec["realm"] == "stunner.l7mp.io"
+    response = answer(client, "/validate", admission_review({**obj, "spec": spec}))
+    assert response["allowed"] and not response.get("warnings"), response
+
+
 def test_a_dataplane_gets_its_defaults(client: FlaskClient) -> None:
     obj = {
         "apiVersion": "stunner.l7mp.io/v1",

@@ -131,6 +131,11 @@ uninstall` deletes it, and neither may depend on the webhook's pods being up (a 
 webhook that is down, or not yet started, would block the upgrade that fixes it; the DELETE rule
 would refuse the uninstall). Only cluster administrators write Dataplanes (cluster-scoped), so
 the label it matches on is no tenant's way around the webhook.
+With gatewayConfig.create the release also renders a GatewayConfig, created in the same `helm
+install` as the webhook's pods: GatewayConfigs then join the Dataplanes' entry, which leaves the
+release's objects out. A GatewayConfig is namespaced: whoever may write one in a namespace could
+set the label and skip admission there (render still applies the same rule table, reporting in
+status), which is why this happens only when the chart makes one.
 */}}
 {{- define "stunner.webhooks" -}}
 {{- $root := index . 0 -}}
@@ -140,6 +145,7 @@ the label it matches on is no tenant's way around the webhook.
 {{- if not $root.Values.webhook.certificate.certManager -}}
 {{- $caBundle = (include "stunner.webhookCertificate" $root | fromYaml).ca -}}
 {{- end -}}
+{{- $own := $root.Values.gatewayConfig.create -}}
 {{- range $entry := list "stunner" "dataplane" "gateway-api" }}
 - name: {{ $path }}-{{ $entry }}.stunner.l7mp.io
   admissionReviewVersions: [v1]
@@ -173,6 +179,7 @@ the label it matches on is no tenant's way around the webhook.
   {{- range $resource := keys (index $judged $group) | sortAlpha }}
   {{- $kind := index $judged $group $resource }}
   {{- $in := ternary "dataplane" "stunner" (and (eq $group "stunner.l7mp.io") (eq $resource "dataplanes")) }}
+  {{- if and $own (eq $group "stunner.l7mp.io") (eq $resource "gatewayconfigs") }}{{ $in = "dataplane" }}{{ end }}
   {{- if eq $group "gateway.networking.k8s.io" }}{{ $in = "gateway-api" }}{{ end }}
   {{- if eq $in $entry }}
     - apiGroups: [{{ $group }}]
@@ -231,4 +238,25 @@ are stunner_api/vocabulary.py's; tests/charts check they agree). */}}
 
 {{- define "stunner.cdsTokenEnv" -}}
 - {name: STUNNER_CDS_TOKEN_FILE, value: /var/run/secrets/stunner.l7mp.io/cds/token}
+{{- end -}}
+
+{{/*
+The LoadBalancer Service annotations of the chart's GatewayConfig, as YAML: the preset's
+(loadBalancer.presets, the one table), then loadBalancer.annotations over them. values.schema.json
+refuses an unknown preset; this fails too, for a render that skips the schema.
+*/}}
+{{- define "stunner.lbAnnotations" -}}
+{{- $name := .Values.loadBalancer.preset -}}
+{{- $presets := .Values.loadBalancer.presets -}}
+{{- $annotations := dict -}}
+{{- if ne $name "none" -}}
+{{- if not (hasKey $presets $name) -}}
+{{- fail (printf "loadBalancer.preset: unknown preset %q: choose none or one of %s (README, \"LoadBalancer presets\")" $name (keys $presets | sortAlpha | join ", ")) -}}
+{{- end -}}
+{{- $annotations = deepCopy (index $presets $name | default dict) -}}
+{{- end -}}
+{{- range $key, $value := .Values.loadBalancer.annotations -}}
+{{- $_ := set $annotations $key $value -}}
+{{- end -}}
+{{- $annotations | toYaml -}}
 {{- end -}}

@@ -1,5 +1,6 @@
-"""`stunner auth-server` against the real CDS server: it follows every change (a Gateway added,
-edited, deleted) and answers GET /ice and GET / as the reconciler's auth endpoints do."""
+"""The auth service as `stunner auth-server` runs it (reconciler.auth.run) against the real CDS
+server: it follows every change (a Gateway added, edited, deleted) through the shared CDS client
+and answers GET /ice and GET / as the reconciler's auth endpoints do."""
 
 from __future__ import annotations
 
@@ -8,19 +9,20 @@ import contextlib
 import dataclasses
 import json
 import logging
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 
-from reconciler import cds
+from reconciler import auth
+from reconciler.auth import apply_frame, follow, run
 from reconciler.cds import ConfigStore, cds_app, serve
 from reconciler.cds_access import Access, Account, TokenVerifier
 from reconciler.kube.api import Api
 from stunner_api.dataplane import StunnerConfig, validate_config
 from stunner_api.vocabulary import CDS_TOKEN_AUDIENCE
-from stunner_cli.authserver import apply_frame, follow, run
 from tests.support.fakeapi import FakeApiServer
 from tests.support.ports import free_port
 from tests.support.sockets import closed_by_server
@@ -58,13 +60,25 @@ async def eventually(check: Any) -> None:
     raise AssertionError("timed out")
 
 
+@contextlib.asynccontextmanager
+async def auth_server(cds_store: ConfigStore) -> AsyncIterator[int]:
+    """The real CDS over `cds_store`, and `stunner auth-server`'s `run` following it: its port."""
+    async with serve(cds_app(cds_store)) as cds:
+        port = free_port()
+        server = asyncio.create_task(run(cds.address, "127.0.0.1", port, ""))
+        try:
+            yield port
+        finally:
+            server.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await server
+
+
 def test_auth_server_follows_the_cds() -> None:
     async def main() -> None:
         cds_store = ConfigStore()
         cds_store.set("media/gw", config("media/gw", "first"))
-        async with serve(cds_app(cds_store)) as cds:
-            port = free_port()
-            server = asyncio.create_task(run(cds.address, "127.0.0.1", port, ""))
+        async with auth_server(cds_store) as port:
             ice = f"http://127.0.0.1:{port}/ice?service=turn"
 
             async def password_is(value: str) -> bool:
@@ -86,9 +100,6 @@ def test_auth_server_follows_the_cds() -> None:
             await eventually(gone)
             status, body = await get(f"http://127.0.0.1:{port}/?service=ice")
             assert status == 400 and "turn" in body["message"]
-            server.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await server
 
     asyncio.run(asyncio.wait_for(main(), 20))
 
@@ -134,10 +145,14 @@ def test_a_malformed_cds_frame_is_logged_without_its_credentials(
     assert not any("frame-s3cr3t" in r.getMessage() for r in caplog.records)
 
 
-def test_the_auth_service_shows_the_cds_its_projected_token(tmp_path: Path) -> None:
+def test_the_auth_service_shows_the_cds_its_projected_token(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """With cdsAuth required the auth service runs as the reader account: it reads every
     config with its token (STUNNER_CDS_TOKEN_FILE, read at each connect); without one the CDS
-    refuses it and it keeps retrying."""
+    refuses it and it keeps retrying, with the CDS client stunnerd uses: one WARNING with the
+    CDS's reason and what to check, the retries at DEBUG, the token never logged."""
+    caplog.set_level(logging.DEBUG, logger="stunner.auth")
 
     async def main() -> None:
         with FakeApiServer() as fake:
@@ -158,11 +173,17 @@ def test_the_auth_service_shows_the_cds_its_projected_token(tmp_path: Path) -> N
                 )
                 await asyncio.sleep(0.3)  # no token file yet: refused, retried
                 assert not store.configs
-                token.write_text(
-                    fake.issue_token(
-                        "stunner-system", "stunner-config-reader", (CDS_TOKEN_AUDIENCE,)
-                    )
+                refusals = [r for r in caplog.records if "refused the watch" in r.getMessage()]
+                assert len(refusals) >= 2 and refusals[0].name == "stunner.auth"
+                assert [r.levelno for r in refusals[1:]] == [logging.DEBUG] * len(refusals[1:])
+                first = refusals[0]
+                assert first.levelno == logging.WARNING
+                assert "of every config: HTTP 401" in first.getMessage()
+                assert "no token: is STUNNER_CDS_TOKEN_FILE set?" in first.getMessage()
+                secret = fake.issue_token(
+                    "stunner-system", "stunner-config-reader", (CDS_TOKEN_AUDIENCE,)
                 )
+                token.write_text(secret)
 
                 async def arrived() -> bool:
                     return set(store.configs) == {"a/gw", "b/gw"}
@@ -171,6 +192,7 @@ def test_the_auth_service_shows_the_cds_its_projected_token(tmp_path: Path) -> N
                 follower.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await follower
+                assert not any(secret in r.getMessage() for r in caplog.records)
             api.close()
 
 
@@ -181,15 +203,13 @@ def test_the_auth_server_closes_silent_connections_and_caps_them(
     a cap of 3 here): a connection that sends nothing is closed at the deadline, a fourth one
     at once, and a query is answered again once one goes; a bad ttl is refused without being
     echoed."""
-    limits = dataclasses.replace(cds.AUTH_LIMITS, request_deadline=1.0, max_connections=3)
-    monkeypatch.setattr(cds, "AUTH_LIMITS", limits)
+    limits = dataclasses.replace(auth.AUTH_LIMITS, request_deadline=1.0, max_connections=3)
+    monkeypatch.setattr(auth, "AUTH_LIMITS", limits)
 
     async def main() -> None:
         cds_store = ConfigStore()
         cds_store.set("media/gw", config("media/gw", "first"))
-        async with serve(cds_app(cds_store)) as cds_served:
-            port = free_port()
-            server = asyncio.create_task(run(cds_served.address, "127.0.0.1", port, ""))
+        async with auth_server(cds_store) as port:
             ice = f"http://127.0.0.1:{port}/ice?service=turn"
 
             async def up() -> bool:
@@ -208,8 +228,5 @@ def test_the_auth_server_closes_silent_connections_and_caps_them(
             assert await up()
             status, body = await get(ice + "&ttl=" + "9" * 4000)
             assert status == 400 and "9999" not in body["message"]
-            server.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await server
 
     asyncio.run(asyncio.wait_for(main(), 20))
