@@ -46,6 +46,15 @@ class Cluster:
     def reference_grants(self, namespace: str) -> list[dict[str, Any]]:
         return []
 
+    def gateways(self) -> list[dict[str, Any]]:
+        return []
+
+    def gateway_config(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return None
+
+    def dataplane(self, name: str) -> dict[str, Any] | None:
+        return None
+
     def may_read_secret(self, namespace: str, name: str) -> bool:
         return False
 

@@ -13,8 +13,9 @@ writes that differ, nothing else: a second pass over an unchanged cluster return
 - The spec fields render decides on a Service (`SERVICE_OWNED_SPEC`) are removed when the plan no
   longer sets them (an `externalTrafficPolicy` whose annotation went away), and so are
   `stunner.l7mp.io/*` annotations the plan no longer carries (as Go does).
-- A Deployment or Service labelled as ours whose Gateway is one of ours but has none in the plan
-  (the Gateway became invalid, or `disable-managed-dataplane` is set) is deleted. A Gateway that
+- A Deployment, DaemonSet or Service labelled as ours whose Gateway is one of ours but has none
+  of its kind in the plan (the Gateway became invalid, `disable-managed-dataplane` is set, or its
+  Dataplane switched between Deployment and DaemonSet) is deleted. A Gateway that
   is gone is left to the garbage collector (every object carries its owner reference).
 - Status goes to the `/status` subresource, only when it differs from the cached status.
   Conditions of types render does not write (another controller's) are kept; at most
@@ -52,6 +53,7 @@ SERVICE_OWNED_SPEC: Mapping[str, str | None] = {
     "loadBalancerIP": None,
 }
 DEPLOYMENT = ("apps/v1", "Deployment")
+DAEMON_SET = ("apps/v1", "DaemonSet")
 # A named item holding one of these (an env var: `value` or `valueFrom`) is the plan's as a
 # whole: merged with the stored one it could hold both, which the API server refuses.
 ONE_OF = frozenset({"value", "valueFrom"})
@@ -338,12 +340,24 @@ def plan_writes(
     deployments: Iterable[Object] = (),
     services: Iterable[Object] = (),
     memo: Memo | None = None,
+    daemonsets: Iterable[Object] = (),
 ) -> list[Write]:
-    """Every write that makes the cluster hold `plan`, in order: Services, Deployments, status.
-    `ours`: the ids of every Gateway of our GatewayClasses; `deployments` and `services`: the
-    cached ones labelled as ours (candidates for deletion)."""
+    """Every write that makes the cluster hold `plan`, in order: Services, the stunnerd
+    workloads (Deployments, DaemonSets), status. `ours`: the ids of every Gateway of our
+    GatewayClasses; `deployments`, `daemonsets` and `services`: the cached ones labelled as ours
+    (candidates for deletion). A Gateway's workload in the plan is of one kind: its namesake of
+    the other kind is deleted (the Dataplane switched `dataplaneResource`)."""
+    workloads = {
+        kind: {
+            gw_id: manifest
+            for gw_id, manifest in plan.deployments.items()
+            if manifest.get("kind") == kind[1]
+        }
+        for kind in (DEPLOYMENT, DAEMON_SET)
+    }
     return [
         *manifest_writes(SERVICE, plan.services, services, current, ours, memo),
-        *manifest_writes(DEPLOYMENT, plan.deployments, deployments, current, ours, memo),
+        *manifest_writes(DEPLOYMENT, workloads[DEPLOYMENT], deployments, current, ours, memo),
+        *manifest_writes(DAEMON_SET, workloads[DAEMON_SET], daemonsets, current, ours, memo),
         *status_writes(plan.statuses, current, memo),
     ]

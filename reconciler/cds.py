@@ -11,8 +11,14 @@ GET `/api/v1/configs[/{namespace}[/{name}]]`, and the same with `?watch=true` ov
 id is a 404 `{code, message}` (a watch on it is accepted and waits: stunnerd may start before
 its Gateway renders). The server pings every watcher and drops one that does not answer. A
 watcher sends nothing but its keepalive: one past WATCH_BUDGET frames is closed with 1008, an
-unmasked frame with 1002 (stunner_http.websocket). The `node` parameter (Go's premium
-relay-address discovery) is accepted and ignored.
+unmasked frame with 1002 (stunner_http.websocket).
+
+Relay address discovery (Go's node patcher): a request's `node` parameter names the requesting
+stunnerd's Node; every listener `address` that is the node placeholder is replaced, in what
+that request or watcher gets, with the Node's public address (`set_nodes`: ExternalIP, else
+ExternalDNS resolved here), else with `$STUNNER_ADDR` (the pod's own address: stunnerd expands
+it, and the Gateway's status says which Nodes have no public address). A watcher is sent its
+config again when its Node's address changes.
 
 `serve` runs an app with the connection discipline of every server of ours
 (stunner_http.server): a request deadline, a cap on connections (CDS_LIMITS, the auth service's
@@ -33,7 +39,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import ipaddress
 import logging
+import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from http import HTTPStatus
@@ -46,10 +54,14 @@ from stunner_api.cds import (
     CONFIGS_PATH,
     LIST_VERSION,
     NAMESPACE_PATH,
+    NODE_PARAM,
     PING_PERIOD,
+    POD_ADDRESS,
     WATCH_PARAM,
     WRITE_TIMEOUT,
     config_id,
+    has_node_placeholder,
+    patch_node_address,
 )
 from stunner_api.dataplane import StunnerConfig, zero_config
 from stunner_http.server import LIMITS_KEY, NAME_KEY, Served, ServerLimits
@@ -101,6 +113,7 @@ class Watcher:
 
     selector: Selector
     peer: str
+    node: str = ""  # the `node` parameter: whose public address the placeholder becomes
     pending: dict[str, str] = field(default_factory=dict)
     ready: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -126,6 +139,11 @@ class ConfigStore:
         self._texts: dict[str, str] = {}
         self.watchers: set[Watcher] = set()
         self.dropped_watchers = 0
+        # Relay address discovery: Node name -> its public address as given (ExternalIP or
+        # ExternalDNS), and the IP address each resolves to (an IP resolves to itself).
+        self._node_names: dict[str, str] = {}
+        self._node_ips: dict[str, str] = {}
+        self._resolving: asyncio.Task[None] | None = None
 
     @property
     def configs(self) -> Mapping[str, StunnerConfig]:
@@ -134,9 +152,78 @@ class ConfigStore:
     def text(self, id: str) -> str | None:
         return self._texts.get(id)
 
-    def select(self, selector: Selector) -> dict[str, str]:
-        """The JSON of every config `selector` matches, by id in id order."""
-        return {id: self._texts[id] for id in sorted(self._texts) if selector.matches(id)}
+    def select(self, selector: Selector, node: str = "") -> dict[str, str]:
+        """The JSON of every config `selector` matches, by id in id order, patched for the
+        stunnerd on Node `node` (`patched`)."""
+        return {
+            id: self.patched(self._texts[id], node)
+            for id in sorted(self._texts)
+            if selector.matches(id)
+        }
+
+    # --- relay address discovery ----------------------------------------------------------
+
+    def node_address(self, node: str) -> str:
+        """The relay address a stunnerd on Node `node` hands clients: the Node's public IP
+        address, else its pod's own (`$STUNNER_ADDR`)."""
+        return self._node_ips.get(node, POD_ADDRESS) if node else POD_ADDRESS
+
+    def patched(self, text: str, node: str) -> str:
+        """A config's JSON as the stunnerd on Node `node` gets it (the node placeholder
+        replaced, `node_address`)."""
+        if not has_node_placeholder(text):
+            return text
+        return patch_node_address(text, self.node_address(node))
+
+    def set_nodes(self, addresses: Mapping[str, str]) -> None:
+        """Node name -> public address (an IP, or a DNS name resolved in the background on the
+        running loop; one that does not resolve counts as none). Watchers whose Node's address
+        changed get their configs with a placeholder again."""
+        if dict(addresses) == self._node_names:
+            return
+        self._node_names = dict(addresses)
+        ips = {node: a for node, a in addresses.items() if _is_ip(a)}
+        names = {node: a for node, a in addresses.items() if not _is_ip(a)}
+        # A name keeps its last resolved address until it resolves again.
+        ips |= {node: self._node_ips[node] for node in names if node in self._node_ips}
+        self._set_node_ips(ips)
+        if self._resolving is not None:
+            self._resolving.cancel()
+            self._resolving = None
+        if names:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:
+                log.warning("cannot resolve the ExternalDNS of Nodes %s here", sorted(names))
+                return
+            self._resolving = loop.create_task(self._resolve(names, ips))
+
+    async def _resolve(self, names: Mapping[str, str], ips: Mapping[str, str]) -> None:
+        loop = asyncio.get_running_loop()
+        resolved = dict(ips)
+        for node, name in sorted(names.items()):
+            try:
+                infos = await loop.getaddrinfo(name, None, type=socket.SOCK_DGRAM)
+            except OSError as exc:
+                log.warning("Node %s: ExternalDNS %s does not resolve: %s", node, name, exc)
+                resolved.pop(node, None)
+                continue
+            found = [str(info[4][0]) for info in infos]
+            v4 = [a for a in found if ":" not in a]
+            resolved[node] = (v4 or found)[0]
+        self._set_node_ips(resolved)
+
+    def _set_node_ips(self, ips: Mapping[str, str]) -> None:
+        old, self._node_ips = self._node_ips, dict(ips)
+        changed = {n for n in old.keys() | ips.keys() if old.get(n) != ips.get(n)}
+        for node in sorted(changed):
+            log.info("relay address of Node %s: %s", node, self.node_address(node))
+        for watcher in self.watchers:
+            if watcher.node not in changed:
+                continue
+            for id, text in self._texts.items():
+                if has_node_placeholder(text) and watcher.selector.matches(id):
+                    watcher.offer(id, self.patched(text, watcher.node))
 
     def set(self, id: str, config: StunnerConfig) -> bool:
         """Store the config of `id`; push it to its watchers if it changed. True if it did."""
@@ -174,7 +261,15 @@ class ConfigStore:
     def _notify(self, id: str, text: str) -> None:
         for watcher in self.watchers:
             if watcher.selector.matches(id):
-                watcher.offer(id, text)
+                watcher.offer(id, self.patched(text, watcher.node))
+
+
+def _is_ip(address: str) -> bool:
+    try:
+        ipaddress.ip_address(address)
+    except ValueError:
+        return False
+    return True
 
 
 STORE_KEY = web.AppKey("store", ConfigStore)
@@ -223,12 +318,14 @@ class CdsHandlers:
             if request.headers.get("Upgrade", "").lower() != "websocket":
                 return json_error(HTTPStatus.BAD_REQUEST, "watch=true needs a WebSocket upgrade")
             return await self.watch(request, selector)
+        node = request.query.get(NODE_PARAM, "")
         if selector.name:
             text = self.store.text(str(selector))
             if text is None:
                 return json_error(HTTPStatus.NOT_FOUND, f"config {selector} not found")
+            text = self.store.patched(text, node)
             return web.Response(text=text, content_type="application/json")
-        items = ",".join(self.store.select(selector).values())
+        items = ",".join(self.store.select(selector, node).values())
         body = f'{{"version":"{LIST_VERSION}","items":[{items}]}}'
         return web.Response(text=body, content_type="application/json")
 
@@ -240,14 +337,30 @@ class CdsHandlers:
             max_msg_size=MAX_CLIENT_MESSAGE,
         )
         await ws.prepare(request)
-        watcher = Watcher(selector, peer=request.remote or "?")
+        watcher = Watcher(
+            selector, peer=request.remote or "?", node=request.query.get(NODE_PARAM, "")
+        )
         # No await from here to the registration: no change can slip in between.
-        for id, text in self.store.select(selector).items():
+        for id, text in self.store.select(selector, watcher.node).items():
             watcher.offer(id, text)
         self.store.watchers.add(watcher)
         self.sockets.add(ws)
         # Anyone may connect: one DEBUG line each (issue 20); `store.watchers` counts them.
         log.debug("watcher %s connected for %s", watcher.peer, selector)
+        if watcher.node and self.store.node_address(watcher.node) == POD_ADDRESS:
+            discovering = [
+                id
+                for id in self.store.select(selector)
+                if has_node_placeholder(self.store.text(id) or "")
+            ]
+            if discovering:
+                log.info(
+                    "watcher %s on Node %s: the Node has no public address (ExternalIP or "
+                    "ExternalDNS), so %s hand clients the pod's own address",
+                    watcher.peer,
+                    watcher.node,
+                    ", ".join(discovering),
+                )
         sender = asyncio.create_task(self._send(ws, watcher, request))
         try:
             # Control frames are handled inside; a client sending more (the guard's budget) or

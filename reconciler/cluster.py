@@ -296,9 +296,9 @@ class ClusterMode:
     def _consider(self, new: Object | None, old: Object | None) -> None:
         if not self.rendered_once or not self.references.wants(new, old):
             return
-        if _is_deployment(new if new is not None else old):
-            # Render reads no Deployment: one of ours edited or deleted (or our own write's
-            # echo) only needs the diff against the last plan, which writes it back.
+        if _is_workload(new if new is not None else old):
+            # Render reads no Deployment or DaemonSet: one of ours edited or deleted (or our own
+            # write's echo) only needs the diff against the last plan, which writes it back.
             self._apply_wanted.set()
             return
         self.reconciler.trigger()
@@ -372,6 +372,7 @@ class ClusterMode:
             deployments=self.cache.all_of("Deployment"),
             services=services,
             memo=self.memo,
+            daemonsets=self.cache.all_of("DaemonSet"),
         )
 
     def _diff_and_send(self, plan: Plan, now: float) -> list[WriteResult]:
@@ -555,8 +556,8 @@ async def run_cluster(settings: ClusterSettings) -> AsyncIterator[Running]:
             gc.unfreeze()
 
 
-def _is_deployment(obj: Object | None) -> bool:
-    return obj is not None and obj.get("kind") == "Deployment"
+def _is_workload(obj: Object | None) -> bool:
+    return obj is not None and obj.get("kind") in ("Deployment", "DaemonSet")
 
 
 def _join_all(informers: Sequence[Informer]) -> None:

@@ -47,7 +47,7 @@ FAILED_WRITE_EVENT_AFTER = 3  # consecutive refusals of one write before a Write
 DEDUPE_WINDOW = 600.0  # seconds an identical event is not recorded again
 NOTE_LIMIT = 1024  # the API server's limit on `note`
 CLUSTER_SCOPED_NAMESPACE = "default"  # where events about cluster-scoped objects go
-MANAGED_KINDS = ("Deployment", "Service")
+MANAGED_KINDS = ("Deployment", "DaemonSet", "Service")
 
 NORMAL, WARNING = "Normal", "Warning"
 

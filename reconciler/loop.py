@@ -105,6 +105,8 @@ class Reconciler:
         if plan is None:
             return None
         self._log_findings(plan.findings)
+        # The Nodes' public addresses first: the configs published next are patched with them.
+        self.store.set_nodes(getattr(plan, "node_addresses", {}))
         changed = self.store.publish(plan.configs)
         log.info(
             "rendered %d objects: %d configs, %d changed, %d findings",

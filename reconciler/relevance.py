@@ -12,7 +12,7 @@ objects of our GatewayClasses matter:
   backend Service and its EndpointSlices, a Gateway's own Service (its load-balancer address);
 - a Namespace when its labels change (allowedRoutes selectors), a Node when its addresses change
   (public address discovery; its heartbeats are ignored);
-- a Deployment we own (someone edited or deleted it: write it back; render reads no
+- a Deployment or DaemonSet we own (someone edited or deleted it: write it back; render reads no
   Deployment, so cluster mode only diffs the last plan against it).
 """
 
@@ -102,7 +102,10 @@ class References:
         obj = new if new is not None else old
         if obj is None:
             return False
-        if _labels(obj).get(OWNED_BY_LABEL) == OWNED_BY_VALUE and obj.get("kind") == "Deployment":
+        if _labels(obj).get(OWNED_BY_LABEL) == OWNED_BY_VALUE and obj.get("kind") in (
+            "Deployment",
+            "DaemonSet",
+        ):
             return _changed(new, old, status=False)
         kind = kind_of(obj)
         if kind is None:

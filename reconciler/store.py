@@ -218,6 +218,17 @@ class Snapshot:
             if ns == namespace
         ]
 
+    def gateways(self) -> list[dict[str, Any]]:
+        return [dict(obj) for obj in self.all(Kind.GATEWAY)]
+
+    def gateway_config(self, namespace: str, name: str) -> dict[str, Any] | None:
+        obj = self.get(Kind.GATEWAY_CONFIG, namespace, name)
+        return dict(obj) if obj is not None else None
+
+    def dataplane(self, name: str) -> dict[str, Any] | None:
+        obj = self.get(Kind.DATAPLANE, "", name)
+        return dict(obj) if obj is not None else None
+
     def may_read_secret(self, namespace: str, name: str) -> bool:
         """Whether a requester may read a Secret that no ReferenceGrant opens: the reconciler's
         own rights are no reason to read across namespaces, so never."""

@@ -41,6 +41,7 @@ from stunner_api.vocabulary import (
     EXTERNAL_TRAFFIC_POLICY,
     MIXED_PROTOCOL_LB,
     NODEPORT,
+    RELAY_ADDRESS_DISCOVERY,
     SERVICE_TYPE,
     SERVICE_TYPES,
     TARGETPORT,
@@ -229,6 +230,16 @@ DISABLE_SESSION_AFFINITY_ROW: Annotation[bool] = Annotation(
     BOOLEAN,
     "true: `sessionAffinity: None` (else ClientIP)",
 )
+RELAY_ADDRESS_DISCOVERY_ROW: Annotation[bool] = Annotation(
+    RELAY_ADDRESS_DISCOVERY,
+    _boolean,
+    False,
+    GATEWAY_SCOPE,
+    BOOLEAN,
+    "true: each stunnerd hands clients its Node's public address as the relay address "
+    "(ExternalIP, else ExternalDNS resolved, else the pod's own: the CDS patches it per node); "
+    "for host-network Dataplanes (see Node-local dataplanes)",
+)
 
 TABLE: tuple[Annotation[Any], ...] = (
     SERVICE_TYPE_ROW,
@@ -239,6 +250,7 @@ TABLE: tuple[Annotation[Any], ...] = (
     TARGETPORT_ROW,
     DISABLE_HEALTH_CHECK_EXPOSE_ROW,
     DISABLE_SESSION_AFFINITY_ROW,
+    RELAY_ADDRESS_DISCOVERY_ROW,
 )
 BY_KEY: Mapping[str, Annotation[Any]] = {row.key: row for row in TABLE}
 KEYS = tuple(BY_KEY)

@@ -14,12 +14,13 @@ A config id is `<namespace>/<name>` of the Gateway, which is also the config's `
 
 from __future__ import annotations
 
+import json
 import os
 import urllib.parse
 from collections.abc import Mapping
 from pathlib import Path
 
-from .vocabulary import CDS_TOKEN_FILE_ENV
+from .vocabulary import CDS_TOKEN_FILE_ENV, NODE_ADDRESS_PLACEHOLDER
 
 DEFAULT_PORT = 13478
 DEFAULT_ADDRESS = f":{DEFAULT_PORT}"
@@ -47,6 +48,25 @@ RETRY_PERIOD = 1.0
 PONG_PAYLOAD = b"keepalive"
 
 ID_SEPARATOR = "/"
+
+# Relay address discovery (Go's node patcher): a stunnerd names its Node (`?node=`, from
+# STUNNER_NODENAME) and the CDS replaces every listener `address` that is the placeholder with
+# that Node's public address, else with the pod's own (`$STUNNER_ADDR`, which stunnerd expands).
+NODE_ENV = "STUNNER_NODENAME"
+POD_ADDRESS = "$STUNNER_ADDR"
+_PLACEHOLDER_FIELD = f'"address":"{NODE_ADDRESS_PLACEHOLDER}"'
+
+
+def has_node_placeholder(text: str) -> bool:
+    """Whether a config (Go's JSON, `StunnerConfig.to_json`) has a listener to patch."""
+    return _PLACEHOLDER_FIELD in text
+
+
+def patch_node_address(text: str, address: str) -> str:
+    """A config's JSON with every listener `address` that is the node placeholder replaced by
+    `address`. Exact on Go's compact JSON: a string value cannot hold the unescaped quotes the
+    pattern has, so only an `address` key's own value matches."""
+    return text.replace(_PLACEHOLDER_FIELD, f'"address":{json.dumps(address)}')
 
 
 class InvalidId(ValueError):

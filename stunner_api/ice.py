@@ -34,6 +34,7 @@ from typing import Any
 
 from .cds import listener_parts
 from .dataplane import AuthConfig, ListenerConfig, StunnerConfig
+from .vocabulary import NODE_ADDRESS_PLACEHOLDER
 
 DEFAULT_TTL = 86400  # seconds: one day, as the Go auth service
 # The longest ttl handed out: a week. Go's auth service sets none (ANCHORS §5 documents only
@@ -143,9 +144,10 @@ def credentials(auth: AuthConfig, user_id: str, ttl: int, now: int) -> tuple[str
 
 
 def _advertised(address: str) -> str:
-    """A listener address a client can use; an unexpanded `$STUNNER_ADDR` or a wildcard is
-    not one."""
-    return "" if not address or "$" in address or address in ("0.0.0.0", "::") else address
+    """A listener address a client can use; an unexpanded `$STUNNER_ADDR`, a wildcard or the
+    node placeholder (each node's stunnerd has its own) is not one."""
+    unusable = ("0.0.0.0", "::", NODE_ADDRESS_PLACEHOLDER)
+    return "" if not address or "$" in address or address in unusable else address
 
 
 def _address(listener: ListenerConfig, query: IceQuery, public_address: str) -> str:

@@ -163,9 +163,13 @@ REFERENCE_GRANT = KindInfo(
     watch=("v1beta1", "v1"),
     rendered=True,
 )
-# Our Deployments are watched only to be compared with the plan; render does not read them.
+# Our Deployments and DaemonSets (a Dataplane's `dataplaneResource`) are watched only to be
+# compared with the plan; render does not read them.
 DEPLOYMENT = KindInfo(
     "apps", "Deployment", "deployments", ("v1",), watch=("v1",), owned_only=True, written=True
+)
+DAEMON_SET = KindInfo(
+    "apps", "DaemonSet", "daemonsets", ("v1",), watch=("v1",), owned_only=True, written=True
 )
 LEASE = KindInfo("coordination.k8s.io", "Lease", "leases", ("v1",))  # leader election
 EVENT = KindInfo("events.k8s.io", "Event", "events", ("v1",))  # what the reconciler did
@@ -187,6 +191,7 @@ KINDS: tuple[KindInfo, ...] = (
     NODE,
     REFERENCE_GRANT,
     DEPLOYMENT,
+    DAEMON_SET,
     LEASE,
     EVENT,
     SERVICE_CIDR,
@@ -221,6 +226,11 @@ DEFAULT_ADDRESS_TYPE = "IPAddress"
 DEFAULT_DATAPLANE_REPLICAS = 1
 DEFAULT_TERMINATION_GRACE_PERIOD = 3600
 DEFAULT_DATAPLANE_RESOURCE = "Deployment"
+# Dataplane.spec.dataplaneResource: one stunnerd Deployment per Gateway, or one stunnerd per node
+# (a DaemonSet; Go sells it as a premium feature).
+DATAPLANE_RESOURCES = (DEFAULT_DATAPLANE_RESOURCE, "DaemonSet")
+# The pod's DNS policy with spec.hostNetwork: cluster DNS names (the CDS Service) still resolve.
+HOST_NETWORK_DNS_POLICY = "ClusterFirstWithHostNet"
 # The Dataplane `default` the chart installs (charts/stunner values `dataplane.spec`; ANCHORS §4's
 # values, stunnerd from the chart's dataplane image, CHART_DATAPLANE_IMAGE_REPOSITORY:<appVersion>).
 # `stunner render` assumes it when the files hold none; tests/charts/test_default_dataplane.py
@@ -244,6 +254,7 @@ CHART_DATAPLANE_SPEC: Mapping[str, Any] = MappingProxyType(
         },
         "terminationGracePeriodSeconds": DEFAULT_TERMINATION_GRACE_PERIOD,
         "enableMetricsEndpoint": False,
+        "dataplaneResource": DEFAULT_DATAPLANE_RESOURCE,
         "hostNetwork": False,
     }
 )
@@ -259,6 +270,10 @@ NODEPORT = "stunner.l7mp.io/nodeport"
 TARGETPORT = "stunner.l7mp.io/targetport"
 DISABLE_HEALTH_CHECK_EXPOSE = "stunner.l7mp.io/disable-health-check-expose"
 DISABLE_SESSION_AFFINITY = "stunner.l7mp.io/disable-session-affinity"
+RELAY_ADDRESS_DISCOVERY = "stunner.l7mp.io/enable-relay-address-discovery"
+# The listener address of a Gateway with relay address discovery, in the rendered config: the
+# CDS replaces it, per requesting stunnerd, with its Node's public address (Go's name).
+NODE_ADDRESS_PLACEHOLDER = "__node_address_placeholder"
 # The grammar, default and scope of each annotation: stunner_api.annotations.
 SERVICE_TYPES = ("ClusterIP", "NodePort", "LoadBalancer")
 DEFAULT_NODE_PORT_RANGE = (30000, 32767)  # Kubernetes' default --service-node-port-range
@@ -293,6 +308,7 @@ SYSTEM_NAMESPACE = "stunner-system"  # the namespace the chart's docs install ST
 CDS_SERVICE_NAME = "stunner-config-discovery"  # the chart's Service in front of the CDS
 CDS_SERVICE_LABEL = "stunner.l7mp.io/config-discovery-service"  # "true" on that Service
 STATUS_PORT = 8086  # stunnerd's /live, /ready and /status (Go: the health-check port)
+METRICS_PORT = 8080  # stunnerd's metrics endpoint (Dataplane enableMetricsEndpoint)
 
 # --- authentication ---------------------------------------------------------------------------
 

@@ -16,6 +16,7 @@ Run as a helm plugin it honours HELM_NAMESPACE, HELM_KUBECONTEXT and --kubeconfi
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import json
 import os
 import sys
@@ -210,9 +211,9 @@ def show_rendered(plan: Plan, output: str, show_secrets: bool) -> str:
             config = plan.configs[gw_id]
             shown = config if show_secrets else redacted(config)
             documents.append((f"dataplane config of {gw_id} (served over CDS)", shown.to_dict()))
-        for kind, manifests in (("Service", plan.services), ("Deployment", plan.deployments)):
+        for manifests in (plan.services, plan.deployments):  # a Deployment or a DaemonSet
             if gw_id in manifests:
-                documents.append((f"{kind} of {gw_id}", manifests[gw_id]))
+                documents.append((f"{manifests[gw_id]['kind']} of {gw_id}", manifests[gw_id]))
     if not documents:
         return "no Gateway rendered"
     if output == "json":
@@ -239,11 +240,29 @@ def status_line(entry: dict[str, Any]) -> str:
         f"{listener.get('name')}={listener.get('protocol')} public={public(listener)}"
         for listener in status.get("listeners", [])
     )
+    relays = ", ".join(
+        f"{listener.get('name')}={relay(listener)}"
+        for listener in status.get("listeners", [])
+        if listener.get("address")
+    )
     return (
         f"{entry['pod']}: {status.get('admin', {}).get('name', '-')}: "
         f"allocs:{status.get('allocationCount', 0)}/status={status.get('status', '?')} "
-        f"listeners: [{listeners}]"
+        f"listeners: [{listeners}]" + (f" relay: [{relays}]" if relays else "")
     )
+
+
+def relay(listener: dict[str, Any]) -> str:
+    """The relay address a pod hands clients (XOR-RELAYED-ADDRESS), marked when it is private:
+    a pod address relay address discovery fell back to (no public address for its Node), or a
+    pod's own address, which only clients that reach the pod network can use."""
+    address = str(listener.get("address"))
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return address
+    private = ip.is_private and not (ip.is_loopback or ip.is_unspecified)
+    return f"{address} (private)" if private else address
 
 
 # --- commands ----------------------------------------------------------------------------------

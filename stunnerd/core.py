@@ -125,6 +125,9 @@ class DataplaneCore:
             listener.config = configs[name]  # routes, public address: in place
         own = [(lc.address, lc.port) for lc in config.listeners]
         own += [(lc.public_address, lc.public_port or lc.port) for lc in config.listeners]
+        # Where the sockets bind when the relay address is not this host's (relay address
+        # discovery behind NAT): the pod's own address is stunnerd's too.
+        own += [(lst.server.bind_ip, lst.config.port) for lst in self.listeners.values()]
         self.router.update({lc.name: lc.routes for lc in config.listeners}, config.clusters, own)
         self.context = context
         self._resolver.follow()

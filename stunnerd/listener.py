@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import ipaddress
 import itertools
 import logging
+import os
 import socket
 from collections.abc import Callable, Mapping
 
@@ -28,11 +30,27 @@ from .native_tcp import NativeTcpTransport
 from .native_udp import NativeUdpTransport
 from .runtime import port_holders
 from .transports import DtlsTransport, TcpTransport, Transport, UdpTransport
-from .turn import ServerContext, TurnServer
+from .turn import ServerContext, TurnServer, local_bind_address
 
 log = logging.getLogger("stunner.listener")
 
 SWEEP_INTERVAL = 1.0
+POD_ENV = "STUNNER_ADDR"  # the pod's own address (status.podIP), where sockets bind behind NAT
+
+
+def _relay_note(address: str, bind_note: str) -> str:
+    """What the start-up line says of a relay address: where the sockets bind when it is not
+    this host's (a public address behind NAT), and that a private one reaches only clients in
+    its network (the pod address relay address discovery falls back to)."""
+    notes = [bind_note.strip()] if bind_note else []
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        ip = None
+    if ip is not None and ip.is_private and not (ip.is_loopback or ip.is_unspecified):
+        notes.append("a private address: only clients that reach its network can use it")
+    return f" ({'; '.join(notes)})" if notes else ""
+
 
 _GENERATIONS = itertools.count(1)
 
@@ -51,6 +69,10 @@ class Listener:
     ) -> None:
         self.config = config
         self.server = TurnServer(config.name, config.address, context)
+        # A relay address that is not this host's (relay address discovery: the node's public
+        # address behind NAT) is told to clients; the sockets bind the pod's own address.
+        bind_ip, self._bind_note = local_bind_address(config.address, os.environ.get(POD_ENV))
+        self.server.bind_ip = bind_ip
         self.generation = generation if generation is not None else next(_GENERATIONS)
         self.transport: Transport | None = None
         self._udp_sockets = udp_sockets
@@ -88,11 +110,12 @@ class Listener:
         self._sweeper = asyncio.get_running_loop().call_later(SWEEP_INTERVAL, self._sweep)
         log.log(  # a UDP worker's copy of a listener is the primary's, already logged
             self._log_level,
-            "listener %s (%s) serving on port %d, relay address %s",
+            "listener %s (%s) serving on port %d, relay address %s%s",
             self.name,
             self.config.protocol,
             self.config.port,
             self.config.address,
+            _relay_note(self.config.address, self._bind_note),
         )
 
     def _transport(self) -> Transport:

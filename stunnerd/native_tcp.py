@@ -98,7 +98,7 @@ class NativeTcpTransport(TcpTransport):
         self._sweep_every = max(0.05, min(1.0, limits.stream_deadline / 4, limits.idle_timeout / 4))
 
     async def start(self, port: int) -> None:
-        sock = _bound_socket(socket.SOCK_STREAM, self.server.relay_ip, port)
+        sock = _bound_socket(socket.SOCK_STREAM, self.server.bind_ip, port)
         relays: list[native.NativeRelay] = []
         try:
             sock.listen(BACKLOG)

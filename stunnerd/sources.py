@@ -35,6 +35,7 @@ from typing import Protocol
 from stunner_api.cds import (
     DEFAULT_ADDRESS,
     DEFAULT_PORT,
+    NODE_ENV,
     NODE_PARAM,
     PING_PERIOD,
     PONG_WAIT,
@@ -336,7 +337,7 @@ def source_for(
             origin,
             namespace,
             name,
-            node=environ.get("STUNNER_NODENAME") or None,
+            node=environ.get(NODE_ENV) or None,
             env=env,
             retry_period=retry_period,
             ping_period=ping_period,

@@ -473,7 +473,7 @@ class UdpTransport(Transport):
             sock = self._given
             sock.setblocking(False)
         else:
-            sock, *self.worker_sockets = _bound_udp_group(self.server.relay_ip, port, self._sockets)
+            sock, *self.worker_sockets = _bound_udp_group(self.server.bind_ip, port, self._sockets)
         return sock
 
     async def stop(self) -> None:
@@ -528,7 +528,7 @@ class TcpTransport(Transport):
             from .dtls import HANDSHAKE_TIMEOUT  # TLS and DTLS share the handshake bound
 
             handshake_timeout = HANDSHAKE_TIMEOUT
-        sock = _bound_socket(socket.SOCK_STREAM, self.server.relay_ip, port)
+        sock = _bound_socket(socket.SOCK_STREAM, self.server.bind_ip, port)
         self._server = await asyncio.get_running_loop().create_server(
             lambda: TcpConnectionProtocol(self.server, self),
             sock=sock,
@@ -555,7 +555,7 @@ class DtlsTransport(Transport):
         self._started = False
 
     async def start(self, port: int) -> None:
-        sock = _bound_socket(socket.SOCK_DGRAM, self.server.relay_ip, port)
+        sock = _bound_socket(socket.SOCK_DGRAM, self.server.bind_ip, port)
         protocol = self.protocol
         await asyncio.get_running_loop().create_datagram_endpoint(lambda: protocol, sock=sock)
         self._started = True

@@ -116,7 +116,9 @@ Handler = Callable[[Exchange], Message | None]
 class TurnServer:
     """TURN for one listener. Transport-agnostic: listeners feed it packets with a Downstream."""
 
-    def __init__(self, name: str, relay_ip: str, context: ServerContext) -> None:
+    def __init__(
+        self, name: str, relay_ip: str, context: ServerContext, bind_ip: str | None = None
+    ) -> None:
         try:
             ipaddress.ip_address(relay_ip)
         except ValueError:
@@ -124,7 +126,11 @@ class TurnServer:
                 f"listener {name}: relay address {relay_ip!r} is not an IP address"
             ) from None
         self.name = name
+        # The relay address clients are told (XOR-RELAYED-ADDRESS), and the local address the
+        # listener and relay sockets bind: the same, but where the relay address is not one of
+        # this host's (a node's public address behind 1:1 NAT: `local_bind_address`).
         self.relay_ip = relay_ip
+        self.bind_ip = bind_ip or relay_ip
         self.relay_family = address_family(relay_ip)
         self.context = context
         self.allocations: dict[Any, Allocation] = {}  # Downstream.remote -> allocation
@@ -500,8 +506,9 @@ class TurnServer:
     ) -> bytes | None:
         """Open the allocation's relay socket: the reserved one, an even port (and, with the R
         bit, the next port reserved under the token returned), or any port. 508 if none."""
-        # The relay socket binds the listener's address (the wildcard only where that is one).
-        wildcard = self.relay_ip
+        # The relay socket binds the listener's local address (the wildcard only where that is
+        # one); clients are told the relay address (`relay_ip`, the same but behind NAT).
+        wildcard = self.bind_ip
         if reserved is not None:
             await self._open_relay(allocation, reserved.dup())
             return None
@@ -684,6 +691,39 @@ _REFUSALS: dict[str, tuple[int, str | None]] = {
 def _allocation_lifetime(requested: int) -> int:
     """At least the default, at most the maximum (RFC 8656 §7.2 step 9, §7.3)."""
     return max(DEFAULT_ALLOCATION_LIFETIME, min(requested, MAX_ALLOCATION_LIFETIME))
+
+
+def local_bind_address(relay_ip: str, pod_address: str | None) -> tuple[str, str]:
+    """(address to bind, why) for a listener whose clients are told `relay_ip`: `relay_ip`
+    itself when it is an address of this host; else (a node's public address behind 1:1 NAT,
+    relay address discovery) the pod's own address `pod_address` ($STUNNER_ADDR) when it is one
+    of this host's of the same family, else the family's wildcard. `why` is "" when `relay_ip`
+    binds, else what a log line says about it."""
+    if _bindable(relay_ip):
+        return relay_ip, ""
+    family = address_family(relay_ip)
+    if pod_address and _is_ip(pod_address) and address_family(pod_address) == family:
+        if _bindable(pod_address):
+            return pod_address, f"not an address of this host: sockets bind {pod_address} "
+    wildcard = "::" if ":" in relay_ip else "0.0.0.0"
+    return wildcard, f"not an address of this host: sockets bind {wildcard} "
+
+
+def _is_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _bindable(ip: str) -> bool:
+    """Whether a UDP socket binds (ip, any port) here: an address of this host."""
+    sock = _bound_udp(ip, 0)
+    if sock is None:
+        return False
+    sock.close()
+    return True
 
 
 def _bound_udp(host: str, port: int) -> socket.socket | None:

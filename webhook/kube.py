@@ -26,8 +26,10 @@ import kubernetes.config
 
 from stunner_api.rules import LookupFailed
 from stunner_api.vocabulary import (
+    DATAPLANE,
     GATEWAY,
     GATEWAY_CLASS,
+    GATEWAY_CONFIG,
     NODE,
     REFERENCE_GRANT,
     SECRET,
@@ -143,6 +145,39 @@ class KubeLookup:
             GATEWAY.preferred_version,
             namespace,
             GATEWAY.plural,
+            name,
+        )
+
+    def gateways(self) -> list[dict[str, Any]]:
+        """Every Gateway of the cluster; [] when the kind is not installed (404)."""
+        body = self._call(
+            "the Gateways",
+            lambda c: kubernetes.client.CustomObjectsApi(c).list_cluster_custom_object,
+            GATEWAY.group,
+            GATEWAY.preferred_version,
+            GATEWAY.plural,
+        )
+        items = (body or {}).get("items")
+        return [i for i in items if isinstance(i, dict)] if isinstance(items, list) else []
+
+    def gateway_config(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self._call(
+            f"GatewayConfig {namespace}/{name}",
+            lambda c: kubernetes.client.CustomObjectsApi(c).get_namespaced_custom_object,
+            GATEWAY_CONFIG.group,
+            GATEWAY_CONFIG.preferred_version,
+            namespace,
+            GATEWAY_CONFIG.plural,
+            name,
+        )
+
+    def dataplane(self, name: str) -> dict[str, Any] | None:
+        return self._call(
+            f"Dataplane {name}",
+            lambda c: kubernetes.client.CustomObjectsApi(c).get_cluster_custom_object,
+            DATAPLANE.group,
+            DATAPLANE.preferred_version,
+            DATAPLANE.plural,
             name,
         )
 

@@ -197,11 +197,56 @@ def listener_addresses(
     return Staged(tuple(publics), tuple(found))
 
 
+# --- relay address discovery (a node-local dataplane's relay address) ----------------------
+
+# Go's node patcher: a Node's ExternalIP, else its ExternalDNS (resolved by the CDS); no
+# InternalIP: a node without either hands out its stunnerd pod's own address, and says so.
+RELAY_ADDRESS_TYPES = ("ExternalIP", "ExternalDNS")
+
+
+def node_relay_addresses(nodes: Iterable[Object]) -> dict[str, str]:
+    """Node name -> its public address for relay address discovery (RELAY_ADDRESS_TYPES, the
+    first of the preferred type), for the Nodes that have one."""
+    found: dict[str, str] = {}
+    for node in nodes:
+        listed = [
+            a
+            for a in (node.get("status") or {}).get("addresses") or []
+            if isinstance(a, Mapping) and a.get("address")
+        ]
+        for kind in RELAY_ADDRESS_TYPES:
+            match = next((str(a["address"]) for a in listed if a.get("type") == kind), None)
+            if match is not None:
+                found[name_of(node)] = match
+                break
+    return found
+
+
+def relay_fallback_note(nodes: Iterable[Object]) -> str | None:
+    """What relay address discovery says when some Nodes have no public address, None when
+    every Node has one."""
+    listed = list(nodes)
+    found = node_relay_addresses(listed)
+    missing = sorted(name_of(node) for node in listed if name_of(node) not in found)
+    if not missing:
+        return None
+    shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+    return (
+        f"relay address discovery: Node{'s' if len(missing) > 1 else ''} {shown} "
+        f"{'have' if len(missing) > 1 else 'has'} no ExternalIP or ExternalDNS, so stunnerd "
+        "there hands clients its pod's own address ($STUNNER_ADDR, likely private) as the "
+        "relay address"
+    )
+
+
 __all__ = [
     "NODE_ADDRESS_TYPES",
+    "RELAY_ADDRESS_TYPES",
     "PublicAddress",
     "gateway_service",
     "listener_addresses",
     "node_address",
+    "node_relay_addresses",
     "public_address",
+    "relay_fallback_note",
 ]

@@ -3,7 +3,8 @@
 - `admin` from the GatewayConfig and the Dataplane;
 - `auth` from the GatewayConfig's inline fields or its `authRef` Secret, or type `none` for
   `stunMode: true` (the classes stage);
-- one listener per rendered Gateway listener, at `$STUNNER_ADDR` (its TLS pair found by the
+- one listener per rendered Gateway listener, at `$STUNNER_ADDR` (or, with relay address
+  discovery, the node placeholder the CDS patches per Node) (its TLS pair found by the
   listeners stage, `tls_pair`; its public address by the addresses stage);
 - one cluster per attached UDPRoute (clusters.py, found by the routes stage).
 
@@ -17,7 +18,7 @@ import binascii
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from stunner_api.annotations import TARGETPORT_ROW, Limits
+from stunner_api.annotations import RELAY_ADDRESS_DISCOVERY_ROW, TARGETPORT_ROW, Limits
 from stunner_api.dataplane import DEFAULT_HEALTHCHECK_ENDPOINT as HEALTHCHECK_ENDPOINT
 from stunner_api.dataplane import ConfigError, StunnerConfig, validate_config
 from stunner_api.vocabulary import (
@@ -32,6 +33,8 @@ from stunner_api.vocabulary import (
     DEFAULT_REALM,
     GATEWAY_API_GROUP,
     GATEWAY_CONFIG_AUTH_TYPES,
+    METRICS_PORT,
+    NODE_ADDRESS_PLACEHOLDER,
     STUNNER_GROUP,
     TLS_CERT_KEYS,
     TLS_KEY_KEYS,
@@ -46,7 +49,7 @@ from .context import Attachments, Context, GatewayPlan, ListenerPlan, Staged, fi
 from .plan import Finding
 
 STUNNER_ADDR = "$STUNNER_ADDR"
-METRICS_ENDPOINT = "http://:8080/metrics"
+METRICS_ENDPOINT = f"http://:{METRICS_PORT}/metrics"
 
 
 def _spec(obj: Object | None) -> Mapping[str, Any]:
@@ -200,17 +203,27 @@ def tls_pair(
 # --- the stage --------------------------------------------------------------------------------
 
 
+def relay_address(gateway: Object, gateway_config: Object, limits: Limits) -> str:
+    """A rendered listener's `address`: the pod's address (stunnerd expands it), or with relay
+    address discovery the node placeholder, which the CDS replaces for each stunnerd with its
+    Node's public address (reconciler.cds; the pod sends its node name, STUNNER_NODENAME)."""
+    if manifests.annotation(RELAY_ADDRESS_DISCOVERY_ROW, gateway, gateway_config, limits):
+        return NODE_ADDRESS_PLACEHOLDER
+    return STUNNER_ADDR
+
+
 def _listener(
     gw_id: str,
     listener: ListenerPlan,
     public: tuple[str, int] | None,
     routes: Sequence[str],
     targetports: Mapping[str, int],
+    address: str,
 ) -> dict[str, Any]:
     entry: dict[str, Any] = {
         "name": f"{gw_id}/{listener.name}",
         "protocol": str(listener.protocol),
-        "address": STUNNER_ADDR,
+        "address": address,
         "port": targetports.get(listener.name, listener.port),
         "routes": list(routes),
     }
@@ -236,8 +249,9 @@ def dataplane_config(
     gw_id, key = id_of(gateway), plan.key
     limits = Limits(ctx.rule_settings.node_port_range)
     targetports = manifests.annotation(TARGETPORT_ROW, gateway, of_class.gateway_config, limits)
+    address = relay_address(gateway, of_class.gateway_config, limits)
     listeners = [
-        _listener(gw_id, lst, public, attachments.get((key, lst.index), ()), targetports)
+        _listener(gw_id, lst, public, attachments.get((key, lst.index), ()), targetports, address)
         for lst, public in zip(plan.listeners, publics, strict=True)
         if lst.rendered
     ]

@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 
 from stunner_api.dataplane import StunnerConfig
 
-from ..store import Object, Snapshot, name_of, namespace_of
+from ..store import Kind, Object, Snapshot, name_of, namespace_of
 from . import addresses, classes, config, deployment, gateways, listeners, manifests, routes
 from .clusters import Cluster
 from .context import (
@@ -268,6 +268,7 @@ class Renderer:
             services=by_gateway("services"),
             statuses=tuple(ordered([*top.statuses, *(s for d in done_parts for s in d.statuses)])),
             findings=tuple(ordered([*top.findings, *(f for d in done_parts for f in d.findings)])),
+            node_addresses=addresses.node_relay_addresses(snapshot.all(Kind.NODE)),
         )
 
     def _render_part(

@@ -1,4 +1,10 @@
-"""The Deployment of a Gateway (ANCHORS §2.4, managed mode): stunnerd, from its Dataplane.
+"""The Deployment (or DaemonSet) of a Gateway (ANCHORS §2.4, managed mode): stunnerd, from its
+Dataplane.
+
+The Dataplane's `dataplaneResource` picks the stunnerd workload: a Deployment (the default) or
+a DaemonSet, one stunnerd per node, with the same pod template and no replica count. With
+`hostNetwork` the pods use the node's network (and `ClusterFirstWithHostNet`, so the CDS
+Service's cluster DNS name still resolves).
 
 Named after the Gateway, in its namespace and owned by it (when its uid is known: objects read
 from files have none), with the metadata helpers the Service uses (manifests.py).
@@ -20,8 +26,11 @@ from stunner_api.vocabulary import (
     CDS_TOKEN_FILE_ENV,
     CDS_TOKEN_PATH,
     CDS_TOKEN_VOLUME,
+    DEFAULT_DATAPLANE_RESOURCE,
     DEFAULT_SERVICE_ACCOUNT,
     DEFAULT_TERMINATION_GRACE_PERIOD,
+    HOST_NETWORK_DNS_POLICY,
+    METRICS_PORT,
     OWNED_BY_LABEL,
     OWNED_BY_VALUE,
     RELATED_GATEWAY_NAME,
@@ -39,7 +48,6 @@ DEFAULT_COMMAND = ("stunnerd",)
 DEFAULT_ARGS = ("-w", "--udp-thread-num=16")
 DEFAULT_PULL_POLICY = "Always"
 DEFAULT_RESOURCES = {"limits": {"memory": "20M"}, "requests": {"cpu": "250m"}}
-METRICS_PORT = 8080
 
 
 # Go's probes are both every 15 s. The kubelet probes readiness first as the container starts,
@@ -86,8 +94,21 @@ def service_account_of(deployment: Mapping[str, Any]) -> str:
     return name if isinstance(name, str) and name else DEFAULT_SERVICE_ACCOUNT
 
 
+def workload_kind(dataplane: Object) -> str:
+    """The kind of a Dataplane's stunnerd workload: its `dataplaneResource` (Deployment or
+    DaemonSet; the rule table refuses anything else, which counts as the default here)."""
+    kind = _view(dataplane.get("spec")).get("dataplaneResource")
+    return "DaemonSet" if kind == "DaemonSet" else DEFAULT_DATAPLANE_RESOURCE
+
+
+def uses_host_network(dataplane: Object | None) -> bool:
+    """Whether a Dataplane's pods run in their node's network namespace."""
+    return _view(_view(dataplane).get("spec")).get("hostNetwork") is True
+
+
 def deployment(gateway: Object, dataplane: Object, settings: RenderSettings) -> dict[str, Any]:
-    """The stunnerd Deployment of a Gateway, from its Dataplane template."""
+    """The stunnerd workload of a Gateway, from its Dataplane template: a Deployment, or a
+    DaemonSet when the Dataplane asks for one (`workload_kind`)."""
     spec = _view(dataplane.get("spec"))
     gw_labels = {k: str(v) for k, v in _view(meta(gateway).get("labels")).items()}
     labels = {k: v for k, v in gw_labels.items() if k not in settings.label_filter}
@@ -131,11 +152,13 @@ def deployment(gateway: Object, dataplane: Object, settings: RenderSettings) -> 
         "terminationGracePeriodSeconds": grace
         if isinstance(grace, int)
         else DEFAULT_TERMINATION_GRACE_PERIOD,
-        "hostNetwork": bool(spec.get("hostNetwork")),
+        "hostNetwork": uses_host_network(dataplane),
         "volumes": [_copy(CDS_TOKEN_SOURCE)],
         # stunnerd never calls the API server: only the CDS token above is mounted.
         "automountServiceAccountToken": False,
     }
+    if pod_spec["hostNetwork"]:
+        pod_spec["dnsPolicy"] = HOST_NETWORK_DNS_POLICY
     if isinstance(spec.get("serviceAccountName"), str) and spec["serviceAccountName"]:
         pod_spec["serviceAccountName"] = spec["serviceAccountName"]
     for key in ("affinity", "securityContext"):
@@ -158,20 +181,23 @@ def deployment(gateway: Object, dataplane: Object, settings: RenderSettings) -> 
             "spec": pod_spec,
         },
     }
+    kind = workload_kind(dataplane)
     replicas = spec.get("replicas")
-    if isinstance(replicas, int) and replicas != 1:  # 1 is left to an HPA or a kubectl scale
+    # 1 is left to an HPA or a kubectl scale; a DaemonSet has one pod per node, no count.
+    if kind == "Deployment" and isinstance(replicas, int) and replicas != 1:
         deployment_spec["replicas"] = replicas
     return {
         "apiVersion": "apps/v1",
-        "kind": "Deployment",
+        "kind": kind,
         "metadata": _metadata(gateway, labels, annotations),
         "spec": deployment_spec,
     }
 
 
 def deployment_of(ctx: Context, plan: GatewayPlan) -> Staged[dict[str, Any] | None]:
-    """The stage: the Deployment of a Gateway whose config rendered, None when its annotations
-    (or its GatewayConfig's load-balancer annotations) disable the managed dataplane."""
+    """The stage: the Deployment (or DaemonSet) of a Gateway whose config rendered, None when
+    its annotations (or its GatewayConfig's load-balancer annotations) disable the managed
+    dataplane."""
     assert plan.context.gateway_config is not None and plan.context.dataplane is not None
     limits = Limits(ctx.rule_settings.node_port_range)
     unmanaged = annotation(

@@ -10,13 +10,16 @@ status (no stale Accepted True left from an earlier render).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from stunner_api.dataplane import StunnerConfig
+from stunner_api.vocabulary import NODE_ADDRESS_PLACEHOLDER, RELAY_ADDRESS_DISCOVERY
 from stunner_api.vocabulary import ConditionReason as Reason
 
-from ..store import Object
+from ..store import Kind, Object
 from . import conditions as cond
+from .addresses import relay_fallback_note
 from .clusters import is_ip
 from .context import (
     Context,
@@ -62,6 +65,21 @@ def _listener_status(
     return _listener_entry(ctx, gateway, lst.name, attached, wanted)
 
 
+def _relay_fallback(
+    ctx: Context, gateway: Object, programmed: cond.Condition
+) -> tuple[cond.Condition, tuple[Finding, ...]]:
+    """Relay address discovery where some Nodes have no public address: a finding, and the
+    Programmed condition says so (the listeners still work, at a private address there)."""
+    note = relay_fallback_note(ctx.snapshot.all(Kind.NODE))
+    if note is None:
+        return programmed, ()
+    path = f'metadata.annotations["{RELAY_ADDRESS_DISCOVERY}"]'
+    return (
+        replace(programmed, message=f"{programmed.message}; {note}"),
+        (finding(gateway, path, note, Reason.ADDRESS_NOT_ASSIGNED),),
+    )
+
+
 def gateway_status(
     ctx: Context,
     plan: GatewayPlan,
@@ -88,6 +106,10 @@ def gateway_status(
         ]
         error = config if isinstance(config, str) else None
         programmed = cond.gateway_programmed(ctx.controller, error, None not in rendered)
+        if isinstance(config, StunnerConfig) and any(
+            lc.address == NODE_ADDRESS_PLACEHOLDER for lc in config.listeners
+        ):
+            programmed, found = _relay_fallback(ctx, gateway, programmed)
         status["conditions"] = conditions_of(ctx, gateway, [accepted, programmed])
         first = next((public[0] for public in rendered if public is not None), None)
         if first is not None:

@@ -78,10 +78,13 @@ class Plan:
     """Everything one render decided. Ids are "<gateway namespace>/<gateway name>"."""
 
     configs: Mapping[str, StunnerConfig]
-    deployments: Mapping[str, dict[str, Any]]
+    deployments: Mapping[str, dict[str, Any]]  # the stunnerd workload: Deployment or DaemonSet
     services: Mapping[str, dict[str, Any]]
     statuses: tuple[StatusUpdate, ...]
     findings: tuple[Finding, ...]
+    # Node name -> its public address (ExternalIP, else ExternalDNS), for the CDS to patch into
+    # the listeners of Gateways with relay address discovery (NODE_ADDRESS_PLACEHOLDER).
+    node_addresses: Mapping[str, str] = field(default_factory=dict)
 
     def status_of(self, kind: str, namespace: str, name: str) -> Mapping[str, Any] | None:
         """The status planned for one object, None if render writes none."""

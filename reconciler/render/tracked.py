@@ -10,7 +10,8 @@ it but for the bookkeeping metadata (`resourceVersion`, `managedFields`: a relis
 dicts of unchanged objects). A GatewayClass or Gateway read is compared without its `status`:
 the rules read a Gateway's class and a route's parent Gateways for their spec, render a
 Gateway for its existence (a part's own members, whose status render does read, are compared
-by the part, `core._members_hold`);
+by the part, `core._members_hold`), and every Gateway (`all`, the host-network port clash rule)
+for its spec;
 the Nodes are compared by their names and addresses only (render reads nothing else of them,
 and their status changes with every heartbeat).
 """
@@ -132,6 +133,12 @@ def hold(reads: Mapping[ReadKey, Any], snapshot: Snapshot) -> bool:
                 return False
         elif method == "all" and args[0] == Kind.NODE:
             if _addresses(Snapshot.all(snapshot, Kind.NODE)) != _addresses(old):
+                return False
+        elif method == "all" and args[0] == Kind.GATEWAY:  # the rules read their specs
+            new = Snapshot.all(snapshot, Kind.GATEWAY)
+            if len(new) != len(old) or not all(
+                same(a, b, status=False) for a, b in zip(new, old, strict=True)
+            ):
                 return False
         elif method == "all":
             if not same_all(tuple(Snapshot.all(snapshot, args[0])), old):

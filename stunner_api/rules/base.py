@@ -117,6 +117,19 @@ class Lookup(Protocol):
         """The ReferenceGrants of a namespace as JSON ([] when there are none)."""
         ...
 
+    def gateways(self) -> list[dict[str, Any]]:
+        """Every Gateway of every namespace as JSON (the host-network port clash: Gateways whose
+        stunnerd pods share their nodes' ports)."""
+        ...
+
+    def gateway_config(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The GatewayConfig as JSON, None if it does not exist."""
+        ...
+
+    def dataplane(self, name: str) -> dict[str, Any] | None:
+        """The Dataplane as JSON, None if it does not exist."""
+        ...
+
     def may_read_secret(self, namespace: str, name: str) -> bool:
         """Whether the requester may `get` that Secret (the webhook asks the API server with a
         SubjectAccessReview for the AdmissionReview's user; the reconciler answers False: its

@@ -2,8 +2,21 @@
 
 from __future__ import annotations
 
-from stunner_api.rules.base import Problem, Request, error, is_int, quote_list, schema_problems
-from stunner_api.vocabulary import DEFAULT_DATAPLANE, PULL_POLICIES, ConditionReason
+from stunner_api.rules.base import (
+    Problem,
+    Request,
+    error,
+    is_int,
+    quote_list,
+    schema_problems,
+    warning,
+)
+from stunner_api.vocabulary import (
+    DATAPLANE_RESOURCES,
+    DEFAULT_DATAPLANE,
+    PULL_POLICIES,
+    ConditionReason,
+)
 
 REASON = ConditionReason.INVALID_PARAMETERS
 
@@ -43,6 +56,29 @@ def dataplane_counts(req: Request) -> list[Problem]:
     return problems
 
 
+def dataplane_resource(req: Request) -> list[Problem]:
+    """dataplaneResource is Deployment or DaemonSet; a DaemonSet has no replica count."""
+    kind = req.spec.get("dataplaneResource")
+    if kind is not None and kind not in DATAPLANE_RESOURCES:
+        return [
+            error(
+                "spec.dataplaneResource",
+                f"must be one of {quote_list(DATAPLANE_RESOURCES)}, got {kind!r}",
+                REASON,
+            )
+        ]
+    replicas = req.spec.get("replicas")
+    if kind == "DaemonSet" and is_int(replicas) and replicas != 1:
+        return [
+            warning(
+                "spec.replicas",
+                f"ignored with dataplaneResource DaemonSet (one stunnerd per node), got {replicas}",
+                REASON,
+            )
+        ]
+    return []
+
+
 def dataplane_default_kept(req: Request) -> list[Problem]:
     """The Dataplane named default is never deleted (a DELETE rule)."""
     if req.name == DEFAULT_DATAPLANE:
@@ -57,6 +93,12 @@ def dataplane_default_kept(req: Request) -> list[Problem]:
     return []
 
 
-RULES = [dataplane_schema, dataplane_image, dataplane_counts, dataplane_default_kept]
+RULES = [
+    dataplane_schema,
+    dataplane_image,
+    dataplane_counts,
+    dataplane_resource,
+    dataplane_default_kept,
+]
 # The rules that judge a DELETE (and only a DELETE).
 ON_DELETE = frozenset({dataplane_default_kept})

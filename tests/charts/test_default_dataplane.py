@@ -4,10 +4,16 @@ stunner_cli.offline.default_dataplane)."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
+from reconciler.render import RenderSettings
+from reconciler.render import render as render_plan
+from reconciler.store import Snapshot
 from stunner_cli.offline import default_dataplane
-from tests.charts.conftest import of_kind
+from tests.charts.conftest import of_kind, render
+from tests.reconciler import clusterkit as k
 
 
 def test_the_chart_installs_the_dataplane_render_assumes(
@@ -18,3 +24,20 @@ def test_the_chart_installs_the_dataplane_render_assumes(
     assert installed["metadata"]["name"] == assumed["metadata"]["name"]
     assert installed["apiVersion"] == assumed["apiVersion"]
     assert installed["spec"] == assumed["spec"]
+
+
+def test_the_chart_installs_a_node_local_dataplane_that_renders_a_daemonset(helm: Path) -> None:
+    """`dataplane.spec.dataplaneResource=DaemonSet` and `hostNetwork=true`: the chart's
+    Dataplane carries them and render makes each Gateway's stunnerd a host-network DaemonSet
+    (the README's "Node-local dataplanes")."""
+    manifests = render(
+        helm, "dataplane.spec.dataplaneResource=DaemonSet", "dataplane.spec.hostNetwork=true"
+    )
+    (installed,) = of_kind(manifests, "Dataplane")
+    assert installed["spec"]["dataplaneResource"] == "DaemonSet"
+    assert installed["spec"]["hostNetwork"] is True
+    world = [k.gateway_class(), k.gateway_config(), installed, k.gateway(uid="u")]
+    plan = render_plan(Snapshot.from_objects(world), RenderSettings(), datetime.now(UTC))
+    workload = plan.deployments[f"{k.NS}/gw"]
+    assert workload["kind"] == "DaemonSet" and "replicas" not in workload["spec"]
+    assert workload["spec"]["template"]["spec"]["hostNetwork"] is True

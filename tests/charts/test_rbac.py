@@ -102,9 +102,21 @@ def test_webhook_role_grants_exactly_what_its_code_asks(
     assert lookup.secret("stunner", "absent") is None
     assert lookup.reference_grants("stunner") == []
     assert lookup.may_read_secret("other", "turn-tls") is False
+    assert lookup.gateways() == []
+    assert lookup.gateway_config("stunner", "absent") is None
+    assert lookup.dataplane("absent") is None
     networks = discover_cluster_networks(client)
     assert networks.problems == ()
-    lookup_methods = {"secret", "gateway_class", "gateway", "reference_grants", "may_read_secret"}
+    lookup_methods = {
+        "secret",
+        "gateway_class",
+        "gateway",
+        "reference_grants",
+        "may_read_secret",
+        "gateways",
+        "gateway_config",
+        "dataplane",
+    }
     asked_by_rules = {m for m in dir(KubeLookup) if not m.startswith("_")} - {"close", "for_user"}
     assert asked_by_rules == lookup_methods, "a new Lookup question: exercise it here"
 
@@ -116,8 +128,9 @@ def test_reconciler_roles_grant_exactly_what_cluster_mode_asks(
     api: RecordingApiServer, default_manifests: list[dict[str, Any]], tmp_path: Path
 ) -> None:
     """Cluster mode through every kind of request it makes: the first pass (creates, status),
-    a Dataplane edit (an update), a conflict (a re-read), a Gateway API UDPRoute's status, the
-    disable-managed-dataplane annotation (a Deployment deleted), an invalid Gateway (its Service
+    a Dataplane edit (an update), a conflict (a re-read), a switch to a DaemonSet (created, the
+    Deployment deleted) and an edit of it, a Gateway API UDPRoute's status, the
+    disable-managed-dataplane annotation (the DaemonSet deleted), an invalid Gateway (its Service
     deleted), the Events these record, and the Lease."""
     from tests.reconciler import clusterkit as k
 
@@ -137,10 +150,17 @@ def test_reconciler_roles_grant_exactly_what_cluster_mode_asks(
             await k.eventually(lambda: _asked(api, ("apps", "deployments", "get")))
             api.refuse("PUT", "deployments", None)
             await k.eventually(lambda: _asked(api, ("apps", "deployments", "update")))
+            # One stunnerd per node: the DaemonSet is created and the Deployment deleted, then
+            # a Dataplane edit updates the DaemonSet.
+            k.update(api, "stunner.l7mp.io/v1", "Dataplane", "default", _daemonset, ns="")
+            await k.eventually(lambda: _asked(api, ("apps", "daemonsets", "create")))
+            await k.eventually(lambda: _asked(api, ("apps", "deployments", "delete")))
+            k.update(api, "stunner.l7mp.io/v1", "Dataplane", "default", _pull_never, ns="")
+            await k.eventually(lambda: _asked(api, ("apps", "daemonsets", "update")))
             k.update(api, GW, "Gateway", "gw", _second_listener)
             await k.eventually(lambda: _asked(api, ("", "services", "update")))
             k.update(api, GW, "Gateway", "gw", _unmanaged)
-            await k.eventually(lambda: _asked(api, ("apps", "deployments", "delete")))
+            await k.eventually(lambda: _asked(api, ("apps", "daemonsets", "delete")))
             k.delete(api, "stunner.l7mp.io/v1", "GatewayConfig", "config")
             await k.eventually(lambda: _asked(api, ("", "services", "delete")))
             await k.eventually(lambda: _asked(api, ("coordination.k8s.io", "leases", "update")))
@@ -177,6 +197,14 @@ def _asked(api: RecordingApiServer, grant: Grant) -> bool:
 
 def _more_replicas(dataplane: dict[str, Any]) -> None:
     dataplane["spec"]["replicas"] = 2
+
+
+def _daemonset(dataplane: dict[str, Any]) -> None:
+    dataplane["spec"]["dataplaneResource"] = "DaemonSet"
+
+
+def _pull_never(dataplane: dict[str, Any]) -> None:
+    dataplane["spec"]["imagePullPolicy"] = "Never"
 
 
 def _second_listener(gateway: dict[str, Any]) -> None:

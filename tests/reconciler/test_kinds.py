@@ -10,6 +10,7 @@ from typing import Any
 from reconciler.kube.api import WRITTEN, resource_path
 from reconciler.store import CLUSTER_SCOPED, WATCHED, Cache, Kind, Snapshot, kind_of
 from stunner_api.vocabulary import (
+    DAEMON_SET,
     DEPLOYMENT,
     GATEWAY_CLASS,
     KINDS,
@@ -40,9 +41,9 @@ def test_every_row_is_one_kind_and_the_lists_are_its_columns() -> None:
     assert set(WRITTEN.values()) == set(WRITTEN_KINDS)
     assert set(RENDERED_KINDS) <= set(WATCHED_KINDS)  # render reads only what is watched
     assert [w.label_selector for w in WATCHED if w.label_selector] == [
-        f"{OWNED_BY_LABEL}={OWNED_BY_VALUE}"  # our Deployments, and nothing else, by label
-    ]
-    assert [w.info for w in WATCHED if not w.rendered] == [DEPLOYMENT]
+        f"{OWNED_BY_LABEL}={OWNED_BY_VALUE}"  # our Deployments and DaemonSets, by label
+    ] * 2
+    assert [w.info for w in WATCHED if not w.rendered] == [DEPLOYMENT, DAEMON_SET]
 
 
 def test_a_snapshot_keeps_every_version_of_the_rendered_kinds_and_ignores_the_rest() -> None:
@@ -55,7 +56,8 @@ def test_a_snapshot_keeps_every_version_of_the_rendered_kinds_and_ignores_the_re
         for version in info.watch:
             assert kind_of(one_of(info, version)) is kind
     assert [(i.kind, i.reason) for i in snapshot.ignored] == [
-        ("Deployment", "not a kind the operator reads")
+        ("Deployment", "not a kind the operator reads"),
+        ("DaemonSet", "not a kind the operator reads"),
     ]
     assert snapshot.gateway_class("x") is not None and snapshot.secret("ns", "x") is not None
 

@@ -23,6 +23,7 @@ from reconciler.store import Snapshot
 from stunner_api import annotations as table
 from stunner_api.annotations import Annotation, Limits, Refused
 from stunner_api.rules import Settings
+from stunner_api.vocabulary import NODE_ADDRESS_PLACEHOLDER
 from tests.reconciler.clusterkit import dataplane, gateway, gateway_class, gateway_config, listener
 from webhook import create_app
 
@@ -48,7 +49,10 @@ def annotated_gateway(annotations: Mapping[str, str]) -> Obj:
 
 
 def world(gw: Obj, config: Obj | None = None) -> list[Obj]:
-    return [gateway_class(), config or gateway_config(), dataplane(), gw]
+    # Relay address discovery is for stunnerd pods in their node's network (else a warning).
+    annotations = gw["metadata"].get("annotations") or {}
+    host = {"hostNetwork": True} if table.RELAY_ADDRESS_DISCOVERY_ROW.key in annotations else {}
+    return [gateway_class(), config or gateway_config(), dataplane(**host), gw]
 
 
 def plan_of(objects: list[Obj]) -> Plan:
@@ -110,6 +114,9 @@ SEEN: dict[str, Callable[[Plan], Any]] = {
     table.DISABLE_SESSION_AFFINITY_ROW.key: lambda plan: (
         _service(plan)["spec"]["sessionAffinity"] == "None"
     ),
+    table.RELAY_ADDRESS_DISCOVERY_ROW.key: lambda plan: (
+        plan.configs["stunner/gw"].listeners[0].address == NODE_ADDRESS_PLACEHOLDER
+    ),
 }
 # What else a row needs to be seen: both listeners on the Service (but for the mixed-protocol
 # row itself), a health-check port to expose, a NodePort Service to keep nodePorts.
@@ -158,6 +165,8 @@ ACCEPTED: list[tuple[Annotation[Any], str]] = [
     (table.DISABLE_HEALTH_CHECK_EXPOSE_ROW, "false"),
     (table.DISABLE_SESSION_AFFINITY_ROW, "true"),
     (table.DISABLE_SESSION_AFFINITY_ROW, "false"),
+    (table.RELAY_ADDRESS_DISCOVERY_ROW, "true"),
+    (table.RELAY_ADDRESS_DISCOVERY_ROW, "False"),
 ]
 
 REFUSED: list[tuple[Annotation[Any], str]] = [
@@ -177,6 +186,7 @@ REFUSED: list[tuple[Annotation[Any], str]] = [
     (table.TARGETPORT_ROW, "{"),
     (table.DISABLE_HEALTH_CHECK_EXPOSE_ROW, "no"),
     (table.DISABLE_SESSION_AFFINITY_ROW, "none"),
+    (table.RELAY_ADDRESS_DISCOVERY_ROW, "on"),
 ]
 
 

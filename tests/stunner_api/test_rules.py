@@ -46,17 +46,20 @@ from stunner_api.rules.dataplane import (
     dataplane_counts,
     dataplane_default_kept,
     dataplane_image,
+    dataplane_resource,
     dataplane_schema,
 )
 from stunner_api.rules.gateway import (
     gateway_addresses,
     gateway_allowed_routes,
     gateway_annotations,
+    gateway_host_ports,
     gateway_listener_names,
     gateway_listener_ports,
     gateway_listener_protocols,
     gateway_listener_tls,
     gateway_mixed_protocols,
+    gateway_relay_address_discovery,
     gateway_schema,
 )
 from stunner_api.rules.gatewayclass import gatewayclass_parameters_ref, gatewayclass_schema
@@ -130,14 +133,33 @@ SECRETS = [
 
 def lookup() -> Snapshot:
     """What the rules may read, as the reconciler's snapshot of it: the SECRETS, our
-    GatewayClass and another controller's, and a Gateway of each."""
+    GatewayClass and another controller's, and a Gateway of each; and a class of ours whose
+    Dataplane uses the host network (its health check off), with a Gateway in another namespace
+    binding UDP 3478; and a class whose host-network Dataplane keeps its health check."""
     other_class = gatewayclass(controllerName="example.com/other")
     other_class["metadata"] = {"name": "other-class"}
+    host_class = parameters_ref(name="host-config", namespace="stunner")
+    host_class["metadata"] = {"name": "host-class"}
+    host_config = gwconfig(dataplane="host")
+    host_config["metadata"]["name"] = "host-config"
+    health_class = parameters_ref(name="health-config", namespace="stunner")
+    health_class["metadata"] = {"name": "health-class"}
+    health_config = gwconfig(dataplane="host-health")
+    health_config["metadata"]["name"] = "health-config"
+    media_host = objects.gateway("media-host", "host-class", namespace="media")
+    media_host["metadata"]["creationTimestamp"] = "2026-01-01T00:00:00Z"
     return Snapshot.from_objects(
         [
             *SECRETS,
             gatewayclass(),
             other_class,
+            host_class,
+            host_config,
+            dataplane("host", hostNetwork=True, disableHealthCheck=True),
+            health_class,
+            health_config,
+            dataplane("host-health", hostNetwork=True),
+            media_host,
             objects.gateway("udp-gateway", "stunner-gatewayclass"),
             objects.gateway("other-gateway", "other-class"),
         ]
@@ -213,6 +235,12 @@ def gateway(
             **spec,
         },
     }
+
+
+def host_gateway(*listeners: dict[str, Any], **annotations: Any) -> dict[str, Any]:
+    """A Gateway of the host-network class (see `lookup`), not created yet."""
+    keyed = {f"stunner.l7mp.io/{k.replace('_', '-')}": v for k, v in annotations.items()}
+    return gateway(*listeners, annotations=keyed, gatewayClassName="host-class")
 
 
 def tls_gateway(*names: str, **extra: Any) -> dict[str, Any]:
@@ -446,6 +474,34 @@ CASES: list[tuple[Rule, dict[str, Any], list[str]]] = [
     (dataplane_counts, dataplane(replicas=0, terminationGracePeriodSeconds=3600), []),
     (dataplane_counts, dataplane(replicas=-1), ["spec.replicas: must be 0 or more, got -1"]),
     (dataplane_counts, dataplane(terminationGracePeriodSeconds=-5), ["GracePeriodSeconds: must"]),
+    (dataplane_resource, dataplane(dataplaneResource="DaemonSet", hostNetwork=True), []),
+    (dataplane_resource, dataplane(dataplaneResource="StatefulSet"), ["Deployment, DaemonSet"]),
+    (
+        gateway_host_ports,
+        host_gateway(listener("udp", 3479), listener("tcp", 3478, "TURN-TCP")),
+        [],
+    ),
+    (gateway_host_ports, gateway(listener("udp", 3478)), []),  # its own network: no clash
+    (gateway_host_ports, host_gateway(listener("udp", 3478), disable_managed_dataplane="true"), []),
+    (
+        gateway_host_ports,
+        host_gateway(listener("tcp", 3478, "TURN-TCP"), listener("udp", 3478)),
+        [
+            "spec.listeners[1].port: UDP port 3478 is already bound on the nodes by Gateway "
+            "media/media-host (listener 'udp')"
+        ],
+    ),
+    (
+        gateway_host_ports,
+        host_gateway(listener("a", 3479), targetport='{"a":3478}'),
+        ["spec.listeners[0].port: UDP port 3478 is already bound"],  # it binds its targetport
+    ),
+    (
+        gateway_host_ports,
+        gateway(listener("tcp", 8086, "TURN-TCP"), gatewayClassName="health-class"),
+        ["spec.listeners[0].port: TCP port 8086 is its health check (stunnerd's own port"],
+    ),
+    (gateway_relay_address_discovery, host_gateway(enable_relay_address_discovery="true"), []),
     (dataplane_default_kept, dataplane("dev"), []),
     (dataplane_default_kept, dataplane("default"), ["metadata.name: the default Dataplane"]),
 ]
@@ -493,6 +549,17 @@ WARNINGS: list[tuple[Rule, dict[str, Any], str]] = [
     ),
     (gateway_annotations, annotated(nodeport='{"ghost":31000}'), "no listener named 'ghost'"),
     (udproute_backend_kinds, route(rules=2), "only the first rule is used"),
+    (
+        dataplane_resource,
+        dataplane(dataplaneResource="DaemonSet", replicas=3),
+        "spec.replicas: ignored with dataplaneResource DaemonSet",
+    ),
+    (
+        gateway_relay_address_discovery,
+        annotated(enable_relay_address_discovery="true"),
+        "stunner.l7mp.io/enable-relay-address-discovery\"]: the Gateway's stunnerd pods do not "
+        "use the host network",
+    ),
     (staticservice_prefixes, ssvc("0.0.0.0/0"), "0.0.0.0/0 opens a public relay"),
     (staticservice_prefixes, ssvc("::/0"), "::/0 opens a public relay"),
     (staticservice_prefixes, ssvc(), "empty"),
@@ -566,7 +633,9 @@ def test_every_rule_has_passing_and_failing_cases() -> None:
             "use one of stunner.l7mp.io/service-type, stunner.l7mp.io/enable-mixed-protocol-lb, "
             "stunner.l7mp.io/external-traffic-policy, stunner.l7mp.io/disable-managed-dataplane, "
             "stunner.l7mp.io/nodeport, stunner.l7mp.io/targetport, "
-            "stunner.l7mp.io/disable-health-check-expose, stunner.l7mp.io/disable-session-affinity",
+            "stunner.l7mp.io/disable-health-check-expose, "
+            "stunner.l7mp.io/disable-session-affinity, "
+            "stunner.l7mp.io/enable-relay-address-discovery",
         ),
         (
             annotated(nodeport='{"udp":80}'),
