@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from stunner_api.dataplane import StunnerConfig
 from stunner_api.endpoints import IPAddress, normalize_ip, parse_static_endpoint
 
 _net = ipaddress.ip_network
@@ -55,7 +56,9 @@ GUARDED = "loopback-or-link-local"  # loopback, link-local, cloud metadata
 PORT_RANGE = "port-outside-range"  # the IP is named, the port is outside the range
 NOT_RESOLVED = "dns-not-resolved"  # a STRICT_DNS cluster whose names have no address yet
 NO_ROUTE = "no-route"  # no routed cluster names the peer
+STUN_ONLY = "stun-only"  # the Gateway serves STUN only: no relay at all
 REASONS = (
+    STUN_ONLY,
     NOT_AN_IP,
     NEVER,
     EMBEDDED_GUARDED,
@@ -241,7 +244,9 @@ def explain(
                 f"(endpoint {text} of cluster {name})",
             )
             allow.setdefault(
-                PORT_RANGE, f"a port range including {peer_port} on that endpoint (backend port)"
+                PORT_RANGE,
+                f"a port range including {peer_port} on that endpoint "
+                "(the backendRef's port and endPort)",
             )
     if guard is not None and GUARDED not in found and PORT_RANGE not in found:
         return Verdict(
@@ -255,9 +260,71 @@ def explain(
         if code in found:
             return Verdict(code, found[code], allow.get(code, ""))
     named = [n for n in routes if n in by_name]
+    empty = [n for n in named if not by_name[n].endpoints]
+    note = (
+        f"; {', '.join(empty)} has no endpoints (a Service backend's come from its "
+        "EndpointSlices: none known offline)"
+        if empty
+        else ""
+    )
     return Verdict(
         NO_ROUTE,
-        f"no routed cluster names {ip} (routes: {', '.join(named) or 'none configured'})",
+        f"no routed cluster names {ip} (routes: {', '.join(named) or 'none configured'}){note}",
         f"an endpoint covering {ip} in a routed cluster (a backend of a UDPRoute of this "
         "listener, e.g. a StaticService prefix)",
     )
+
+
+def parse_peer(text: str) -> tuple[str, int | None]:
+    """ "IP", "IP:PORT", "[IPv6]:PORT" or "IPv6" -> (ip, port or None); ValueError otherwise."""
+    host, port_text = text, ""
+    if text.startswith("["):
+        host, sep, rest = text[1:].partition("]")
+        if not sep or (rest and not rest.startswith(":")):
+            raise ValueError(f"{text!r}: want IP, IP:PORT or [IPv6]:PORT")
+        port_text = rest[1:]
+    elif text.count(":") == 1:
+        host, _, port_text = text.partition(":")
+    if parse_peer_ip(host) is None:
+        raise ValueError(f"{text!r}: {host!r} is not an IP address")
+    if not port_text and text.endswith(":"):
+        raise ValueError(f"{text!r}: empty port")
+    if not port_text:
+        return host, None
+    if not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
+        raise ValueError(f"{text!r}: port {port_text!r} is not 0-65535")
+    return host, int(port_text)
+
+
+def explain_config(
+    config: StunnerConfig,
+    peer_ip: str,
+    peer_port: int | None = None,
+    resolved: Mapping[str, frozenset[IPAddress]] | None = None,
+) -> list[tuple[str, Verdict]]:
+    """`explain` for each listener of a dataplane config (what `stunner explain` prints).
+    stunnerd's own addresses are the listeners' addresses and public addresses with their
+    ports (the relay ports of live allocations only a running stunnerd knows)."""
+    if config.auth.stun_only:
+        words = "the Gateway serves STUN only (auth type none): every TURN request is refused"
+        allow = "a GatewayConfig without stunMode (TURN authentication)"
+        return [(lc.name, Verdict(STUN_ONLY, words, allow)) for lc in config.listeners]
+    own: set[tuple[IPAddress, int]] = set()
+    for lc in config.listeners:
+        for address, port in ((lc.address, lc.port), (lc.public_address, lc.public_port)):
+            ip = parse_peer_ip(address)
+            if ip is not None:
+                own.add((ip, port or lc.port))
+
+    def is_own(ip: IPAddress, port: int) -> bool:
+        return (ip, port) in own
+
+    return [
+        (
+            lc.name,
+            explain(
+                lc.routes, config.clusters, peer_ip, peer_port, resolved=resolved, is_own=is_own
+            ),
+        )
+        for lc in config.listeners
+    ]

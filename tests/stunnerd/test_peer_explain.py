@@ -90,10 +90,20 @@ def test_explain_names_the_rule(
 
 def test_every_reason_is_covered() -> None:
     covered = {case[3] for case in CASES}
-    assert set(pa.REASONS) - covered == {pa.NOT_RESOLVED}
+    assert set(pa.REASONS) - covered == {pa.NOT_RESOLVED, pa.STUN_ONLY}
     # offline (no resolutions known) a STRICT_DNS cluster cannot be judged: said so
     verdict = pa.explain(["dns"], CLUSTERS, "192.0.2.7", None)
     assert verdict.code == pa.NOT_RESOLVED and "media.example" in verdict.reason
+
+
+def test_a_stun_only_gateway_refuses_every_peer_on_every_listener() -> None:
+    config = make_config(3478, ["0.0.0.0/0"], auth={"type": "none"})
+    verdicts = pa.explain_config(config, "10.0.0.1", 5)
+    assert [v.code for _, v in verdicts] == [pa.STUN_ONLY, pa.STUN_ONLY]
+    config = make_config(3478, ["0.0.0.0/0"], address="10.9.9.9")
+    verdicts = pa.explain_config(config, "10.9.9.9", 3478)  # a listener's own address
+    assert [v.code for _, v in verdicts] == [pa.OWN_ADDRESS, pa.OWN_ADDRESS]
+    assert all(v.admitted for _, v in pa.explain_config(config, "10.9.9.9", 3479))
 
 
 def test_a_guarded_peer_names_the_endpoint_that_would_allow_it() -> None:
