@@ -19,7 +19,9 @@ link-local (169.254.0.0/16, the cloud metadata address included; fe80::/10) peer
 only by a STATIC endpoint inside such a range (the demo's 127.0.0.1/32) or a STRICT_DNS name
 resolving to one, never by a wider range such as 0.0.0.0/0. An IPv4 address written as IPv6
 (IPv4-mapped, IPv4-compatible, NAT64 64:ff9b::/96 and 64:ff9b:1::/48, 6to4 2002::/16) is judged
-as the IPv4 address it carries. `PEER_POLICY` says so in words (`/status`).
+as the IPv4 address it carries. `PEER_POLICY` says so in words (`/status`). Those lists live in
+`stunner_api.peer_admission`, whose `explain` says why a peer is refused (`Router.explain`,
+computed only when a refusal is logged; `stunner explain` prints the same).
 
 `Router` is pure: the resolver pushes addresses in with `set_resolved`. Decisions are cached per
 (listener, peer) and the caches are dropped whenever the configuration or a resolution changes.
