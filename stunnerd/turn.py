@@ -581,7 +581,9 @@ class TurnServer:
                 raise RequestError(443)
         for ip, _ in peers:
             if not self.router.permits(self.name, ip):
-                # The explanation is computed only here, on a refusal (issue 23).
+                if not log.isEnabledFor(logging.INFO):
+                    raise RequestError(403)
+                # The explanation is computed only here, on a logged refusal (issue 23).
                 why = self.router.explain(self.name, ip)
                 log.info(
                     "permission denied on listener %s for client %s to peer %s: %s: %s%s",
@@ -618,6 +620,8 @@ class TurnServer:
         ip, port = peer = self._peer_addresses(request, allocation)[0]
         if not self.router.admits(self.name, ip, port):
             # The address is permitted but not this port: every packet would be dropped.
+            if not log.isEnabledFor(logging.INFO):
+                raise RequestError(403, "Forbidden: peer port not admitted")
             why = self.router.explain(self.name, ip, port)
             log.info(
                 "channel bind denied on listener %s for client %s to peer %s: %s: %s%s",
