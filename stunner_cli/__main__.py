@@ -6,10 +6,12 @@
     stunner render -f DIR|FILE
     stunner check -f DIR|FILE
     stunner diff -f DIR|FILE [NS/GW]
+    stunner explain NS/GW PEER[:PORT] [-f DIR|FILE]   (why a peer is admitted or refused)
     stunner selftest --cds-url URL [--peer|--echo IP:PORT] [--gateway NS/GW]  (`helm test`)
     stunner auth-server --cds-url URL [--port 8088]     (the chart's auth/ICE service)
 
-Exit codes: 0 done, 1 the cluster or the input has a problem (said on stderr), 2 bad usage.
+Exit codes: 0 done, 1 the cluster or the input has a problem (said on stderr), 2 bad usage;
+`explain`: 0 some listener admits the peer, 1 every listener refuses it.
 Run as a helm plugin it honours HELM_NAMESPACE, HELM_KUBECONTEXT and --kubeconfig.
 """
 
@@ -123,6 +125,19 @@ def build_parser() -> argparse.ArgumentParser:
                 action="store_true",
                 help="only the dataplane configs, not the Services and Deployments",
             )
+    explain = cluster(
+        "explain",
+        "why a peer is admitted or refused: per listener, the route and cluster admitting it, "
+        "or the rule refusing it and the setting that would allow it",
+    )
+    explain.add_argument("peer", metavar="PEER[:PORT]", help="IP, IP:PORT or [IPv6]:PORT")
+    explain.add_argument(
+        "-f",
+        "--filename",
+        type=Path,
+        metavar="DIR|FILE",
+        help="offline: from manifests (rendered as `render` does) or a dataplane config file",
+    )
     diff = cluster(
         "diff",
         "what applying manifests would change in the running dataplanes: each listener "
@@ -297,6 +312,13 @@ def run_cluster(args: argparse.Namespace) -> int:
             entries = cluster.dataplane_status(client, target)
             _out("\n".join(status_line(e) for e in entries) or "no stunnerd pods")
             return OK if all("error" not in e["status"] for e in entries) else FAILED
+        if args.command == "explain":
+            found = _explain_target(args)
+            assert found is not None  # checked in main
+            configs = cluster.cds_configs(client, target)
+            if not configs:
+                raise cluster.ClusterError(f"no dataplane config for {found[0]}/{found[1]}")
+            return show_explanation(configs[0], found[2], found[3])
         configs = cluster.cds_configs(client, target)
         if args.command == "ice":
             query = IceQuery(
@@ -347,6 +369,87 @@ def no_public_address(client: Any, missing: list[tuple[str, ListenerConfig]]) ->
         "reach (`helm stunner status` shows each listener's public address or pending)"
     )
     return FAILED
+
+
+def show_explanation(config: StunnerConfig, peer_ip: str, peer_port: int | None) -> int:
+    """Print, per listener, what admits the peer or what refuses it; OK if some listener
+    admits it, FAILED if every one refuses it."""
+    from stunner_api.peer_admission import explain_config
+
+    peer = peer_ip if peer_port is None else f"{peer_ip}:{peer_port}"
+    if ":" in peer_ip and peer_port is not None:
+        peer = f"[{peer_ip}]:{peer_port}"
+    what = "any port" if peer_port is None else "this port"
+    _out(f"Gateway {config.admin.name}, peer {peer} ({what}):")
+    verdicts = explain_config(config, peer_ip, peer_port)
+    for name, verdict in verdicts:
+        if verdict.admitted:
+            _out(f"  {name}: admitted via route {verdict.cluster}: {verdict.reason}")
+        else:
+            _out(f"  {name}: refused ({verdict.code}): {verdict.reason}")
+            if verdict.allow:
+                _out(f"    would be allowed by: {verdict.allow}")
+    if not verdicts:
+        _out("  no listeners: nothing admits any peer")
+    return OK if any(v.admitted for _, v in verdicts) else FAILED
+
+
+def _explain_target(args: argparse.Namespace) -> tuple[str, str, str, int | None] | None:
+    """(namespace, gateway, peer ip, peer port) of `explain`, or None (said on stderr)."""
+    from stunner_api.peer_admission import parse_peer
+
+    if args.gateway is None or not args.gateway[1]:
+        _err("explain: want NAMESPACE/GATEWAY PEER[:PORT]")
+        return None
+    try:
+        ip, port = parse_peer(args.peer)
+    except ValueError as e:
+        _err(f"explain: {e}")
+        return None
+    return args.gateway[0], args.gateway[1], ip, port
+
+
+def run_explain_offline(args: argparse.Namespace) -> int:
+    from reconciler.files import ManifestError
+    from stunner_api.dataplane import ConfigError
+    from stunner_api.dataplane_load import load_config
+    from stunner_cli import offline
+
+    target = _explain_target(args)
+    if target is None:
+        return USAGE
+    namespace, gateway, ip, port = target
+    path: Path = args.filename
+    config: StunnerConfig | None = None
+    if path.is_file():
+        try:
+            documents = [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
+        except (yaml.YAMLError, UnicodeDecodeError, OSError):
+            documents = []
+        if len(documents) == 1 and isinstance(documents[0], dict) and "kind" not in documents[0]:
+            try:  # a dataplane config, as stunnerd reads it
+                config = load_config(path.read_text(), env={})
+            except ConfigError as e:
+                _err(f"{path}: {e}")
+                return FAILED
+    if config is None:
+        try:
+            objects = offline.load(path, skipped=_err)
+        except ManifestError as e:
+            _err(str(e))
+            return FAILED
+        plan = offline.plan(objects)
+        config = plan.configs.get(f"{namespace}/{gateway}")
+        if config is None:
+            _err(
+                f"no Gateway {namespace}/{gateway} rendered from {path} "
+                f"(rendered: {', '.join(sorted(plan.configs)) or 'none'})"
+            )
+            return FAILED
+    elif config.admin.name and config.admin.name != f"{namespace}/{gateway}":
+        _err(f"{path} is the config of {config.admin.name}, not {namespace}/{gateway}")
+        return FAILED
+    return show_explanation(config, ip, port)
 
 
 def run_offline(args: argparse.Namespace) -> int:
@@ -415,6 +518,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command in ("render", "check"):
             return run_offline(args)
+        if args.command == "explain" and _explain_target(args) is None:
+            return USAGE  # before any connection
+        if args.command == "explain" and args.filename is not None:
+            return run_explain_offline(args)
         if args.command == "selftest":
             return run_selftest(args)
         if args.command == "auth-server":

@@ -19,7 +19,9 @@ link-local (169.254.0.0/16, the cloud metadata address included; fe80::/10) peer
 only by a STATIC endpoint inside such a range (the demo's 127.0.0.1/32) or a STRICT_DNS name
 resolving to one, never by a wider range such as 0.0.0.0/0. An IPv4 address written as IPv6
 (IPv4-mapped, IPv4-compatible, NAT64 64:ff9b::/96 and 64:ff9b:1::/48, 6to4 2002::/16) is judged
-as the IPv4 address it carries. `PEER_POLICY` says so in words (`/status`).
+as the IPv4 address it carries. `PEER_POLICY` says so in words (`/status`). Those lists live in
+`stunner_api.peer_admission`, whose `explain` says why a peer is refused (`Router.explain`,
+computed only when a refusal is logged; `stunner explain` prints the same).
 
 `Router` is pure: the resolver pushes addresses in with `set_resolved`. Decisions are cached per
 (listener, peer) and the caches are dropped whenever the configuration or a resolution changes.
@@ -35,37 +37,20 @@ import os
 import socket
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
-from stunner_api.endpoints import (
-    EndpointRange,
-    IPAddress,
-    normalize_ip,
-    parse_static_endpoint,
+from stunner_api.endpoints import EndpointRange, IPAddress, parse_static_endpoint
+from stunner_api.peer_admission import (
+    ClusterSpec,
+    Verdict,
+    embedded_ipv4,
+    explain,
+    guarded,
+    never_peer,
 )
+from stunner_api.peer_admission import parse_peer_ip as parse_peer_ip
 
 log = logging.getLogger("stunner.router")
 
-_net = ipaddress.ip_network
-NEVER_PEERS = (  # whatever the routes say
-    (_net("0.0.0.0/8"), "unspecified"),
-    (_net("::/128"), "unspecified"),
-    (_net("224.0.0.0/4"), "multicast"),
-    (_net("ff00::/8"), "multicast"),
-    (_net("255.255.255.255/32"), "broadcast"),
-)
-GUARDED_PEERS = (  # only where a cluster names such a range explicitly
-    _net("127.0.0.0/8"),
-    _net("::1/128"),
-    _net("169.254.0.0/16"),
-    _net("fe80::/10"),
-)
-_EMBEDDING_V4 = (  # IPv6 prefixes that carry an IPv4 address, and the bit offset of it
-    (_net("::/96"), 96),  # IPv4-compatible (deprecated)
-    (_net("64:ff9b::/96"), 96),  # NAT64 well-known prefix
-    (_net("64:ff9b:1::/48"), 96),  # NAT64 local use (RFC 8215)
-    (_net("2002::/16"), 16),  # 6to4
-)
 PEER_POLICY = (
     "never relayed to, whatever the routes say: unspecified (0.0.0.0/8, ::), multicast, "
     "broadcast, and stunnerd's own listener and relay addresses; loopback (127.0.0.0/8, ::1) "
@@ -89,54 +74,6 @@ def relay_port_map(fd: int | None = None) -> tuple[int, mmap.mmap]:
 
 CACHE_LIMIT = 65536  # decisions cached per kind before the cache is dropped and refilled
 DNS_UPDATE_INTERVAL = 5.0  # Go STUNner's dnsUpdateInterval
-
-
-def parse_peer_ip(text: str) -> IPAddress | None:
-    """The peer address from a socket string ("10.0.0.1", "::ffff:10.0.0.1", "fe80::1%eth0"),
-    or None when it is not an IP address."""
-    try:
-        return normalize_ip(ipaddress.ip_address(text))
-    except (ValueError, TypeError):
-        return None
-
-
-def embedded_ipv4(ip: IPAddress) -> ipaddress.IPv4Address | None:
-    """The IPv4 address an IPv6 address carries (IPv4-compatible, NAT64, 6to4), or None."""
-    if isinstance(ip, ipaddress.IPv4Address) or ip == ipaddress.IPv6Address("::1"):
-        return None
-    for prefix, offset in _EMBEDDING_V4:
-        if ip in prefix:
-            return ipaddress.IPv4Address((int(ip) >> (128 - offset - 32)) & 0xFFFFFFFF)
-    return None
-
-
-def never_peer(ip: IPAddress) -> str | None:
-    """Why `ip` is never a peer ("multicast", ...), or None."""
-    for network, reason in NEVER_PEERS:
-        if ip in network:
-            return reason
-    return None
-
-
-def guarded(ip: IPAddress) -> ipaddress.IPv4Network | ipaddress.IPv6Network | None:
-    """The loopback or link-local range `ip` is in, or None."""
-    for network in GUARDED_PEERS:
-        if ip in network:
-            return network
-    return None
-
-
-class ClusterSpec(Protocol):
-    """What the router reads of a cluster config (stunner_api.dataplane.ClusterConfig fits)."""
-
-    @property
-    def name(self) -> str: ...
-    @property
-    def type(self) -> str: ...  # "STATIC" | "STRICT_DNS"
-    @property
-    def protocol(self) -> str: ...  # "UDP" | "TCP"
-    @property
-    def endpoints(self) -> Sequence[str]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,6 +114,9 @@ class Router:
 
     def __init__(self, relay_ports: bytearray | mmap.mmap | None = None) -> None:
         self._routes: dict[str, tuple[_Matcher, ...]] = {}
+        # As configured, for `explain` (refusals only, never per packet).
+        self._route_names: dict[str, tuple[str, ...]] = {}
+        self._clusters: tuple[ClusterSpec, ...] = ()
         # stunnerd's own sockets: its addresses, the ports of its listeners, and the ports
         # of its relay sockets (a byte per port the allocations mark, `relay_port_map`).
         self.own_ips: frozenset[str] = frozenset()
@@ -245,6 +185,8 @@ class Router:
             table[listener] = tuple(routed)
         domains = {d for m in matchers.values() if m is not None for d in m.domains}
         self._routes = table
+        self._route_names = {listener: tuple(names) for listener, names in routes.items()}
+        self._clusters = tuple(clusters)
         self._domains = domains
         self._resolved = {d: ips for d, ips in self._resolved.items() if d in domains}
         self._invalidate()
@@ -311,6 +253,23 @@ class Router:
             if self._matches(matcher, ip, peer_port):
                 return matcher.name
         return None
+
+    def explain(self, listener: str, peer_ip: str, peer_port: int | None = None) -> Verdict:
+        """Why `listener` admits or refuses the peer, in words (`stunner_api.peer_admission`):
+        computed when a refusal is logged, never per packet."""
+
+        def is_own(ip: IPAddress, port: int) -> bool:
+            own_port = port in self.own_ports or bool(self.relay_ports[port])
+            return own_port and self.is_own_ip(str(ip))
+
+        return explain(
+            self._route_names.get(listener, ()),
+            self._clusters,
+            peer_ip,
+            peer_port,
+            resolved=self._resolved,
+            is_own=is_own,
+        )
 
     def is_own_ip(self, peer_ip: str) -> bool:
         """Whether `peer_ip` reaches stunnerd's own sockets: a listener's address or public

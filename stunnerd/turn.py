@@ -581,12 +581,18 @@ class TurnServer:
                 raise RequestError(443)
         for ip, _ in peers:
             if not self.router.permits(self.name, ip):
+                if not log.isEnabledFor(logging.INFO):
+                    raise RequestError(403)
+                # The explanation is computed only here, on a logged refusal (issue 23).
+                why = self.router.explain(self.name, ip)
                 log.info(
-                    "permission denied on listener %s for client %s to peer %s: "
-                    "no route to endpoint",
+                    "permission denied on listener %s for client %s to peer %s: %s: %s%s",
                     self.name,
                     _fmt(allocation.downstream.address),
                     ip,
+                    why.code,
+                    why.reason,
+                    f" (allowed by: {why.allow})" if why.allow else "",
                 )
                 raise RequestError(403)
         return peers
@@ -614,6 +620,18 @@ class TurnServer:
         ip, port = peer = self._peer_addresses(request, allocation)[0]
         if not self.router.admits(self.name, ip, port):
             # The address is permitted but not this port: every packet would be dropped.
+            if not log.isEnabledFor(logging.INFO):
+                raise RequestError(403, "Forbidden: peer port not admitted")
+            why = self.router.explain(self.name, ip, port)
+            log.info(
+                "channel bind denied on listener %s for client %s to peer %s: %s: %s%s",
+                self.name,
+                _fmt(allocation.downstream.address),
+                _fmt(peer),
+                why.code,
+                why.reason,
+                f" (allowed by: {why.allow})" if why.allow else "",
+            )
             raise RequestError(403, "Forbidden: peer port not admitted")
         limits = self.context.limits
         if channel not in allocation.channels and len(allocation.channels) >= limits.max_channels:

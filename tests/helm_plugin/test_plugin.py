@@ -285,7 +285,7 @@ def test_render_prints_the_reconcilers_configs(helm_env: dict[str, str]) -> None
 def test_usage_errors_exit_2_and_every_command_has_help(helm_env: dict[str, str]) -> None:
     assert helm_stunner(helm_env, "config", "a/b/c").returncode == 2
     assert helm_stunner(helm_env, "frobnicate").returncode == 2
-    for command in ("config", "status", "ice", "render", "check", "diff"):
+    for command in ("config", "status", "ice", "render", "check", "diff", "explain"):
         done = helm_stunner(helm_env, command, "--help")
         assert done.returncode == 0 and f"stunner {command}" in done.stdout
 

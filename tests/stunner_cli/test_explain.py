@@ -1,0 +1,145 @@
+"""`stunner explain NS/GW PEER[:PORT]` (issue 23): why a peer is admitted or refused.
+
+We test: offline from manifests (examples/local, rendered as `render` does) a peer in the
+StaticService's range and port is admitted via its route (exit 0); the same IP on another port,
+an unrouted IP and the cloud metadata address are refused with the rule and the setting that
+would allow them (exit 1); a dataplane config file works too, STUN-only included; bad peers and
+a missing Gateway name are usage errors (exit 2) and an unknown Gateway says what was rendered;
+no credential is printed. Online, through a fake API server and a real CDS, the running config
+is explained.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from reconciler.cds import ConfigStore, cds_app
+from stunner_api.dataplane import validate_config
+from stunner_cli.__main__ import main as stunner
+from tests.support.background import Background
+from tests.support.fakeapi import FakeApiServer
+
+ROOT = Path(__file__).resolve().parents[2]
+LOCAL = str(ROOT / "examples" / "local")
+GW = "stunner/local-gateway"
+SYSTEM = "stunner-system"
+
+
+def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    code = stunner(["explain", *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_a_peer_in_the_static_service_is_admitted(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, GW, "127.0.0.1:9001", "-f", LOCAL)
+    assert code == 0
+    assert "stunner/local-gateway/udp-listener: admitted via route stunner/echo-route" in out
+    assert "endpoint 127.0.0.1/32:<9001-9001>" in out
+    assert "pass-1" not in out  # the example's password
+
+
+@pytest.mark.parametrize(
+    ("peer", "rule", "allow"),
+    [
+        ("127.0.0.1:9", "refused (port-outside-range): port 9 is outside 9001-9001", "port range"),
+        ("10.0.0.1", "refused (no-route): no routed cluster names 10.0.0.1", "StaticService"),
+        ("169.254.169.254:80", "cloud metadata address", "169.254.0.0/16"),
+        ("[::ffff:224.0.0.1]:5", "refused (never-a-peer): 224.0.0.1 is multicast", ""),
+    ],
+)
+def test_a_refused_peer_is_told_the_rule_and_the_setting(
+    capsys: pytest.CaptureFixture[str], peer: str, rule: str, allow: str
+) -> None:
+    code, out, _ = run(capsys, GW, peer, "-f", LOCAL)
+    assert code == 1
+    assert out.count(rule) == 2, out  # both listeners
+    if allow:
+        assert "would be allowed by:" in out and allow in out
+    else:
+        assert "would be allowed by" not in out
+
+
+def dataplane_config(auth_type: str = "static") -> dict[str, object]:
+    return {
+        "version": "v1",
+        "admin": {"name": "ns/gw"},
+        "auth": {"type": auth_type, "credentials": {"username": "u", "password": "p-secret"}},
+        "listeners": [
+            {"name": "ns/gw/a", "protocol": "TURN-UDP", "port": 3478, "routes": ["ns/media"]},
+            {"name": "ns/gw/b", "protocol": "TURN-UDP", "port": 3479, "routes": []},
+        ],
+        "clusters": [{"name": "ns/media", "type": "STATIC", "endpoints": ["10.0.0.0/8"]}],
+    }
+
+
+def test_a_dataplane_config_file_is_explained(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    path = tmp_path / "stunnerd.json"
+    path.write_text(json.dumps(dataplane_config()))
+    code, out, _ = run(capsys, "ns/gw", "10.1.2.3:5000", "-f", str(path))
+    assert code == 0  # admitted on one listener is enough
+    assert "ns/gw/a: admitted via route ns/media" in out
+    assert "ns/gw/b: refused (no-routes): the listener routes to no cluster" in out
+    assert "p-secret" not in out
+    path.write_text(json.dumps(dataplane_config("none")))
+    code, out, _ = run(capsys, "ns/gw", "10.1.2.3:5000", "-f", str(path))
+    assert code == 1 and out.count("refused (stun-only)") == 2
+    code, _, err = run(capsys, "ns/other", "10.1.2.3", "-f", str(path))
+    assert code == 1 and "is the config of ns/gw, not ns/other" in err
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ((GW, "bogus", "-f", LOCAL), "'bogus' is not an IP address"),
+        ((GW, "10.0.0.1:70000", "-f", LOCAL), "is not 0-65535"),
+        (("stunner", "10.0.0.1", "-f", LOCAL), "want NAMESPACE/GATEWAY PEER[:PORT]"),
+        (("10.0.0.1", "-f", LOCAL), "want NAMESPACE/GATEWAY PEER[:PORT]"),
+    ],
+)
+def test_usage_errors(
+    capsys: pytest.CaptureFixture[str], args: tuple[str, ...], message: str
+) -> None:
+    code, out, err = run(capsys, *args)
+    assert code == 2 and message in err and out == ""
+
+
+def test_an_unknown_gateway_says_what_was_rendered(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(capsys, "stunner/nosuch", "10.0.0.1", "-f", LOCAL)
+    assert code == 1 and "rendered: stunner/local-gateway" in err
+
+
+def test_online_the_running_config_is_explained(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    store = ConfigStore()
+    store.set("ns/gw", validate_config(dataplane_config()))
+    background = Background()
+    with FakeApiServer() as fake:
+        try:
+            cds = background.serve(cds_app(store))
+            fake.seed(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Service",
+                    "metadata": {
+                        "name": "stunner-config-discovery",
+                        "namespace": SYSTEM,
+                        "labels": {"stunner.l7mp.io/config-discovery-service": "true"},
+                    },
+                }
+            )
+            fake.proxy(SYSTEM, "services", "stunner-config-discovery", 13478, cds)
+            kube = ["--kubeconfig", str(fake.write_kubeconfig(tmp_path / "kubeconfig"))]
+            admitted = run(capsys, "ns/gw", "10.1.2.3", *kube)
+            refused = run(capsys, "ns/gw", "192.168.0.1:5000", *kube)
+        finally:
+            background.close()
+    assert admitted[0] == 0 and "ns/gw/a: admitted via route ns/media" in admitted[1]
+    assert refused[0] == 1 and "ns/gw/a: refused (no-route)" in refused[1]
+    assert "p-secret" not in admitted[1] + refused[1]
