@@ -47,7 +47,7 @@ from typing import Any, cast
 from . import native
 from .allocation import Allocation, Downstream, RelaySocket
 from .counters import ClusterCounters, ListenerCounters
-from .native_udp import NativeAllocation, relayed_peer
+from .native_udp import NativeAllocation, decide_and_reinject, relayed_peer
 from .stun import Address
 from .transports import MAX_STREAM_BUFFER, TcpConnectionProtocol, TcpTransport, _bound_socket
 from .turn import TurnServer
@@ -316,11 +316,7 @@ class NativeTcpTransport(TcpTransport):
         allocation.datagram_received(packet.data, packet.address)
 
     def _decided(self, engine: int, peer: Address, packet: native.HandedUp) -> int:
-        """Install the router's verdict for `peer` and let the engine decide `packet` again."""
-        relay, router = self.relays[engine], self.server.router
-        own = router.is_own_ip(peer[0])
-        relay.decide(peer, router.cluster_of(self.server.name, *peer), own)
-        return relay.reinject(packet)
+        return decide_and_reinject(self.relays[engine], self.server, peer, packet)
 
     # --- counters ---------------------------------------------------------------------------
 

@@ -219,12 +219,8 @@ class NativeUdpTransport(UdpTransport):
         allocation.datagram_received(packet.data, packet.address)
 
     def _decided(self, peer: Address, packet: native.HandedUp) -> int:
-        """Install the router's verdict for `peer` and let the engine decide `packet` again."""
-        relay, router = self.relay, self.server.router
-        assert relay is not None
-        own = router.is_own_ip(peer[0])  # not a relay socket of ours: checked per packet
-        relay.decide(peer, router.cluster_of(self.server.name, *peer), own)
-        return relay.reinject(packet)
+        assert self.relay is not None
+        return decide_and_reinject(self.relay, self.server, peer, packet)
 
     # --- counters ----------------------------------------------------------------------------
 
@@ -240,6 +236,17 @@ class NativeUdpTransport(UdpTransport):
 
     def _counters(self) -> native.NativeCounters | None:
         return self.relay.counters() if self.relay is not None else self._final
+
+
+def decide_and_reinject(
+    relay: native.NativeRelay, server: TurnServer, peer: Address, packet: native.HandedUp
+) -> int:
+    """Install the router's verdict for `peer` in `relay` and let it decide `packet` again
+    (the TURN-UDP and TURN-TCP transports alike)."""
+    router = server.router
+    own = router.is_own_ip(peer[0])  # not a relay socket of ours: checked per packet
+    relay.decide(peer, router.cluster_of(server.name, *peer), own)
+    return relay.reinject(packet)
 
 
 def relayed_peer(allocation: Allocation, data: bytes) -> Address | None:
