@@ -6,10 +6,15 @@ both speak the CDS through `CdsClient`.
   whose message says what failed (the server's `{code, message}` when it sent one).
 - `async for frame in client.watch(path, query, what)`: the text frames of `?watch=true` over a
   WebSocket, forever. The client pings every `ping_period` seconds and drops a connection whose
-  ping is unanswered for `pong_wait` seconds (Go's pkg/config/client timings); after any failure
-  it reconnects every `retry_period` seconds, and after a refusal (401, 403) with back-off,
-  doubling up to `REFUSED_BACKOFF_MAX` seconds. What the frames mean (a config, the zero config
-  of a deleted Gateway) is the caller's to decide.
+  ping is unanswered for `pong_wait` seconds (Go's pkg/config/client timings). When a connection
+  that was up ends (the reconciler rolled, or its pod moved), it reconnects soon: after
+  RECONNECT_FIRST seconds (jittered, so a thousand pods don't arrive at once), doubling up to
+  `retry_period`; a config change published meanwhile waits only as long as the CDS is really
+  gone (Go retries every second: a route deleted during a reconciler rollout took up to 1.5 s
+  to reach stunnerd on the real cluster). A server that cannot be reached is retried every
+  `retry_period` seconds, and a refusal (401, 403) with back-off, doubling up to
+  `REFUSED_BACKOFF_MAX` seconds. What the frames mean (a config, the zero config of a deleted
+  Gateway) is the caller's to decide.
 
 With STUNNER_CDS_TOKEN_FILE set in `env` (default: the process's environment), the token file is
 read at every request and (re)connect, since the kubelet rotates it, and sent as
@@ -26,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import random
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -46,6 +52,18 @@ log = logging.getLogger("stunner.cds-client")
 
 HTTP_TIMEOUT = 5.0
 REFUSED_BACKOFF_MAX = 15.0  # seconds between retries of a watch the CDS refuses (401, 403)
+RECONNECT_FIRST = 0.05  # seconds before the first retry after a connection that was up ended
+
+
+def reconnect_waits(retry_period: float) -> list[float]:
+    """The waits before each retry after a connection that was up ended, before they settle at
+    `retry_period`: RECONNECT_FIRST, doubling."""
+    waits = []
+    wait = RECONNECT_FIRST
+    while wait < retry_period:
+        waits.append(wait)
+        wait *= 2
+    return waits
 
 
 class CdsError(Exception):
@@ -148,6 +166,7 @@ class CdsClient:
         ws_url = self.ws_url(path, query)
         failing = False
         delay = self.retry_period
+        soon: list[float] = []  # the quick retries left after a connection that was up ended
         while True:
             try:
                 async with connect(
@@ -163,6 +182,7 @@ class CdsClient:
                     self.log.info("connected to CDS server %s", ws_url)
                     failing = False
                     delay = self.retry_period
+                    soon = reconnect_waits(self.retry_period)
                     async for message in ws:
                         yield message
                 self.log.info("CDS server %s closed the connection; reconnecting", ws_url)
@@ -183,6 +203,7 @@ class CdsClient:
                 )
                 failing = True
                 if status in (401, 403):
+                    soon = []
                     await asyncio.sleep(delay)
                     delay = min(delay * 2, max(REFUSED_BACKOFF_MAX, self.retry_period))
                     continue
@@ -196,7 +217,11 @@ class CdsClient:
                     self.retry_period,
                 )
                 failing = True
-            await asyncio.sleep(self.retry_period)
+            if soon:
+                wait = soon.pop(0)
+                await asyncio.sleep(random.uniform(wait / 2, wait))
+            else:
+                await asyncio.sleep(self.retry_period)
 
 
 def error_message(body: bytes) -> str:
