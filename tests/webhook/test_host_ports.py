@@ -152,8 +152,8 @@ def test_stunnerds_own_health_check_port_clashes_too(
         "spec.gatewayClassName: TCP port 8086 (stunnerd: its health check) is already bound on "
         "the nodes by Gateway other/first (its health check): the stunnerd pods of both use the "
         "host network (Dataplane 'node-health' sets hostNetwork), so they share the nodes' "
-        "ports; set disableHealthCheck (or leave enableMetricsEndpoint off) in one Dataplane, "
-        "or keep the two Gateways' pods on different nodes with another Dataplane"
+        "ports; move it to a free port with the stunner.l7mp.io/health-check-port annotation "
+        "(or set disableHealthCheck in one Dataplane)"
     )
     own = gateway("first", "other", "health", ("TCP", 8086))
     response = answer(kube_client, "/validate", admission_review(own))
