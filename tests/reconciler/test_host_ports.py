@@ -110,9 +110,12 @@ def test_a_host_network_pod_declares_only_the_ports_its_stunnerd_binds() -> None
 def test_render_keeps_out_the_younger_gateway_whose_annotated_port_is_taken() -> None:
     older = annotated(lst("udp", 3478), name="first", health=9086)
     younger = annotated(
-        lst("udp", 3479), name="second", namespace="media", health=9086,
+        lst("udp", 3479),
+        name="second",
+        namespace="media",
+        health=9086,
         created="2026-01-02T00:00:00Z",
-    )  # fmt: skip
+    )
     plan = plan_of(older, younger, **NODE_LOCAL)
     assert "stunner/first" in plan.configs and "media/second" not in plan.configs
     assert "media/second" not in plan.deployments  # its pods could not run beside the older's

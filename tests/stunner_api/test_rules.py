@@ -524,7 +524,7 @@ CASES: list[tuple[Rule, dict[str, Any], list[str]]] = [
             annotations={"stunner.l7mp.io/health-check-port": "9086"},
             gatewayClassName="health-class",
         ),
-        ['spec.listeners[0].port: TCP port 9086 is its health check (stunnerd\'s own port'],
+        ["spec.listeners[0].port: TCP port 9086 is its health check (stunnerd's own port"],
     ),
     (
         gateway_host_ports,  # the health check moved off the listener's port

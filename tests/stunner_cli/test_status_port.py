@@ -40,9 +40,7 @@ def test_status_is_read_at_each_pods_probe_port() -> None:
         gateway(name="plain", uid="uid-plain"),
     ]
     world = [gateway_class(), gateway_config(), dataplane(hostNetwork=True), *gateways]
-    plan = render(
-        Snapshot.from_objects(copy.deepcopy(world)), RenderSettings(), datetime.now(UTC)
-    )
+    plan = render(Snapshot.from_objects(copy.deepcopy(world)), RenderSettings(), datetime.now(UTC))
     background = Background()
     try:
         with FakeApiServer() as fake:
