@@ -172,24 +172,38 @@ def _age(gateway: dict[str, Any]) -> tuple[str, str, str]:
 
 def gateway_daemon_ports(req: Request) -> list[Problem]:
     """stunnerd's health check and metrics endpoint are on different ports (both annotated to
-    one port, stunnerd could bind only the first)."""
+    one port, stunnerd could bind only the first); a port annotation for an endpoint the
+    Dataplane turns off is a warning (it has no effect)."""
     try:
         found = gateway_dataplane(req.obj, req.lookup, req.settings.controller_name)
     except LookupFailed:
         return []  # gateway_host_ports says so
     if found is None:
         return []
-    ports = daemon_ports(_annotations(req.obj), found[1])
-    if ports.health is None or ports.health != ports.metrics:
-        return []
-    return [
-        error(
-            f'metadata.annotations["{METRICS_PORT_ROW.key}"]',
-            f"TCP port {ports.metrics} is also stunnerd's health check "
-            f"({HEALTH_CHECK_PORT_ROW.key}): {CHOOSE}",
-            REASON,
+    annotations, (name, spec) = _annotations(req.obj), found
+    ports = daemon_ports(annotations, spec)
+    problems = [
+        warning(
+            f'metadata.annotations["{row.key}"]',
+            f"has no effect: Dataplane {name!r} {why}",
+            ConditionReason.INVALID,
         )
+        for row, port, why in (
+            (HEALTH_CHECK_PORT_ROW, ports.health, "sets disableHealthCheck"),
+            (METRICS_PORT_ROW, ports.metrics, "does not set enableMetricsEndpoint"),
+        )
+        if row.key in annotations and port is None
     ]
+    if ports.health is not None and ports.health == ports.metrics:
+        problems.append(
+            error(
+                f'metadata.annotations["{METRICS_PORT_ROW.key}"]',
+                f"TCP port {ports.metrics} is also stunnerd's health check "
+                f"({HEALTH_CHECK_PORT_ROW.key}): {CHOOSE}",
+                REASON,
+            )
+        )
+    return problems
 
 
 def gateway_host_ports(req: Request) -> list[Problem]:

@@ -81,7 +81,13 @@ from stunner_api.rules.udproute import (
     udproute_parent_refs,
     udproute_schema,
 )
-from stunner_api.vocabulary import GATEWAY_CONFIG_AUTH_TYPES, TLS_SECRET_TYPES, ConditionReason
+from stunner_api.vocabulary import (
+    GATEWAY_CONFIG_AUTH_TYPES,
+    HEALTH_CHECK_PORT,
+    METRICS_PORT_ANNOTATION,
+    TLS_SECRET_TYPES,
+    ConditionReason,
+)
 from tests.support import lookups, objects
 from tests.support.objects import secret
 from tests.support.pki import key_pem, self_signed
@@ -553,6 +559,18 @@ CASES: list[tuple[Rule, dict[str, Any], list[str]]] = [
 
 # (rule, object, substring of the one expected warning); none of these is an error
 WARNINGS: list[tuple[Rule, dict[str, Any], str]] = [
+    (
+        gateway_daemon_ports,
+        gateway(annotations={HEALTH_CHECK_PORT: "9086"}, gatewayClassName="host-class"),
+        'metadata.annotations["stunner.l7mp.io/health-check-port"]: has no effect: Dataplane '
+        "'host' sets disableHealthCheck",
+    ),
+    (
+        gateway_daemon_ports,
+        gateway(annotations={METRICS_PORT_ANNOTATION: "9080"}, gatewayClassName="health-class"),
+        'metadata.annotations["stunner.l7mp.io/metrics-port"]: has no effect: Dataplane '
+        "'host-health' does not set enableMetricsEndpoint",
+    ),
     (gatewayconfig_auth_ref, auth_ref("missing"), "Secret stunner/missing does not exist (yet)"),
     (
         gatewayconfig_auth_ref,
