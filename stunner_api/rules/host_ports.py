@@ -195,12 +195,14 @@ def gateway_daemon_ports(req: Request) -> list[Problem]:
         if row.key in annotations and port is None
     ]
     if ports.health is not None and ports.health == ports.metrics:
+        # Invalid, not PortUnavailable: render keeps the Gateway (stunnerd serves TURN and its
+        # health check, and logs that the metrics server cannot start).
         problems.append(
             error(
                 f'metadata.annotations["{METRICS_PORT_ROW.key}"]',
                 f"TCP port {ports.metrics} is also stunnerd's health check "
                 f"({HEALTH_CHECK_PORT_ROW.key}): {CHOOSE}",
-                REASON,
+                ConditionReason.INVALID,
             )
         )
     return problems

@@ -5,7 +5,9 @@ annotations), rendered into its config and its pod alike.
 We test, through the real render pipeline: the config's admin endpoints and the pod's probes and
 metrics-port agree, Gateway by Gateway; a host-network pod declares only the ports its stunnerd
 binds (each declared port of such a pod is a hostPort the scheduler reserves); a Gateway whose
-annotated port another host-network Gateway holds is kept out, the finding at the annotation.
+annotated port another host-network Gateway holds is kept out, the finding at the annotation
+(one whose health check and metrics share a port is rendered, with a finding: stunnerd runs
+without its metrics server).
 And, with real sockets, that two stunnerd processes run side by side with the configs rendered
 for two such Gateways, each answering /ready (and its metrics) on its own ports.
 """
@@ -126,6 +128,18 @@ def test_render_keeps_out_the_younger_gateway_whose_annotated_port_is_taken() ->
         "TCP port 9086 (stunnerd: its health check) is already bound on the nodes by Gateway "
         "stunner/first (its health check)"
     )
+
+
+def test_health_and_metrics_on_one_port_is_a_finding_and_the_gateway_still_renders() -> None:
+    gw = annotated(lst("udp", 3478), name="gw", health=9086, metrics=9086)
+    plan = plan_of(gw, enableMetricsEndpoint=True, **NODE_LOCAL)
+    assert [lc.port for lc in plan.configs["stunner/gw"].listeners] == [3478]
+    (finding,) = [f for f in plan.findings if f.name == "gw"]
+    assert (finding.path, finding.reason) == (
+        f'metadata.annotations["{METRICS_PORT_ANNOTATION}"]',
+        "Invalid",
+    )
+    assert finding.message.startswith("TCP port 9086 is also stunnerd's health check")
 
 
 # --- two stunnerd processes, side by side -----------------------------------------------------
