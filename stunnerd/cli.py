@@ -220,15 +220,67 @@ HOW_TO_CONFIGURE = (
 )
 
 
-async def watch_configs(stunner: Stunner, source: ConfigSource) -> None:
-    """Apply every config the source yields; a refused one leaves the running one in place."""
-    async for config in source.watch():
-        try:
-            await stunner.apply(config)
-        except ApplyError as exc:
-            log.error(
-                "could not reconcile new configuration (running configuration unchanged): %s", exc
-            )
+BUSY_RETRY_FIRST = 0.5  # seconds before a config refused for a busy port is tried again
+BUSY_RETRY_MAX = 5.0  # ... doubling up to this
+
+
+async def watch_configs(
+    stunner: Stunner,
+    source: ConfigSource,
+    retry_first: float = BUSY_RETRY_FIRST,
+    retry_max: float = BUSY_RETRY_MAX,
+) -> None:
+    """Apply every config the source yields; a refused one leaves the running one in place.
+
+    A config refused because a port is not free yet (`ApplyError.retryable`) is applied again,
+    after `retry_first` seconds doubling up to `retry_max`, until it applies or a newer config
+    comes: on the host network a DaemonSet's new stunnerd can start while the one it replaces
+    still drains on the node's ports, and the CDS sends a config only when it changes, so
+    without the retry the new pod would stay unready after the old one left."""
+    configs = source.watch()
+    refused: StunnerConfig | None = None
+    delay = retry_first
+    upcoming: asyncio.Future[StunnerConfig] = asyncio.ensure_future(anext(configs))
+    try:
+        while True:
+            try:
+                if refused is None:
+                    config = await upcoming
+                else:
+                    done, _ = await asyncio.wait({upcoming}, timeout=delay)
+                    config = upcoming.result() if done else refused
+            except StopAsyncIteration:  # a source that ends (the watch of a test)
+                return
+            if upcoming.done():
+                upcoming = asyncio.ensure_future(anext(configs))
+            retry = config is refused
+            try:
+                await stunner.apply(config)
+            except ApplyError as exc:
+                if exc.retryable and not retry:
+                    log.error(
+                        "could not reconcile new configuration (running configuration "
+                        "unchanged): %s; retrying while the port is busy",
+                        exc,
+                    )
+                elif not retry:
+                    log.error(
+                        "could not reconcile new configuration (running configuration "
+                        "unchanged): %s",
+                        exc,
+                    )
+                refused = config if exc.retryable else None
+                delay = min(delay * 2, retry_max) if retry else retry_first
+                continue
+            if retry:
+                log.info("applied the configuration refused before: its ports are free now")
+            refused = None
+    finally:
+        upcoming.cancel()
+        await asyncio.wait({upcoming})  # the generator stopped before it is closed
+        aclose = getattr(configs, "aclose", None)
+        if aclose is not None:
+            await aclose()
 
 
 async def serve(
