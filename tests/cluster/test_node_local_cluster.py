@@ -8,6 +8,9 @@ quick start's images; its own install, since the quick start's module uninstalls
   ``$STUNNER_ADDR``: the node has no ExternalIP), which the Gateway's status and
   ``helm stunner status`` say is private.
 - A second Gateway on the same host port is refused at admission, naming the field.
+- A rollout of the node-local DaemonSet while a client holds an allocation: the old pod drains
+  on the node's ports (its allocation still refreshes), and the new pod serves on them once the
+  old one has left.
 - A STUN-only Gateway (GatewayConfig ``stunMode``), reached through its NodePort: a Binding is
   answered, an Allocate is refused with 403, and ``helm stunner ice`` prints a ``stun:`` URI.
 - ``helm stunner explain`` against the running config: the echo pod is admitted via the route,
@@ -52,6 +55,7 @@ __all__ = ["echo_peer", "images", "release"]
 
 NODE_LOCAL = "public-turn"  # the node-local Gateway (and its DaemonSet)
 NODE_PORT = 3479  # its TURN-UDP listener, bound on the node itself
+HEALTH_PORT = 8186  # its health check, bound on the node itself
 STUN_ONLY = "stun-gateway"
 LABELS = {"app.kubernetes.io/part-of": "stunner-node-local-test"}
 
@@ -135,6 +139,8 @@ def _node_local_objects(dataplane_spec: dict[str, Any]) -> list[dict[str, Any]]:
     annotations = {
         "stunner.l7mp.io/enable-relay-address-discovery": "true",
         "stunner.l7mp.io/service-type": "ClusterIP",
+        # its own health-check port on the node (8086 may be another process's there)
+        "stunner.l7mp.io/health-check-port": str(HEALTH_PORT),
     }
     return [
         dataplane,
@@ -295,6 +301,55 @@ def test_a_second_gateway_on_the_same_host_port_is_refused(installed: Release) -
     assert done.returncode != 0, f"admitted: {done.stdout}"
     assert "spec.listeners[0].port" in done.stderr, done.stderr
     assert f"{GATEWAY_NS}/{NODE_LOCAL}" in done.stderr, done.stderr
+
+
+def _node_local_pods(kube: Kube) -> list[dict[str, Any]]:
+    selector = f"{RELATED_GATEWAY_NAME}={NODE_LOCAL}"
+    return list(kube.get("pods", "-n", GATEWAY_NS, "-l", selector)["items"])
+
+
+def test_a_rollout_on_the_host_network_serves_again_after_the_old_pod_drained(
+    installed: Release,
+) -> None:
+    kube, node_ip = installed.kube, installed.state["node_ip"]
+    server = (node_ip, NODE_PORT)
+    (old,) = _node_local_pods(kube)
+    seen: dict[str, Any] = {}
+
+    async def while_draining() -> None:
+        async with _allocation(server) as (client, _):
+            patch = {"spec": {"annotations": {"stunner.l7mp.io/test-rollout": str(time.time())}}}
+            kube.ok("patch", "dataplane", "node-local", "--type=merge", "-p", json.dumps(patch))
+
+            def draining() -> bool:
+                pods = {p["metadata"]["uid"]: p for p in _node_local_pods(kube)}
+                current = pods.get(old["metadata"]["uid"])
+                return bool(current and current["metadata"].get("deletionTimestamp"))
+
+            await asyncio.to_thread(wait_for, "the old pod terminating", draining, 60)
+            await asyncio.sleep(3)
+            refreshed = await client.refresh(600)
+            seen["refresh while draining"] = refreshed.message_class == Class.SUCCESS
+            seen["pods while draining"] = [
+                (p["metadata"]["name"], p["status"].get("phase"), _condition(p, "Ready"))
+                for p in _node_local_pods(kube)
+            ]
+        seen["released"] = time.monotonic()
+
+    asyncio.run(while_draining())
+    assert seen["refresh while draining"], seen
+
+    def new_pod_serves() -> bool:
+        pods = _node_local_pods(kube)
+        fresh = [p for p in pods if p["metadata"]["uid"] != old["metadata"]["uid"]]
+        ready = [p for p in fresh if (_condition(p, "Ready") or {}).get("status") == "True"]
+        return bool(ready) and len(pods) == 1 and _bound(server)
+
+    wait_for("the new pod Ready and serving on the node", new_pod_serves, within=90)
+    MEASURED[f"{installed.name}: host-network rollout"] = (
+        f"pods while the old one drained: {seen['pods while draining']}; the new one served "
+        f"{time.monotonic() - seen['released']:.1f} s after the last allocation was deleted"
+    )
 
 
 # --- helm stunner explain, online -------------------------------------------------------------
