@@ -6,13 +6,15 @@ server (reconciler.cds) with `user_quota: 2`, each pod on its own loopback addre
 We test: allocations on two pods count together, so the third Allocate gets 486 on every pod;
 releasing one (Refresh with lifetime 0) frees a slot on another pod; a Go-style watcher of the
 same config (it sends nothing) receives configs only, never a usage frame; with the CDS stopped
-each pod falls back to its own count (admits up to the quota on its own).
+each pod falls back to its own count (admits up to the quota on its own); a draining pod (SIGTERM)
+keeps reporting, so its allocations still count on the others.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -89,7 +91,7 @@ def test_user_quota_holds_across_stunnerd_pods(stunnerd: StartStunnerd) -> None:
             go_task = asyncio.create_task(go.run())
             pods = [
                 stunnerd(
-                    *("-w", "--udp-thread-num=16", "--grace-period", "1"),
+                    *("-w", "--udp-thread-num=16", "--grace-period", "60"),
                     *("-c", cds.address, "-i", ID),
                     env={"STUNNER_ADDR": pod, "STUNNER_NODENAME": ""},
                 )
@@ -118,6 +120,15 @@ def test_user_quota_holds_across_stunnerd_pods(stunnerd: StartStunnerd) -> None:
             await wait_for(lambda: _true(cds.store.usage.total(ID) == {USERNAME: 2}))
             await wait_for(lambda: refused(PODS[0], port))
 
+            # A draining pod (SIGTERM) keeps its watch: its allocation still counts elsewhere.
+            pods[1].send(signal.SIGTERM)
+            await wait_for(lambda: _true("SIGTERM: draining 1 allocation" in pods[1].stderr))
+            assert await allocate(PODS[1], port) == 508  # draining: "try another server"
+            for _ in range(5):
+                await asyncio.sleep(0.2)
+                assert cds.store.usage.total(ID) == {USERNAME: 2}
+                assert await refused(PODS[0], port)
+
             # The Go-style watcher got configs only, no usage frame.
             assert go.frames, "the Go-style watcher got no config"
             assert all(usage_key(f) is None for f in go.frames), go.frames
@@ -127,11 +138,12 @@ def test_user_quota_holds_across_stunnerd_pods(stunnerd: StartStunnerd) -> None:
                 await go_task
 
         # The CDS is gone: each pod counts its own allocations only. Pod 1 holds none (its
-        # allocation was released), pods 2 and 3 one each: 2, 1 and 1 more are admitted.
-        for pod, more in zip(PODS, (2, 1, 1), strict=True):
+        # allocation was released), pod 3 one: 2 and 1 more are admitted (pod 2 is draining).
+        for pod, more in ((PODS[0], 2), (PODS[2], 1)):
             for _ in range(more):
                 held.append(await _admitted(pod, port))
             assert await refused(pod, port), f"{pod} admitted past its own count"
+        assert await allocate(PODS[1], port) == 508
         for allocation in held:
             allocation.close()
         await asyncio.sleep(0.5)  # the releases go out
