@@ -111,6 +111,10 @@ class Stunner:
         return "READY" if self.ready else "NOT-READY"
 
     @property
+    def user_quota_shared(self) -> bool | None:
+        return self.usage.shared
+
+    @property
     def allocation_count(self) -> int:
         return sum(self.listener_allocations().values())
 

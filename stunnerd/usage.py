@@ -47,6 +47,11 @@ class UsageReporter:
         self._omitted = 0
         quota.on_change = self._changed.set
 
+    @property
+    def shared(self) -> bool | None:
+        """With a quota: whether the other pods' counts are known (the CDS connected)."""
+        return self._connected if self.enabled else None
+
     def set_enabled(self, enabled: bool) -> None:
         """Report (or stop: one empty report says so) as the running config has a user quota."""
         if enabled == self.enabled:

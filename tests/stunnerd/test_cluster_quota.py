@@ -7,13 +7,15 @@ We test: allocations on two pods count together, so the third Allocate gets 486 
 releasing one (Refresh with lifetime 0) frees a slot on another pod; a Go-style watcher of the
 same config (it sends nothing) receives configs only, never a usage frame; with the CDS stopped
 each pod falls back to its own count (admits up to the quota on its own); a draining pod (SIGTERM)
-keeps reporting, so its allocations still count on the others.
+keeps reporting, so its allocations still count on the others; `stunner_user_quota_shared` is 1
+while a pod is connected and 0 once it counts its own only.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import signal
 import time
 from collections.abc import Awaitable, Callable
@@ -28,6 +30,7 @@ from tests.cds_server import run_cds_server
 from tests.support.turnclient import PASSWORD, USERNAME, free_port, make_config
 
 from .conftest import StartStunnerd
+from .test_admin import get
 
 ID = "testns/gw"
 PODS = ("127.0.0.1", "127.0.0.2", "127.0.0.3")
@@ -78,10 +81,13 @@ class GoWatcher:
 
 def test_user_quota_holds_across_stunnerd_pods(stunnerd: StartStunnerd) -> None:
     async def main() -> None:
-        port = free_port()
+        port, metrics = free_port(), free_port()
         # Every pod gets the same config, as the pods of one Gateway do, and binds its own
         # address ($STUNNER_ADDR: the pod IP in a cluster, a loopback address here).
-        config = make_config(port, ["127.0.0.1/32"], protocols=("TURN-UDP",), user_quota=2)
+        admin = {"metrics_endpoint": f"http://127.0.0.1:{metrics}/metrics"}
+        config = make_config(
+            port, ["127.0.0.1/32"], protocols=("TURN-UDP",), user_quota=2, admin=admin
+        )
         text = config.to_json().replace('"address":"127.0.0.1"', '"address":"$STUNNER_ADDR"')
         assert "$STUNNER_ADDR" in text
         held: list[Any] = []
@@ -92,7 +98,7 @@ def test_user_quota_holds_across_stunnerd_pods(stunnerd: StartStunnerd) -> None:
             pods = [
                 stunnerd(
                     *("-w", "--udp-thread-num=16", "--grace-period", "60"),
-                    *("-c", cds.address, "-i", ID),
+                    *("-c", cds.address, "-i", ID, "--metrics-address", f"{pod}:{metrics}"),
                     env={"STUNNER_ADDR": pod, "STUNNER_NODENAME": ""},
                 )
                 for pod in PODS
@@ -102,6 +108,7 @@ def test_user_quota_holds_across_stunnerd_pods(stunnerd: StartStunnerd) -> None:
                 await wait_for(lambda pod=pod: _serves(pod, port))  # type: ignore[misc]
             await wait_for(lambda: _true(cds.store.usage.reporters(ID) == 3))
             await wait_for(lambda: _true(cds.store.usage.total(ID) == {}))  # probes released
+            assert await shared(PODS[0], metrics) == 1
 
             # Two allocations, on two pods, count together: the third is refused everywhere.
             for pod in PODS[:2]:
@@ -137,8 +144,10 @@ def test_user_quota_holds_across_stunnerd_pods(stunnerd: StartStunnerd) -> None:
             with contextlib.suppress(asyncio.CancelledError):
                 await go_task
 
-        # The CDS is gone: each pod counts its own allocations only. Pod 1 holds none (its
-        # allocation was released), pod 3 one: 2 and 1 more are admitted (pod 2 is draining).
+        # The CDS is gone: each pod counts its own allocations only (and says so).
+        await wait_for(lambda: _equals(shared(PODS[0], metrics), 0))
+        # Pod 1 holds none (its allocation was released), pod 3 one: 2 and 1 more are
+        # admitted (pod 2 is draining).
         for pod, more in ((PODS[0], 2), (PODS[2], 1)):
             for _ in range(more):
                 held.append(await _admitted(pod, port))
@@ -157,6 +166,18 @@ def test_user_quota_holds_across_stunnerd_pods(stunnerd: StartStunnerd) -> None:
 
 async def _true(value: bool) -> bool:
     return value
+
+
+async def _equals(value: Awaitable[object], expected: object) -> bool:
+    return await value == expected
+
+
+async def shared(pod: str, metrics: int) -> float | None:
+    """The pod's stunner_user_quota_shared gauge."""
+    status, text = await get(f"http://{pod}:{metrics}/metrics")
+    assert status == 200, text
+    found = re.search(r"^stunner_user_quota_shared (\S+)$", text, re.MULTILINE)
+    return float(found.group(1)) if found else None
 
 
 async def _serves(pod: str, port: int) -> bool:
