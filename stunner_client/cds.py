@@ -241,6 +241,9 @@ class CdsClient:
                     self.retry_period,
                 )
                 failing = True
+            except (GeneratorExit, asyncio.CancelledError):
+                reporter = None  # the watch is stopped, not disconnected
+                raise
             finally:
                 if reporter is not None:
                     reporter.disconnected()
