@@ -21,7 +21,7 @@ from .daemon import ApplyError, Stunner
 from .ledger import LocalQuota
 from .limits import Limits
 from .runtime import event_loop_factory
-from .sources import DEFAULT_CDS_ADDRESS, ConfigSource, SourceError, source_for
+from .sources import DEFAULT_CDS_ADDRESS, CdsSource, ConfigSource, SourceError, source_for
 from .worker_pool import WorkerPool, udp_process_count, usable_cpus
 
 log = logging.getLogger("stunner.stunnerd")
@@ -236,7 +236,10 @@ async def watch_configs(
     after `retry_first` seconds doubling up to `retry_max`, until it applies or a newer config
     comes: on the host network a DaemonSet's new stunnerd can start while the one it replaces
     still drains on the node's ports, and the CDS sends a config only when it changes, so
-    without the retry the new pod would stay unready after the old one left."""
+    without the retry the new pod would stay unready after the old one left.
+
+    While draining the watch stays (the CDS keeps counting this pod's allocations toward the
+    cluster-wide user quotas) but configs are no longer applied."""
     configs = source.watch()
     refused: StunnerConfig | None = None
     delay = retry_first
@@ -253,6 +256,10 @@ async def watch_configs(
                 return
             if upcoming.done():
                 upcoming = asyncio.ensure_future(anext(configs))
+            if stunner.terminating:
+                log.info("draining: not applying the new configuration")
+                refused = None
+                continue
             retry = config is refused
             try:
                 await stunner.apply(config)
@@ -291,8 +298,8 @@ async def serve(
     origin: ConfigSource | None = None,
 ) -> int:
     """Serve `initial` (and, in watch mode, every config from `source`) until SIGTERM/SIGINT,
-    then drain: not ready, stop watching, keep serving, exit when the last allocation is gone
-    or the grace period ends. A second signal exits at once. SIGHUP re-reads the config from
+    then drain: not ready, apply no new config, keep serving, exit when the last allocation is
+    gone or the grace period ends. A second signal exits at once. SIGHUP re-reads the config from
     `origin` (the file or CDS it came from) and applies it, as the file watch does."""
     signals = asyncio.Queue[int]()
     loop = asyncio.get_running_loop()
@@ -312,8 +319,6 @@ async def serve(
         while (received := await signals.get()) == signal.SIGHUP:
             await reload(stunner, origin)
         stunner.terminating = True
-        if watcher is not None:
-            watcher.cancel()
         active = await stunner.current_allocation_count()
         log.info(
             "%s: draining %d allocation(s), at most %gs%s",
@@ -335,6 +340,8 @@ async def serve(
             log.info("%s again: exiting now", signal.Signals(received).name)
             break
         log.info("shutting down (%d active allocations)", stunner.allocation_count)
+        if watcher is not None:
+            watcher.cancel()
         await stunner.close()
         return 0
     finally:
@@ -363,6 +370,8 @@ async def run(args: argparse.Namespace, stunner: Stunner) -> int:
     try:
         origin = config_source(args)
         source = None if isinstance(origin, StunnerConfig) else origin
+        if isinstance(source, CdsSource):
+            source.reporter = stunner.usage  # cluster-wide user quotas (stunnerd.usage)
         if args.watch and not args.dry_run and source is not None:
             # Watch mode starts empty (not ready) and takes its config from the source.
             return await serve(stunner, zero_config(), source, args.grace_period, source)

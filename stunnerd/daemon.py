@@ -33,6 +33,7 @@ from .limits import Limits
 from .listener import Listener
 from .router import Router
 from .turn import ServerContext
+from .usage import UsageReporter
 from .worker_pool import WorkerCounters, WorkerPool
 
 log = logging.getLogger("stunner.stunnerd")
@@ -65,6 +66,8 @@ class Stunner:
             workers.users if workers is not None else LocalQuota(self.limits.max_allocations)
         )
         self.reservations = workers.reservations if workers is not None else Reservations()
+        # Cluster-wide user quotas: the CDS watch reports through it (stunnerd.usage).
+        self.usage = UsageReporter(self.users)
         self.core = DataplaneCore(
             nonces or NonceManager(),
             self.users,
@@ -106,6 +109,10 @@ class Stunner:
         if self.terminating:
             return "TERMINATING"
         return "READY" if self.ready else "NOT-READY"
+
+    @property
+    def user_quota_shared(self) -> bool | None:
+        return self.usage.shared
 
     @property
     def allocation_count(self) -> int:
@@ -183,6 +190,7 @@ class Stunner:
         await self.core.apply(config, Plan(to_stop, builds, rollback=True, release=release))
         self.config = config
         self._configured = self._configured or not is_zero_config(config)
+        self.usage.set_enabled(config.admin.user_quota > 0)
         if workers is not None:
             await workers.sync(config, self.listeners.values())
         await self._reconcile_admin_servers(config)
