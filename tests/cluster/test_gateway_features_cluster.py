@@ -13,6 +13,9 @@ quick start's images; its own install, since the quick start's module uninstalls
   old one has left.
 - A STUN-only Gateway (GatewayConfig ``stunMode``), reached through its NodePort: a Binding is
   answered, an Allocate is refused with 403, and ``helm stunner ice`` prints a ``stun:`` URI.
+- A cluster-wide user quota (GatewayConfig ``userQuota: 1``) on a Gateway with two stunnerd
+  pods: an allocation on one pod makes the same user's Allocate on the other 486, and once it is
+  deleted the other pod admits the user again.
 - ``helm stunner explain`` against the running config: the echo pod is admitted via the route,
   the ``kubernetes`` Service's address is refused with the rule.
 """
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -180,7 +184,11 @@ def installed(release: Release) -> Iterator[Release]:
     assert done.returncode == 0, f"{' '.join(plugin)}:\n{done.stdout}\n{done.stderr}"
     yield release
     _delete_ours(release.kube)
-    release.kube.run("delete", "namespace", GATEWAY_NS, "--ignore-not-found", "--wait")
+    try:  # pods that outlive their Gateway for a minute (a failed phase's) go by force
+        release.kube.run("delete", "namespace", GATEWAY_NS, "--ignore-not-found", timeout=60)
+    except subprocess.TimeoutExpired:
+        release.kube.run("delete", "pods", "--all", "-n", GATEWAY_NS, "--grace-period=0", "--force")
+        release.kube.run("delete", "namespace", GATEWAY_NS, "--ignore-not-found", timeout=180)
 
 
 def _apply(kube: Kube, *objects: dict[str, Any]) -> None:
@@ -238,7 +246,7 @@ def test_a_node_local_gateway_runs_a_daemonset_in_the_node_network(
 
 def _bound(server: tuple[str, int]) -> bool:
     async def binding() -> Message:
-        client = await RawClient.connect(server)
+        client = await _client(server)
         try:
             return await client.request(Message(Method.BINDING, Class.REQUEST), sign=False)
         finally:
@@ -410,6 +418,103 @@ def test_a_stun_only_gateway_answers_binding_and_refuses_allocate(installed: Rel
     assert code == 0, out
     urls = [u for s in json.loads(out)["iceServers"] for u in s["urls"]]
     assert urls and all(u.startswith("stun:") for u in urls), urls
+
+
+QUOTA_GATEWAY = "quota-gateway"
+
+
+def _quota_objects(dataplane_spec: dict[str, Any]) -> list[dict[str, Any]]:
+    dataplane = {
+        "apiVersion": "stunner.l7mp.io/v1",
+        "kind": "Dataplane",
+        "metadata": _meta("two-pods", None),
+        # small requests: two more stunnerd pods fit beside the others on a small node
+        "spec": {
+            **dataplane_spec,
+            "replicas": 2,
+            "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}},
+        },
+    }
+    config = {
+        "dataplane": "two-pods",
+        "authType": "static",
+        "userName": CREDENTIALS[0],
+        "password": CREDENTIALS[1],
+        "userQuota": 1,
+    }
+    annotations = {"stunner.l7mp.io/service-type": "ClusterIP"}
+    return [
+        dataplane,
+        *_class_and_config("two-pods", config),
+        _gateway(QUOTA_GATEWAY, "two-pods", 3478, annotations),
+        _route("quota-route", QUOTA_GATEWAY),
+    ]
+
+
+async def _client(server: tuple[str, int]) -> RawClient:
+    """A TURN client of `server` from the host's address toward it (a pod's address is not the
+    host's own, which RawClient.connect binds)."""
+    loop = asyncio.get_running_loop()
+    _, client = await loop.create_datagram_endpoint(
+        lambda: RawClient(server, username=CREDENTIALS[0], password=CREDENTIALS[1]),
+        local_addr=("0.0.0.0", 0),
+    )
+    return client
+
+
+async def _until_code(server: tuple[str, int], wanted: int | None, within: float) -> float:
+    """Allocate at `server` as the quota's user until the answer is `wanted` (None: success);
+    an allocation made meanwhile is deleted at once. The seconds it took."""
+    started = time.monotonic()
+    while True:
+        client = await _client(server)
+        try:
+            answer = await client.allocate()
+            code = error_code(answer)
+            if answer.message_class == Class.SUCCESS:
+                await client.refresh(0)
+        finally:
+            client.close()
+        if code == wanted:
+            return time.monotonic() - started
+        assert time.monotonic() - started < within, f"Allocate at {server}: {code}, not {wanted}"
+        await asyncio.sleep(0.2)
+
+
+def test_a_user_quota_holds_across_the_gateways_pods(installed: Release) -> None:
+    kube = installed.kube
+    _apply(kube, *_quota_objects(kube.get("dataplane", "default")["spec"]))
+    selector = f"{RELATED_GATEWAY_NAME}={QUOTA_GATEWAY}"
+
+    def two_ready_pods() -> list[str] | None:
+        pods = kube.get("pods", "-n", GATEWAY_NS, "-l", selector)["items"]
+        ips = [
+            p["status"]["podIP"]
+            for p in pods
+            if (_condition(p, "Ready") or {}).get("status") == "True"
+            and not p["metadata"].get("deletionTimestamp")
+        ]
+        return ips if len(ips) == 2 else None
+
+    first, second = wait_for("the quota Gateway's two pods Ready", two_ready_pods, within=120)
+    for ip in (first, second):
+        wait_for(f"a Binding answered at {ip}:3478", lambda ip=ip: _bound((ip, 3478)), within=30)
+
+    async def scenario() -> dict[str, float]:
+        holder = await _client((first, 3478))
+        try:
+            assert (await holder.allocate()).message_class == Class.SUCCESS
+            refused_after = await _until_code((second, 3478), 486, within=10)
+        finally:
+            await holder.refresh(0)
+            holder.close()
+        admitted_after = await _until_code((second, 3478), None, within=10)
+        return {"486 on the other pod": refused_after, "admitted again": admitted_after}
+
+    took = asyncio.run(scenario())
+    MEASURED[f"{installed.name}: user quota across two pods"] = ", ".join(
+        f"{what} after {seconds:.2f} s" for what, seconds in took.items()
+    )
 
 
 def test_the_release_uninstalls(installed: Release) -> None:
