@@ -7,14 +7,38 @@ aioice is imported by the calls, not here: it comes with the `demo` and `cli` ex
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from typing import Any
 
+RELEASE_TIMEOUT = 2.0  # seconds to wait for an allocation's deletion
 
-class Receiver(asyncio.DatagramProtocol):
+
+class Released(asyncio.DatagramProtocol):
+    """A relayed endpoint's protocol that knows when aioice has deleted its allocation."""
+
+    def __init__(self) -> None:
+        self.closed = asyncio.Event()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed.set()
+
+
+async def release(turn: Any, protocol: Released, timeout: float = RELEASE_TIMEOUT) -> None:
+    """Close aioice's TURN transport and wait (at most `timeout` seconds) until its allocation is
+    deleted (a Refresh with LIFETIME 0). `close()` alone only starts that: a caller that then
+    returns (or ends its event loop) leaves the allocation on the server for its lifetime, and
+    a stunnerd told to stop drains it meanwhile."""
+    turn.close()
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(protocol.closed.wait(), timeout)
+
+
+class Receiver(Released):
     """What the relayed endpoint receives, with the time each payload arrived, and its errors."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.received: dict[bytes, float] = {}
         self.errors: list[Exception] = []
 
@@ -61,7 +85,7 @@ async def relay(
             "mean_rtt_ms": round(1000 * sum(rtts) / len(rtts), 2) if rtts else None,
         }
     finally:
-        turn.close()
+        await release(turn, receiver)
 
 
 async def refused(
@@ -84,7 +108,7 @@ async def refused(
             await asyncio.sleep(0.02)
         return str(receiver.errors[0]) if receiver.errors else "no error (unexpected)"
     finally:
-        turn.close()
+        await release(turn, receiver)
 
 
 async def allocate(
@@ -93,9 +117,9 @@ async def allocate(
     """One allocation over `transport` within `timeout` seconds: its relayed address."""
     from aioice.turn import create_turn_endpoint
 
-    turn, _ = await asyncio.wait_for(
+    turn, protocol = await asyncio.wait_for(
         create_turn_endpoint(
-            asyncio.DatagramProtocol,
+            Released,
             server_addr=server,
             username=credentials[0],
             password=credentials[1],
@@ -106,7 +130,7 @@ async def allocate(
     try:
         return turn.get_extra_info("sockname")
     finally:
-        turn.close()
+        await release(turn, protocol)
 
 
 async def open_allocation(
