@@ -70,6 +70,9 @@ def test_a_stalled_reader_gets_late_packets_dropped_and_answers_kept(
                 await asyncio.sleep(INTERVAL)
             # The client reads again: its Refresh is answered behind whatever was queued (the
             # Python path drops late packets as they come, the engine as the socket drains).
+            # A full-size receive buffer again: with 4 KiB the window never opens by an MSS
+            # (64 KiB on loopback), so the server could send only at its zero-window probes.
+            writer.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
             writer.transport.resume_reading()  # type: ignore[attr-defined]
             refresh = Message(Method.REFRESH, Class.REQUEST)  # unsigned: answered with a 401
             writer.write(refresh.encode())
