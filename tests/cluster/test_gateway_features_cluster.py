@@ -6,7 +6,9 @@ quick start's images; its own install, since the quick start's module uninstalls
   a TURN allocation made from the host to the node's own address and port relays to an echo pod,
   and its XOR-RELAYED-ADDRESS is the node's address (relay address discovery falling back to
   ``$STUNNER_ADDR``: the node has no ExternalIP), which the Gateway's status and
-  ``helm stunner status`` say is private.
+  ``helm stunner status`` say is private. The Node annotated with an operator-named address
+  (``stunner.l7mp.io/relay-address``): the allocation hands that out, ``helm stunner ice``
+  prints it, and the echo still relays.
 - A second Gateway on the same host port is refused at admission, naming the field.
 - A rollout of the node-local DaemonSet while a client holds an allocation: the old pod drains
   on the node's ports (its allocation still refreshes), and the new pod serves on them once the
@@ -57,6 +59,7 @@ from tests.support.turnclient import RawClient, error_code
 # the quick start's fixtures (a release of this module's own)
 __all__ = ["echo_peer", "images", "release"]
 
+RELAY_ADDRESS_ANNOTATION = "stunner.l7mp.io/relay-address"  # on a Node: its public address
 NODE_LOCAL = "public-turn"  # the node-local Gateway (and its DaemonSet)
 NODE_PORT = 3479  # its TURN-UDP listener, bound on the node itself
 HEALTH_PORT = 8186  # its health check, bound on the node itself
@@ -301,6 +304,37 @@ def test_the_private_fallback_is_said_in_status_and_helm_stunner_status(
     code, out = _helm_stunner(installed, "status", f"{GATEWAY_NS}/{NODE_LOCAL}")
     assert code == 0, out
     assert "(private)" in out, out
+
+
+NAMED_ADDRESS = "192.0.2.10"  # TEST-NET-1: handed out, never sent to
+
+
+def test_an_operator_named_relay_address_is_handed_out_and_in_ice(
+    installed: Release, echo_peer: tuple[str, int]
+) -> None:
+    """The Node annotated with the address its 1:1 NAT maps to: stunnerd binds the node's own
+    address and hands clients the named one; ICE prints it; status calls it public."""
+    kube, node, node_ip = installed.kube, installed.state["node"], installed.state["node_ip"]
+    kube.ok("annotate", "node", node, f"{RELAY_ADDRESS_ANNOTATION}={NAMED_ADDRESS}", "--overwrite")
+    try:
+
+        def relayed_named() -> dict[str, Any] | None:
+            result = asyncio.run(_node_local_echo((node_ip, NODE_PORT), echo_peer))
+            return result if result["relayed"][0] == NAMED_ADDRESS else None
+
+        result = wait_for(f"XOR-RELAYED-ADDRESS {NAMED_ADDRESS}", relayed_named, within=30)
+        assert result["echo"] == b"node-local", result
+        code, out = _helm_stunner(installed, "ice", f"{GATEWAY_NS}/{NODE_LOCAL}")
+        assert code == 0, out
+        urls = [u for s in json.loads(out)["iceServers"] for u in s["urls"]]
+        assert urls == [f"turn:{NAMED_ADDRESS}:{NODE_PORT}?transport=udp"], urls
+        code, out = _helm_stunner(installed, "status", f"{GATEWAY_NS}/{NODE_LOCAL}")
+        assert code == 0 and NAMED_ADDRESS in out and "(private)" not in out, out
+        MEASURED[f"{installed.name}: operator-named relay address"] = (
+            f"relayed {result['relayed']} (sockets on {node_ip}), echo ok; ice {urls}"
+        )
+    finally:
+        kube.ok("annotate", "node", node, f"{RELAY_ADDRESS_ANNOTATION}-")
 
 
 def test_a_second_gateway_on_the_same_host_port_is_refused(installed: Release) -> None:
