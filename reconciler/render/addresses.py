@@ -22,7 +22,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from stunner_api.vocabulary import SERVICE_TYPE
+from stunner_api.annotations import Refused, relay_address
+from stunner_api.vocabulary import NODE_RELAY_ADDRESS, SERVICE_TYPE
 from stunner_api.vocabulary import ConditionReason as Reason
 
 from ..store import Kind, Object, meta, name_of, namespace_of
@@ -199,14 +200,26 @@ def listener_addresses(
 
 # --- relay address discovery (a node-local dataplane's relay address) ----------------------
 
-# Go's node patcher: a Node's ExternalIP, else its ExternalDNS (resolved by the CDS); no
-# InternalIP: a node without either hands out its stunnerd pod's own address, and says so.
+# Go's node patcher: a Node's ExternalIP, else its ExternalDNS (resolved by the CDS); then ours,
+# the address the operator names in the Node's NODE_RELAY_ADDRESS annotation (an IP or a DNS
+# name); no InternalIP: a node without any of these hands out what the Gateway's STUN server
+# reports (stunnerd asks it), else its stunnerd pod's own address, and says so.
 RELAY_ADDRESS_TYPES = ("ExternalIP", "ExternalDNS")
+RELAY_ADDRESS_PATH = f'metadata.annotations["{NODE_RELAY_ADDRESS}"]'
+
+
+def _named_relay_address(node: Object) -> str | Refused | None:
+    """A Node's NODE_RELAY_ADDRESS annotation, parsed; None when it has none."""
+    annotations = meta(node).get("annotations")
+    if not isinstance(annotations, Mapping) or NODE_RELAY_ADDRESS not in annotations:
+        return None
+    return relay_address(str(annotations[NODE_RELAY_ADDRESS]))
 
 
 def node_relay_addresses(nodes: Iterable[Object]) -> dict[str, str]:
     """Node name -> its public address for relay address discovery (RELAY_ADDRESS_TYPES, the
-    first of the preferred type), for the Nodes that have one."""
+    first of the preferred type, else a valid NODE_RELAY_ADDRESS annotation), for the Nodes
+    that have one."""
     found: dict[str, str] = {}
     for node in nodes:
         listed = [
@@ -219,23 +232,40 @@ def node_relay_addresses(nodes: Iterable[Object]) -> dict[str, str]:
             if match is not None:
                 found[name_of(node)] = match
                 break
+        else:
+            named = _named_relay_address(node)
+            if isinstance(named, str):
+                found[name_of(node)] = named
     return found
 
 
-def relay_fallback_note(nodes: Iterable[Object]) -> str | None:
+def node_findings(nodes: Iterable[Object]) -> tuple[Finding, ...]:
+    """A finding for each Node whose NODE_RELAY_ADDRESS annotation is not an address (the
+    annotation is then ignored)."""
+    found = []
+    for node in sorted(nodes, key=name_of):
+        named = _named_relay_address(node)
+        if isinstance(named, Refused):
+            found.append(finding(node, RELAY_ADDRESS_PATH, named.reason, Reason.INVALID))
+    return tuple(found)
+
+
+def relay_fallback_note(nodes: Iterable[Object], stun_server: str = "") -> str | None:
     """What relay address discovery says when some Nodes have no public address, None when
-    every Node has one."""
+    every Node has one. `stun_server`: the Gateway's (RELAY_STUN_SERVER), which stunnerd there
+    asks first."""
     listed = list(nodes)
     found = node_relay_addresses(listed)
     missing = sorted(name_of(node) for node in listed if name_of(node) not in found)
     if not missing:
         return None
     shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+    stun = f"the address STUN server {stun_server} reports for it, else " if stun_server else ""
     return (
         f"relay address discovery: Node{'s' if len(missing) > 1 else ''} {shown} "
-        f"{'have' if len(missing) > 1 else 'has'} no ExternalIP or ExternalDNS, so stunnerd "
-        "there hands clients its pod's own address ($STUNNER_ADDR, likely private) as the "
-        "relay address"
+        f"{'have' if len(missing) > 1 else 'has'} no ExternalIP, ExternalDNS or "
+        f"{NODE_RELAY_ADDRESS} annotation, so stunnerd there hands clients {stun}its pod's own "
+        "address ($STUNNER_ADDR, likely private) as the relay address"
     )
 
 
@@ -246,6 +276,7 @@ __all__ = [
     "gateway_service",
     "listener_addresses",
     "node_address",
+    "node_findings",
     "node_relay_addresses",
     "public_address",
     "relay_fallback_note",

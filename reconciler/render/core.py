@@ -267,7 +267,8 @@ class Renderer:
             deployments=by_gateway("deployments"),
             services=by_gateway("services"),
             statuses=tuple(ordered([*top.statuses, *(s for d in done_parts for s in d.statuses)])),
-            findings=tuple(ordered([*top.findings, *(f for d in done_parts for f in d.findings)])),
+            findings=tuple(ordered([*top.findings, *(f for d in done_parts for f in d.findings)]))
+            + addresses.node_findings(snapshot.all(Kind.NODE)),
             node_addresses=addresses.node_relay_addresses(snapshot.all(Kind.NODE)),
         )
 

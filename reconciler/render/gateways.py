@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+from stunner_api.annotations import RELAY_STUN_SERVER_ROW, Limits
 from stunner_api.dataplane import StunnerConfig
 from stunner_api.vocabulary import NODE_ADDRESS_PLACEHOLDER, RELAY_ADDRESS_DISCOVERY
 from stunner_api.vocabulary import ConditionReason as Reason
@@ -31,6 +32,7 @@ from .context import (
     status_update,
 )
 from .listeners import listener_specs
+from .manifests import annotation
 from .plan import Finding
 
 
@@ -66,11 +68,17 @@ def _listener_status(
 
 
 def _relay_fallback(
-    ctx: Context, gateway: Object, programmed: cond.Condition
+    ctx: Context, gateway: Object, gateway_config: Object | None, programmed: cond.Condition
 ) -> tuple[cond.Condition, tuple[Finding, ...]]:
     """Relay address discovery where some Nodes have no public address: a finding, and the
     Programmed condition says so (the listeners still work, at a private address there)."""
-    note = relay_fallback_note(ctx.snapshot.all(Kind.NODE))
+    limits = Limits(ctx.rule_settings.node_port_range)
+    stun_server = (
+        annotation(RELAY_STUN_SERVER_ROW, gateway, gateway_config, limits)
+        if gateway_config is not None
+        else ""
+    )
+    note = relay_fallback_note(ctx.snapshot.all(Kind.NODE), stun_server)
     if note is None:
         return programmed, ()
     path = f'metadata.annotations["{RELAY_ADDRESS_DISCOVERY}"]'
@@ -109,7 +117,8 @@ def gateway_status(
         if isinstance(config, StunnerConfig) and any(
             lc.address == NODE_ADDRESS_PLACEHOLDER for lc in config.listeners
         ):
-            programmed, found = _relay_fallback(ctx, gateway, programmed)
+            gateway_config = plan.context.gateway_config
+            programmed, found = _relay_fallback(ctx, gateway, gateway_config, programmed)
         status["conditions"] = conditions_of(ctx, gateway, [accepted, programmed])
         first = next((public[0] for public in rendered if public is not None), None)
         if first is not None:

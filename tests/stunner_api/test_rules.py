@@ -502,6 +502,13 @@ CASES: list[tuple[Rule, dict[str, Any], list[str]]] = [
         ["spec.listeners[0].port: TCP port 8086 is its health check (stunnerd's own port"],
     ),
     (gateway_relay_address_discovery, host_gateway(enable_relay_address_discovery="true"), []),
+    (
+        gateway_relay_address_discovery,
+        host_gateway(
+            enable_relay_address_discovery="true", relay_address_stun_server="stun.example:3478"
+        ),
+        [],
+    ),
     (dataplane_default_kept, dataplane("dev"), []),
     (dataplane_default_kept, dataplane("default"), ["metadata.name: the default Dataplane"]),
 ]
@@ -559,6 +566,12 @@ WARNINGS: list[tuple[Rule, dict[str, Any], str]] = [
         annotated(enable_relay_address_discovery="true"),
         "stunner.l7mp.io/enable-relay-address-discovery\"]: the Gateway's stunnerd pods do not "
         "use the host network",
+    ),
+    (
+        gateway_relay_address_discovery,
+        host_gateway(relay_address_stun_server="stun.example:3478"),
+        'stunner.l7mp.io/relay-address-stun-server"]: has no effect without '
+        '"stunner.l7mp.io/enable-relay-address-discovery": "true"',
     ),
     (staticservice_prefixes, ssvc("0.0.0.0/0"), "0.0.0.0/0 opens a public relay"),
     (staticservice_prefixes, ssvc("::/0"), "::/0 opens a public relay"),
@@ -635,7 +648,8 @@ def test_every_rule_has_passing_and_failing_cases() -> None:
             "stunner.l7mp.io/nodeport, stunner.l7mp.io/targetport, "
             "stunner.l7mp.io/disable-health-check-expose, "
             "stunner.l7mp.io/disable-session-affinity, "
-            "stunner.l7mp.io/enable-relay-address-discovery",
+            "stunner.l7mp.io/enable-relay-address-discovery, "
+            "stunner.l7mp.io/relay-address-stun-server",
         ),
         (
             annotated(nodeport='{"udp":80}'),
