@@ -20,8 +20,8 @@ from .auth import NonceManager
 from .daemon import ApplyError, Stunner
 from .ledger import LocalQuota
 from .limits import Limits
-from .runtime import event_loop_factory
 from .relay_discovery import relay_discovery_from_env
+from .runtime import event_loop_factory
 from .sources import DEFAULT_CDS_ADDRESS, ConfigSource, SourceError, source_for
 from .worker_pool import WorkerPool, udp_process_count, usable_cpus
 

@@ -149,7 +149,7 @@ def test_stunnerd_hands_out_what_the_stun_server_reports(
                         "STUNNER_NAME": "gw",
                         "STUNNER_NODENAME": "node-c",
                         "STUNNER_ADDR": POD,
-                        RELAY_STUN_SERVER_ENV: "%s:%d" % nat.address,
+                        RELAY_STUN_SERVER_ENV: f"{nat.address[0]}:{nat.address[1]}",
                     },
                 )
                 log = await until_logged(node, "relay address discovery: STUN server")
