@@ -16,9 +16,11 @@ unmasked frame with 1002 (stunner_http.websocket).
 Relay address discovery (Go's node patcher): a request's `node` parameter names the requesting
 stunnerd's Node; every listener `address` that is the node placeholder is replaced, in what
 that request or watcher gets, with the Node's public address (`set_nodes`: ExternalIP, else
-ExternalDNS resolved here), else with `$STUNNER_ADDR` (the pod's own address: stunnerd expands
-it, and the Gateway's status says which Nodes have no public address). A watcher is sent its
-config again when its Node's address changes.
+ExternalDNS resolved here, else the Node's relay-address annotation), else with `$STUNNER_ADDR`
+(the pod's own address: stunnerd expands it, and the Gateway's status says which Nodes have no
+public address). A request without `node` gets the placeholder, as from Go's. A watcher is sent
+its config again when its Node's address changes. GET NODES_PATH lists the Nodes' public
+addresses (the auth service's per-node ICE URIs).
 
 `serve` runs an app with the connection discipline of every server of ours
 (stunner_http.server): a request deadline, a cap on connections (CDS_LIMITS, the auth service's
@@ -55,6 +57,7 @@ from stunner_api.cds import (
     LIST_VERSION,
     NAMESPACE_PATH,
     NODE_PARAM,
+    NODES_PATH,
     PING_PERIOD,
     POD_ADDRESS,
     WATCH_PARAM,
@@ -168,20 +171,35 @@ class ConfigStore:
         address, else its pod's own (`$STUNNER_ADDR`)."""
         return self._node_ips.get(node, POD_ADDRESS) if node else POD_ADDRESS
 
+    @property
+    def node_names(self) -> Mapping[str, str]:
+        """Node name -> its public address as given to `set_nodes` (an IP or a DNS name)."""
+        return dict(self._node_names)
+
+    def node_public_addresses(self) -> list[str]:
+        """The Nodes' public addresses, by Node name, each once: where clients reach a Gateway
+        with a stunnerd on every node (stunner_api.ice)."""
+        return list(dict.fromkeys(self._node_names[n] for n in sorted(self._node_names)))
+
     def patched(self, text: str, node: str) -> str:
         """A config's JSON as the stunnerd on Node `node` gets it (the node placeholder
-        replaced, `node_address`)."""
-        if not has_node_placeholder(text):
+        replaced, `node_address`); as it is without a node (Go's: the auth service and the CLI
+        see which listeners have a stunnerd per node; stunnerd's own client patches it to
+        `$STUNNER_ADDR` when it has no node name)."""
+        if not node or not has_node_placeholder(text):
             return text
         return patch_node_address(text, self.node_address(node))
 
-    def set_nodes(self, addresses: Mapping[str, str]) -> None:
+    def set_nodes(self, addresses: Mapping[str, str], *, resolve: bool = True) -> None:
         """Node name -> public address (an IP, or a DNS name resolved in the background on the
         running loop; one that does not resolve counts as none). Watchers whose Node's address
-        changed get their configs with a placeholder again."""
+        changed get their configs with a placeholder again. `resolve=False`: names are not
+        resolved (the auth service lists them in URIs and patches nothing)."""
         if dict(addresses) == self._node_names:
             return
         self._node_names = dict(addresses)
+        if not resolve:
+            return
         ips = {node: a for node, a in addresses.items() if _is_ip(a)}
         names = {node: a for node, a in addresses.items() if not _is_ip(a)}
         # A name keeps its last resolved address until it resolves again.
@@ -329,6 +347,11 @@ class CdsHandlers:
         body = f'{{"version":"{LIST_VERSION}","items":[{items}]}}'
         return web.Response(text=body, content_type="application/json")
 
+    async def nodes(self, request: web.Request) -> web.StreamResponse:
+        """GET NODES_PATH: the Nodes' public addresses (no secret: a Node's status has them)."""
+        body = {"version": LIST_VERSION, "nodes": self.store.node_names}
+        return web.json_response(body)
+
     async def watch(self, request: web.Request, selector: Selector) -> web.WebSocketResponse:
         ws = self.guard.response(
             heartbeat=self.heartbeat,
@@ -433,6 +456,7 @@ def cds_app(
     app[NAME_KEY] = "CDS"
     for path in (CONFIGS_PATH, NAMESPACE_PATH, CONFIG_PATH):
         app.router.add_get(path, handlers.get, allow_head=False)
+    app.router.add_get(NODES_PATH, handlers.nodes, allow_head=False)
 
     async def on_shutdown(app: web.Application) -> None:
         await handlers.close_all()

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from stunner_api.cds import CONFIGS_PATH, DEFAULT_PORT, NAMESPACE_PATH, config_path
+from stunner_api.cds import CONFIGS_PATH, DEFAULT_PORT, NAMESPACE_PATH, NODES_PATH, config_path
 from stunner_api.dataplane import StunnerConfig, validate_config
 from stunner_api.vocabulary import (
     APP_LABEL,
@@ -86,6 +86,28 @@ def cds_configs(kube: Kube, target: Target) -> list[StunnerConfig]:
     )
     items = body.get("items", []) if "items" in body else [body]
     return [validate_config(item) for item in items if isinstance(item, dict)]
+
+
+def cds_node_addresses(kube: Kube, target: Target) -> list[str]:
+    """The Nodes' public addresses the CDS knows (relay address discovery), by Node name, each
+    once; none from a CDS that does not serve them (an older reconciler)."""
+    namespace = cds_namespace(kube, target.namespace)
+    token = reader_token(kube, namespace)
+    headers = {CDS_AUTH_HEADERS[1]: f"Bearer {token}"} if token else {}
+    try:
+        body = kube.service_proxy_get(
+            namespace,
+            f"{CDS_SERVICE_NAME}:{DEFAULT_PORT}",
+            NODES_PATH,
+            f"the config discovery service {namespace}/{CDS_SERVICE_NAME}",
+            headers,
+        )
+    except ClusterError:
+        return []
+    nodes = body.get("nodes")
+    if not isinstance(nodes, dict):
+        return []
+    return list(dict.fromkeys(str(nodes[name]) for name in sorted(nodes)))
 
 
 def dataplane_status(kube: Kube, target: Target) -> list[dict[str, Any]]:

@@ -38,10 +38,13 @@ from stunner_api.cds import (
     NODE_ENV,
     NODE_PARAM,
     PING_PERIOD,
+    POD_ADDRESS,
     PONG_WAIT,
     RETRY_PERIOD,
     InvalidId,
     config_path,
+    has_node_placeholder,
+    patch_node_address,
     split_id,
 )
 from stunner_api.dataplane import ConfigError, StunnerConfig, is_zero_config
@@ -240,7 +243,17 @@ class CdsSource:
     async def load_checked(self) -> Checked:
         cds_log.debug("GET %s", self.url)
         body = await asyncio.to_thread(self._get)
-        return load_config_checked(body, self.env)
+        return load_config_checked(self._patched(body), self.env)
+
+    def _patched(self, text: str | bytes) -> str | bytes:
+        """Without a node name the CDS leaves the node placeholder (relay address discovery) in
+        place, as Go's: this stunnerd's address is then the pod's own, `$STUNNER_ADDR`."""
+        if self.node:
+            return text
+        decoded = text.decode("utf-8", "replace") if isinstance(text, bytes) else text
+        if not has_node_placeholder(decoded):
+            return text
+        return patch_node_address(decoded, POD_ADDRESS)
 
     async def load(self) -> StunnerConfig:
         config, warnings = await self.load_checked()
@@ -265,7 +278,7 @@ class CdsSource:
 
     def _parse(self, message: str | bytes) -> Checked | None:
         try:
-            config, warnings = load_config_checked(message, self.env)
+            config, warnings = load_config_checked(self._patched(message), self.env)
         except ConfigError as exc:
             cds_log.warning("ignoring invalid config from CDS server: %s", exc)
             return None

@@ -22,12 +22,19 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from stunner_api.annotations import Refused, relay_address
+from stunner_api.annotations import (
+    RELAY_ADDRESS_DISCOVERY_ROW,
+    TARGETPORT_ROW,
+    Limits,
+    Refused,
+    relay_address,
+)
 from stunner_api.vocabulary import NODE_RELAY_ADDRESS, SERVICE_TYPE
 from stunner_api.vocabulary import ConditionReason as Reason
 
 from ..store import Kind, Object, meta, name_of, namespace_of
 from .context import Context, GatewayPlan, Staged, finding
+from .manifests import annotation
 from .plan import Finding
 
 # Preferred first: Go's two, then ours (see the module's note).
@@ -183,9 +190,13 @@ def listener_addresses(
     )
     service = gateway_service(gateway, services)
     nodes = ctx.snapshot.all(Kind.NODE) if rendered else []
+    node_local, host_ports = _node_local(ctx, plan) if rendered else ([], {})
     publics: list[tuple[str, int] | None] = []
     found: list[Finding] = []
     for lst in plan.listeners:
+        if lst.rendered and node_local:  # the first node's; status and ICE list every node
+            publics.append((node_local[0], host_ports.get(lst.name, lst.port or 0)))
+            continue
         address = (
             public_address(gateway, service, nodes, lst.port or 0, lst.transport)
             if lst.rendered
@@ -239,6 +250,28 @@ def node_relay_addresses(nodes: Iterable[Object]) -> dict[str, str]:
     return found
 
 
+def node_public_addresses(nodes: Iterable[Object]) -> list[str]:
+    """The Nodes' public addresses for relay address discovery (`node_relay_addresses`), by
+    Node name, each once: where clients reach a Gateway with a stunnerd on every node (the
+    CDS's store orders them the same way for the auth service)."""
+    found = node_relay_addresses(nodes)
+    return list(dict.fromkeys(found[name] for name in sorted(found)))
+
+
+def _node_local(ctx: Context, plan: GatewayPlan) -> tuple[list[str], Mapping[str, int]]:
+    """For a Gateway with relay address discovery, the Nodes' public addresses and the ports
+    its stunnerd binds on each node (the targetport annotation's, else the listener's):
+    clients reach the node, not a Service. ([], {}) for any other Gateway."""
+    gateway_config = plan.context.gateway_config
+    if gateway_config is None:
+        return [], {}
+    limits = Limits(ctx.rule_settings.node_port_range)
+    if not annotation(RELAY_ADDRESS_DISCOVERY_ROW, plan.gateway, gateway_config, limits):
+        return [], {}
+    ports = annotation(TARGETPORT_ROW, plan.gateway, gateway_config, limits)
+    return node_public_addresses(ctx.snapshot.all(Kind.NODE)), ports
+
+
 def node_findings(nodes: Iterable[Object]) -> tuple[Finding, ...]:
     """A finding for each Node whose NODE_RELAY_ADDRESS annotation is not an address (the
     annotation is then ignored)."""
@@ -277,6 +310,7 @@ __all__ = [
     "listener_addresses",
     "node_address",
     "node_findings",
+    "node_public_addresses",
     "node_relay_addresses",
     "public_address",
     "relay_fallback_note",

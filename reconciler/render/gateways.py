@@ -20,7 +20,7 @@ from stunner_api.vocabulary import ConditionReason as Reason
 
 from ..store import Kind, Object
 from . import conditions as cond
-from .addresses import relay_fallback_note
+from .addresses import node_public_addresses, relay_fallback_note
 from .clusters import is_ip
 from .context import (
     Context,
@@ -114,16 +114,20 @@ def gateway_status(
         ]
         error = config if isinstance(config, str) else None
         programmed = cond.gateway_programmed(ctx.controller, error, None not in rendered)
+        node_local: list[str] = []
         if isinstance(config, StunnerConfig) and any(
             lc.address == NODE_ADDRESS_PLACEHOLDER for lc in config.listeners
         ):
             gateway_config = plan.context.gateway_config
             programmed, found = _relay_fallback(ctx, gateway, gateway_config, programmed)
+            node_local = node_public_addresses(ctx.snapshot.all(Kind.NODE))
         status["conditions"] = conditions_of(ctx, gateway, [accepted, programmed])
         first = next((public[0] for public in rendered if public is not None), None)
-        if first is not None:
+        # A stunnerd on every node (relay address discovery): every node's public address.
+        shown = node_local or ([first] if first is not None else [])
+        if shown:
             status["addresses"] = [
-                {"type": "IPAddress" if is_ip(first) else "Hostname", "value": first}
+                {"type": "IPAddress" if is_ip(a) else "Hostname", "value": a} for a in shown
             ]
         status["listeners"] = [
             _listener_status(ctx, gateway, lst, count)
