@@ -22,9 +22,9 @@ from typing import Any
 import pytest
 
 from reconciler.cds import ConfigStore, cds_app, serve
+from stunner_api.cds import config_path
 from stunner_api.dataplane import StunnerConfig, validate_config
 from stunner_api.vocabulary import NODE_ADDRESS_PLACEHOLDER
-from stunner_api.cds import config_path
 from stunner_client.cds import CdsClient
 from stunnerd.sources import CdsSource
 from tests.support.ports import free_port
