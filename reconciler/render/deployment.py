@@ -215,9 +215,16 @@ def deployment_of(ctx: Context, plan: GatewayPlan) -> Staged[dict[str, Any] | No
     unmanaged = annotation(
         DISABLE_MANAGED_DATAPLANE_ROW, plan.gateway, plan.context.gateway_config, limits
     )
-    if unmanaged:
-        return Staged(None)
-    gateway, gateway_config = plan.gateway, plan.context.gateway_config
-    discovery = annotation(RELAY_ADDRESS_DISCOVERY_ROW, gateway, gateway_config, limits)
-    stun = annotation(RELAY_STUN_SERVER_ROW, gateway, gateway_config, limits) if discovery else ""
-    return Staged(deployment(gateway, plan.context.dataplane, ctx.settings, stun))
+    stun = _stun_server(plan.gateway, plan.context.gateway_config, limits)
+    manifest = (
+        None if unmanaged else deployment(plan.gateway, plan.context.dataplane, ctx.settings, stun)
+    )
+    return Staged(manifest)
+
+
+def _stun_server(gateway: Object, gateway_config: Object, limits: Limits) -> str:
+    """The STUN server a Gateway's pods ask for their public address: with relay address
+    discovery only."""
+    if not annotation(RELAY_ADDRESS_DISCOVERY_ROW, gateway, gateway_config, limits):
+        return ""
+    return annotation(RELAY_STUN_SERVER_ROW, gateway, gateway_config, limits)
