@@ -16,6 +16,7 @@ import contextlib
 import copy
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -24,7 +25,13 @@ from reconciler.auth import run
 from reconciler.cds import ConfigStore, cds_app, serve
 from reconciler.render import Plan, RenderSettings, render
 from reconciler.store import Snapshot
-from stunner_api.vocabulary import NODE_ADDRESS_PLACEHOLDER, RELAY_ADDRESS_DISCOVERY, TARGETPORT
+from stunner_api.vocabulary import (
+    NODE_ADDRESS_PLACEHOLDER,
+    NODE_RELAY_ADDRESS,
+    RELAY_ADDRESS_DISCOVERY,
+    TARGETPORT,
+)
+from tests.reconciler import clusterkit as k
 from tests.reconciler.clusterkit import (
     Obj,
     dataplane,
@@ -33,6 +40,8 @@ from tests.reconciler.clusterkit import (
     gateway_config,
     listener,
 )
+from tests.reconciler.test_cds_access import READER, cds_token, get
+from tests.support.fakeapi import FakeApiServer
 from tests.support.ports import free_port
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
@@ -188,3 +197,36 @@ def test_an_ordinary_gateway_keeps_its_one_uri_beside_the_nodes() -> None:
             assert body["iceServers"][0]["urls"] == ["turn:192.0.2.5:3478?transport=udp"]
 
     asyncio.run(asyncio.wait_for(main(), 30))
+
+
+def test_the_cds_serves_the_nodes_public_addresses_to_an_authenticated_reader(
+    tmp_path: Path,
+) -> None:
+    """Cluster mode: the reconciler's loop hands the CDS the Nodes' public addresses (an
+    ExternalIP, the relay-address annotation; no name here: the CDS would resolve it), which
+    GET /api/v1/nodes lists behind the same token check as the configs."""
+    named = node("n2", [("InternalIP", "10.0.0.2")])
+    named["metadata"]["annotations"] = {NODE_RELAY_ADDRESS: "203.0.113.7"}
+    nodes = [node("n1", [("ExternalIP", "198.51.100.1")]), named, node("n3", [])]
+
+    async def main() -> None:
+        with FakeApiServer() as fake:
+            k.world(fake, *nodes)
+            rt = fake.resource_type("v1", "Node")
+            for obj in nodes:  # the kubelet reports the addresses (a status write)
+                status = {"status": obj["status"]}
+                name = obj["metadata"]["name"]
+                fake.patch(rt, "", name, "application/merge-patch+json", status, "status")
+            async with k.reconciler(fake, tmp_path, cds_readers=frozenset({READER})) as running:
+                cds = running.cds_address
+                assert (await get(cds, "/api/v1/nodes")).status == 401
+                reader = cds_token(fake, READER.namespace, READER.name)
+                wanted = {"version": "v1", "nodes": {"n1": "198.51.100.1", "n2": "203.0.113.7"}}
+                for _ in range(500):  # until the informer has both Nodes and the loop ran
+                    answer = await get(cds, "/api/v1/nodes", reader)
+                    if answer.body == wanted:
+                        break
+                    await asyncio.sleep(0.02)
+                assert answer.body == wanted
+
+    asyncio.run(asyncio.wait_for(main(), 60))
