@@ -89,6 +89,7 @@ CONSTRAINTS: dict[str, dict[str, Any]] = {
     "gatewayConfig.namespace": {"type": "string", "pattern": f"^$|{DNS_LABEL}"},
     "gatewayConfig.realm": {"type": "string", "minLength": 1},
     "gatewayConfig.authSecretName": {"type": "string", "pattern": DNS_SUBDOMAIN},
+    "gatewayConfig.userQuota": {"type": "integer", "minimum": 0},
     # Annotation values are strings (--set-string for "true" or a number).
     "loadBalancer.annotations": {"type": "object", "additionalProperties": {"type": "string"}},
 }

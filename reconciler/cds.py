@@ -10,8 +10,10 @@ GET `/api/v1/configs[/{namespace}[/{name}]]`, and the same with `?watch=true` ov
 (text frames, one full config each: the current ones on connect, then every change). An unknown
 id is a 404 `{code, message}` (a watch on it is accepted and waits: stunnerd may start before
 its Gateway renders). The server pings every watcher and drops one that does not answer. A
-watcher sends nothing but its keepalive: one past WATCH_BUDGET frames is closed with 1008, an
-unmasked frame with 1002 (stunner_http.websocket).
+watcher sends its keepalive and nothing else, or, on a watch of one config, usage reports of
+cluster-wide user quotas (reconciler.cds_quota: it is then sent the other reporting pods' counts;
+a watcher that never reports gets configs only). One past WATCH_BUDGET frames is closed with 1008,
+as is a frame that is not a valid report; an unmasked frame with 1002 (stunner_http.websocket).
 
 Relay address discovery (Go's node patcher): a request's `node` parameter names the requesting
 stunnerd's Node; every listener `address` that is the node placeholder is replaced, in what
@@ -48,41 +50,53 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from http import HTTPStatus
 
-from aiohttp import WSMsgType, web
+from aiohttp import WSCloseCode, WSMessage, WSMsgType, web
 from aiohttp.typedefs import Middleware
 
 from stunner_api.cds import (
     CONFIG_PATH,
     CONFIGS_PATH,
     LIST_VERSION,
+    MAX_USAGE_BYTES,
     NAMESPACE_PATH,
     NODE_PARAM,
     NODES_PATH,
     PING_PERIOD,
     POD_ADDRESS,
+    USAGE_OTHERS_KEY,
+    USAGE_REPORT_KEY,
     WATCH_PARAM,
     WRITE_TIMEOUT,
+    UsageError,
     config_id,
+    encode_usage,
     has_node_placeholder,
+    parse_usage,
     patch_node_address,
 )
 from stunner_api.dataplane import StunnerConfig, zero_config
-from stunner_http.server import LIMITS_KEY, NAME_KEY, Served, ServerLimits
+from stunner_http.server import LIMITS_KEY, NAME_KEY, RateLimitedLog, Served, ServerLimits
 from stunner_http.server import serve as serve_http
 from stunner_http.websocket import FrameBudget, WebSocketGuard
 
 from .cds_access import ALLOWED_KEY, Allowed
+from .cds_quota import UsageBoard
 
 log = logging.getLogger("stunner.cds-server")
 
 # One frame is one config (a few kB; TLS certificates make it larger): wait for the socket to
 # drain once this much is buffered, so a watcher that does not read blocks only its own sender.
 WRITER_LIMIT = 64 * 1024
-# A watch client sends nothing but its keepalive: a pong per ping of ours and a ping of its own,
-# each every PING_PERIOD (0.4 frames a second). Allowed: 16 at once, then 4 a second (or 4 per
-# heartbeat where it is shorter), ten times that; a ping flood runs at thousands a second.
-WATCH_BUDGET = FrameBudget(burst=16, rate=4.0)
+# A watch client sends its keepalive (a pong per ping of ours and a ping of its own, each every
+# PING_PERIOD: 0.4 frames a second) and, with a user quota, usage reports (at most one every
+# REPORT_INTERVAL, 0.2 s: 5 a second). Allowed: 16 at once, then 8 a second (or 4 per heartbeat
+# where it is shorter); a ping or report flood runs at thousands a second.
+WATCH_BUDGET = FrameBudget(burst=16, rate=8.0)
 MAX_CLIENT_MESSAGE = 4096  # a close frame's reason is at most 123 bytes
+# A usage report (stunner_api.cds) is at most MAX_USAGE_BYTES; a larger frame is closed (1009).
+MAX_WATCH_MESSAGE = MAX_USAGE_BYTES + 1024
+USAGE_FRAME = ""  # a watcher's pending frame of usage (config ids are never empty)
+_BAD_REPORT = RateLimitedLog(log, 10.0)
 # Connections per server (stunner_http.server): every stunnerd replica holds one CDS watch
 # (1,000 Gateways with a few replicas each fit).
 CDS_LIMITS = ServerLimits(max_connections=8192)
@@ -142,6 +156,8 @@ class ConfigStore:
         self._texts: dict[str, str] = {}
         self.watchers: set[Watcher] = set()
         self.dropped_watchers = 0
+        # Cluster-wide user quotas: the reports of the watchers that send them.
+        self.usage: UsageBoard[Watcher] = UsageBoard()
         # Relay address discovery: Node name -> its public address as given (ExternalIP or
         # ExternalDNS), and the IP address each resolves to (an IP resolves to itself).
         self._node_names: dict[str, str] = {}
@@ -276,6 +292,32 @@ class ConfigStore:
         changed += [id for id in sorted(configs) if self.set(id, configs[id])]
         return changed
 
+    # --- cluster-wide user quotas -----------------------------------------------------------
+
+    def report_usage(self, watcher: Watcher, counts: Mapping[str, int]) -> None:
+        """`watcher`'s allocation counts per user of the one config it watches; the reporting
+        watchers of that config whose others changed are sent them."""
+        id = str(watcher.selector)
+        first = watcher not in self.usage
+        self._tell(self.usage.report(id, watcher, counts))
+        if first:
+            log.info(
+                "watcher %s reports its user quota usage for %s (%d reporting)",
+                watcher.peer,
+                id,
+                self.usage.reporters(id),
+            )
+
+    def forget(self, watcher: Watcher) -> None:
+        """`watcher` is gone: no more configs to it, and its counts no longer count."""
+        self.watchers.discard(watcher)
+        self._tell(self.usage.drop(watcher))
+
+    def _tell(self, changes: list[tuple[Watcher, dict[str, int]]]) -> None:
+        for watcher, others in changes:
+            text, _ = encode_usage(USAGE_OTHERS_KEY, others)
+            watcher.offer(USAGE_FRAME, text)
+
     def _notify(self, id: str, text: str) -> None:
         for watcher in self.watchers:
             if watcher.selector.matches(id):
@@ -357,7 +399,7 @@ class CdsHandlers:
             heartbeat=self.heartbeat,
             writer_limit=WRITER_LIMIT,
             compress=False,
-            max_msg_size=MAX_CLIENT_MESSAGE,
+            max_msg_size=MAX_WATCH_MESSAGE,
         )
         await ws.prepare(request)
         watcher = Watcher(
@@ -387,20 +429,42 @@ class CdsHandlers:
         sender = asyncio.create_task(self._send(ws, watcher, request))
         try:
             # Control frames are handled inside; a client sending more (the guard's budget) or
-            # an unmasked frame is closed there.
+            # an unmasked frame is closed there. A text frame is a usage report.
             async for message in ws:
                 if message.type == WSMsgType.ERROR:
+                    break
+                problem = self._on_frame(watcher, message)
+                if problem is not None:
+                    _BAD_REPORT.event(
+                        logging.WARNING, "watcher %s closed: %s", watcher.peer, problem
+                    )
+                    await ws.close(
+                        code=WSCloseCode.POLICY_VIOLATION, message=problem.encode()[:120]
+                    )
                     break
         except ConnectionError:
             pass  # the client went away: not an error
         finally:
-            self.store.watchers.discard(watcher)
+            self.store.forget(watcher)
             self.sockets.discard(ws)
             sender.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await sender
             log.debug("watcher %s for %s disconnected", watcher.peer, selector)
         return ws
+
+    def _on_frame(self, watcher: Watcher, message: WSMessage) -> str | None:
+        """A client frame: a usage report is recorded; anything else is a problem (returned)."""
+        if message.type != WSMsgType.TEXT:
+            return f"unexpected {message.type.name} frame"
+        if not watcher.selector.name:
+            return "a usage report needs a watch of one config"
+        try:
+            counts = parse_usage(message.data, USAGE_REPORT_KEY)
+        except UsageError as exc:
+            return str(exc)
+        self.store.report_usage(watcher, counts)
+        return None
 
     async def _send(
         self, ws: web.WebSocketResponse, watcher: Watcher, request: web.Request
@@ -411,7 +475,7 @@ class CdsHandlers:
                     await asyncio.wait_for(ws.send_str(text), self.write_timeout)
                 except (TimeoutError, ConnectionError, RuntimeError) as exc:
                     # RuntimeError: aiohttp's "cannot write to closing transport"
-                    self.store.watchers.discard(watcher)
+                    self.store.forget(watcher)
                     self.store.dropped_watchers += 1
                     log.warning(
                         "dropping watcher %s for %s: %s",

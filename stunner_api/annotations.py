@@ -21,6 +21,9 @@ Scope: every row is read from the Gateway's annotations; a row that shapes the S
 read from its GatewayConfig's `loadBalancerServiceAnnotations` (the Gateway's wins on a
 conflict, as Go merges them). disable-managed-dataplane is the Gateway's only, as in Go.
 
+health-check-port and metrics-port are ours (Go binds 8086 and 8080 always): the Gateway's only,
+so that host-network Gateways sharing nodes can each have their own (`daemon_ports`).
+
 Pure: the standard library and the vocabulary only.
 """
 
@@ -41,12 +44,16 @@ from stunner_api.vocabulary import (
     DISABLE_SESSION_AFFINITY,
     DNS_NAME,
     EXTERNAL_TRAFFIC_POLICY,
+    HEALTH_CHECK_PORT,
+    METRICS_PORT,
+    METRICS_PORT_ANNOTATION,
     MIXED_PROTOCOL_LB,
     NODEPORT,
     RELAY_ADDRESS_DISCOVERY,
     RELAY_STUN_SERVER,
     SERVICE_TYPE,
     SERVICE_TYPES,
+    STATUS_PORT,
     TARGETPORT,
 )
 
@@ -206,6 +213,13 @@ def _stun_server(text: str, limits: Limits) -> str | Refused:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
+def _port(text: str, limits: Limits) -> int | Refused:
+    stripped = text.strip()
+    if stripped.isascii() and stripped.isdigit() and 1 <= int(stripped) <= 65535:
+        return int(stripped)
+    return Refused(f"must be a port number between 1 and 65535, got {text!r}")
+
+
 # --- the table --------------------------------------------------------------------------------
 
 SERVICE_TYPE_ROW: Annotation[str] = Annotation(
@@ -296,6 +310,25 @@ RELAY_STUN_SERVER_ROW: Annotation[str] = Annotation(
     "STUN server for one (our own; see Node-local dataplanes)",
 )
 
+HEALTH_CHECK_PORT_ROW: Annotation[int] = Annotation(
+    HEALTH_CHECK_PORT,
+    _port,
+    STATUS_PORT,
+    GATEWAY_SCOPE,
+    "a port, 1-65535",
+    "the TCP port stunnerd serves its health check on (`/live`, `/ready`, `/status`) and the "
+    "pods' probes ask; for host-network Gateways sharing nodes (see Node-local dataplanes)",
+)
+METRICS_PORT_ROW: Annotation[int] = Annotation(
+    METRICS_PORT_ANNOTATION,
+    _port,
+    METRICS_PORT,
+    GATEWAY_SCOPE,
+    "a port, 1-65535",
+    "the TCP port of stunnerd's metrics endpoint (`metrics-port`, when the Dataplane sets "
+    "`enableMetricsEndpoint`); for host-network Gateways sharing nodes",
+)
+
 TABLE: tuple[Annotation[Any], ...] = (
     SERVICE_TYPE_ROW,
     MIXED_PROTOCOL_LB_ROW,
@@ -306,10 +339,36 @@ TABLE: tuple[Annotation[Any], ...] = (
     DISABLE_HEALTH_CHECK_EXPOSE_ROW,
     DISABLE_SESSION_AFFINITY_ROW,
     RELAY_ADDRESS_DISCOVERY_ROW,
+    HEALTH_CHECK_PORT_ROW,
+    METRICS_PORT_ROW,
     RELAY_STUN_SERVER_ROW,
 )
 BY_KEY: Mapping[str, Annotation[Any]] = {row.key: row for row in TABLE}
 KEYS = tuple(BY_KEY)
+
+
+@dataclass(frozen=True)
+class DaemonPorts:
+    """The TCP ports stunnerd binds besides its listeners: its health check (None when the
+    Dataplane sets disableHealthCheck) and its metrics endpoint (None unless the Dataplane sets
+    enableMetricsEndpoint). Render writes them into the config and the pod's probes, and the
+    host-port rule counts them: one answer for all three."""
+
+    health: int | None
+    metrics: int | None
+
+
+def daemon_ports(
+    gateway_annotations: Mapping[str, Any], dataplane_spec: Mapping[str, Any]
+) -> DaemonPorts:
+    """The ports a Gateway's stunnerd binds for itself: the health-check-port and metrics-port
+    annotations (a refused value counts as absent: the rule reports it), else 8086 and 8080."""
+    health = HEALTH_CHECK_PORT_ROW.value(gateway_annotations, {}, Limits())
+    metrics = METRICS_PORT_ROW.value(gateway_annotations, {}, Limits())
+    return DaemonPorts(
+        None if dataplane_spec.get("disableHealthCheck") is True else health,
+        metrics if dataplane_spec.get("enableMetricsEndpoint") is True else None,
+    )
 
 
 def is_stunner_annotation(key: str) -> bool:

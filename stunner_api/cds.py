@@ -7,7 +7,9 @@ The reconciler serves it and stunnerd (and the auth service) speak it (ANCHORS Â
 - `GET /api/v1/configs/{namespace}/{name}`: one `StunnerConfig`, or 404 `{"code", "message"}`;
 - any of these with `?watch=true` upgrades to a WebSocket: text frames, each one full config (the
   current ones on connect, then every change; a deleted Gateway is sent as the zero config named
-  by its id).
+  by its id);
+- on a watch of one config, the usage frames of cluster-wide user quotas (below): a stunnerd
+  reports its allocation counts per user, and the CDS answers it with the other pods' sums.
 
 A config id is `<namespace>/<name>` of the Gateway, which is also the config's `admin.name`.
 """
@@ -117,3 +119,69 @@ def bearer_headers(path: Path) -> dict[str, str]:
     it); {} for an empty file. Raises OSError or UnicodeDecodeError when it cannot be read."""
     token = path.read_text().strip()
     return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+# --- cluster-wide user quotas (README "Cluster-wide user quotas") ------------------------------
+# A stunnerd whose config has `admin.user_quota` > 0 sends, on its watch of one config, a usage
+# report text frame: its live allocation count per user id (the whole table, non-zero counts
+# only), on every (re)connect and when the counts change, at most every REPORT_INTERVAL
+# seconds. The CDS answers a watcher that has reported (and only one that has: a Go stunnerd,
+# which sends nothing, gets configs only) with the sum of the OTHER reporting pods' counts per
+# user of that config, whenever it changes. Both frames are JSON objects with one key no
+# StunnerConfig has. Each is bounded: at most MAX_USAGE_USERS users and MAX_USAGE_BYTES bytes;
+# past that the users with the fewest allocations are left out (counted on their own pod only).
+USAGE_REPORT_KEY = "quotaUsageReport"  # stunnerd -> CDS: this pod's counts
+USAGE_OTHERS_KEY = "quotaUsageOthers"  # CDS -> stunnerd: the other pods' counts, summed
+REPORT_INTERVAL = 0.2
+MAX_USAGE_USERS = 1024
+MAX_USAGE_BYTES = 16 * 1024
+_MAX_COUNT = 1 << 31
+
+
+class UsageError(ValueError):
+    """A usage frame that is not `{key: {user id: count > 0, ...}}` within the bounds."""
+
+
+def encode_usage(key: str, counts: Mapping[str, int]) -> tuple[str, int]:
+    """(the frame `{key: {user: count}}`, how many users were left out to fit the bounds). The
+    users with the most allocations come first: they are the ones nearest their quota."""
+    ranked = sorted(((n, u) for u, n in counts.items() if n > 0), key=lambda e: (-e[0], e[1]))
+    parts: list[str] = []
+    size = len(key) + 8  # {"key":{}}
+    for count, user in ranked[:MAX_USAGE_USERS]:
+        part = f"{json.dumps(user)}:{count}"
+        if size + len(part) + 1 > MAX_USAGE_BYTES:
+            break
+        parts.append(part)
+        size += len(part) + 1
+    return f'{{"{key}":{{{",".join(parts)}}}}}', len(ranked) - len(parts)
+
+
+def usage_key(text: str | bytes) -> str | None:
+    """USAGE_REPORT_KEY or USAGE_OTHERS_KEY if `text` is such a frame (by its first key, cheap:
+    a config's JSON starts with another), else None."""
+    head = text[:64] if isinstance(text, str) else text[:64].decode("utf-8", "replace")
+    head = head.lstrip()
+    for key in (USAGE_REPORT_KEY, USAGE_OTHERS_KEY):
+        if head.startswith(f'{{"{key}"'):
+            return key
+    return None
+
+
+def parse_usage(text: str | bytes, key: str) -> dict[str, int]:
+    """The counts of a usage frame `{key: {user id: count}}`; UsageError says what is wrong."""
+    if len(text) > MAX_USAGE_BYTES + 1024:
+        raise UsageError(f"usage frame of {len(text)} bytes, more than {MAX_USAGE_BYTES}")
+    try:
+        data = json.loads(text)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise UsageError(f"usage frame is not JSON: {exc}") from None
+    if not isinstance(data, dict) or list(data) != [key] or not isinstance(data[key], dict):
+        raise UsageError(f'usage frame is not {{"{key}": {{user: count}}}}')
+    counts: dict[str, int] = data[key]
+    if len(counts) > MAX_USAGE_USERS:
+        raise UsageError(f"usage frame of {len(counts)} users, more than {MAX_USAGE_USERS}")
+    for count in counts.values():
+        if type(count) is not int or not 0 < count < _MAX_COUNT:
+            raise UsageError(f"usage frame count {count!r} is not a positive integer")
+    return counts

@@ -271,6 +271,10 @@ TARGETPORT = "stunner.l7mp.io/targetport"
 DISABLE_HEALTH_CHECK_EXPOSE = "stunner.l7mp.io/disable-health-check-expose"
 DISABLE_SESSION_AFFINITY = "stunner.l7mp.io/disable-session-affinity"
 RELAY_ADDRESS_DISCOVERY = "stunner.l7mp.io/enable-relay-address-discovery"
+# Our own (not Go's): the ports a Gateway's stunnerd binds its health check and metrics on
+# (default STATUS_PORT and METRICS_PORT), so host-network Gateways can share nodes.
+HEALTH_CHECK_PORT = "stunner.l7mp.io/health-check-port"
+METRICS_PORT_ANNOTATION = "stunner.l7mp.io/metrics-port"
 # The listener address of a Gateway with relay address discovery, in the rendered config: the
 # CDS replaces it, per requesting stunnerd, with its Node's public address (Go's name).
 NODE_ADDRESS_PLACEHOLDER = "__node_address_placeholder"

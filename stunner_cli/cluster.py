@@ -110,15 +110,26 @@ def cds_node_addresses(kube: Kube, target: Target) -> list[str]:
     return list(dict.fromkeys(str(nodes[name]) for name in sorted(nodes)))
 
 
+def status_port(pod_spec: dict[str, Any]) -> int:
+    """The port a stunnerd pod serves /status on: where its readiness probe asks (the Gateway's
+    health-check-port annotation moves it), else the default."""
+    for container in pod_spec.get("containers") or []:
+        probe = (container.get("readinessProbe") or {}).get("httpGet") or {}
+        port = probe.get("port")
+        if isinstance(port, int) and not isinstance(port, bool):
+            return port
+    return STATUS_PORT
+
+
 def dataplane_status(kube: Kube, target: Target) -> list[dict[str, Any]]:
-    """Each stunnerd pod's /status, through the API server's pod proxy."""
+    """Each stunnerd pod's /status, through the API server's pod proxy, at its probes' port."""
     selector = f"{APP_LABEL}={APP_VALUE}"
     if target.gateway:
         selector += f",stunner.l7mp.io/related-gateway-name={target.gateway}"
     out = []
-    for namespace, name in kube.pods(selector, target.gateway_namespace):
+    for namespace, name, spec in kube.pods(selector, target.gateway_namespace):
         try:
-            status = kube.pod_proxy_get(namespace, f"{name}:{STATUS_PORT}", "status")
+            status = kube.pod_proxy_get(namespace, f"{name}:{status_port(spec)}", "status")
         except ClusterError as e:
             status = {"error": str(e)}
         out.append({"pod": f"{namespace}/{name}", "status": status})

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from reconciler.render import RenderSettings, render
-from reconciler.store import Snapshot
+from reconciler.store import CLUSTER_SCOPED, Snapshot, kind_of
 from stunner_api.cds import split_id
 from stunner_api.dataplane import StunnerConfig
 from stunner_api.restart import ListenerChange, listener_changes
@@ -39,9 +39,8 @@ def proposed(
     """The configs the reconciler would render once the files' objects are applied."""
     objects = {_key(o): o for o in live}
     for located in files:
-        namespaced = located.obj.get("metadata", {})
-        if located.obj.get("kind") not in ("GatewayClass", "Dataplane", "Namespace", "Node"):
-            namespaced.setdefault("namespace", "default")
+        if kind_of(located.obj) not in CLUSTER_SCOPED:  # the kinds table's scope column
+            located.obj.setdefault("metadata", {}).setdefault("namespace", "default")
         objects[_key(located.obj)] = located.obj
     snapshot = Snapshot.from_objects(objects.values())
     return render(snapshot, settings, datetime.datetime.now(datetime.UTC)).configs

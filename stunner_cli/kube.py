@@ -119,8 +119,11 @@ class Kube:
             path.lstrip("/"),
         )
 
-    def pods(self, label_selector: str, namespace: str = "") -> list[tuple[str, str]]:
-        """(namespace, name) of each pod `label_selector` selects, in `namespace` or in all."""
+    def pods(
+        self, label_selector: str, namespace: str = ""
+    ) -> list[tuple[str, str, dict[str, Any]]]:
+        """(namespace, name, spec) of each pod `label_selector` selects, in `namespace` or in
+        all; the spec as the API serves it (camelCase keys)."""
         try:
             if namespace:
                 pods = self.core.list_namespaced_pod(namespace, label_selector=label_selector)
@@ -135,7 +138,14 @@ class Kube:
         out = []
         for pod in pods.items:
             metadata: Any = pod.metadata
-            out.append((str(metadata.namespace), str(metadata.name)))
+            spec = self.client.sanitize_for_serialization(pod.spec)  # type: ignore[no-untyped-call]
+            out.append(
+                (
+                    str(metadata.namespace),
+                    str(metadata.name),
+                    spec if isinstance(spec, dict) else {},
+                )
+            )
         return out
 
     def rendered_objects(self) -> list[dict[str, Any]]:

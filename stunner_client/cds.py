@@ -6,10 +6,18 @@ both speak the CDS through `CdsClient`.
   whose message says what failed (the server's `{code, message}` when it sent one).
 - `async for frame in client.watch(path, query, what)`: the text frames of `?watch=true` over a
   WebSocket, forever. The client pings every `ping_period` seconds and drops a connection whose
-  ping is unanswered for `pong_wait` seconds (Go's pkg/config/client timings); after any failure
-  it reconnects every `retry_period` seconds, and after a refusal (401, 403) with back-off,
-  doubling up to `REFUSED_BACKOFF_MAX` seconds. What the frames mean (a config, the zero config
-  of a deleted Gateway) is the caller's to decide.
+  ping is unanswered for `pong_wait` seconds (Go's pkg/config/client timings). When a connection
+  that was up ends (the reconciler rolled, or its pod moved), it reconnects soon: after
+  RECONNECT_FIRST seconds (jittered, so a thousand pods don't arrive at once), doubling up to
+  `retry_period`; a config change published meanwhile waits only as long as the CDS is really
+  gone (Go retries every second: a route deleted during a reconciler rollout took up to 1.5 s
+  to reach stunnerd on the real cluster). A server that cannot be reached is retried every
+  `retry_period` seconds, and a refusal (401, 403) with back-off, doubling up to
+  `REFUSED_BACKOFF_MAX` seconds. What the frames mean (a config, the zero config of a deleted
+  Gateway, a usage frame) is the caller's to decide. With `reporter`, what `reporter.frames()`
+  yields is sent on each connection (stunnerd's usage reports of cluster-wide user quotas,
+  started anew on every connect), and `reporter.disconnected()` is called whenever a connection
+  ends or fails.
 
 With STUNNER_CDS_TOKEN_FILE set in `env` (default: the process's environment), the token file is
 read at every request and (re)connect, since the kubelet rotates it, and sent as
@@ -24,13 +32,16 @@ logged), and it is imported by a watch only: a stunnerd reading a config file lo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
+import random
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from pathlib import Path
+from typing import Any, Protocol
 
 from stunner_api.cds import (
     OPEN_TIMEOUT,
@@ -46,6 +57,30 @@ log = logging.getLogger("stunner.cds-client")
 
 HTTP_TIMEOUT = 5.0
 REFUSED_BACKOFF_MAX = 15.0  # seconds between retries of a watch the CDS refuses (401, 403)
+RECONNECT_FIRST = 0.05  # seconds before the first retry after a connection that was up ended
+
+
+def reconnect_waits(retry_period: float) -> list[float]:
+    """The waits before each retry after a connection that was up ended, before they settle at
+    `retry_period`: RECONNECT_FIRST, doubling."""
+    waits = []
+    wait = RECONNECT_FIRST
+    while wait < retry_period:
+        waits.append(wait)
+        wait *= 2
+    return waits
+
+
+class Reporter(Protocol):
+    """What a watch sends besides its keepalive (`CdsClient.watch`)."""
+
+    def frames(self) -> AsyncIterator[str]:
+        """The frames to send on one connection, from its start; ends with it."""
+        ...
+
+    def disconnected(self) -> None:
+        """The connection ended or could not be made."""
+        ...
 
 
 class CdsError(Exception):
@@ -136,10 +171,16 @@ class CdsClient:
             raise CdsError(f"cannot reach CDS server {self.origin}: {reason}") from None
 
     async def watch(
-        self, path: str, query: Mapping[str, str] | None = None, *, what: str = ""
+        self,
+        path: str,
+        query: Mapping[str, str] | None = None,
+        *,
+        what: str = "",
+        reporter: Reporter | None = None,
     ) -> AsyncGenerator[str | bytes, None]:
         """Every frame the CDS sends on the watch of `path`, across reconnects, forever (cancel
-        the consumer to stop). `what` names the watched object in the log."""
+        the consumer to stop). `what` names the watched object in the log; `reporter`'s frames
+        are sent on each connection."""
         # websockets is loaded by a CDS watch only: a config file needs none of it.
         from websockets.asyncio.client import connect
         from websockets.exceptions import InvalidStatus, WebSocketException
@@ -148,6 +189,7 @@ class CdsClient:
         ws_url = self.ws_url(path, query)
         failing = False
         delay = self.retry_period
+        soon: list[float] = []  # the quick retries left after a connection that was up ended
         while True:
             try:
                 async with connect(
@@ -163,8 +205,10 @@ class CdsClient:
                     self.log.info("connected to CDS server %s", ws_url)
                     failing = False
                     delay = self.retry_period
-                    async for message in ws:
-                        yield message
+                    soon = reconnect_waits(self.retry_period)
+                    async with _reporting(ws, reporter):
+                        async for message in ws:
+                            yield message
                 self.log.info("CDS server %s closed the connection; reconnecting", ws_url)
             except InvalidStatus as exc:
                 status = exc.response.status_code
@@ -183,6 +227,7 @@ class CdsClient:
                 )
                 failing = True
                 if status in (401, 403):
+                    soon = []
                     await asyncio.sleep(delay)
                     delay = min(delay * 2, max(REFUSED_BACKOFF_MAX, self.retry_period))
                     continue
@@ -196,7 +241,41 @@ class CdsClient:
                     self.retry_period,
                 )
                 failing = True
-            await asyncio.sleep(self.retry_period)
+            except (GeneratorExit, asyncio.CancelledError):
+                reporter = None  # the watch is stopped, not disconnected
+                raise
+            finally:
+                if reporter is not None:
+                    reporter.disconnected()
+            if soon:
+                wait = soon.pop(0)
+                await asyncio.sleep(random.uniform(wait / 2, wait))
+            else:
+                await asyncio.sleep(self.retry_period)
+
+
+@contextlib.asynccontextmanager
+async def _reporting(ws: Any, reporter: Reporter | None) -> AsyncIterator[None]:
+    """Send `reporter`'s frames on `ws` while the block runs (a send that fails ends them: the
+    connection is going, and the reader sees it)."""
+    if reporter is None:
+        yield
+        return
+
+    from websockets.exceptions import ConnectionClosed
+
+    async def send() -> None:
+        with contextlib.suppress(ConnectionClosed):
+            async for frame in reporter.frames():
+                await ws.send(frame)
+
+    task = asyncio.create_task(send())
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
 
 def error_message(body: bytes) -> str:

@@ -107,3 +107,30 @@ async def allocate(
         return turn.get_extra_info("sockname")
     finally:
         turn.close()
+
+
+async def open_allocation(
+    transport: str, server: tuple[str, int], credentials: tuple[str, str], timeout: float
+) -> Any:
+    """One allocation over `transport`, held: aioice's TurnTransport, whose `close()` releases
+    it (a Refresh with LIFETIME 0). A refusal raises aioice's TransactionFailed (`error_code`)."""
+    from aioice.turn import create_turn_endpoint
+
+    turn, _ = await asyncio.wait_for(
+        create_turn_endpoint(
+            asyncio.DatagramProtocol,
+            server_addr=server,
+            username=credentials[0],
+            password=credentials[1],
+            transport=transport,
+        ),
+        timeout,
+    )
+    return turn
+
+
+def error_code(exc: BaseException) -> int | None:
+    """The STUN error code of a refused request (aioice's TransactionFailed), else None."""
+    response = getattr(exc, "response", None)
+    error = response.attributes.get("ERROR-CODE") if response is not None else None
+    return int(error[0]) if error else None

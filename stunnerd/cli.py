@@ -22,7 +22,7 @@ from .ledger import LocalQuota
 from .limits import Limits
 from .relay_discovery import relay_discovery_from_env
 from .runtime import event_loop_factory
-from .sources import DEFAULT_CDS_ADDRESS, ConfigSource, SourceError, source_for
+from .sources import DEFAULT_CDS_ADDRESS, CdsSource, ConfigSource, SourceError, source_for
 from .worker_pool import WorkerPool, udp_process_count, usable_cpus
 
 log = logging.getLogger("stunner.stunnerd")
@@ -221,15 +221,74 @@ HOW_TO_CONFIGURE = (
 )
 
 
-async def watch_configs(stunner: Stunner, source: ConfigSource) -> None:
-    """Apply every config the source yields; a refused one leaves the running one in place."""
-    async for config in source.watch():
-        try:
-            await stunner.apply(config)
-        except ApplyError as exc:
-            log.error(
-                "could not reconcile new configuration (running configuration unchanged): %s", exc
-            )
+BUSY_RETRY_FIRST = 0.5  # seconds before a config refused for a busy port is tried again
+BUSY_RETRY_MAX = 5.0  # ... doubling up to this
+
+
+async def watch_configs(
+    stunner: Stunner,
+    source: ConfigSource,
+    retry_first: float = BUSY_RETRY_FIRST,
+    retry_max: float = BUSY_RETRY_MAX,
+) -> None:
+    """Apply every config the source yields; a refused one leaves the running one in place.
+
+    A config refused because a port is not free yet (`ApplyError.retryable`) is applied again,
+    after `retry_first` seconds doubling up to `retry_max`, until it applies or a newer config
+    comes: on the host network a DaemonSet's new stunnerd can start while the one it replaces
+    still drains on the node's ports, and the CDS sends a config only when it changes, so
+    without the retry the new pod would stay unready after the old one left.
+
+    While draining the watch stays (the CDS keeps counting this pod's allocations toward the
+    cluster-wide user quotas) but configs are no longer applied."""
+    configs = source.watch()
+    refused: StunnerConfig | None = None
+    delay = retry_first
+    upcoming: asyncio.Future[StunnerConfig] = asyncio.ensure_future(anext(configs))
+    try:
+        while True:
+            try:
+                if refused is None:
+                    config = await upcoming
+                else:
+                    done, _ = await asyncio.wait({upcoming}, timeout=delay)
+                    config = upcoming.result() if done else refused
+            except StopAsyncIteration:  # a source that ends (the watch of a test)
+                return
+            if upcoming.done():
+                upcoming = asyncio.ensure_future(anext(configs))
+            if stunner.terminating:
+                log.info("draining: not applying the new configuration")
+                refused = None
+                continue
+            retry = config is refused
+            try:
+                await stunner.apply(config)
+            except ApplyError as exc:
+                if exc.retryable and not retry:
+                    log.error(
+                        "could not reconcile new configuration (running configuration "
+                        "unchanged): %s; retrying while the port is busy",
+                        exc,
+                    )
+                elif not retry:
+                    log.error(
+                        "could not reconcile new configuration (running configuration "
+                        "unchanged): %s",
+                        exc,
+                    )
+                refused = config if exc.retryable else None
+                delay = min(delay * 2, retry_max) if retry else retry_first
+                continue
+            if retry:
+                log.info("applied the configuration refused before: its ports are free now")
+            refused = None
+    finally:
+        upcoming.cancel()
+        await asyncio.wait({upcoming})  # the generator stopped before it is closed
+        aclose = getattr(configs, "aclose", None)
+        if aclose is not None:
+            await aclose()
 
 
 async def serve(
@@ -240,8 +299,8 @@ async def serve(
     origin: ConfigSource | None = None,
 ) -> int:
     """Serve `initial` (and, in watch mode, every config from `source`) until SIGTERM/SIGINT,
-    then drain: not ready, stop watching, keep serving, exit when the last allocation is gone
-    or the grace period ends. A second signal exits at once. SIGHUP re-reads the config from
+    then drain: not ready, apply no new config, keep serving, exit when the last allocation is
+    gone or the grace period ends. A second signal exits at once. SIGHUP re-reads the config from
     `origin` (the file or CDS it came from) and applies it, as the file watch does."""
     signals = asyncio.Queue[int]()
     loop = asyncio.get_running_loop()
@@ -261,8 +320,6 @@ async def serve(
         while (received := await signals.get()) == signal.SIGHUP:
             await reload(stunner, origin)
         stunner.terminating = True
-        if watcher is not None:
-            watcher.cancel()
         active = await stunner.current_allocation_count()
         log.info(
             "%s: draining %d allocation(s), at most %gs%s",
@@ -284,6 +341,8 @@ async def serve(
             log.info("%s again: exiting now", signal.Signals(received).name)
             break
         log.info("shutting down (%d active allocations)", stunner.allocation_count)
+        if watcher is not None:
+            watcher.cancel()
         await stunner.close()
         return 0
     finally:
@@ -312,6 +371,8 @@ async def run(args: argparse.Namespace, stunner: Stunner) -> int:
     try:
         origin = config_source(args)
         source = None if isinstance(origin, StunnerConfig) else origin
+        if isinstance(source, CdsSource):
+            source.reporter = stunner.usage  # cluster-wide user quotas (stunnerd.usage)
         if args.watch and not args.dry_run and source is not None:
             # Watch mode starts empty (not ready) and takes its config from the source.
             return await serve(stunner, zero_config(), source, args.grace_period, source)

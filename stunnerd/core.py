@@ -10,6 +10,7 @@ serves the rest.
 
 from __future__ import annotations
 
+import errno
 import logging
 import mmap
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
@@ -33,7 +34,17 @@ Release = Callable[[Iterable[Listener]], Awaitable[None]]
 
 
 class ApplyError(Exception):
-    """The config was refused; the previous one keeps running."""
+    """The config was refused; the previous one keeps running. `retryable`: refused for a port
+    or address the node does not have free yet (another process holds it: on the host network,
+    the stunnerd a rollout replaces, draining), so the same config may apply later."""
+
+    def __init__(self, message: str, *, retryable: bool = False) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+
+
+# What a listener meets when its port is not free yet, or its address not yet the node's.
+RETRYABLE_ERRNOS = frozenset({errno.EADDRINUSE, errno.EADDRNOTAVAIL})
 
 
 @dataclass(frozen=True)
@@ -113,7 +124,8 @@ class DataplaneCore:
                 await self._restart(plan.stop)
                 if plan.release is not None:
                     await plan.release(self.listeners.values())
-                raise ApplyError(f"listener {name}: {exc}") from None
+                retryable = isinstance(exc, OSError) and exc.errno in RETRYABLE_ERRNOS
+                raise ApplyError(f"listener {name}: {exc}", retryable=retryable) from None
             started.append(listener)
 
         for listener in plan.stop:

@@ -35,6 +35,7 @@ from .listener import Listener
 from .relay_discovery import RelayDiscovery
 from .router import Router
 from .turn import ServerContext
+from .usage import UsageReporter
 from .worker_pool import WorkerCounters, WorkerPool
 
 log = logging.getLogger("stunner.stunnerd")
@@ -73,6 +74,8 @@ class Stunner:
             workers.users if workers is not None else LocalQuota(self.limits.max_allocations)
         )
         self.reservations = workers.reservations if workers is not None else Reservations()
+        # Cluster-wide user quotas: the CDS watch reports through it (stunnerd.usage).
+        self.usage = UsageReporter(self.users)
         self.core = DataplaneCore(
             nonces or NonceManager(),
             self.users,
@@ -114,6 +117,10 @@ class Stunner:
         if self.terminating:
             return "TERMINATING"
         return "READY" if self.ready else "NOT-READY"
+
+    @property
+    def user_quota_shared(self) -> bool | None:
+        return self.usage.shared
 
     @property
     def allocation_count(self) -> int:
@@ -178,7 +185,7 @@ class Stunner:
             self.relay_discovery.follow(config, self._rediscovered)
 
     async def _rediscovered(self) -> None:
-        if self.wanted is None:
+        if self.wanted is None or self.terminating:  # draining: no new configuration
             return
         try:
             await self.apply(self.wanted)
@@ -211,6 +218,7 @@ class Stunner:
         await self.core.apply(config, Plan(to_stop, builds, rollback=True, release=release))
         self.config = config
         self._configured = self._configured or not is_zero_config(config)
+        self.usage.set_enabled(config.admin.user_quota > 0)
         if workers is not None:
             await workers.sync(config, self.listeners.values())
         await self._reconcile_admin_servers(config)

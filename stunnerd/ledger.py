@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import socket
 import time
+from collections.abc import Callable, Mapping
 from typing import Protocol
 
 RESERVATION_LIFETIME = 30.0  # RFC 8656 §7.2: a reserved port is held for about 30 seconds
@@ -40,13 +41,19 @@ class Quota(Protocol):
 class LocalQuota:
     """The quota counted in this process: allocations per user id, for `admin.user_quota`, and
     in total, for --max-allocations; one per stunnerd (in its primary). While `draining`, no
-    allocation is granted."""
+    allocation is granted.
+
+    Cluster-wide (stunnerd.usage): `others` holds, per user id, the allocations the other pods
+    of the Gateway hold, as the CDS last said (empty while it is unreachable: then this pod
+    counts its own only), and `on_change` is called whenever `counts` changes."""
 
     def __init__(self, max_total: int = 0) -> None:
         self.counts: dict[str, int] = {}
         self.max_total = max_total  # 0: no cap
         self.total = 0
         self.draining = False
+        self.others: Mapping[str, int] = {}
+        self.on_change: Callable[[], None] | None = None
 
     def try_acquire(self, user_id: str, quota: int) -> str:
         """Count one more allocation of `user_id`; GRANTED, or why not (OVER_QUOTA, FULL,
@@ -56,10 +63,12 @@ class LocalQuota:
         if self.max_total > 0 and self.total >= self.max_total:
             return FULL
         count = self.counts.get(user_id, 0)
-        if quota > 0 and count >= quota:
+        if quota > 0 and count + self.others.get(user_id, 0) >= quota:
             return OVER_QUOTA
         self.counts[user_id] = count + 1
         self.total += 1
+        if self.on_change is not None:
+            self.on_change()
         return GRANTED
 
     async def acquire(self, user_id: str, quota: int) -> str:
@@ -74,6 +83,8 @@ class LocalQuota:
             self.counts[user_id] = count - 1
         else:
             del self.counts[user_id]
+        if self.on_change is not None:
+            self.on_change()
 
 
 class Reservations:

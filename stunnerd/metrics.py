@@ -46,6 +46,12 @@ class MetricsView(Protocol):
         """CPU seconds and resident bytes of the UDP workers (the dead ones' CPU included)."""
         ...
 
+    @property
+    def user_quota_shared(self) -> bool | None:
+        """With a user quota: whether it is counted across the pods (the CDS connected), else
+        None."""
+        ...
+
 
 def stunner_families(view: MetricsView) -> Iterator[Metric]:
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -85,6 +91,14 @@ def stunner_families(view: MetricsView) -> Iterator[Metric]:
     yield from _by_direction("listener", "on the listener", stats, ("rx", "tx"))
     clusters = sorted(view.cluster_counters().items())
     yield from _by_direction("cluster", "to and from the cluster", clusters, ("tx", "rx"))
+    shared = view.user_quota_shared
+    if shared is not None:
+        yield GaugeMetricFamily(
+            "stunner_user_quota_shared",
+            "1 while admin.user_quota counts every pod's allocations (the CDS connected), 0 "
+            "while it counts this pod's only.",
+            value=int(shared),
+        )
 
 
 def _by_direction(

@@ -18,7 +18,9 @@ config and retries with back-off, `retry_period` doubling up to 15 s. The token 
 The CDS side is spoken by the one CDS client, stunner_client.cds.CdsClient.
 
 The CDS watch ignores the zero config, which the CDS sends when the Gateway is deleted: a draining
-stunnerd keeps serving its last config (Go's `suppressDelete`).
+stunnerd keeps serving its last config (Go's `suppressDelete`). With a `reporter` (cluster-wide
+user quotas, stunnerd.usage), its reports are sent on the watch and the CDS's usage frames go to
+it, never taken for configs.
 """
 
 from __future__ import annotations
@@ -41,16 +43,18 @@ from stunner_api.cds import (
     POD_ADDRESS,
     PONG_WAIT,
     RETRY_PERIOD,
+    USAGE_OTHERS_KEY,
     InvalidId,
     config_path,
     has_node_placeholder,
     patch_node_address,
     split_id,
+    usage_key,
 )
 from stunner_api.dataplane import ConfigError, StunnerConfig, is_zero_config
 from stunner_api.dataplane_load import load_config_checked
 from stunner_api.vocabulary import CDS_SERVICE_NAME, SYSTEM_NAMESPACE
-from stunner_client.cds import CdsClient, CdsError
+from stunner_client.cds import CdsClient, CdsError, Reporter
 
 file_log = logging.getLogger("stunner.config-file-client")
 cds_log = logging.getLogger("stunner.cds-client")
@@ -80,6 +84,12 @@ class ConfigSource(Protocol):
     async def load(self) -> StunnerConfig: ...
 
     def watch(self) -> AsyncIterator[StunnerConfig]: ...
+
+
+class UsageLink(Reporter, Protocol):
+    """A `Reporter` that also takes the CDS's usage frames (stunnerd.usage.UsageReporter)."""
+
+    def received(self, frame: str | bytes) -> None: ...
 
 
 class FileSource:
@@ -220,6 +230,7 @@ class CdsSource:
         except CdsError as exc:
             raise SourceError(str(exc)) from None
         self.path = config_path(namespace, name)
+        self.reporter: UsageLink | None = None  # cluster-wide user quotas, on the watch
         self.query = {NODE_PARAM: node} if node else {}
         self.origin = self.client.origin
         self.url = self.client.url(self.path, self.query)
@@ -263,7 +274,12 @@ class CdsSource:
     async def watch(self) -> AsyncGenerator[StunnerConfig, None]:
         last_json: str | None = None
         what = f"{self.namespace}/{self.name}"
-        async for message in self.client.watch(self.path, self.query, what=what):
+        frames = self.client.watch(self.path, self.query, what=what, reporter=self.reporter)
+        async for message in frames:
+            if usage_key(message) == USAGE_OTHERS_KEY:
+                if self.reporter is not None:
+                    self.reporter.received(message)
+                continue
             checked = self._parse(message)
             if checked is None:
                 continue

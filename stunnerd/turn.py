@@ -134,6 +134,9 @@ class TurnServer:
         self.relay_family = address_family(relay_ip)
         self.context = context
         self.allocations: dict[Any, Allocation] = {}  # Downstream.remote -> allocation
+        # Stream clients whose Allocate is between its quota and its registration: False once
+        # the connection is lost meanwhile (the allocation is then undone, not left to expire).
+        self._opening: dict[Any, bool] = {}
         self.stats = ListenerCounters()
         self.scope = ListenerScope(name, context.router, self.stats, context.cluster_counters)
         self._responses: dict[tuple[Any, bytes], tuple[float, bytes]] = {}
@@ -256,6 +259,8 @@ class TurnServer:
         allocation = self.allocations.get(remote)
         if allocation is not None:
             self._delete(allocation)
+        if remote in self._opening:
+            self._opening[remote] = False
 
     def _refuse_turn(self, data: bytes, downstream: Downstream) -> None:
         """STUN-only mode: a request of any method but Binding gets 403 from its header alone,
@@ -463,23 +468,38 @@ class TurnServer:
             raise RequestError(508, "Insufficient Capacity: too many allocations from this address")
         user_id = self.context.authenticator.user_id(username)
         users = self.context.users
-        refusal = await users.acquire(user_id, self.context.user_quota)
-        if refusal != GRANTED:
-            raise RequestError(*_REFUSALS.get(refusal, (486, None)))
-        # 9. The lifetime: at least the default, at most the maximum.
-        lifetime = _allocation_lifetime(attrs.get("LIFETIME", DEFAULT_ALLOCATION_LIFETIME))
-        # 10. The relay socket.
-        allocation = Allocation(self.scope, downstream, username, user_id, family, lifetime)
-        # EVEN-PORT (RFC 8656 §14.6): an even port; with the R bit, the next one is reserved.
-        even_port = attrs.get("EVEN-PORT")
+        if downstream.stream:
+            self._opening[downstream.remote] = True
         try:
-            token = await self._bind_relay(allocation, reserved, even_port)
-        except RequestError:
-            users.release(user_id)
-            raise
-        if downstream.remote in self.allocations:  # a concurrent Allocate won the race
+            refusal = await users.acquire(user_id, self.context.user_quota)
+            if refusal != GRANTED:
+                raise RequestError(*_REFUSALS.get(refusal, (486, None)))
+            # 9. The lifetime: at least the default, at most the maximum.
+            lifetime = _allocation_lifetime(attrs.get("LIFETIME", DEFAULT_ALLOCATION_LIFETIME))
+            # 10. The relay socket.
+            allocation = Allocation(self.scope, downstream, username, user_id, family, lifetime)
+            # EVEN-PORT (RFC 8656 §14.6): an even port; with the R bit, the next one is reserved.
+            even_port = attrs.get("EVEN-PORT")
+            try:
+                token = await self._bind_relay(allocation, reserved, even_port)
+            except RequestError:
+                users.release(user_id)
+                raise
+        finally:
+            connected = self._opening.pop(downstream.remote, True)
+        if not connected or downstream.remote in self.allocations:
+            # The client's connection closed meanwhile (its allocation would outlive it, and
+            # hold its quota, until it expired), or a concurrent Allocate won the race.
             users.release(user_id)
             allocation.close()
+            if not connected:
+                log.info(
+                    "listener %s: allocation for %s undone: its connection closed while it "
+                    "was being made",
+                    self.name,
+                    _fmt(downstream.address),
+                )
+                raise RequestError(508, "Insufficient Capacity: the connection closed")
             raise RequestError(437)
         self.allocations[downstream.remote] = allocation
         self.router.relay_ports[allocation.relayed_address[1]] = 1  # never a peer (router.py)

@@ -18,8 +18,13 @@ import binascii
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from stunner_api.annotations import RELAY_ADDRESS_DISCOVERY_ROW, TARGETPORT_ROW, Limits
-from stunner_api.dataplane import DEFAULT_HEALTHCHECK_ENDPOINT as HEALTHCHECK_ENDPOINT
+from stunner_api.annotations import (
+    RELAY_ADDRESS_DISCOVERY_ROW,
+    TARGETPORT_ROW,
+    DaemonPorts,
+    Limits,
+    daemon_ports,
+)
 from stunner_api.dataplane import ConfigError, StunnerConfig, validate_config
 from stunner_api.vocabulary import (
     AUTH_SECRET_PASSWORD_KEYS,
@@ -33,7 +38,6 @@ from stunner_api.vocabulary import (
     DEFAULT_REALM,
     GATEWAY_API_GROUP,
     GATEWAY_CONFIG_AUTH_TYPES,
-    METRICS_PORT,
     NODE_ADDRESS_PLACEHOLDER,
     STUNNER_GROUP,
     TLS_CERT_KEYS,
@@ -42,14 +46,13 @@ from stunner_api.vocabulary import (
 )
 from stunner_api.vocabulary import ConditionReason as Reason
 
-from ..store import Kind, Object, Snapshot, namespace_of
+from ..store import Kind, Object, Snapshot, meta, namespace_of
 from . import manifests
 from .clusters import Cluster
 from .context import Attachments, Context, GatewayPlan, ListenerPlan, Staged, finding, id_of
 from .plan import Finding
 
 STUNNER_ADDR = "$STUNNER_ADDR"
-METRICS_ENDPOINT = f"http://:{METRICS_PORT}/metrics"
 
 
 def _spec(obj: Object | None) -> Mapping[str, Any]:
@@ -60,16 +63,27 @@ def _spec(obj: Object | None) -> Mapping[str, Any]:
 # --- admin and auth ---------------------------------------------------------------------------
 
 
-def admin(config_id: str, gateway_config: Object, dataplane: Object) -> dict[str, Any]:
-    """The `admin` section: name, log level, health check, metrics, quota, offload."""
+def stunnerd_ports(gateway: Object, dataplane: Object) -> DaemonPorts:
+    """The health-check and metrics ports of a Gateway's stunnerd (its annotations, else 8086
+    and 8080; None when its Dataplane turns that endpoint off): the config's admin endpoints
+    and the pod's probes and ports are both rendered from this one answer."""
+    annotations = meta(gateway).get("annotations")
+    return daemon_ports(annotations if isinstance(annotations, Mapping) else {}, _spec(dataplane))
+
+
+def admin(
+    config_id: str, gateway_config: Object, dataplane: Object, ports: DaemonPorts
+) -> dict[str, Any]:
+    """The `admin` section: name, log level, health check and metrics (at `ports`), quota,
+    offload."""
     gwc, dp = _spec(gateway_config), _spec(dataplane)
     out: dict[str, Any] = {
         "name": config_id,
         "loglevel": gwc.get("logLevel") or DEFAULT_LOG_LEVEL,
-        "healthcheck_endpoint": "" if dp.get("disableHealthCheck") else HEALTHCHECK_ENDPOINT,
+        "healthcheck_endpoint": "" if ports.health is None else f"http://:{ports.health}",
     }
-    if dp.get("enableMetricsEndpoint"):
-        out["metrics_endpoint"] = METRICS_ENDPOINT
+    if ports.metrics is not None:
+        out["metrics_endpoint"] = f"http://:{ports.metrics}/metrics"
     if isinstance(gwc.get("userQuota"), int):
         out["user_quota"] = gwc["userQuota"]
     if dp.get("offloadEngine"):
@@ -258,7 +272,12 @@ def dataplane_config(
     routes = sorted({r for lst in plan.listeners for r in attachments.get((key, lst.index), ())})
     data = {
         "version": "v1",
-        "admin": admin(gw_id, of_class.gateway_config, of_class.dataplane),
+        "admin": admin(
+            gw_id,
+            of_class.gateway_config,
+            of_class.dataplane,
+            stunnerd_ports(gateway, of_class.dataplane),
+        ),
         "auth": of_class.auth,
         "listeners": listeners,
         "clusters": [clusters[r].to_dict() for r in routes],

@@ -42,10 +42,10 @@ from stunner_api.vocabulary import (
     RELATED_GATEWAY_NAME,
     RELATED_GATEWAY_NAMESPACE,
     RELAY_STUN_SERVER_ENV,
-    STATUS_PORT,
 )
 
 from ..store import Object, meta, name_of, namespace_of
+from .config import stunnerd_ports
 from .context import Context, GatewayPlan, Staged
 from .manifests import _copy, _gateway_id, _map, _metadata, _view, annotation, related_labels
 from .plan import DEFAULT_STUNNERD_IMAGE, RenderSettings
@@ -65,9 +65,9 @@ LIVENESS_PROBE_TIMING = {"periodSeconds": 15, "failureThreshold": 3}
 READINESS_PROBE_TIMING = {"periodSeconds": 1, "failureThreshold": 10}
 
 
-def _probe(path: str, timing: Mapping[str, int]) -> dict[str, Any]:
+def _probe(path: str, timing: Mapping[str, int], port: int) -> dict[str, Any]:
     return {
-        "httpGet": {"path": path, "port": STATUS_PORT, "scheme": "HTTP"},
+        "httpGet": {"path": path, "port": port, "scheme": "HTTP"},
         "periodSeconds": timing["periodSeconds"],
         "timeoutSeconds": 1,
         "failureThreshold": timing["failureThreshold"],
@@ -113,14 +113,28 @@ def uses_host_network(dataplane: Object | None) -> bool:
     return _view(_view(dataplane).get("spec")).get("hostNetwork") is True
 
 
+def _container_ports(dataplane: Object, metrics: int | None) -> list[dict[str, Any]]:
+    """The container's declared ports: `metrics-port` (what the chart's PodMonitor scrapes),
+    always, as Go, at 8080 unless the Gateway's metrics-port annotation moves it. A host-network
+    pod declares it only when the metrics endpoint is on: the API server turns every port of such
+    a pod into a hostPort, and the scheduler keeps two pods with the same hostPort off one node,
+    so a port stunnerd does not bind would keep a second host-network Gateway off the node."""
+    if metrics is None and uses_host_network(dataplane):
+        return []
+    port = METRICS_PORT if metrics is None else metrics
+    return [{"name": "metrics-port", "containerPort": port, "protocol": "TCP"}]
+
+
 def deployment(
     gateway: Object, dataplane: Object, settings: RenderSettings, stun_server: str = ""
 ) -> dict[str, Any]:
     """The stunnerd workload of a Gateway, from its Dataplane template: a Deployment, or a
-    DaemonSet when the Dataplane asks for one (`workload_kind`). `stun_server`: the STUN server
+    DaemonSet when the Dataplane asks for one (`workload_kind`). The probes ask stunnerd's
+    health check where the config puts it (`stunnerd_ports`). `stun_server`: the STUN server
     its pods ask for their public address where their Node has none (relay address discovery),
     in RELAY_STUN_SERVER_ENV."""
     spec = _view(dataplane.get("spec"))
+    ports = stunnerd_ports(gateway, dataplane)
     gw_labels = {k: str(v) for k, v in _view(meta(gateway).get("labels")).items()}
     labels = {k: v for k, v in gw_labels.items() if k not in settings.label_filter}
     labels |= {OWNED_BY_LABEL: OWNED_BY_VALUE} | related_labels(gateway)
@@ -140,6 +154,7 @@ def deployment(
         *([{"name": RELAY_STUN_SERVER_ENV, "value": stun_server}] if stun_server else []),
         *[_map(e) for e in spec.get("env") or [] if isinstance(e, Mapping)],
     ]
+    declared = _container_ports(dataplane, ports.metrics)
     container: dict[str, Any] = {
         "name": CONTAINER_NAME,
         "image": spec.get("image") or DEFAULT_STUNNERD_IMAGE,
@@ -147,15 +162,15 @@ def deployment(
         "command": list(spec.get("command") or DEFAULT_COMMAND),
         "args": list(spec.get("args") or DEFAULT_ARGS),
         "env": env,
-        "ports": [{"name": "metrics-port", "containerPort": METRICS_PORT, "protocol": "TCP"}],
+        **({"ports": declared} if declared else {}),
         "resources": _map(spec.get("resources")) or _map(DEFAULT_RESOURCES),
         "volumeMounts": [{"name": CDS_TOKEN_VOLUME, "mountPath": CDS_TOKEN_DIR, "readOnly": True}],
     }
     if spec.get("envFrom"):  # Go declares it and drops it; we pass it on
         container["envFrom"] = [_map(e) for e in spec["envFrom"] if isinstance(e, Mapping)]
-    if not spec.get("disableHealthCheck"):
-        container["livenessProbe"] = _probe("/live", LIVENESS_PROBE_TIMING)
-        container["readinessProbe"] = _probe("/ready", READINESS_PROBE_TIMING)
+    if ports.health is not None:
+        container["livenessProbe"] = _probe("/live", LIVENESS_PROBE_TIMING, ports.health)
+        container["readinessProbe"] = _probe("/ready", READINESS_PROBE_TIMING, ports.health)
     if spec.get("containerSecurityContext"):
         container["securityContext"] = _map(spec["containerSecurityContext"])
     grace = spec.get("terminationGracePeriodSeconds")

@@ -102,7 +102,9 @@ def _judged(ctx: Context, gateway: Object, of_class: ClassContext) -> Staged[Gat
         for p in problems
         if p.severity == Severity.ERROR
         and not any(under(p.path, path) for path in paths)
-        and not under(p.path, "metadata.annotations")  # logged and ignored, as Go does
+        # A refused annotation is logged and ignored, as Go does; stunnerd's own port taken
+        # (at its health-check-port or metrics-port annotation) keeps the Gateway out.
+        and (not under(p.path, "metadata.annotations") or p.reason == Reason.PORT_UNAVAILABLE)
     ]
     if fatal:
         plan = GatewayPlan(gateway, of_class, error=str(fatal[0]), error_reason=fatal[0].reason)

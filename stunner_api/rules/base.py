@@ -20,10 +20,13 @@ from stunner_api.vocabulary import (
     CORE_GROUP,
     DEFAULT_CONTROLLER_NAME,
     DEFAULT_NODE_PORT_RANGE,
+    LISTENER_PROTOCOL_ALIASES,
+    LISTENER_PROTOCOLS,
     NODEPORT,
     SECRET,
     TARGETPORT,
     ConditionReason,
+    ListenerProtocol,
     field_path,
     group_of,
 )
@@ -199,6 +202,16 @@ def is_int(value: Any) -> TypeGuard[int]:
 
 def quote_list(values: Iterable[str]) -> str:
     return ", ".join(values)
+
+
+def listener_protocol(value: Any) -> ListenerProtocol | None:
+    """The canonical TURN-* protocol of a listener: the aliases exactly, the TURN-* names in
+    any case; None if unknown."""
+    text = str(value)
+    if text in LISTENER_PROTOCOL_ALIASES:
+        return LISTENER_PROTOCOL_ALIASES[text]
+    protocol = LISTENER_PROTOCOLS.get(text.upper())
+    return protocol if protocol is not None and protocol.value == text.upper() else None
 
 
 def indexed(items: list[Any], path: str) -> Iterator[tuple[str, dict[str, Any]]]:

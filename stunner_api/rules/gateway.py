@@ -6,18 +6,15 @@ from __future__ import annotations
 import ipaddress
 from typing import Any
 
+from stunner_api.annotations import GATEWAY as GATEWAY_KIND
 from stunner_api.annotations import (
-    DISABLE_MANAGED_DATAPLANE_ROW,
     MIXED_PROTOCOL_LB_ROW,
     RELAY_ADDRESS_DISCOVERY_ROW,
     RELAY_STUN_SERVER_ROW,
-    TARGETPORT_ROW,
     Limits,
 )
-from stunner_api.annotations import GATEWAY as GATEWAY_KIND
 from stunner_api.certs import pair_problem
 from stunner_api.rules.base import (
-    Lookup,
     LookupFailed,
     Problem,
     Request,
@@ -27,6 +24,7 @@ from stunner_api.rules.base import (
     error,
     indexed,
     is_int,
+    listener_protocol,
     quote_list,
     read_referenced_secret,
     schema_problems,
@@ -34,20 +32,21 @@ from stunner_api.rules.base import (
     secret_ref,
     warning,
 )
+from stunner_api.rules.host_ports import (
+    gateway_daemon_ports,
+    gateway_host_ports,
+    host_network_dataplane,
+)
 from stunner_api.vocabulary import (
     ADDRESS_TYPES,
     DEFAULT_ADDRESS_TYPE,
-    DEFAULT_DATAPLANE,
     DEFAULT_ROUTE_NAMESPACES_FROM,
     DEFAULT_TLS_MODE,
     DNS_NAME,
     LISTENER_PROTOCOL_ALIASES,
-    LISTENER_PROTOCOLS,
     LISTENER_TRANSPORT,
-    METRICS_PORT,
     MIXED_PROTOCOL_LB,
     ROUTE_NAMESPACES_FROM,
-    STATUS_PORT,
     TLS_CERT_KEYS,
     TLS_KEY_KEYS,
     TLS_PROTOCOLS,
@@ -61,16 +60,6 @@ CERT_REF = ConditionReason.INVALID_CERTIFICATE_REF
 
 def _listeners(req: Request) -> list[tuple[str, dict[str, Any]]]:
     return list(indexed(as_list(req.spec.get("listeners")), "spec.listeners"))
-
-
-def listener_protocol(value: Any) -> ListenerProtocol | None:
-    """The canonical TURN-* protocol of a listener: the aliases exactly, the TURN-* names in
-    any case; None if unknown."""
-    text = str(value)
-    if text in LISTENER_PROTOCOL_ALIASES:
-        return LISTENER_PROTOCOL_ALIASES[text]
-    protocol = LISTENER_PROTOCOLS.get(text.upper())
-    return protocol if protocol is not None and protocol.value == text.upper() else None
 
 
 def gateway_schema(req: Request) -> list[Problem]:
@@ -334,198 +323,11 @@ def gateway_allowed_routes(req: Request) -> list[Problem]:
     return problems
 
 
-# --- listeners on the host network ----------------------------------------------------------
-
-
-def _meta(obj: dict[str, Any]) -> dict[str, Any]:
-    return as_dict(obj.get("metadata"))
-
-
-def host_network_dataplane(
-    gateway: dict[str, Any], lookup: Lookup | _Remembered, controller_name: str
-) -> tuple[str, dict[str, Any]] | None:
-    """(name, spec) of the Dataplane whose stunnerd pods serve a Gateway in their nodes'
-    network (`spec.hostNetwork: true`), None when the Gateway is not ours, its pods are not
-    managed (disable-managed-dataplane), or they have their own network. Raises LookupFailed."""
-    annotations = as_dict(_meta(gateway).get("annotations"))
-    if DISABLE_MANAGED_DATAPLANE_ROW.value(annotations, {}, Limits()):
-        return None
-    gateway_class = lookup.gateway_class(str(as_dict(gateway.get("spec")).get("gatewayClassName")))
-    spec = as_dict((gateway_class or {}).get("spec"))
-    if spec.get("controllerName") != controller_name:
-        return None
-    ref = as_dict(spec.get("parametersRef"))
-    config = lookup.gateway_config(str(ref.get("namespace")), str(ref.get("name")))
-    if config is None:
-        return None
-    name = str(as_dict(config.get("spec")).get("dataplane") or DEFAULT_DATAPLANE)
-    dataplane = lookup.dataplane(name)
-    dataplane_spec = as_dict((dataplane or {}).get("spec"))
-    if dataplane is None or dataplane_spec.get("hostNetwork") is not True:
-        return None
-    return name, dataplane_spec
-
-
-class _Remembered:
-    """A Lookup's answers about classes, GatewayConfigs and Dataplanes, each asked once: the
-    Gateways of a cluster share a few of them (the webhook asks the API server for each)."""
-
-    def __init__(self, lookup: Lookup) -> None:
-        self.lookup = lookup
-        self.answers: dict[tuple[str, ...], dict[str, Any] | None] = {}
-
-    def _once(self, key: tuple[str, ...], ask: Any) -> dict[str, Any] | None:
-        if key not in self.answers:
-            self.answers[key] = ask()
-        return self.answers[key]
-
-    def gateway_class(self, name: str) -> dict[str, Any] | None:
-        return self._once(("class", name), lambda: self.lookup.gateway_class(name))
-
-    def gateway_config(self, namespace: str, name: str) -> dict[str, Any] | None:
-        return self._once(
-            ("config", namespace, name), lambda: self.lookup.gateway_config(namespace, name)
-        )
-
-    def dataplane(self, name: str) -> dict[str, Any] | None:
-        return self._once(("dataplane", name), lambda: self.lookup.dataplane(name))
-
-
-HostNetwork = tuple[str, dict[str, Any]]  # (Dataplane name, its spec)
-Ports = dict[tuple[str, int], str]  # (transport, port) -> what binds it
-
-
-def _listener_ports(gateway: dict[str, Any], limits: Limits) -> Ports:
-    """Every port a Gateway's listeners bind: the targetport annotation's where it names the
-    listener, else the listener's port; each named "listener 'NAME'"."""
-    annotations = as_dict(_meta(gateway).get("annotations"))
-    targetports = TARGETPORT_ROW.value(annotations, {}, limits)
-    ports: Ports = {}
-    for listener in as_list(as_dict(gateway.get("spec")).get("listeners")):
-        listener = as_dict(listener)
-        protocol, name = listener_protocol(listener.get("protocol")), listener.get("name")
-        port = targetports.get(str(name), listener.get("port"))
-        if protocol is not None and is_int(port) and 1 <= port <= 65535:
-            ports.setdefault((LISTENER_TRANSPORT[protocol], port), f"listener {str(name)!r}")
-    return ports
-
-
-def _daemon_ports(dataplane: dict[str, Any]) -> Ports:
-    """The ports stunnerd itself binds besides its listeners (its health check, unless the
-    Dataplane disables it; its metrics endpoint, when it enables it)."""
-    ports: Ports = {}
-    if dataplane.get("disableHealthCheck") is not True:
-        ports["TCP", STATUS_PORT] = "its health check"
-    if dataplane.get("enableMetricsEndpoint") is True:
-        ports["TCP", METRICS_PORT] = "its metrics endpoint"
-    return ports
-
-
-def _age(gateway: dict[str, Any]) -> tuple[str, str, str]:
-    """The order Gateways claim host ports in: the older first (one not created yet last),
-    then by namespace and name."""
-    meta = _meta(gateway)
-    created = meta.get("creationTimestamp")
-    return (
-        str(created) if created else "~",
-        str(meta.get("namespace") or "default"),
-        str(meta.get("name") or ""),
-    )
-
-
-def gateway_host_ports(req: Request) -> list[Problem]:
-    """Gateways whose stunnerd pods use the host network bind their ports on the nodes
-    themselves: their listeners' and stunnerd's own (the health check, the metrics endpoint).
-    A transport and port another such Gateway (any namespace) binds is refused, and so is a
-    listener on stunnerd's own port. The older Gateway keeps the port (render drops the
-    younger one's listener, or the whole Gateway for stunnerd's own port); an update that
-    brings a clash in is refused whatever the ages."""
-    controller, remembered = req.settings.controller_name, _Remembered(req.lookup)
-    try:
-        host = host_network_dataplane(req.obj, remembered, controller)
-        if host is None:
-            return []
-        others: list[tuple[dict[str, Any], HostNetwork]] = []
-        for gateway in req.lookup.gateways():
-            if (_meta(gateway).get("namespace"), _meta(gateway).get("name")) == (
-                req.namespace,
-                req.name,
-            ):
-                continue
-            found = host_network_dataplane(gateway, remembered, controller)
-            if found is not None:
-                others.append((gateway, found))
-        old = None
-        if req.operation == "UPDATE" and req.old is not None:
-            old = host_network_dataplane(req.old, remembered, controller)
-    except LookupFailed as failure:
-        return [
-            warning(
-                "spec.listeners",
-                f"the host-network ports of other Gateways could not be read ({failure}): "
-                "a clash is reported in status",
-                ConditionReason.PENDING,
-            )
-        ]
-    limits = Limits(req.settings.node_port_range)
-    listeners, daemon = _listener_ports(req.obj, limits), _daemon_ports(host[1])
-    paths = {f"listener {str(lst.get('name'))!r}": path for path, lst in _listeners(req)}
-    problems = [
-        error(
-            f"{paths.get(what, 'spec.listeners')}.port",
-            f"{transport} port {port} is {daemon[transport, port]} (stunnerd's own port, on "
-            f"the nodes' network: Dataplane {host[0]!r} sets hostNetwork): choose another "
-            "port",
-            ConditionReason.PORT_UNAVAILABLE,
-        )
-        for (transport, port), what in listeners.items()
-        if (transport, port) in daemon
-    ]
-    mine = {k: v for k, v in listeners.items() if k not in daemon} | daemon
-    before: Ports = {}
-    if req.old is not None and old is not None:
-        before = _listener_ports(req.old, limits) | _daemon_ports(old[1])
-    for other, (other_dataplane, other_spec) in sorted(others, key=lambda o: _age(o[0])):
-        theirs = _listener_ports(other, limits) | _daemon_ports(other_spec)
-        where = f"{_meta(other).get('namespace')}/{_meta(other).get('name')}"
-        dataplanes = (
-            f"Dataplane {host[0]!r} sets"
-            if host[0] == other_dataplane
-            else f"Dataplanes {host[0]!r} and {other_dataplane!r} set"
-        )
-        for (transport, port), what in mine.items():
-            if (transport, port) not in theirs:
-                continue
-            introduced = req.operation == "UPDATE" and (transport, port) not in before
-            if _age(other) > _age(req.obj) and not introduced:
-                continue  # ours first: the younger one is refused (in its own status)
-            own = what in paths
-            fix = (
-                "choose another port"
-                if own
-                else "set disableHealthCheck (or leave enableMetricsEndpoint off) in one "
-                "Dataplane, or keep the two Gateways' pods on different nodes with another "
-                "Dataplane"
-            )
-            problems.append(
-                error(
-                    f"{paths[what]}.port" if own else "spec.gatewayClassName",
-                    f"{transport} port {port}{'' if own else f' (stunnerd: {what})'} is "
-                    f"already bound on the nodes by Gateway {where} ({theirs[transport, port]}):"
-                    f" the stunnerd pods of both use the host network ({dataplanes} "
-                    f"hostNetwork), so they share the nodes' ports; {fix}",
-                    ConditionReason.PORT_UNAVAILABLE,
-                )
-            )
-        mine = {key: what for key, what in mine.items() if key not in theirs}
-    return problems
-
-
 def gateway_relay_address_discovery(req: Request) -> list[Problem]:
     """Relay address discovery needs host-network stunnerd pods (a warning: a pod has no
     Node address of its own to hand out); its STUN server means nothing without it (a
     warning)."""
-    annotations = as_dict(_meta(req.obj).get("annotations"))
+    annotations = as_dict(as_dict(req.obj.get("metadata")).get("annotations"))
     if not RELAY_ADDRESS_DISCOVERY_ROW.value(annotations, {}, Limits()):
         if RELAY_STUN_SERVER_ROW.key not in annotations:
             return []
@@ -575,6 +377,7 @@ RULES = [
     gateway_addresses,
     gateway_allowed_routes,
     gateway_annotations,
+    gateway_daemon_ports,
     gateway_host_ports,
     gateway_relay_address_discovery,
 ]

@@ -303,7 +303,7 @@ static PyObject *Engine_set_verdict(EngineObject *self, PyObject *args) {
 static PyObject *Engine_watch_relay_ports(EngineObject *self, PyObject *args) {
     PyObject *map;
     if (!PyArg_ParseTuple(args, "O", &map) || engine_check(self) < 0) return NULL;
-    if (self->engine.running || self->relay_ports.obj) {
+    if (__atomic_load_n(&self->engine.running, __ATOMIC_ACQUIRE) || self->relay_ports.obj) {
         PyErr_SetString(PyExc_RuntimeError, "set the relay-port map once, before start()");
         return NULL;
     }
@@ -548,7 +548,7 @@ static PyObject *Engine_counters(EngineObject *self, PyObject *unused) {
 
 static PyObject *Engine_thread_cpu(EngineObject *self, PyObject *unused) {
     if (engine_check(self) < 0) return NULL;
-    if (!self->engine.running) return PyFloat_FromDouble(0.0);
+    if (!__atomic_load_n(&self->engine.running, __ATOMIC_ACQUIRE)) return PyFloat_FromDouble(0.0);
     clockid_t clock;
     struct timespec ts;
     if (pthread_getcpuclockid(self->engine.thread, &clock) != 0 || clock_gettime(clock, &ts) < 0)

@@ -425,7 +425,7 @@ int relay_remove_allocation(relay_engine *e, uint64_t handle) {
     }
     pthread_mutex_unlock(&e->lock);
     if (!a) return -ENOENT;
-    if (e->running)
+    if (__atomic_load_n(&e->running, __ATOMIC_ACQUIRE))
         wake(e); /* the thread closes the socket */
     else
         reap(e);
@@ -1133,18 +1133,18 @@ static void *run(void *arg) {
 }
 
 int relay_start(relay_engine *e) {
-    if (e->running) return 0;
+    if (__atomic_load_n(&e->running, __ATOMIC_ACQUIRE)) return 0;
     __atomic_store_n(&e->stopping, 0, __ATOMIC_RELEASE);
     int rc = pthread_create(&e->thread, NULL, run, e);
     if (rc) return -rc;
-    e->running = 1;
+    __atomic_store_n(&e->running, 1, __ATOMIC_RELEASE);
     return 0;
 }
 
 void relay_stop(relay_engine *e) {
-    if (!e->running) return;
+    if (!__atomic_load_n(&e->running, __ATOMIC_ACQUIRE)) return;
     __atomic_store_n(&e->stopping, 1, __ATOMIC_RELEASE);
     wake(e);
     pthread_join(e->thread, NULL);
-    e->running = 0;
+    __atomic_store_n(&e->running, 0, __ATOMIC_RELEASE);
 }

@@ -181,7 +181,7 @@ typedef struct relay_engine {
     uint32_t stalled;       /* streams waiting for room in the hand-up queues (atomic reads) */
     /* the thread */
     pthread_t thread;
-    int running;
+    int running;  /* set by relay_start/relay_stop (which runs without the GIL): atomic */
     int stopping;
     /* batch buffers (the thread's own) */
     uint8_t *buffers;

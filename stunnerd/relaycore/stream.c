@@ -224,14 +224,14 @@ int relay_close_stream(relay_engine *e, uint64_t handle) {
     relay_stream *s = relay_stream_of(e, handle);
     if (s) {
         s->close_asked = 1;
-        if (e->running) {
+        if (__atomic_load_n(&e->running, __ATOMIC_ACQUIRE)) {
             mark_dirty(e, s);
         } else { /* no thread to do it: at once */
             stream_close(e, s, "closed by the server", 1);
         }
     }
     pthread_mutex_unlock(&e->lock);
-    if (s && !e->running) relay_stream_reap(e);
+    if (s && !__atomic_load_n(&e->running, __ATOMIC_ACQUIRE)) relay_stream_reap(e);
     return s ? 0 : -ENOENT;
 }
 

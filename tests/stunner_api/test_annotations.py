@@ -52,7 +52,9 @@ def world(gw: Obj, config: Obj | None = None) -> list[Obj]:
     # Relay address discovery is for stunnerd pods in their node's network (else a warning).
     annotations = gw["metadata"].get("annotations") or {}
     host = {"hostNetwork": True} if table.RELAY_ADDRESS_DISCOVERY_ROW.key in annotations else {}
-    return [gateway_class(), config or gateway_config(), dataplane(**host), gw]
+    # The metrics endpoint on, so that the metrics-port row has something to move.
+    spec = host | {"enableMetricsEndpoint": True}
+    return [gateway_class(), config or gateway_config(), dataplane(**spec), gw]
 
 
 def plan_of(objects: list[Obj]) -> Plan:
@@ -99,6 +101,29 @@ def _ports(plan: Plan, field: str) -> dict[str, int]:
     return {p["name"]: p[field] for p in _service(plan)["spec"]["ports"] if field in p}
 
 
+def _container(plan: Plan) -> Obj:
+    container: Obj = plan.deployments["stunner/gw"]["spec"]["template"]["spec"]["containers"][0]
+    return container
+
+
+def _health_port(plan: Plan) -> int:
+    """The port the pod's probes ask, which must be where the config puts the health check."""
+    container = _container(plan)
+    port: int = container["readinessProbe"]["httpGet"]["port"]
+    assert container["livenessProbe"]["httpGet"]["port"] == port
+    assert plan.configs["stunner/gw"].admin.healthcheck_endpoint == f"http://:{port}"
+    return port
+
+
+def _metrics_port(plan: Plan) -> int:
+    """The pod's metrics-port, which must be where the config puts the metrics endpoint."""
+    [declared] = _container(plan)["ports"]
+    assert declared["name"] == "metrics-port"
+    port: int = declared["containerPort"]
+    assert plan.configs["stunner/gw"].admin.metrics_endpoint == f"http://:{port}/metrics"
+    return port
+
+
 SEEN: dict[str, Callable[[Plan], Any]] = {
     table.SERVICE_TYPE_ROW.key: lambda plan: _service(plan)["spec"]["type"],
     table.MIXED_PROTOCOL_LB_ROW.key: lambda plan: "tcp" in _ports(plan, "port"),
@@ -117,6 +142,8 @@ SEEN: dict[str, Callable[[Plan], Any]] = {
     table.RELAY_ADDRESS_DISCOVERY_ROW.key: lambda plan: (
         plan.configs["stunner/gw"].listeners[0].address == NODE_ADDRESS_PLACEHOLDER
     ),
+    table.HEALTH_CHECK_PORT_ROW.key: _health_port,
+    table.METRICS_PORT_ROW.key: _metrics_port,
     table.RELAY_STUN_SERVER_ROW.key: lambda plan: next(
         (
             e["value"]
@@ -179,6 +206,11 @@ ACCEPTED: list[tuple[Annotation[Any], str]] = [
     (table.DISABLE_SESSION_AFFINITY_ROW, "false"),
     (table.RELAY_ADDRESS_DISCOVERY_ROW, "true"),
     (table.RELAY_ADDRESS_DISCOVERY_ROW, "False"),
+    (table.HEALTH_CHECK_PORT_ROW, "9086"),
+    (table.HEALTH_CHECK_PORT_ROW, "1"),
+    (table.HEALTH_CHECK_PORT_ROW, "65535"),
+    (table.METRICS_PORT_ROW, "9080"),
+    (table.METRICS_PORT_ROW, "65535"),
     (table.RELAY_STUN_SERVER_ROW, "stun.example.org:3478"),
     (table.RELAY_STUN_SERVER_ROW, "192.0.2.1:19302"),
     (table.RELAY_STUN_SERVER_ROW, "[2001:db8::1]:3478"),
@@ -202,6 +234,12 @@ REFUSED: list[tuple[Annotation[Any], str]] = [
     (table.DISABLE_HEALTH_CHECK_EXPOSE_ROW, "no"),
     (table.DISABLE_SESSION_AFFINITY_ROW, "none"),
     (table.RELAY_ADDRESS_DISCOVERY_ROW, "on"),
+    (table.HEALTH_CHECK_PORT_ROW, "0"),
+    (table.HEALTH_CHECK_PORT_ROW, "65536"),
+    (table.HEALTH_CHECK_PORT_ROW, "http://:9086"),
+    (table.METRICS_PORT_ROW, "-1"),
+    (table.METRICS_PORT_ROW, "9080.0"),
+    (table.METRICS_PORT_ROW, "\u0669"),  # an Arabic-Indic digit: isdigit, not a port
     (table.RELAY_STUN_SERVER_ROW, "stun.example.org"),  # no port
     (table.RELAY_STUN_SERVER_ROW, "2001:db8::1:3478"),  # IPv6 without brackets
     (table.RELAY_STUN_SERVER_ROW, "stun.example.org:0"),

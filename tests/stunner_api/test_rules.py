@@ -53,6 +53,7 @@ from stunner_api.rules.gateway import (
     gateway_addresses,
     gateway_allowed_routes,
     gateway_annotations,
+    gateway_daemon_ports,
     gateway_host_ports,
     gateway_listener_names,
     gateway_listener_ports,
@@ -80,7 +81,13 @@ from stunner_api.rules.udproute import (
     udproute_parent_refs,
     udproute_schema,
 )
-from stunner_api.vocabulary import GATEWAY_CONFIG_AUTH_TYPES, TLS_SECRET_TYPES, ConditionReason
+from stunner_api.vocabulary import (
+    GATEWAY_CONFIG_AUTH_TYPES,
+    HEALTH_CHECK_PORT,
+    METRICS_PORT_ANNOTATION,
+    TLS_SECRET_TYPES,
+    ConditionReason,
+)
 from tests.support import lookups, objects
 from tests.support.objects import secret
 from tests.support.pki import key_pem, self_signed
@@ -135,7 +142,8 @@ def lookup() -> Snapshot:
     """What the rules may read, as the reconciler's snapshot of it: the SECRETS, our
     GatewayClass and another controller's, and a Gateway of each; and a class of ours whose
     Dataplane uses the host network (its health check off), with a Gateway in another namespace
-    binding UDP 3478; and a class whose host-network Dataplane keeps its health check."""
+    binding UDP 3478; a class whose host-network Dataplane keeps its health check; and a class
+    whose Dataplane (its pods' own network) turns the metrics endpoint on."""
     other_class = gatewayclass(controllerName="example.com/other")
     other_class["metadata"] = {"name": "other-class"}
     host_class = parameters_ref(name="host-config", namespace="stunner")
@@ -146,6 +154,10 @@ def lookup() -> Snapshot:
     health_class["metadata"] = {"name": "health-class"}
     health_config = gwconfig(dataplane="host-health")
     health_config["metadata"]["name"] = "health-config"
+    metrics_class = parameters_ref(name="metrics-config", namespace="stunner")
+    metrics_class["metadata"] = {"name": "metrics-class"}
+    metrics_config = gwconfig(dataplane="with-metrics")
+    metrics_config["metadata"]["name"] = "metrics-config"
     media_host = objects.gateway("media-host", "host-class", namespace="media")
     media_host["metadata"]["creationTimestamp"] = "2026-01-01T00:00:00Z"
     return Snapshot.from_objects(
@@ -159,6 +171,9 @@ def lookup() -> Snapshot:
             health_class,
             health_config,
             dataplane("host-health", hostNetwork=True),
+            metrics_class,
+            metrics_config,
+            dataplane("with-metrics", enableMetricsEndpoint=True),
             media_host,
             objects.gateway("udp-gateway", "stunner-gatewayclass"),
             objects.gateway("other-gateway", "other-class"),
@@ -241,6 +256,13 @@ def host_gateway(*listeners: dict[str, Any], **annotations: Any) -> dict[str, An
     """A Gateway of the host-network class (see `lookup`), not created yet."""
     keyed = {f"stunner.l7mp.io/{k.replace('_', '-')}": v for k, v in annotations.items()}
     return gateway(*listeners, annotations=keyed, gatewayClassName="host-class")
+
+
+def metrics_gateway(health: str | None, metrics: str | None) -> dict[str, Any]:
+    """A Gateway of the class whose stunnerd serves metrics, its ports annotated."""
+    keys = ("stunner.l7mp.io/health-check-port", "stunner.l7mp.io/metrics-port")
+    annotations = {k: v for k, v in zip(keys, (health, metrics), strict=True) if v is not None}
+    return gateway(annotations=annotations, gatewayClassName="metrics-class")
 
 
 def tls_gateway(*names: str, **extra: Any) -> dict[str, Any]:
@@ -501,6 +523,35 @@ CASES: list[tuple[Rule, dict[str, Any], list[str]]] = [
         gateway(listener("tcp", 8086, "TURN-TCP"), gatewayClassName="health-class"),
         ["spec.listeners[0].port: TCP port 8086 is its health check (stunnerd's own port"],
     ),
+    (
+        gateway_host_ports,
+        gateway(
+            listener("tcp", 9086, "TURN-TCP"),
+            annotations={"stunner.l7mp.io/health-check-port": "9086"},
+            gatewayClassName="health-class",
+        ),
+        ["spec.listeners[0].port: TCP port 9086 is its health check (stunnerd's own port"],
+    ),
+    (
+        gateway_host_ports,  # the health check moved off the listener's port
+        gateway(
+            listener("tcp", 8086, "TURN-TCP"),
+            annotations={"stunner.l7mp.io/health-check-port": "9086"},
+            gatewayClassName="health-class",
+        ),
+        [],
+    ),
+    (gateway_daemon_ports, metrics_gateway("9086", "9080"), []),
+    (gateway_daemon_ports, metrics_gateway("9086", "8086"), []),  # health moved off 8086
+    (
+        gateway_daemon_ports,
+        metrics_gateway("9086", "9086"),
+        [
+            'metadata.annotations["stunner.l7mp.io/metrics-port"]: TCP port 9086 is also '
+            "stunnerd's health check (stunner.l7mp.io/health-check-port): choose another port"
+        ],
+    ),
+    (gateway_daemon_ports, metrics_gateway(None, "8086"), ["TCP port 8086 is also stunnerd's"]),
     (gateway_relay_address_discovery, host_gateway(enable_relay_address_discovery="true"), []),
     (
         gateway_relay_address_discovery,
@@ -515,6 +566,18 @@ CASES: list[tuple[Rule, dict[str, Any], list[str]]] = [
 
 # (rule, object, substring of the one expected warning); none of these is an error
 WARNINGS: list[tuple[Rule, dict[str, Any], str]] = [
+    (
+        gateway_daemon_ports,
+        gateway(annotations={HEALTH_CHECK_PORT: "9086"}, gatewayClassName="host-class"),
+        'metadata.annotations["stunner.l7mp.io/health-check-port"]: has no effect: Dataplane '
+        "'host' sets disableHealthCheck",
+    ),
+    (
+        gateway_daemon_ports,
+        gateway(annotations={METRICS_PORT_ANNOTATION: "9080"}, gatewayClassName="health-class"),
+        'metadata.annotations["stunner.l7mp.io/metrics-port"]: has no effect: Dataplane '
+        "'host-health' does not set enableMetricsEndpoint",
+    ),
     (gatewayconfig_auth_ref, auth_ref("missing"), "Secret stunner/missing does not exist (yet)"),
     (
         gatewayconfig_auth_ref,
@@ -649,6 +712,7 @@ def test_every_rule_has_passing_and_failing_cases() -> None:
             "stunner.l7mp.io/disable-health-check-expose, "
             "stunner.l7mp.io/disable-session-affinity, "
             "stunner.l7mp.io/enable-relay-address-discovery, "
+            "stunner.l7mp.io/health-check-port, stunner.l7mp.io/metrics-port, "
             "stunner.l7mp.io/relay-address-stun-server",
         ),
         (

@@ -313,3 +313,46 @@ def test_pending_dtls_handshakes_are_capped_per_source_and_in_total() -> None:
             await stunner.close()
 
     asyncio.run(main())
+
+
+@pytest.mark.usefixtures("relay_path")
+def test_a_connection_closed_while_its_allocate_is_made_leaves_no_allocation(
+    relay_path: str,
+) -> None:
+    """A TURN-TCP client sends its Allocate and closes at once: the allocation made meanwhile
+    goes with the connection (RFC 8656 §3.1) instead of holding the user's quota until it
+    expires, so with a quota of 1 the same user allocates again on a new connection."""
+
+    async def main() -> None:
+        port = free_port()
+        stunner = Stunner(limits=FAST)
+        config = make_config(port, [f"{HOST}/32"], protocols=("TURN-TCP",), user_quota=1)
+        await stunner.apply(config)
+        try:
+            server = stunner.listeners["testns/gw/turn-tcp"].server
+            for _ in range(3):
+                reader, writer = await asyncio.open_connection(HOST, port)
+                allocate = Message(Method.ALLOCATE, Class.REQUEST)
+                allocate.attributes["REQUESTED-TRANSPORT"] = 17
+                nonce = (await ask(reader, writer, allocate, None)).attributes["NONCE"]
+                allocate = Message(Method.ALLOCATE, Class.REQUEST)
+                allocate.attributes.update(
+                    {"USERNAME": USERNAME, "REALM": REALM, "NONCE": nonce},
+                    **{"REQUESTED-TRANSPORT": 17},
+                )
+                writer.write(
+                    allocate.encode(integrity_key=long_term_key(USERNAME, REALM, PASSWORD))
+                )
+                writer.close()  # the request and the FIN in one go
+                await writer.wait_closed()
+                for _ in range(100):
+                    if not server.allocations and not server._opening:
+                        break
+                    await asyncio.sleep(0.02)
+                assert not server.allocations, "the allocation outlived its connection"
+            reader, writer = await tcp_allocation(port)  # the quota of 1 is free again
+            writer.close()
+        finally:
+            await stunner.close()
+
+    asyncio.run(main())

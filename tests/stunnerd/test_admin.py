@@ -228,6 +228,8 @@ class FakeCounts:
     def worker_usage(self) -> tuple[float, int]:
         return 1.25, 1 << 30
 
+    user_quota_shared = True
+
 
 def parsed_samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     return {

@@ -3,13 +3,16 @@
 We test, with stunnerd as a real subprocess: watch mode starts not ready with no listener; a
 config arriving from the CDS makes it ready and serving; an update is applied in place; the zero
 config sent when the Gateway is deleted is ignored (a draining pod keeps serving); a watched file
-that changes is reconciled, and an invalid rewrite is refused while the old config keeps serving.
+that changes is reconciled, and an invalid rewrite is refused while the old config keeps serving;
+a config refused because its port is held by another process (on the host network: the stunnerd
+a DaemonSet rollout replaces, draining) is applied once the port is free, with no new config.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import time
 from pathlib import Path
 
@@ -91,5 +94,25 @@ def test_watch_a_config_file(tmp_path: Path, stunnerd: StartStunnerd) -> None:
         stderr = await asyncio.to_thread(process.stop, at_once=True)
         assert "listeners[0]" in stderr  # the refusal names the field
         assert process.returncode == 0
+
+    asyncio.run(main())
+
+
+def test_a_config_refused_for_a_busy_port_applies_once_the_port_is_free(
+    stunnerd: StartStunnerd,
+) -> None:
+    async def main() -> None:
+        port = free_port()
+        squatter = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)  # no SO_REUSEPORT
+        squatter.bind((HOST, port))
+        async with run_cds_server() as cds:
+            cds.set_config("testns/gw", make_config(port, [f"{HOST}/32"], protocols=("TURN-UDP",)))
+            process = stunnerd(*WATCH, "-c", cds.address, "-i", "testns/gw", env=NO_NODE_NAME)
+            await wait_for(lambda: asyncio.sleep(0.1, result="already in use" in process.stderr))
+            squatter.close()  # the draining stunnerd left; the CDS sends nothing new
+            await wait_for(lambda: allocates(port))
+            stderr = await asyncio.to_thread(process.stop, at_once=True)
+        assert "UDP port" in stderr and "already in use" in stderr, stderr
+        assert "applied the configuration refused before" in stderr, stderr
 
     asyncio.run(main())

@@ -24,6 +24,7 @@ import pytest
 
 from stunner_api.cds import OPEN_TIMEOUT, PONG_WAIT
 from stunner_api.dataplane import ConfigError, StunnerConfig
+from stunner_client.cds import RECONNECT_FIRST, reconnect_waits
 from stunnerd.sources import CdsSource, FileSource, SourceError, source_for
 from tests.cds_server import run_cds_server
 from tests.support.turnclient import free_port
@@ -259,6 +260,37 @@ def test_cds_watch_updates_delete_and_reconnect(logs: Records) -> None:
                 assert (await pending).auth.realm == "cds-e"
 
     run(main)
+
+
+def test_cds_watch_reconnects_soon_when_its_server_goes_away_and_comes_back() -> None:
+    """A reconciler rollout: the CDS closes every watch, is gone a moment, and a new one serves
+    on the same address. With a retry period of a minute the watch is back within seconds (quick
+    retries after a connection that was up), and a config published on the new server arrives:
+    a route deleted during a rollout reaches stunnerd as soon as the CDS is there again."""
+    port = free_port()
+
+    async def main() -> None:
+        source = cds_source(f"http://127.0.0.1:{port}", retry_period=60.0)
+        async with contextlib.aclosing(source.watch()) as watch:
+            async with run_cds_server(port=port) as cds:
+                cds.set_config(ID, config_text("old"))
+                assert (await next_config(watch)).auth.realm == "old"
+                await cds.disconnect_all()
+            pending = asyncio.ensure_future(next_config(watch))
+            await asyncio.sleep(0.3)  # gone: the first quick retries are refused
+            async with run_cds_server(port=port) as cds:
+                cds.set_config(ID, config_text("new"))
+                assert (await pending).auth.realm == "new"
+                await watch.aclose()
+
+    run(main)
+
+
+def test_cds_reconnect_waits_start_small_and_settle_at_the_retry_period() -> None:
+    waits = reconnect_waits(1.0)
+    assert waits[0] == RECONNECT_FIRST
+    assert waits == sorted(waits) and waits[-1] < 1.0 <= waits[-1] * 2
+    assert reconnect_waits(RECONNECT_FIRST) == []
 
 
 def test_cds_watch_waits_for_a_late_server(logs: Records) -> None:
