@@ -8,7 +8,7 @@ answers and nowhere else: logs name ids, never content. Local mode serves it ove
 renders into; `stunner auth-server` (the chart's auth Deployment) runs `run`, which fills a
 store of its own by following every config on the CDS (`follow`, through the one CDS client,
 stunner_client.cds, which stunnerd's config source shares), and the Nodes' public addresses
-(NODES_PATH, asked every NODES_PERIOD seconds) for the Gateways with a stunnerd on every node.
+of the Gateways with a stunnerd on every node (NODES_PATH, asked every NODES_PERIOD seconds).
 
 To the CDS the follower shows the projected ServiceAccount token in STUNNER_CDS_TOKEN_FILE (the
 chart mounts one of the CDS's audience and lists its account in the reconciler's
@@ -45,7 +45,10 @@ log = logging.getLogger("stunner.auth")
 # requests.
 AUTH_LIMITS = ServerLimits(max_connections=1024)
 
-Builder = Callable[[Mapping[str, StunnerConfig], IceQuery, int, str, Sequence[str]], dict[str, Any]]
+Builder = Callable[
+    [Mapping[str, StunnerConfig], IceQuery, int, str, Mapping[str, Sequence[str]]],
+    dict[str, Any],
+]
 # How often the auth service asks the CDS for the Nodes' public addresses (a Gateway with relay
 # address discovery has a URI per node; Nodes change rarely, and no config change says so).
 NODES_PERIOD = 10.0
@@ -68,7 +71,7 @@ def auth_app(
         async def handler(request: web.Request) -> web.StreamResponse:
             try:
                 query = IceQuery.from_params(request.query)
-                nodes = store.node_public_addresses()
+                nodes = store.node_local
                 body = build(store.configs, query, int(clock()), public_address, nodes)
             except IceError as exc:
                 bad_queries.event(
@@ -126,16 +129,21 @@ async def follow(
 
 
 async def follow_nodes(store: ConfigStore, cds: CdsClient, period: float = NODES_PERIOD) -> None:
-    """Keep the store's Node public addresses those the CDS serves (NODES_PATH), asked every
-    `period` seconds; an unanswered ask keeps the last ones (logged once until answered)."""
+    """Keep the store's per-Gateway node addresses (`node_local`) those the CDS serves
+    (NODES_PATH), asked every `period` seconds; an unanswered ask keeps the last ones (logged
+    once until answered)."""
     failing = False
     while True:
         try:
             body = await asyncio.to_thread(cds.get, NODES_PATH, None, what="Node addresses")
-            nodes = json.loads(body).get("nodes")
-            if not isinstance(nodes, dict):
-                raise ValueError("no nodes map in the answer")
-            store.set_nodes({str(k): str(v) for k, v in nodes.items()}, resolve=False)
+            gateways = json.loads(body).get("gateways")
+            if not isinstance(gateways, dict):
+                raise ValueError("no gateways map in the answer")
+            store.node_local = {
+                str(id): tuple(str(a) for a in found)
+                for id, found in gateways.items()
+                if isinstance(found, list)
+            }
             failing = False
         except (CdsError, ValueError) as exc:
             if not failing:

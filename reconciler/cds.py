@@ -22,7 +22,8 @@ ExternalDNS resolved here, else the Node's relay-address annotation), else with 
 (the pod's own address: stunnerd expands it, and the Gateway's status says which Nodes have no
 public address). A request without `node` gets the placeholder, as from Go's. A watcher is sent
 its config again when its Node's address changes. GET NODES_PATH lists the Nodes' public
-addresses (the auth service's per-node ICE URIs).
+addresses and, per Gateway with a stunnerd on every node, those of the Nodes it runs on (the
+auth service's per-node ICE URIs: `node_local`, set from render's plan).
 
 `serve` runs an app with the connection discipline of every server of ours
 (stunner_http.server): a request deadline, a cap on connections (CDS_LIMITS, the auth service's
@@ -161,6 +162,9 @@ class ConfigStore:
         # Relay address discovery: Node name -> its public address as given (ExternalIP or
         # ExternalDNS), and the IP address each resolves to (an IP resolves to itself).
         self._node_names: dict[str, str] = {}
+        # Config id -> where clients reach a Gateway with a stunnerd on every node (render's
+        # Plan.node_local: the public addresses of the Nodes it runs on), for the auth service.
+        self.node_local: dict[str, tuple[str, ...]] = {}
         self._node_ips: dict[str, str] = {}
         self._resolving: asyncio.Task[None] | None = None
 
@@ -192,11 +196,6 @@ class ConfigStore:
         """Node name -> its public address as given to `set_nodes` (an IP or a DNS name)."""
         return dict(self._node_names)
 
-    def node_public_addresses(self) -> list[str]:
-        """The Nodes' public addresses, by Node name, each once: where clients reach a Gateway
-        with a stunnerd on every node (stunner_api.ice)."""
-        return list(dict.fromkeys(self._node_names[n] for n in sorted(self._node_names)))
-
     def patched(self, text: str, node: str) -> str:
         """A config's JSON as the stunnerd on Node `node` gets it (the node placeholder
         replaced, `node_address`); as it is without a node (Go's: the auth service and the CLI
@@ -206,16 +205,13 @@ class ConfigStore:
             return text
         return patch_node_address(text, self.node_address(node))
 
-    def set_nodes(self, addresses: Mapping[str, str], *, resolve: bool = True) -> None:
+    def set_nodes(self, addresses: Mapping[str, str]) -> None:
         """Node name -> public address (an IP, or a DNS name resolved in the background on the
         running loop; one that does not resolve counts as none). Watchers whose Node's address
-        changed get their configs with a placeholder again. `resolve=False`: names are not
-        resolved (the auth service lists them in URIs and patches nothing)."""
+        changed get their configs with a placeholder again."""
         if dict(addresses) == self._node_names:
             return
         self._node_names = dict(addresses)
-        if not resolve:
-            return
         ips = {node: a for node, a in addresses.items() if _is_ip(a)}
         names = {node: a for node, a in addresses.items() if not _is_ip(a)}
         # A name keeps its last resolved address until it resolves again.
@@ -390,8 +386,16 @@ class CdsHandlers:
         return web.Response(text=body, content_type="application/json")
 
     async def nodes(self, request: web.Request) -> web.StreamResponse:
-        """GET NODES_PATH: the Nodes' public addresses (no secret: a Node's status has them)."""
-        body = {"version": LIST_VERSION, "nodes": self.store.node_names}
+        """GET NODES_PATH: the Nodes' public addresses, and per config the Nodes' a Gateway with
+        a stunnerd on every node runs on (no secret: Node and Gateway statuses have them); the
+        configs the caller may read only."""
+        selector = _selector(request)
+        gateways = {
+            id: list(found)
+            for id, found in sorted(self.store.node_local.items())
+            if selector.matches(id)
+        }
+        body = {"version": LIST_VERSION, "nodes": self.store.node_names, "gateways": gateways}
         return web.json_response(body)
 
     async def watch(self, request: web.Request, selector: Selector) -> web.WebSocketResponse:

@@ -14,11 +14,12 @@ credentials: username `<now + ttl>:<username parameter>`, password
 `base64(HMAC-SHA1(shared secret, username))`, which stunnerd checks without any state.
 
 A Gateway with relay address discovery runs a stunnerd on every node, each handing out its
-node's public address (its listeners' address is the node placeholder): given the nodes' public
-addresses (`node_addresses`, in a stable order: by Node name), each such listener has one URI
-per node, at the port stunnerd binds on the node (`port`: the host network's, not a Service's),
-unless the request or the server names one address (`public-addr`, STUNNER_PUBLIC_ADDR). A node
-without a public address is left out: its stunnerd hands out a private address.
+node's public address (its listeners' address is the node placeholder): given, per config id,
+the public addresses of the nodes it runs on (`node_local`: render's, in a stable order, by Node
+name), each such listener has one URI per node, at the port stunnerd binds on the node (`port`:
+the host network's, not a Service's), unless the request or the server names one address
+(`public-addr`, STUNNER_PUBLIC_ADDR). A node without a public address is left out: its stunnerd
+hands out a private address.
 
 A STUN-only Gateway (auth type `none`, GatewayConfig `stunMode: true`) gets `stun:<addr>:<port>`
 URIs (RFC 7064) and no username or credential, one per TURN-UDP listener only: a `stun:` URI
@@ -216,20 +217,24 @@ def listener_uris(
     return uris
 
 
+NodeLocal = Mapping[str, Sequence[str]]  # config id -> the addresses of the nodes it runs on
+
+
 def unaddressed(
     configs: Mapping[str, StunnerConfig],
     query: IceQuery,
     public_address: str = "",
-    node_addresses: Sequence[str] = (),
+    node_local: NodeLocal | None = None,
 ) -> list[tuple[str, ListenerConfig]]:
     """(config id, listener) of each listener passing `query`'s filters whose URI would carry
     0.0.0.0: no address a client can use (`stunner ice` refuses to print those)."""
+    nodes = node_local or {}
     return [
         (id, listener)
         for id in sorted(configs)
         for listener in configs[id].listeners
         if _offered(configs[id], listener, query)
-        and not (node_addresses and _per_node(listener, query, public_address))
+        and not (nodes.get(id) and _per_node(listener, query, public_address))
         and not _address(listener, query, public_address)
     ]
 
@@ -238,12 +243,13 @@ def _matching(
     configs: Mapping[str, StunnerConfig],
     query: IceQuery,
     public_address: str,
-    node_addresses: Sequence[str],
+    node_local: NodeLocal | None,
 ) -> Iterable[tuple[StunnerConfig, list[str]]]:
     if not configs:
         raise IceError(HTTPStatus.INTERNAL_SERVER_ERROR, "no STUNner configuration available")
+    nodes = node_local or {}
     for id in sorted(configs):
-        uris = listener_uris(configs[id], query, public_address, node_addresses)
+        uris = listener_uris(configs[id], query, public_address, nodes.get(id, ()))
         if uris:
             yield configs[id], uris
 
@@ -253,10 +259,10 @@ def turn_auth(
     query: IceQuery,
     now: int,
     public_address: str = "",
-    node_addresses: Sequence[str] = (),
+    node_local: NodeLocal | None = None,
 ) -> dict[str, Any]:
     """`GET /`: credentials and URIs of the first Gateway (by id) with a matching listener."""
-    for config, uris in _matching(configs, query, public_address, node_addresses):
+    for config, uris in _matching(configs, query, public_address, node_local):
         username, password = credentials(config.auth, query.username, query.ttl, now)
         return {"username": username, "password": password, "ttl": query.ttl, "uris": uris}
     raise IceError(
@@ -269,11 +275,11 @@ def ice_config(
     query: IceQuery,
     now: int,
     public_address: str = "",
-    node_addresses: Sequence[str] = (),
+    node_local: NodeLocal | None = None,
 ) -> dict[str, Any]:
     """`GET /ice`: one iceServer per Gateway (by id) with a matching listener."""
     servers: list[dict[str, Any]] = []
-    for config, uris in _matching(configs, query, public_address, node_addresses):
+    for config, uris in _matching(configs, query, public_address, node_local):
         if config.auth.stun_only:  # an RTCIceServer of stun: URLs takes no credentials
             servers.append({"urls": uris})
             continue

@@ -328,7 +328,7 @@ def run_cluster(args: argparse.Namespace) -> int:
                 gateway=target.gateway,
             )
             by_id = {c.admin.name: c for c in configs}
-            nodes = cluster.cds_node_addresses(client, target)
+            nodes = cluster.cds_node_local(client, target)
             try:
                 answer = ice_config(by_id, query, int(time.time()), "", nodes)
             except IceError as e:

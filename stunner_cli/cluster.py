@@ -88,9 +88,10 @@ def cds_configs(kube: Kube, target: Target) -> list[StunnerConfig]:
     return [validate_config(item) for item in items if isinstance(item, dict)]
 
 
-def cds_node_addresses(kube: Kube, target: Target) -> list[str]:
-    """The Nodes' public addresses the CDS knows (relay address discovery), by Node name, each
-    once; none from a CDS that does not serve them (an older reconciler)."""
+def cds_node_local(kube: Kube, target: Target) -> dict[str, list[str]]:
+    """Per config id, where clients reach a Gateway with a stunnerd on every node (relay address
+    discovery): the public addresses of the Nodes it runs on, as the CDS serves them; none from
+    a CDS that does not (an older reconciler)."""
     namespace = cds_namespace(kube, target.namespace)
     token = reader_token(kube, namespace)
     headers = {CDS_AUTH_HEADERS[1]: f"Bearer {token}"} if token else {}
@@ -103,11 +104,15 @@ def cds_node_addresses(kube: Kube, target: Target) -> list[str]:
             headers,
         )
     except ClusterError:
-        return []
-    nodes = body.get("nodes")
-    if not isinstance(nodes, dict):
-        return []
-    return list(dict.fromkeys(str(nodes[name]) for name in sorted(nodes)))
+        return {}
+    gateways = body.get("gateways")
+    if not isinstance(gateways, dict):
+        return {}
+    return {
+        str(id): [str(a) for a in found]
+        for id, found in gateways.items()
+        if isinstance(found, list)
+    }
 
 
 def status_port(pod_spec: dict[str, Any]) -> int:

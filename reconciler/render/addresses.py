@@ -22,19 +22,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from stunner_api.annotations import (
-    RELAY_ADDRESS_DISCOVERY_ROW,
-    TARGETPORT_ROW,
-    Limits,
-    Refused,
-    relay_address,
-)
-from stunner_api.vocabulary import NODE_RELAY_ADDRESS, SERVICE_TYPE
+from stunner_api.vocabulary import SERVICE_TYPE
 from stunner_api.vocabulary import ConditionReason as Reason
 
 from ..store import Kind, Object, meta, name_of, namespace_of
 from .context import Context, GatewayPlan, Staged, finding
-from .manifests import annotation
+from .nodes import node_local_addresses
 from .plan import Finding
 
 # Preferred first: Go's two, then ours (see the module's note).
@@ -190,7 +183,7 @@ def listener_addresses(
     )
     service = gateway_service(gateway, services)
     nodes = ctx.snapshot.all(Kind.NODE) if rendered else []
-    node_local, host_ports = _node_local(ctx, plan) if rendered else ([], {})
+    node_local, host_ports = node_local_addresses(ctx, plan) if rendered else ([], {})
     publics: list[tuple[str, int] | None] = []
     found: list[Finding] = []
     for lst in plan.listeners:
@@ -209,109 +202,11 @@ def listener_addresses(
     return Staged(tuple(publics), tuple(found))
 
 
-# --- relay address discovery (a node-local dataplane's relay address) ----------------------
-
-# Go's node patcher: a Node's ExternalIP, else its ExternalDNS (resolved by the CDS); then ours,
-# the address the operator names in the Node's NODE_RELAY_ADDRESS annotation (an IP or a DNS
-# name); no InternalIP: a node without any of these hands out what the Gateway's STUN server
-# reports (stunnerd asks it), else its stunnerd pod's own address, and says so.
-RELAY_ADDRESS_TYPES = ("ExternalIP", "ExternalDNS")
-RELAY_ADDRESS_PATH = f'metadata.annotations["{NODE_RELAY_ADDRESS}"]'
-
-
-def _named_relay_address(node: Object) -> str | Refused | None:
-    """A Node's NODE_RELAY_ADDRESS annotation, parsed; None when it has none."""
-    annotations = meta(node).get("annotations")
-    if not isinstance(annotations, Mapping) or NODE_RELAY_ADDRESS not in annotations:
-        return None
-    return relay_address(str(annotations[NODE_RELAY_ADDRESS]))
-
-
-def node_relay_addresses(nodes: Iterable[Object]) -> dict[str, str]:
-    """Node name -> its public address for relay address discovery (RELAY_ADDRESS_TYPES, the
-    first of the preferred type, else a valid NODE_RELAY_ADDRESS annotation), for the Nodes
-    that have one."""
-    found: dict[str, str] = {}
-    for node in nodes:
-        listed = [
-            a
-            for a in (node.get("status") or {}).get("addresses") or []
-            if isinstance(a, Mapping) and a.get("address")
-        ]
-        for kind in RELAY_ADDRESS_TYPES:
-            match = next((str(a["address"]) for a in listed if a.get("type") == kind), None)
-            if match is not None:
-                found[name_of(node)] = match
-                break
-        else:
-            named = _named_relay_address(node)
-            if isinstance(named, str):
-                found[name_of(node)] = named
-    return found
-
-
-def node_public_addresses(nodes: Iterable[Object]) -> list[str]:
-    """The Nodes' public addresses for relay address discovery (`node_relay_addresses`), by
-    Node name, each once: where clients reach a Gateway with a stunnerd on every node (the
-    CDS's store orders them the same way for the auth service)."""
-    found = node_relay_addresses(nodes)
-    return list(dict.fromkeys(found[name] for name in sorted(found)))
-
-
-def _node_local(ctx: Context, plan: GatewayPlan) -> tuple[list[str], Mapping[str, int]]:
-    """For a Gateway with relay address discovery, the Nodes' public addresses and the ports
-    its stunnerd binds on each node (the targetport annotation's, else the listener's):
-    clients reach the node, not a Service. ([], {}) for any other Gateway."""
-    gateway_config = plan.context.gateway_config
-    if gateway_config is None:
-        return [], {}
-    limits = Limits(ctx.rule_settings.node_port_range)
-    if not annotation(RELAY_ADDRESS_DISCOVERY_ROW, plan.gateway, gateway_config, limits):
-        return [], {}
-    ports = annotation(TARGETPORT_ROW, plan.gateway, gateway_config, limits)
-    return node_public_addresses(ctx.snapshot.all(Kind.NODE)), ports
-
-
-def node_findings(nodes: Iterable[Object]) -> tuple[Finding, ...]:
-    """A finding for each Node whose NODE_RELAY_ADDRESS annotation is not an address (the
-    annotation is then ignored)."""
-    found = []
-    for node in sorted(nodes, key=name_of):
-        named = _named_relay_address(node)
-        if isinstance(named, Refused):
-            found.append(finding(node, RELAY_ADDRESS_PATH, named.reason, Reason.INVALID))
-    return tuple(found)
-
-
-def relay_fallback_note(nodes: Iterable[Object], stun_server: str = "") -> str | None:
-    """What relay address discovery says when some Nodes have no public address, None when
-    every Node has one. `stun_server`: the Gateway's (RELAY_STUN_SERVER), which stunnerd there
-    asks first."""
-    listed = list(nodes)
-    found = node_relay_addresses(listed)
-    missing = sorted(name_of(node) for node in listed if name_of(node) not in found)
-    if not missing:
-        return None
-    shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
-    stun = f"the address STUN server {stun_server} reports for it, else " if stun_server else ""
-    return (
-        f"relay address discovery: Node{'s' if len(missing) > 1 else ''} {shown} "
-        f"{'have' if len(missing) > 1 else 'has'} no ExternalIP, ExternalDNS or "
-        f"{NODE_RELAY_ADDRESS} annotation, so stunnerd there hands clients {stun}its pod's own "
-        "address ($STUNNER_ADDR, likely private) as the relay address"
-    )
-
-
 __all__ = [
     "NODE_ADDRESS_TYPES",
-    "RELAY_ADDRESS_TYPES",
     "PublicAddress",
     "gateway_service",
     "listener_addresses",
     "node_address",
-    "node_findings",
-    "node_public_addresses",
-    "node_relay_addresses",
     "public_address",
-    "relay_fallback_note",
 ]

@@ -20,7 +20,6 @@ from stunner_api.vocabulary import ConditionReason as Reason
 
 from ..store import Kind, Object
 from . import conditions as cond
-from .addresses import node_public_addresses, relay_fallback_note
 from .clusters import is_ip
 from .context import (
     Context,
@@ -33,6 +32,7 @@ from .context import (
 )
 from .listeners import listener_specs
 from .manifests import annotation
+from .nodes import node_public_addresses, pod_tolerations, relay_fallback_note
 from .plan import Finding
 
 
@@ -120,7 +120,8 @@ def gateway_status(
         ):
             gateway_config = plan.context.gateway_config
             programmed, found = _relay_fallback(ctx, gateway, gateway_config, programmed)
-            node_local = node_public_addresses(ctx.snapshot.all(Kind.NODE))
+            tolerations = pod_tolerations(plan.context.dataplane)
+            node_local = node_public_addresses(ctx.snapshot.all(Kind.NODE), tolerations)
         status["conditions"] = conditions_of(ctx, gateway, [accepted, programmed])
         first = next((public[0] for public in rendered if public is not None), None)
         # A stunnerd on every node (relay address discovery): every node's public address.

@@ -53,24 +53,35 @@ NODES = [
     ("n4", [("ExternalDNS", "n4.example.net")]),
     ("n5", [("ExternalIP", "198.51.100.1")]),  # the same address as n1's: once
 ]
+CONTROL_PLANE = {"key": "node-role.kubernetes.io/control-plane", "effect": "NoSchedule"}
+# A kubeadm control-plane node: the DaemonSet runs no pod there unless its pods tolerate it.
+TAINTED = ("n0", [("ExternalIP", "198.51.100.9")])
 
 
-def node(name: str, addresses: list[tuple[str, str]]) -> Obj:
+def node(name: str, addresses: list[tuple[str, str]], *taints: dict[str, str]) -> Obj:
     return {
         "apiVersion": "v1",
         "kind": "Node",
         "metadata": {"name": name},
+        "spec": {"taints": list(taints)},
         "status": {"addresses": [{"type": t, "address": a} for t, a in addresses]},
     }
 
 
-def plan_of(gw: Obj) -> Plan:
+def plan_of(gw: Obj, **dataplane_spec: Any) -> Plan:
     world = [
         gateway_class(),
         gateway_config(),
-        dataplane(hostNetwork=True, dataplaneResource="DaemonSet"),
+        dataplane(hostNetwork=True, dataplaneResource="DaemonSet", **dataplane_spec),
         gw,
         *(node(name, addresses) for name, addresses in NODES),
+        node(*TAINTED, CONTROL_PLANE),
+        # Taints the DaemonSet controller tolerates for every pod: the node is served.
+        node(
+            "n6",
+            [("ExternalIP", "198.51.100.6")],
+            {"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"},
+        ),
     ]
     return render(Snapshot.from_objects(copy.deepcopy(world)), RenderSettings(), NOW)
 
@@ -91,7 +102,11 @@ def test_status_lists_every_nodes_public_address_and_the_config_the_first() -> N
         {"type": "IPAddress", "value": "198.51.100.1"},
         {"type": "IPAddress", "value": "198.51.100.2"},
         {"type": "Hostname", "value": "n4.example.net"},
+        {"type": "IPAddress", "value": "198.51.100.6"},
     ]
+    assert plan.node_local == {
+        "stunner/gw": ("198.51.100.1", "198.51.100.2", "n4.example.net", "198.51.100.6")
+    }
     udp, tcp = plan.configs["stunner/gw"].listeners
     assert (udp.address, udp.public_address, udp.public_port) == (
         NODE_ADDRESS_PLACEHOLDER,
@@ -99,6 +114,15 @@ def test_status_lists_every_nodes_public_address_and_the_config_the_first() -> N
         3478,
     )
     assert (tcp.port, tcp.public_port) == (4000, 4000)  # the port it binds on the node
+
+
+def test_a_tainted_node_is_listed_once_the_dataplane_tolerates_its_taint() -> None:
+    tolerated = plan_of(node_local(), tolerations=[{"operator": "Exists", "effect": "NoSchedule"}])
+    assert tolerated.node_local["stunner/gw"][0] == "198.51.100.9"  # n0 sorts first
+    keyed = plan_of(node_local(), tolerations=[{"key": CONTROL_PLANE["key"], "operator": "Exists"}])
+    assert "198.51.100.9" in keyed.node_local["stunner/gw"]
+    other = plan_of(node_local(), tolerations=[{"key": "gpu", "operator": "Exists"}])
+    assert "198.51.100.9" not in other.node_local["stunner/gw"]
 
 
 async def ice(port: int, **params: str) -> tuple[int, Any]:
@@ -143,8 +167,7 @@ def test_the_auth_service_answers_a_uri_per_node_for_each_listener() -> None:
         store.set(id, config)
 
     async def main() -> None:
-        # As the reconciler's loop does, but no name is resolved: no DNS query leaves the host.
-        store.set_nodes(plan.node_addresses, resolve=False)
+        store.node_local = dict(plan.node_local)  # as the reconciler's loop does
         async with auth_server(store) as port:
             body = await answered(port, username="ignored")
             assert body == {
@@ -156,9 +179,11 @@ def test_the_auth_service_answers_a_uri_per_node_for_each_listener() -> None:
                             "turn:198.51.100.1:3478?transport=udp",
                             "turn:198.51.100.2:3478?transport=udp",
                             "turn:n4.example.net:3478?transport=udp",
+                            "turn:198.51.100.6:3478?transport=udp",
                             "turn:198.51.100.1:3479?transport=tcp",
                             "turn:198.51.100.2:3479?transport=tcp",
                             "turn:n4.example.net:3479?transport=tcp",
+                            "turn:198.51.100.6:3479?transport=tcp",
                         ],
                     }
                 ],
@@ -167,7 +192,7 @@ def test_the_auth_service_answers_a_uri_per_node_for_each_listener() -> None:
             # A listener filter keeps its node URIs; `public-addr` names the one address.
             status, one = await ice(port, namespace="stunner", gateway="gw", listener="tcp")
             assert status == 200 and one["iceServers"][0]["urls"][0].endswith("3479?transport=tcp")
-            assert len(one["iceServers"][0]["urls"]) == 3
+            assert len(one["iceServers"][0]["urls"]) == 4
             status, named = await ice(port, **{"public-addr": "192.0.2.9"})
             assert status == 200
             assert named["iceServers"][0]["urls"] == [
@@ -187,7 +212,7 @@ def test_an_ordinary_gateway_keeps_its_one_uri_beside_the_nodes() -> None:
         store.set(id, config)
 
     async def main() -> None:
-        store.set_nodes(plan.node_addresses, resolve=False)
+        store.node_local = dict(plan.node_local)
         async with auth_server(store) as port:
             for _ in range(250):
                 status, body = await ice(port)
@@ -207,11 +232,21 @@ def test_the_cds_serves_the_nodes_public_addresses_to_an_authenticated_reader(
     GET /api/v1/nodes lists behind the same token check as the configs."""
     named = node("n2", [("InternalIP", "10.0.0.2")])
     named["metadata"]["annotations"] = {NODE_RELAY_ADDRESS: "203.0.113.7"}
-    nodes = [node("n1", [("ExternalIP", "198.51.100.1")]), named, node("n3", [])]
+    nodes = [
+        node("n1", [("ExternalIP", "198.51.100.1")]),
+        named,
+        node("n3", []),
+        node(*TAINTED, CONTROL_PLANE),
+    ]
 
     async def main() -> None:
         with FakeApiServer() as fake:
             k.world(fake, *nodes)
+
+            def discover(gw: Obj) -> None:
+                gw["metadata"]["annotations"] = {RELAY_ADDRESS_DISCOVERY: "true"}
+
+            k.update(fake, "gateway.networking.k8s.io/v1", "Gateway", "gw", discover)
             rt = fake.resource_type("v1", "Node")
             for obj in nodes:  # the kubelet reports the addresses (a status write)
                 status = {"status": obj["status"]}
@@ -221,7 +256,12 @@ def test_the_cds_serves_the_nodes_public_addresses_to_an_authenticated_reader(
                 cds = running.cds_address
                 assert (await get(cds, "/api/v1/nodes")).status == 401
                 reader = cds_token(fake, READER.namespace, READER.name)
-                wanted = {"version": "v1", "nodes": {"n1": "198.51.100.1", "n2": "203.0.113.7"}}
+                wanted = {
+                    "version": "v1",
+                    "nodes": {"n0": "198.51.100.9", "n1": "198.51.100.1", "n2": "203.0.113.7"},
+                    # Where the Gateway's stunnerd runs: not on the tainted control plane.
+                    "gateways": {"stunner/gw": ["198.51.100.1", "203.0.113.7"]},
+                }
                 for _ in range(500):  # until the informer has both Nodes and the loop ran
                     answer = await get(cds, "/api/v1/nodes", reader)
                     if answer.body == wanted:
