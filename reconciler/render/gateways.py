@@ -32,7 +32,7 @@ from .context import (
 )
 from .listeners import listener_specs
 from .manifests import annotation
-from .nodes import node_public_addresses, pod_tolerations, relay_fallback_note
+from .nodes import node_public_addresses, pod_tolerations, relay_fallback_note, runs_pods_of
 from .plan import Finding
 
 
@@ -68,17 +68,21 @@ def _listener_status(
 
 
 def _relay_fallback(
-    ctx: Context, gateway: Object, gateway_config: Object | None, programmed: cond.Condition
+    ctx: Context, plan: GatewayPlan, programmed: cond.Condition
 ) -> tuple[cond.Condition, tuple[Finding, ...]]:
-    """Relay address discovery where some Nodes have no public address: a finding, and the
-    Programmed condition says so (the listeners still work, at a private address there)."""
+    """Relay address discovery where some Nodes its stunnerd runs on (by their taints) have no
+    public address: a finding, and the Programmed condition says so (the listeners still work,
+    at a private address there)."""
+    gateway, gateway_config = plan.gateway, plan.context.gateway_config
+    tolerations = pod_tolerations(plan.context.dataplane)
+    nodes = [node for node in ctx.snapshot.all(Kind.NODE) if runs_pods_of(node, tolerations)]
     limits = Limits(ctx.rule_settings.node_port_range)
     stun_server = (
         annotation(RELAY_STUN_SERVER_ROW, gateway, gateway_config, limits)
         if gateway_config is not None
         else ""
     )
-    note = relay_fallback_note(ctx.snapshot.all(Kind.NODE), stun_server)
+    note = relay_fallback_note(nodes, stun_server)
     if note is None:
         return programmed, ()
     path = f'metadata.annotations["{RELAY_ADDRESS_DISCOVERY}"]'
@@ -118,8 +122,7 @@ def gateway_status(
         if isinstance(config, StunnerConfig) and any(
             lc.address == NODE_ADDRESS_PLACEHOLDER for lc in config.listeners
         ):
-            gateway_config = plan.context.gateway_config
-            programmed, found = _relay_fallback(ctx, gateway, gateway_config, programmed)
+            programmed, found = _relay_fallback(ctx, plan, programmed)
             tolerations = pod_tolerations(plan.context.dataplane)
             node_local = node_public_addresses(ctx.snapshot.all(Kind.NODE), tolerations)
         status["conditions"] = conditions_of(ctx, gateway, [accepted, programmed])

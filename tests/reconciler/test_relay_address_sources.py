@@ -30,12 +30,16 @@ def plan_of(*objects: Obj, **dataplane_spec: Any) -> Plan:
     return render(Snapshot.from_objects(copy.deepcopy(world)), RenderSettings(), NOW)
 
 
-def node(name: str, *addresses: tuple[str, str], relay: str | None = None) -> Obj:
+def node(
+    name: str, *addresses: tuple[str, str], relay: str | None = None, tainted: bool = False
+) -> Obj:
     annotations = {NODE_RELAY_ADDRESS: relay} if relay is not None else {}
+    taints = [{"key": "node-role.kubernetes.io/control-plane", "effect": "NoSchedule"}]
     return {
         "apiVersion": "v1",
         "kind": "Node",
         "metadata": {"name": name, "annotations": annotations},
+        "spec": {"taints": taints if tainted else []},
         "status": {"addresses": [{"type": t, "address": a} for t, a in addresses]},
     }
 
@@ -109,7 +113,11 @@ def test_a_bad_relay_address_annotation_is_a_finding_naming_the_node_and_is_igno
 
 
 def test_the_stun_server_reaches_the_pods_and_the_status_says_it_is_asked() -> None:
-    nodes = [node("n1", ("ExternalIP", "198.51.100.1")), node("n2", ("InternalIP", "10.0.0.2"))]
+    nodes = [
+        node("n1", ("ExternalIP", "198.51.100.1")),
+        node("n2", ("InternalIP", "10.0.0.2")),
+        node("cp", ("InternalIP", "10.0.0.9"), tainted=True),  # no stunnerd there: not named
+    ]
     gw = discovering(**{RELAY_STUN_SERVER: "stun.example.org:3478"})
     plan = plan_of(gw, *nodes, hostNetwork=True, dataplaneResource="DaemonSet")
     assert plan.deployments["stunner/gw"]["kind"] == "DaemonSet"
