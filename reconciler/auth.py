@@ -7,7 +7,8 @@ unauthenticated: serve it where only the application server reaches it. Secrets 
 answers and nowhere else: logs name ids, never content. Local mode serves it over the store it
 renders into; `stunner auth-server` (the chart's auth Deployment) runs `run`, which fills a
 store of its own by following every config on the CDS (`follow`, through the one CDS client,
-stunner_client.cds, which stunnerd's config source shares).
+stunner_client.cds, which stunnerd's config source shares), and the Nodes' public addresses
+of the Gateways with a stunnerd on every node (NODES_PATH, asked every NODES_PERIOD seconds).
 
 To the CDS the follower shows the projected ServiceAccount token in STUNNER_CDS_TOKEN_FILE (the
 chart mounts one of the CDS's audience and lists its account in the reconciler's
@@ -22,17 +23,17 @@ import json
 import logging
 import signal
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
-from stunner_api.cds import CONFIGS_PATH, RETRY_PERIOD
+from stunner_api.cds import CONFIGS_PATH, NODES_PATH, RETRY_PERIOD
 from stunner_api.dataplane import ConfigError, StunnerConfig, validate_config, zero_config
 from stunner_api.ice import IceError, IceQuery, ice_config, turn_auth
 from stunner_api.vocabulary import CDS_TOKEN_FILE_ENV
-from stunner_client.cds import CdsClient
+from stunner_client.cds import CdsClient, CdsError
 from stunner_http.server import LIMITS_KEY, NAME_KEY, RateLimitedLog, ServerLimits
 
 from .cds import MAX_CLIENT_MESSAGE, STORE_KEY, ConfigStore, Handler, json_error, json_errors, serve
@@ -44,7 +45,13 @@ log = logging.getLogger("stunner.auth")
 # requests.
 AUTH_LIMITS = ServerLimits(max_connections=1024)
 
-Builder = Callable[[Mapping[str, StunnerConfig], IceQuery, int, str], dict[str, Any]]
+Builder = Callable[
+    [Mapping[str, StunnerConfig], IceQuery, int, str, Mapping[str, Sequence[str]]],
+    dict[str, Any],
+]
+# How often the auth service asks the CDS for the Nodes' public addresses (a Gateway with relay
+# address discovery has a URI per node; Nodes change rarely, and no config change says so).
+NODES_PERIOD = 10.0
 
 
 def auth_app(
@@ -64,7 +71,8 @@ def auth_app(
         async def handler(request: web.Request) -> web.StreamResponse:
             try:
                 query = IceQuery.from_params(request.query)
-                body = build(store.configs, query, int(clock()), public_address)
+                nodes = store.node_local
+                body = build(store.configs, query, int(clock()), public_address, nodes)
             except IceError as exc:
                 bad_queries.event(
                     logging.WARNING,
@@ -112,8 +120,36 @@ async def follow(
     token (default: STUNNER_CDS_TOKEN_FILE)."""
     env = {CDS_TOKEN_FILE_ENV: str(token_file)} if token_file is not None else None
     cds = CdsClient(cds_url, env=env, retry_period=retry, logger=log)
-    async for frame in cds.watch(CONFIGS_PATH, what="every config"):
-        apply_frame(store, frame)
+    nodes = asyncio.create_task(follow_nodes(store, cds))
+    try:
+        async for frame in cds.watch(CONFIGS_PATH, what="every config"):
+            apply_frame(store, frame)
+    finally:
+        nodes.cancel()
+
+
+async def follow_nodes(store: ConfigStore, cds: CdsClient, period: float = NODES_PERIOD) -> None:
+    """Keep the store's per-Gateway node addresses (`node_local`) those the CDS serves
+    (NODES_PATH), asked every `period` seconds; an unanswered ask keeps the last ones (logged
+    once until answered)."""
+    failing = False
+    while True:
+        try:
+            body = await asyncio.to_thread(cds.get, NODES_PATH, None, what="Node addresses")
+            gateways = json.loads(body).get("gateways")
+            if not isinstance(gateways, dict):
+                raise ValueError("no gateways map in the answer")
+            store.node_local = {
+                str(id): tuple(str(a) for a in found)
+                for id, found in gateways.items()
+                if isinstance(found, list)
+            }
+            failing = False
+        except (CdsError, ValueError) as exc:
+            if not failing:
+                log.warning("cannot read the Nodes' public addresses from the CDS: %s", exc)
+            failing = True
+        await asyncio.sleep(period)
 
 
 async def run(cds_url: str, host: str, port: int, public_address: str) -> None:

@@ -18,9 +18,12 @@ as is a frame that is not a valid report; an unmasked frame with 1002 (stunner_h
 Relay address discovery (Go's node patcher): a request's `node` parameter names the requesting
 stunnerd's Node; every listener `address` that is the node placeholder is replaced, in what
 that request or watcher gets, with the Node's public address (`set_nodes`: ExternalIP, else
-ExternalDNS resolved here), else with `$STUNNER_ADDR` (the pod's own address: stunnerd expands
-it, and the Gateway's status says which Nodes have no public address). A watcher is sent its
-config again when its Node's address changes.
+ExternalDNS resolved here, else the Node's relay-address annotation), else with `$STUNNER_ADDR`
+(the pod's own address: stunnerd expands it, and the Gateway's status says which Nodes have no
+public address). A request without `node` gets the placeholder, as from Go's. A watcher is sent
+its config again when its Node's address changes. GET NODES_PATH lists the Nodes' public
+addresses and, per Gateway with a stunnerd on every node, those of the Nodes it runs on (the
+auth service's per-node ICE URIs: `node_local`, set from render's plan).
 
 `serve` runs an app with the connection discipline of every server of ours
 (stunner_http.server): a request deadline, a cap on connections (CDS_LIMITS, the auth service's
@@ -58,6 +61,7 @@ from stunner_api.cds import (
     MAX_USAGE_BYTES,
     NAMESPACE_PATH,
     NODE_PARAM,
+    NODES_PATH,
     PING_PERIOD,
     POD_ADDRESS,
     USAGE_OTHERS_KEY,
@@ -158,6 +162,9 @@ class ConfigStore:
         # Relay address discovery: Node name -> its public address as given (ExternalIP or
         # ExternalDNS), and the IP address each resolves to (an IP resolves to itself).
         self._node_names: dict[str, str] = {}
+        # Config id -> where clients reach a Gateway with a stunnerd on every node (render's
+        # Plan.node_local: the public addresses of the Nodes it runs on), for the auth service.
+        self.node_local: dict[str, tuple[str, ...]] = {}
         self._node_ips: dict[str, str] = {}
         self._resolving: asyncio.Task[None] | None = None
 
@@ -184,10 +191,17 @@ class ConfigStore:
         address, else its pod's own (`$STUNNER_ADDR`)."""
         return self._node_ips.get(node, POD_ADDRESS) if node else POD_ADDRESS
 
+    @property
+    def node_names(self) -> Mapping[str, str]:
+        """Node name -> its public address as given to `set_nodes` (an IP or a DNS name)."""
+        return dict(self._node_names)
+
     def patched(self, text: str, node: str) -> str:
         """A config's JSON as the stunnerd on Node `node` gets it (the node placeholder
-        replaced, `node_address`)."""
-        if not has_node_placeholder(text):
+        replaced, `node_address`); as it is without a node (Go's: the auth service and the CLI
+        see which listeners have a stunnerd per node; stunnerd's own client patches it to
+        `$STUNNER_ADDR` when it has no node name)."""
+        if not node or not has_node_placeholder(text):
             return text
         return patch_node_address(text, self.node_address(node))
 
@@ -371,6 +385,19 @@ class CdsHandlers:
         body = f'{{"version":"{LIST_VERSION}","items":[{items}]}}'
         return web.Response(text=body, content_type="application/json")
 
+    async def nodes(self, request: web.Request) -> web.StreamResponse:
+        """GET NODES_PATH: the Nodes' public addresses, and per config the Nodes' a Gateway with
+        a stunnerd on every node runs on (no secret: Node and Gateway statuses have them); the
+        configs the caller may read only."""
+        selector = _selector(request)
+        gateways = {
+            id: list(found)
+            for id, found in sorted(self.store.node_local.items())
+            if selector.matches(id)
+        }
+        body = {"version": LIST_VERSION, "nodes": self.store.node_names, "gateways": gateways}
+        return web.json_response(body)
+
     async def watch(self, request: web.Request, selector: Selector) -> web.WebSocketResponse:
         ws = self.guard.response(
             heartbeat=self.heartbeat,
@@ -497,6 +524,7 @@ def cds_app(
     app[NAME_KEY] = "CDS"
     for path in (CONFIGS_PATH, NAMESPACE_PATH, CONFIG_PATH):
         app.router.add_get(path, handlers.get, allow_head=False)
+    app.router.add_get(NODES_PATH, handlers.nodes, allow_head=False)
 
     async def on_shutdown(app: web.Application) -> None:
         await handlers.close_all()

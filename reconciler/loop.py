@@ -107,6 +107,7 @@ class Reconciler:
         self._log_findings(plan.findings)
         # The Nodes' public addresses first: the configs published next are patched with them.
         self.store.set_nodes(getattr(plan, "node_addresses", {}))
+        self.store.node_local = dict(getattr(plan, "node_local", {}))
         changed = self.store.publish(plan.configs)
         log.info(
             "rendered %d objects: %d configs, %d changed, %d findings",

@@ -29,6 +29,7 @@ Pure: the standard library and the vocabulary only.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -41,6 +42,7 @@ from stunner_api.vocabulary import (
     DISABLE_HEALTH_CHECK_EXPOSE,
     DISABLE_MANAGED_DATAPLANE,
     DISABLE_SESSION_AFFINITY,
+    DNS_NAME,
     EXTERNAL_TRAFFIC_POLICY,
     HEALTH_CHECK_PORT,
     METRICS_PORT,
@@ -48,6 +50,7 @@ from stunner_api.vocabulary import (
     MIXED_PROTOCOL_LB,
     NODEPORT,
     RELAY_ADDRESS_DISCOVERY,
+    RELAY_STUN_SERVER,
     SERVICE_TYPE,
     SERVICE_TYPES,
     STATUS_PORT,
@@ -169,6 +172,47 @@ def _port_map(what: str, valid: Callable[[Limits], tuple[int, int]]) -> Parser[M
     return parse
 
 
+def relay_address(text: str) -> str | Refused:
+    """A Node's operator-named relay address (NODE_RELAY_ADDRESS, a Node annotation, so not a
+    row of the table: the webhook sees no Nodes): an IP address or a DNS name."""
+    text = text.strip()
+    try:
+        return str(ipaddress.ip_address(text))
+    except ValueError:
+        pass
+    if len(text) <= 253 and DNS_NAME.match(text.lower()):
+        return text.lower()
+    return Refused(f"must be an IP address or a DNS name, got {text[:64]!r}")
+
+
+def host_port(text: str) -> tuple[str, int] | Refused:
+    """`host:port` (`[v6]:port` for an IPv6 address): the host an IP address or a DNS name,
+    the port 1-65535."""
+    host, sep, port = text.strip().rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+        if ":" not in host:
+            host = "?"  # brackets are for IPv6 addresses only
+    elif ":" in host:
+        host = "?"  # an IPv6 address without its brackets
+    address = relay_address(host) if sep and host else Refused("")
+    if isinstance(address, Refused) or not (port.isascii() and port.isdigit() and len(port) <= 5):
+        return Refused(
+            f"must be host:port ([IPv6]:port), like stun.example.org:3478, got {text[:64]!r}"
+        )
+    if not 1 <= int(port) <= 65535:
+        return Refused(f"the port must be 1-65535, got {text[:64]!r}")
+    return address, int(port)
+
+
+def _stun_server(text: str, limits: Limits) -> str | Refused:
+    parsed = host_port(text)
+    if isinstance(parsed, Refused):
+        return parsed
+    host, port = parsed
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 def _port(text: str, limits: Limits) -> int | Refused:
     stripped = text.strip()
     if stripped.isascii() and stripped.isdigit() and 1 <= int(stripped) <= 65535:
@@ -251,8 +295,19 @@ RELAY_ADDRESS_DISCOVERY_ROW: Annotation[bool] = Annotation(
     GATEWAY_SCOPE,
     BOOLEAN,
     "true: each stunnerd hands clients its Node's public address as the relay address "
-    "(ExternalIP, else ExternalDNS resolved, else the pod's own: the CDS patches it per node); "
-    "for host-network Dataplanes (see Node-local dataplanes)",
+    "(ExternalIP, else ExternalDNS resolved, else the Node's `stunner.l7mp.io/relay-address` "
+    "annotation: the CDS patches it per node; else what the Gateway's STUN server reports, "
+    "else the pod's own); for host-network Dataplanes (see Node-local dataplanes)",
+)
+
+RELAY_STUN_SERVER_ROW: Annotation[str] = Annotation(
+    RELAY_STUN_SERVER,
+    _stun_server,
+    "",
+    GATEWAY_SCOPE,
+    "host:port ([IPv6]:port)",
+    "with relay address discovery, where a Node has no public address: its stunnerd asks this "
+    "STUN server for one (our own; see Node-local dataplanes)",
 )
 
 HEALTH_CHECK_PORT_ROW: Annotation[int] = Annotation(
@@ -286,6 +341,7 @@ TABLE: tuple[Annotation[Any], ...] = (
     RELAY_ADDRESS_DISCOVERY_ROW,
     HEALTH_CHECK_PORT_ROW,
     METRICS_PORT_ROW,
+    RELAY_STUN_SERVER_ROW,
 )
 BY_KEY: Mapping[str, Annotation[Any]] = {row.key: row for row in TABLE}
 KEYS = tuple(BY_KEY)

@@ -30,6 +30,9 @@ CONFIGS_PATH = "/api/v1/configs"
 NAMESPACE_PATH = CONFIGS_PATH + "/{namespace}"
 CONFIG_PATH = CONFIGS_PATH + "/{namespace}/{name}"
 LICENSE_PATH = "/api/v1/license"
+# Ours: the Nodes' public addresses for relay address discovery, `{"version": "v1", "nodes":
+# {name: address}}`, which the auth service (and `stunner ice`) turn into one URI per node.
+NODES_PATH = "/api/v1/nodes"
 WATCH_PARAM = "watch"
 NODE_PARAM = "node"
 LIST_VERSION = "v1"

@@ -13,6 +13,14 @@ Static auth hands out the configured username and password. Ephemeral auth mints
 credentials: username `<now + ttl>:<username parameter>`, password
 `base64(HMAC-SHA1(shared secret, username))`, which stunnerd checks without any state.
 
+A Gateway with relay address discovery runs a stunnerd on every node, each handing out its
+node's public address (its listeners' address is the node placeholder): given, per config id,
+the public addresses of the nodes it runs on (`node_local`: render's, in a stable order, by Node
+name), each such listener has one URI per node, at the port stunnerd binds on the node (`port`:
+the host network's, not a Service's), unless the request or the server names one address
+(`public-addr`, STUNNER_PUBLIC_ADDR). A node without a public address is left out: its stunnerd
+hands out a private address.
+
 A STUN-only Gateway (auth type `none`, GatewayConfig `stunMode: true`) gets `stun:<addr>:<port>`
 URIs (RFC 7064) and no username or credential, one per TURN-UDP listener only: a `stun:` URI
 carries no transport and browsers send Binding requests over UDP alone (libwebrtc puts
@@ -27,7 +35,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
@@ -170,50 +178,91 @@ def _offered(config: StunnerConfig, listener: ListenerConfig, query: IceQuery) -
     return query.matches(listener.name) and (stun_only_usable or not config.auth.stun_only)
 
 
-def listener_uris(config: StunnerConfig, query: IceQuery, public_address: str = "") -> list[str]:
+def _per_node(listener: ListenerConfig, query: IceQuery, public_address: str) -> bool:
+    """Whether a listener is served by a stunnerd on every node at the node's public address
+    (relay address discovery: its address is the node placeholder) and no address is named
+    for the answer (`public-addr`, STUNNER_PUBLIC_ADDR)."""
+    return (
+        listener.address == NODE_ADDRESS_PLACEHOLDER
+        and not query.public_address
+        and not public_address
+    )
+
+
+def _uri(config: StunnerConfig, listener: ListenerConfig, address: str, port: int) -> str:
+    if config.auth.stun_only:
+        return f"stun:{address}:{port}"
+    return listener.model_copy(update={"public_address": address, "public_port": port}).uri()
+
+
+def listener_uris(
+    config: StunnerConfig,
+    query: IceQuery,
+    public_address: str = "",
+    node_addresses: Sequence[str] = (),
+) -> list[str]:
     """The URIs of `config`'s offered listeners at `_address`'s address, else 0.0.0.0 (as Go's
-    auth service): TURN URIs, or `stun:<addr>:<port>` on a STUN-only Gateway."""
+    auth service): TURN URIs, or `stun:<addr>:<port>` on a STUN-only Gateway. A listener with
+    a stunnerd on every node (`_per_node`) has one URI per node public address in
+    `node_addresses` (in their order), at the port stunnerd binds on the node."""
     uris = []
     for listener in config.listeners:
         if not _offered(config, listener, query):
             continue
+        if node_addresses and _per_node(listener, query, public_address):
+            uris += [_uri(config, listener, node, listener.port) for node in node_addresses]
+            continue
         address = _address(listener, query, public_address) or WILDCARD_ADDRESS
-        if config.auth.stun_only:
-            uris.append(f"stun:{address}:{listener.public_port or listener.port}")
-        else:
-            uris.append(listener.model_copy(update={"public_address": address}).uri())
+        uris.append(_uri(config, listener, address, listener.public_port or listener.port))
     return uris
 
 
+NodeLocal = Mapping[str, Sequence[str]]  # config id -> the addresses of the nodes it runs on
+
+
 def unaddressed(
-    configs: Mapping[str, StunnerConfig], query: IceQuery, public_address: str = ""
+    configs: Mapping[str, StunnerConfig],
+    query: IceQuery,
+    public_address: str = "",
+    node_local: NodeLocal | None = None,
 ) -> list[tuple[str, ListenerConfig]]:
     """(config id, listener) of each listener passing `query`'s filters whose URI would carry
     0.0.0.0: no address a client can use (`stunner ice` refuses to print those)."""
+    nodes = node_local or {}
     return [
         (id, listener)
         for id in sorted(configs)
         for listener in configs[id].listeners
-        if _offered(configs[id], listener, query) and not _address(listener, query, public_address)
+        if _offered(configs[id], listener, query)
+        and not (nodes.get(id) and _per_node(listener, query, public_address))
+        and not _address(listener, query, public_address)
     ]
 
 
 def _matching(
-    configs: Mapping[str, StunnerConfig], query: IceQuery, public_address: str
+    configs: Mapping[str, StunnerConfig],
+    query: IceQuery,
+    public_address: str,
+    node_local: NodeLocal | None,
 ) -> Iterable[tuple[StunnerConfig, list[str]]]:
     if not configs:
         raise IceError(HTTPStatus.INTERNAL_SERVER_ERROR, "no STUNner configuration available")
+    nodes = node_local or {}
     for id in sorted(configs):
-        uris = listener_uris(configs[id], query, public_address)
+        uris = listener_uris(configs[id], query, public_address, nodes.get(id, ()))
         if uris:
             yield configs[id], uris
 
 
 def turn_auth(
-    configs: Mapping[str, StunnerConfig], query: IceQuery, now: int, public_address: str = ""
+    configs: Mapping[str, StunnerConfig],
+    query: IceQuery,
+    now: int,
+    public_address: str = "",
+    node_local: NodeLocal | None = None,
 ) -> dict[str, Any]:
     """`GET /`: credentials and URIs of the first Gateway (by id) with a matching listener."""
-    for config, uris in _matching(configs, query, public_address):
+    for config, uris in _matching(configs, query, public_address, node_local):
         username, password = credentials(config.auth, query.username, query.ttl, now)
         return {"username": username, "password": password, "ttl": query.ttl, "uris": uris}
     raise IceError(
@@ -222,11 +271,15 @@ def turn_auth(
 
 
 def ice_config(
-    configs: Mapping[str, StunnerConfig], query: IceQuery, now: int, public_address: str = ""
+    configs: Mapping[str, StunnerConfig],
+    query: IceQuery,
+    now: int,
+    public_address: str = "",
+    node_local: NodeLocal | None = None,
 ) -> dict[str, Any]:
     """`GET /ice`: one iceServer per Gateway (by id) with a matching listener."""
     servers: list[dict[str, Any]] = []
-    for config, uris in _matching(configs, query, public_address):
+    for config, uris in _matching(configs, query, public_address, node_local):
         if config.auth.stun_only:  # an RTCIceServer of stun: URLs takes no credentials
             servers.append({"urls": uris})
             continue

@@ -278,6 +278,13 @@ METRICS_PORT_ANNOTATION = "stunner.l7mp.io/metrics-port"
 # The listener address of a Gateway with relay address discovery, in the rendered config: the
 # CDS replaces it, per requesting stunnerd, with its Node's public address (Go's name).
 NODE_ADDRESS_PLACEHOLDER = "__node_address_placeholder"
+# Our own names (Go's premium reference names none): a Node's operator-named public address,
+# the relay address there when the Node has no ExternalIP or ExternalDNS (an IP or a DNS name);
+# and a Gateway's STUN server (host:port), which its stunnerd pods ask for their public address
+# where their Node has none (the rendered pod template carries it in RELAY_STUN_SERVER_ENV).
+NODE_RELAY_ADDRESS = "stunner.l7mp.io/relay-address"
+RELAY_STUN_SERVER = "stunner.l7mp.io/relay-address-stun-server"
+RELAY_STUN_SERVER_ENV = "STUNNER_RELAY_STUN_SERVER"
 # The grammar, default and scope of each annotation: stunner_api.annotations.
 SERVICE_TYPES = ("ClusterIP", "NodePort", "LoadBalancer")
 DEFAULT_NODE_PORT_RANGE = (30000, 32767)  # Kubernetes' default --service-node-port-range

@@ -328,11 +328,12 @@ def run_cluster(args: argparse.Namespace) -> int:
                 gateway=target.gateway,
             )
             by_id = {c.admin.name: c for c in configs}
+            nodes = cluster.cds_node_local(client, target)
             try:
-                answer = ice_config(by_id, query, now=int(time.time()))
+                answer = ice_config(by_id, query, int(time.time()), "", nodes)
             except IceError as e:
                 raise cluster.ClusterError(e.message) from None
-            missing = unaddressed(by_id, query)
+            missing = unaddressed(by_id, query, "", nodes)
             if missing:
                 return no_public_address(client, missing)
             _out(json.dumps(answer, indent=2))

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from stunner_api.cds import CONFIGS_PATH, DEFAULT_PORT, NAMESPACE_PATH, config_path
+from stunner_api.cds import CONFIGS_PATH, DEFAULT_PORT, NAMESPACE_PATH, NODES_PATH, config_path
 from stunner_api.dataplane import StunnerConfig, validate_config
 from stunner_api.vocabulary import (
     APP_LABEL,
@@ -86,6 +86,33 @@ def cds_configs(kube: Kube, target: Target) -> list[StunnerConfig]:
     )
     items = body.get("items", []) if "items" in body else [body]
     return [validate_config(item) for item in items if isinstance(item, dict)]
+
+
+def cds_node_local(kube: Kube, target: Target) -> dict[str, list[str]]:
+    """Per config id, where clients reach a Gateway with a stunnerd on every node (relay address
+    discovery): the public addresses of the Nodes it runs on, as the CDS serves them; none from
+    a CDS that does not (an older reconciler)."""
+    namespace = cds_namespace(kube, target.namespace)
+    token = reader_token(kube, namespace)
+    headers = {CDS_AUTH_HEADERS[1]: f"Bearer {token}"} if token else {}
+    try:
+        body = kube.service_proxy_get(
+            namespace,
+            f"{CDS_SERVICE_NAME}:{DEFAULT_PORT}",
+            NODES_PATH,
+            f"the config discovery service {namespace}/{CDS_SERVICE_NAME}",
+            headers,
+        )
+    except ClusterError:
+        return {}
+    gateways = body.get("gateways")
+    if not isinstance(gateways, dict):
+        return {}
+    return {
+        str(id): [str(a) for a in found]
+        for id, found in gateways.items()
+        if isinstance(found, list)
+    }
 
 
 def status_port(pod_spec: dict[str, Any]) -> int:

@@ -20,6 +20,7 @@ from .auth import NonceManager
 from .daemon import ApplyError, Stunner
 from .ledger import LocalQuota
 from .limits import Limits
+from .relay_discovery import relay_discovery_from_env
 from .runtime import event_loop_factory
 from .sources import DEFAULT_CDS_ADDRESS, CdsSource, ConfigSource, SourceError, source_for
 from .worker_pool import WorkerPool, udp_process_count, usable_cpus
@@ -454,6 +455,7 @@ async def _main(args: argparse.Namespace, override: str | None) -> int:
         limits=limits_from(args),
         health_address=args.health_address,
         metrics_address=args.metrics_address,
+        relay_discovery=relay_discovery_from_env(os.environ),
     )
     return await run_with_workers(args, stunner)
 

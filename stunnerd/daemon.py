@@ -6,6 +6,7 @@ back: a config that cannot be applied (a port already in use, say) is refused wh
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import logging
 from collections.abc import Iterable
@@ -31,6 +32,7 @@ from .counters import ClusterCounters, ListenerCounters, merge
 from .ledger import LocalQuota, Reservations
 from .limits import Limits
 from .listener import Listener
+from .relay_discovery import RelayDiscovery
 from .router import Router
 from .turn import ServerContext
 from .usage import UsageReporter
@@ -49,8 +51,14 @@ class Stunner:
         limits: Limits | None = None,
         health_address: str = "",
         metrics_address: str = "",
+        relay_discovery: RelayDiscovery | None = None,
     ) -> None:
-        self.config: StunnerConfig | None = None
+        self.config: StunnerConfig | None = None  # running: with the discovered relay address
+        # STUNNER_RELAY_STUN_SERVER: the relay address of listeners at the pod's own address
+        # asked of a STUN server (relay_discovery); `wanted` is the config as given.
+        self.relay_discovery = relay_discovery
+        self.wanted: StunnerConfig | None = None
+        self._applying = asyncio.Lock()
         # --health-address/--metrics-address: where the endpoints listen when the config turns
         # them on (several stunnerds on one host: local mode).
         self.admin_addresses = (health_address, metrics_address)
@@ -164,7 +172,27 @@ class Stunner:
         return sum(r.cpu_seconds for r in reports), sum(r.rss_bytes for r in reports)
 
     async def apply(self, config: StunnerConfig) -> None:
-        """Reconcile the running dataplane to `config`, or raise ApplyError and change nothing."""
+        """Reconcile the running dataplane to `config`, or raise ApplyError and change nothing.
+        With relay address discovery, the listeners at the pod's address get the discovered
+        relay address, and a first answer applies the config again (`_rediscovered`)."""
+        async with self._applying:
+            patched = config
+            if self.relay_discovery is not None:
+                patched = self.relay_discovery.patched(config)
+            await self._apply(patched)
+            self.wanted = config
+        if self.relay_discovery is not None:
+            self.relay_discovery.follow(config, self._rediscovered)
+
+    async def _rediscovered(self) -> None:
+        if self.wanted is None or self.terminating:  # draining: no new configuration
+            return
+        try:
+            await self.apply(self.wanted)
+        except ApplyError as exc:
+            log.error("could not apply the discovered relay address: %s", exc)
+
+    async def _apply(self, config: StunnerConfig) -> None:
         if config == self.config:
             return
         old = self.config
@@ -231,6 +259,8 @@ class Stunner:
                 log.error("cannot start the %s server on %s: %s", server.name, url, exc)
 
     async def close(self) -> None:
+        if self.relay_discovery is not None:
+            self.relay_discovery.close()
         if self.workers is not None:
             await self.workers.close()
         await self.core.close()

@@ -40,11 +40,14 @@ from stunner_api.cds import (
     NODE_ENV,
     NODE_PARAM,
     PING_PERIOD,
+    POD_ADDRESS,
     PONG_WAIT,
     RETRY_PERIOD,
     USAGE_OTHERS_KEY,
     InvalidId,
     config_path,
+    has_node_placeholder,
+    patch_node_address,
     split_id,
     usage_key,
 )
@@ -251,7 +254,17 @@ class CdsSource:
     async def load_checked(self) -> Checked:
         cds_log.debug("GET %s", self.url)
         body = await asyncio.to_thread(self._get)
-        return load_config_checked(body, self.env)
+        return load_config_checked(self._patched(body), self.env)
+
+    def _patched(self, text: str | bytes) -> str | bytes:
+        """Without a node name the CDS leaves the node placeholder (relay address discovery) in
+        place, as Go's: this stunnerd's address is then the pod's own, `$STUNNER_ADDR`."""
+        if self.node:
+            return text
+        decoded = text.decode("utf-8", "replace") if isinstance(text, bytes) else text
+        if not has_node_placeholder(decoded):
+            return text
+        return patch_node_address(decoded, POD_ADDRESS)
 
     async def load(self) -> StunnerConfig:
         config, warnings = await self.load_checked()
@@ -281,7 +294,7 @@ class CdsSource:
 
     def _parse(self, message: str | bytes) -> Checked | None:
         try:
-            config, warnings = load_config_checked(message, self.env)
+            config, warnings = load_config_checked(self._patched(message), self.env)
         except ConfigError as exc:
             cds_log.warning("ignoring invalid config from CDS server: %s", exc)
             return None

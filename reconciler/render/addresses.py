@@ -27,6 +27,7 @@ from stunner_api.vocabulary import ConditionReason as Reason
 
 from ..store import Kind, Object, meta, name_of, namespace_of
 from .context import Context, GatewayPlan, Staged, finding
+from .nodes import node_local_addresses
 from .plan import Finding
 
 # Preferred first: Go's two, then ours (see the module's note).
@@ -182,9 +183,13 @@ def listener_addresses(
     )
     service = gateway_service(gateway, services)
     nodes = ctx.snapshot.all(Kind.NODE) if rendered else []
+    node_local, host_ports = node_local_addresses(ctx, plan) if rendered else ([], {})
     publics: list[tuple[str, int] | None] = []
     found: list[Finding] = []
     for lst in plan.listeners:
+        if lst.rendered and node_local:  # the first node's; status and ICE list every node
+            publics.append((node_local[0], host_ports.get(lst.name, lst.port or 0)))
+            continue
         address = (
             public_address(gateway, service, nodes, lst.port or 0, lst.transport)
             if lst.rendered
@@ -197,56 +202,11 @@ def listener_addresses(
     return Staged(tuple(publics), tuple(found))
 
 
-# --- relay address discovery (a node-local dataplane's relay address) ----------------------
-
-# Go's node patcher: a Node's ExternalIP, else its ExternalDNS (resolved by the CDS); no
-# InternalIP: a node without either hands out its stunnerd pod's own address, and says so.
-RELAY_ADDRESS_TYPES = ("ExternalIP", "ExternalDNS")
-
-
-def node_relay_addresses(nodes: Iterable[Object]) -> dict[str, str]:
-    """Node name -> its public address for relay address discovery (RELAY_ADDRESS_TYPES, the
-    first of the preferred type), for the Nodes that have one."""
-    found: dict[str, str] = {}
-    for node in nodes:
-        listed = [
-            a
-            for a in (node.get("status") or {}).get("addresses") or []
-            if isinstance(a, Mapping) and a.get("address")
-        ]
-        for kind in RELAY_ADDRESS_TYPES:
-            match = next((str(a["address"]) for a in listed if a.get("type") == kind), None)
-            if match is not None:
-                found[name_of(node)] = match
-                break
-    return found
-
-
-def relay_fallback_note(nodes: Iterable[Object]) -> str | None:
-    """What relay address discovery says when some Nodes have no public address, None when
-    every Node has one."""
-    listed = list(nodes)
-    found = node_relay_addresses(listed)
-    missing = sorted(name_of(node) for node in listed if name_of(node) not in found)
-    if not missing:
-        return None
-    shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
-    return (
-        f"relay address discovery: Node{'s' if len(missing) > 1 else ''} {shown} "
-        f"{'have' if len(missing) > 1 else 'has'} no ExternalIP or ExternalDNS, so stunnerd "
-        "there hands clients its pod's own address ($STUNNER_ADDR, likely private) as the "
-        "relay address"
-    )
-
-
 __all__ = [
     "NODE_ADDRESS_TYPES",
-    "RELAY_ADDRESS_TYPES",
     "PublicAddress",
     "gateway_service",
     "listener_addresses",
     "node_address",
-    "node_relay_addresses",
     "public_address",
-    "relay_fallback_note",
 ]

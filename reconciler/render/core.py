@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 from stunner_api.dataplane import StunnerConfig
 
 from ..store import Kind, Object, Snapshot, name_of, namespace_of
-from . import addresses, classes, config, deployment, gateways, listeners, manifests, routes
+from . import addresses, classes, config, deployment, gateways, listeners, manifests, nodes, routes
 from .clusters import Cluster
 from .context import (
     Attachments,
@@ -262,13 +262,17 @@ class Renderer:
             items.sort(key=lambda item: item[0])
             return {gw_id: value for _, gw_id, value in items}
 
+        configs = by_gateway("configs")
+        statuses = tuple(ordered([*top.statuses, *(s for d in done_parts for s in d.statuses)]))
         return Plan(
-            configs=by_gateway("configs"),
+            configs=configs,
             deployments=by_gateway("deployments"),
             services=by_gateway("services"),
-            statuses=tuple(ordered([*top.statuses, *(s for d in done_parts for s in d.statuses)])),
-            findings=tuple(ordered([*top.findings, *(f for d in done_parts for f in d.findings)])),
-            node_addresses=addresses.node_relay_addresses(snapshot.all(Kind.NODE)),
+            statuses=statuses,
+            findings=tuple(ordered([*top.findings, *(f for d in done_parts for f in d.findings)]))
+            + nodes.node_findings(snapshot.all(Kind.NODE)),
+            node_addresses=nodes.node_relay_addresses(snapshot.all(Kind.NODE)),
+            node_local=nodes.gateway_node_addresses(configs, statuses),
         )
 
     def _render_part(

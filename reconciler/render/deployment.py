@@ -15,7 +15,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from stunner_api.annotations import DISABLE_MANAGED_DATAPLANE_ROW, Limits, text_of
+from stunner_api.annotations import (
+    DISABLE_MANAGED_DATAPLANE_ROW,
+    RELAY_ADDRESS_DISCOVERY_ROW,
+    RELAY_STUN_SERVER_ROW,
+    Limits,
+    text_of,
+)
 from stunner_api.vocabulary import (
     APP_LABEL,
     APP_VALUE,
@@ -35,6 +41,7 @@ from stunner_api.vocabulary import (
     OWNED_BY_VALUE,
     RELATED_GATEWAY_NAME,
     RELATED_GATEWAY_NAMESPACE,
+    RELAY_STUN_SERVER_ENV,
 )
 
 from ..store import Object, meta, name_of, namespace_of
@@ -118,10 +125,14 @@ def _container_ports(dataplane: Object, metrics: int | None) -> list[dict[str, A
     return [{"name": "metrics-port", "containerPort": port, "protocol": "TCP"}]
 
 
-def deployment(gateway: Object, dataplane: Object, settings: RenderSettings) -> dict[str, Any]:
+def deployment(
+    gateway: Object, dataplane: Object, settings: RenderSettings, stun_server: str = ""
+) -> dict[str, Any]:
     """The stunnerd workload of a Gateway, from its Dataplane template: a Deployment, or a
     DaemonSet when the Dataplane asks for one (`workload_kind`). The probes ask stunnerd's
-    health check where the config puts it (`stunnerd_ports`)."""
+    health check where the config puts it (`stunnerd_ports`). `stun_server`: the STUN server
+    its pods ask for their public address where their Node has none (relay address discovery),
+    in RELAY_STUN_SERVER_ENV."""
     spec = _view(dataplane.get("spec"))
     ports = stunnerd_ports(gateway, dataplane)
     gw_labels = {k: str(v) for k, v in _view(meta(gateway).get("labels")).items()}
@@ -140,6 +151,7 @@ def deployment(gateway: Object, dataplane: Object, settings: RenderSettings) -> 
         {"name": "STUNNER_NODENAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
         {"name": "STUNNER_CONFIG_ORIGIN", "value": settings.config_discovery_url},
         {"name": CDS_TOKEN_FILE_ENV, "value": CDS_TOKEN_FILE},
+        *([{"name": RELAY_STUN_SERVER_ENV, "value": stun_server}] if stun_server else []),
         *[_map(e) for e in spec.get("env") or [] if isinstance(e, Mapping)],
     ]
     declared = _container_ports(dataplane, ports.metrics)
@@ -218,5 +230,16 @@ def deployment_of(ctx: Context, plan: GatewayPlan) -> Staged[dict[str, Any] | No
     unmanaged = annotation(
         DISABLE_MANAGED_DATAPLANE_ROW, plan.gateway, plan.context.gateway_config, limits
     )
-    manifest = None if unmanaged else deployment(plan.gateway, plan.context.dataplane, ctx.settings)
+    stun = _stun_server(plan.gateway, plan.context.gateway_config, limits)
+    manifest = (
+        None if unmanaged else deployment(plan.gateway, plan.context.dataplane, ctx.settings, stun)
+    )
     return Staged(manifest)
+
+
+def _stun_server(gateway: Object, gateway_config: Object, limits: Limits) -> str:
+    """The STUN server a Gateway's pods ask for their public address: with relay address
+    discovery only."""
+    if not annotation(RELAY_ADDRESS_DISCOVERY_ROW, gateway, gateway_config, limits):
+        return ""
+    return annotation(RELAY_STUN_SERVER_ROW, gateway, gateway_config, limits)

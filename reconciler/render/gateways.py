@@ -13,13 +13,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+from stunner_api.annotations import RELAY_STUN_SERVER_ROW, Limits
 from stunner_api.dataplane import StunnerConfig
 from stunner_api.vocabulary import NODE_ADDRESS_PLACEHOLDER, RELAY_ADDRESS_DISCOVERY
 from stunner_api.vocabulary import ConditionReason as Reason
 
 from ..store import Kind, Object
 from . import conditions as cond
-from .addresses import relay_fallback_note
 from .clusters import is_ip
 from .context import (
     Context,
@@ -31,6 +31,8 @@ from .context import (
     status_update,
 )
 from .listeners import listener_specs
+from .manifests import annotation
+from .nodes import node_public_addresses, pod_tolerations, relay_fallback_note, runs_pods_of
 from .plan import Finding
 
 
@@ -66,11 +68,21 @@ def _listener_status(
 
 
 def _relay_fallback(
-    ctx: Context, gateway: Object, programmed: cond.Condition
+    ctx: Context, plan: GatewayPlan, programmed: cond.Condition
 ) -> tuple[cond.Condition, tuple[Finding, ...]]:
-    """Relay address discovery where some Nodes have no public address: a finding, and the
-    Programmed condition says so (the listeners still work, at a private address there)."""
-    note = relay_fallback_note(ctx.snapshot.all(Kind.NODE))
+    """Relay address discovery where some Nodes its stunnerd runs on (by their taints) have no
+    public address: a finding, and the Programmed condition says so (the listeners still work,
+    at a private address there)."""
+    gateway, gateway_config = plan.gateway, plan.context.gateway_config
+    tolerations = pod_tolerations(plan.context.dataplane)
+    nodes = [node for node in ctx.snapshot.all(Kind.NODE) if runs_pods_of(node, tolerations)]
+    limits = Limits(ctx.rule_settings.node_port_range)
+    stun_server = (
+        annotation(RELAY_STUN_SERVER_ROW, gateway, gateway_config, limits)
+        if gateway_config is not None
+        else ""
+    )
+    note = relay_fallback_note(nodes, stun_server)
     if note is None:
         return programmed, ()
     path = f'metadata.annotations["{RELAY_ADDRESS_DISCOVERY}"]'
@@ -106,15 +118,20 @@ def gateway_status(
         ]
         error = config if isinstance(config, str) else None
         programmed = cond.gateway_programmed(ctx.controller, error, None not in rendered)
+        node_local: list[str] = []
         if isinstance(config, StunnerConfig) and any(
             lc.address == NODE_ADDRESS_PLACEHOLDER for lc in config.listeners
         ):
-            programmed, found = _relay_fallback(ctx, gateway, programmed)
+            programmed, found = _relay_fallback(ctx, plan, programmed)
+            tolerations = pod_tolerations(plan.context.dataplane)
+            node_local = node_public_addresses(ctx.snapshot.all(Kind.NODE), tolerations)
         status["conditions"] = conditions_of(ctx, gateway, [accepted, programmed])
         first = next((public[0] for public in rendered if public is not None), None)
-        if first is not None:
+        # A stunnerd on every node (relay address discovery): every node's public address.
+        shown = node_local or ([first] if first is not None else [])
+        if shown:
             status["addresses"] = [
-                {"type": "IPAddress" if is_ip(first) else "Hostname", "value": first}
+                {"type": "IPAddress" if is_ip(a) else "Hostname", "value": a} for a in shown
             ]
         status["listeners"] = [
             _listener_status(ctx, gateway, lst, count)

@@ -85,6 +85,9 @@ class Plan:
     # Node name -> its public address (ExternalIP, else ExternalDNS), for the CDS to patch into
     # the listeners of Gateways with relay address discovery (NODE_ADDRESS_PLACEHOLDER).
     node_addresses: Mapping[str, str] = field(default_factory=dict)
+    # Gateway id -> where clients reach a Gateway with a stunnerd on every node: the public
+    # addresses of the Nodes it runs on (its status.addresses), for the auth service's URIs.
+    node_local: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     def status_of(self, kind: str, namespace: str, name: str) -> Mapping[str, Any] | None:
         """The status planned for one object, None if render writes none."""

@@ -10,6 +10,7 @@ from stunner_api.annotations import GATEWAY as GATEWAY_KIND
 from stunner_api.annotations import (
     MIXED_PROTOCOL_LB_ROW,
     RELAY_ADDRESS_DISCOVERY_ROW,
+    RELAY_STUN_SERVER_ROW,
     Limits,
 )
 from stunner_api.certs import pair_problem
@@ -324,10 +325,19 @@ def gateway_allowed_routes(req: Request) -> list[Problem]:
 
 def gateway_relay_address_discovery(req: Request) -> list[Problem]:
     """Relay address discovery needs host-network stunnerd pods (a warning: a pod has no
-    Node address of its own to hand out)."""
+    Node address of its own to hand out); its STUN server means nothing without it (a
+    warning)."""
     annotations = as_dict(as_dict(req.obj.get("metadata")).get("annotations"))
     if not RELAY_ADDRESS_DISCOVERY_ROW.value(annotations, {}, Limits()):
-        return []
+        if RELAY_STUN_SERVER_ROW.key not in annotations:
+            return []
+        return [
+            warning(
+                f'metadata.annotations["{RELAY_STUN_SERVER_ROW.key}"]',
+                f'has no effect without "{RELAY_ADDRESS_DISCOVERY_ROW.key}": "true"',
+                ConditionReason.INVALID,
+            )
+        ]
     try:
         host = host_network_dataplane(req.obj, req.lookup, req.settings.controller_name)
     except LookupFailed:

@@ -22,13 +22,16 @@ from typing import Any
 import pytest
 
 from reconciler.cds import ConfigStore, cds_app, serve
+from stunner_api.cds import config_path
 from stunner_api.dataplane import StunnerConfig, validate_config
 from stunner_api.vocabulary import NODE_ADDRESS_PLACEHOLDER
+from stunner_client.cds import CdsClient
 from stunnerd.sources import CdsSource
 from tests.support.ports import free_port
 from tests.support.turnclient import HOST, RawClient, running_stunner, start_peer
 
 ID = "media/gw"
+CONFIG_PATH_OF_ID = config_path(*ID.split("/"))
 STEP = 5.0
 # A public address (TEST-NET-2) that is no address of this host, as a Node's ExternalIP is not
 # one of the node's own behind a cloud's 1:1 NAT.
@@ -105,9 +108,13 @@ def test_two_nodes_get_two_patched_configs_and_the_others_the_pod_address() -> N
             assert addresses(await source(address, "node-a").load()) == [PUBLIC]
             assert addresses(await source(address, "node-b").load()) == ["127.0.0.1"]
             # No public address (a Node without one, no node name): the placeholder becomes
-            # $STUNNER_ADDR, the pod's own address.
+            # $STUNNER_ADDR, the pod's own address (the CDS's patch, or stunnerd's own).
             for node in ("node-z", None):
                 assert addresses(await source(address, node).load()) == ["127.0.0.1"], node
+            # A reader with no node (the auth service, the CLI) sees the placeholder, as Go's
+            # CDS serves it: which listeners have a stunnerd per node.
+            served = await asyncio.to_thread(CdsClient(address).get, CONFIG_PATH_OF_ID)
+            assert NODE_ADDRESS_PLACEHOLDER in served.decode()
             # The config itself is stored once, unpatched.
             assert NODE_ADDRESS_PLACEHOLDER in (store.text(ID) or "")
 

@@ -210,8 +210,9 @@ def test_the_status_names_the_nodes_whose_stunnerd_falls_back_to_its_pod_address
     assert status is not None
     programmed = next(c for c in status["conditions"] if c["type"] == "Programmed")
     note = (
-        "relay address discovery: Node n3 has no ExternalIP or ExternalDNS, so stunnerd there "
-        "hands clients its pod's own address ($STUNNER_ADDR, likely private) as the relay address"
+        "relay address discovery: Node n3 has no ExternalIP, ExternalDNS or "
+        "stunner.l7mp.io/relay-address annotation, so stunnerd there hands clients its pod's own "
+        "address ($STUNNER_ADDR, likely private) as the relay address"
     )
     assert programmed["message"].endswith(note)
     assert [(f.path, f.message) for f in plan.findings if f.reason == "AddressNotAssigned"] == [

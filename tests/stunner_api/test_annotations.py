@@ -23,7 +23,7 @@ from reconciler.store import Snapshot
 from stunner_api import annotations as table
 from stunner_api.annotations import Annotation, Limits, Refused
 from stunner_api.rules import Settings
-from stunner_api.vocabulary import NODE_ADDRESS_PLACEHOLDER
+from stunner_api.vocabulary import NODE_ADDRESS_PLACEHOLDER, RELAY_STUN_SERVER_ENV
 from tests.reconciler.clusterkit import dataplane, gateway, gateway_class, gateway_config, listener
 from webhook import create_app
 
@@ -144,6 +144,16 @@ SEEN: dict[str, Callable[[Plan], Any]] = {
     ),
     table.HEALTH_CHECK_PORT_ROW.key: _health_port,
     table.METRICS_PORT_ROW.key: _metrics_port,
+    table.RELAY_STUN_SERVER_ROW.key: lambda plan: next(
+        (
+            e["value"]
+            for e in plan.deployments["stunner/gw"]["spec"]["template"]["spec"]["containers"][0][
+                "env"
+            ]
+            if e["name"] == RELAY_STUN_SERVER_ENV
+        ),
+        "",
+    ),
 }
 # What else a row needs to be seen: both listeners on the Service (but for the mixed-protocol
 # row itself), a health-check port to expose, a NodePort Service to keep nodePorts.
@@ -151,6 +161,8 @@ CONTEXT: dict[str, dict[str, str]] = {
     table.MIXED_PROTOCOL_LB_ROW.key: {},
     table.DISABLE_HEALTH_CHECK_EXPOSE_ROW.key: MIXED | HEALTH,
     table.NODEPORT_ROW.key: MIXED | {table.SERVICE_TYPE_ROW.key: "NodePort"},
+    # The STUN server is for relay address discovery only.
+    table.RELAY_STUN_SERVER_ROW.key: MIXED | {table.RELAY_ADDRESS_DISCOVERY_ROW.key: "true"},
 }
 
 
@@ -199,6 +211,9 @@ ACCEPTED: list[tuple[Annotation[Any], str]] = [
     (table.HEALTH_CHECK_PORT_ROW, "65535"),
     (table.METRICS_PORT_ROW, "9080"),
     (table.METRICS_PORT_ROW, "65535"),
+    (table.RELAY_STUN_SERVER_ROW, "stun.example.org:3478"),
+    (table.RELAY_STUN_SERVER_ROW, "192.0.2.1:19302"),
+    (table.RELAY_STUN_SERVER_ROW, "[2001:db8::1]:3478"),
 ]
 
 REFUSED: list[tuple[Annotation[Any], str]] = [
@@ -225,6 +240,10 @@ REFUSED: list[tuple[Annotation[Any], str]] = [
     (table.METRICS_PORT_ROW, "-1"),
     (table.METRICS_PORT_ROW, "9080.0"),
     (table.METRICS_PORT_ROW, "\u0669"),  # an Arabic-Indic digit: isdigit, not a port
+    (table.RELAY_STUN_SERVER_ROW, "stun.example.org"),  # no port
+    (table.RELAY_STUN_SERVER_ROW, "2001:db8::1:3478"),  # IPv6 without brackets
+    (table.RELAY_STUN_SERVER_ROW, "stun.example.org:0"),
+    (table.RELAY_STUN_SERVER_ROW, "stun_server:3478"),
 ]
 
 
@@ -336,7 +355,7 @@ def readme_row(row: Annotation[Any]) -> str:
     """The row's line in README.md's annotation table."""
     default = row.default
     shown = "none" if isinstance(default, Mapping) else str(default).lower()
-    shown = shown if not isinstance(default, str) else default
+    shown = shown if not isinstance(default, str) else default or "none"
     scope = " and ".join(
         "the Gateway"
         if kind == table.GATEWAY

@@ -553,6 +553,13 @@ CASES: list[tuple[Rule, dict[str, Any], list[str]]] = [
     ),
     (gateway_daemon_ports, metrics_gateway(None, "8086"), ["TCP port 8086 is also stunnerd's"]),
     (gateway_relay_address_discovery, host_gateway(enable_relay_address_discovery="true"), []),
+    (
+        gateway_relay_address_discovery,
+        host_gateway(
+            enable_relay_address_discovery="true", relay_address_stun_server="stun.example:3478"
+        ),
+        [],
+    ),
     (dataplane_default_kept, dataplane("dev"), []),
     (dataplane_default_kept, dataplane("default"), ["metadata.name: the default Dataplane"]),
 ]
@@ -622,6 +629,12 @@ WARNINGS: list[tuple[Rule, dict[str, Any], str]] = [
         annotated(enable_relay_address_discovery="true"),
         "stunner.l7mp.io/enable-relay-address-discovery\"]: the Gateway's stunnerd pods do not "
         "use the host network",
+    ),
+    (
+        gateway_relay_address_discovery,
+        host_gateway(relay_address_stun_server="stun.example:3478"),
+        'stunner.l7mp.io/relay-address-stun-server"]: has no effect without '
+        '"stunner.l7mp.io/enable-relay-address-discovery": "true"',
     ),
     (staticservice_prefixes, ssvc("0.0.0.0/0"), "0.0.0.0/0 opens a public relay"),
     (staticservice_prefixes, ssvc("::/0"), "::/0 opens a public relay"),
@@ -699,7 +712,8 @@ def test_every_rule_has_passing_and_failing_cases() -> None:
             "stunner.l7mp.io/disable-health-check-expose, "
             "stunner.l7mp.io/disable-session-affinity, "
             "stunner.l7mp.io/enable-relay-address-discovery, "
-            "stunner.l7mp.io/health-check-port, stunner.l7mp.io/metrics-port",
+            "stunner.l7mp.io/health-check-port, stunner.l7mp.io/metrics-port, "
+            "stunner.l7mp.io/relay-address-stun-server",
         ),
         (
             annotated(nodeport='{"udp":80}'),
