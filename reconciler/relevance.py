@@ -10,8 +10,9 @@ objects of our GatewayClasses matter:
 - a Secret, Service or EndpointSlice only when something rendered refers to it (`References`,
   recomputed after every render): a listener's certificate, a GatewayConfig's authRef, a route's
   backend Service and its EndpointSlices, a Gateway's own Service (its load-balancer address);
-- a Namespace when its labels change (allowedRoutes selectors), a Node when its addresses change
-  (public address discovery; its heartbeats are ignored);
+- a Namespace when its labels change (allowedRoutes selectors), a Node when what render reads of
+  it changes: its addresses, its relay-address annotation (relay address discovery) or its
+  taints (which Nodes a node-local DaemonSet runs on); its heartbeats are ignored;
 - a Deployment or DaemonSet we own (someone edited or deleted it: write it back; render reads no
   Deployment, so cluster mode only diffs the last plan against it).
 """
@@ -22,7 +23,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from stunner_api.vocabulary import OWNED_BY_LABEL, OWNED_BY_VALUE, RELATED_GATEWAY_NAME
+from stunner_api.vocabulary import (
+    NODE_RELAY_ADDRESS,
+    OWNED_BY_LABEL,
+    OWNED_BY_VALUE,
+    RELATED_GATEWAY_NAME,
+)
 
 from .store import (
     SERVICE_NAME_LABEL,
@@ -135,7 +141,7 @@ class References:
         if kind == Kind.NAMESPACE:
             return new is None or old is None or _labels(new) != _labels(old)
         if kind == Kind.NODE:
-            return new is None or old is None or _addresses(new) != _addresses(old)
+            return new is None or old is None or _node_facts(new) != _node_facts(old)
         return False
 
 
@@ -157,9 +163,11 @@ def _annotations(obj: Object) -> Mapping[str, Any]:
     return value if isinstance(value, Mapping) else {}
 
 
-def _addresses(obj: Object) -> Any:
-    status = obj.get("status")
-    return status.get("addresses") if isinstance(status, Mapping) else None
+def _node_facts(node: Object) -> tuple[Any, Any, Any]:
+    """What render reads of a Node (reconciler.render.addresses and .nodes)."""
+    status = node.get("status")
+    addresses = status.get("addresses") if isinstance(status, Mapping) else None
+    return addresses, _annotations(node).get(NODE_RELAY_ADDRESS), _spec(node).get("taints")
 
 
 def _changed(new: Object | None, old: Object | None, *, status: bool) -> bool:

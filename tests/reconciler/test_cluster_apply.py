@@ -199,6 +199,13 @@ def test_the_event_filter() -> None:
     heartbeat = node | {"status": {**node["status"], "conditions": [{"lastHeartbeatTime": "t2"}]}}
     assert not refs.wants(heartbeat, node)
     assert refs.wants(node | {"status": {"addresses": []}}, node)
+    # what relay address discovery and the node-local URIs read: the annotation, the taints
+    named = {**node["metadata"], "annotations": {"stunner.l7mp.io/relay-address": "192.0.2.1"}}
+    assert refs.wants(node | {"metadata": named}, node)
+    taint = {"key": "node-role.kubernetes.io/control-plane", "effect": "NoSchedule"}
+    assert refs.wants(node | {"spec": {"taints": [taint]}}, node)
+    other = {**node["metadata"], "annotations": {"example.com/note": "x"}}
+    assert not refs.wants(node | {"metadata": other}, node)
 
 
 def test_a_plan_older_than_the_cache_writes_no_status_for_a_time_alone() -> None:
