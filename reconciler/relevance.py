@@ -23,12 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from stunner_api.vocabulary import (
-    NODE_RELAY_ADDRESS,
-    OWNED_BY_LABEL,
-    OWNED_BY_VALUE,
-    RELATED_GATEWAY_NAME,
-)
+from stunner_api.vocabulary import OWNED_BY_LABEL, OWNED_BY_VALUE, RELATED_GATEWAY_NAME
 
 from .store import (
     SERVICE_NAME_LABEL,
@@ -40,6 +35,7 @@ from .store import (
     meta,
     name_of,
     namespace_of,
+    node_facts,
 )
 
 Key = tuple[str, str]  # (namespace, name)
@@ -141,7 +137,7 @@ class References:
         if kind == Kind.NAMESPACE:
             return new is None or old is None or _labels(new) != _labels(old)
         if kind == Kind.NODE:
-            return new is None or old is None or _node_facts(new) != _node_facts(old)
+            return new is None or old is None or node_facts(new) != node_facts(old)
         return False
 
 
@@ -161,13 +157,6 @@ def _labels(obj: Object) -> Mapping[str, str]:
 def _annotations(obj: Object) -> Mapping[str, Any]:
     value = meta(obj).get("annotations")
     return value if isinstance(value, Mapping) else {}
-
-
-def _node_facts(node: Object) -> tuple[Any, Any, Any]:
-    """What render reads of a Node (reconciler.render.addresses and .nodes)."""
-    status = node.get("status")
-    addresses = status.get("addresses") if isinstance(status, Mapping) else None
-    return addresses, _annotations(node).get(NODE_RELAY_ADDRESS), _spec(node).get("taints")
 
 
 def _changed(new: Object | None, old: Object | None, *, status: bool) -> bool:

@@ -91,6 +91,21 @@ def namespace_of(obj: Object) -> str:
     return str(meta(obj).get("namespace") or "default")
 
 
+def node_facts(node: Object) -> tuple[Any, Any, Any]:
+    """What render reads of a Node, and so what a change must re-render (the event filter and
+    the incremental render both ask): its addresses (public address discovery), its relay
+    address annotation (relay address discovery) and its taints (which Nodes a node-local
+    DaemonSet runs on); not its heartbeats."""
+    status = node.get("status")
+    addresses = status.get("addresses") if isinstance(status, Mapping) else None
+    annotations = meta(node).get("annotations")
+    named = (
+        annotations.get(vocabulary.NODE_RELAY_ADDRESS) if isinstance(annotations, Mapping) else None
+    )
+    spec = node.get("spec")
+    return addresses, named, spec.get("taints") if isinstance(spec, Mapping) else None
+
+
 def labels_of(obj: Object) -> Mapping[str, str]:
     value = meta(obj).get("labels")
     return value if isinstance(value, Mapping) else {}

@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..store import Kind, Object, Snapshot, name_of
+from ..store import Kind, Object, Snapshot, name_of, node_facts
 
 # (method, arguments) -> what it answered: an object or None (get), or a tuple of objects.
 ReadKey = tuple[str, tuple[Any, ...]]
@@ -112,13 +112,10 @@ def same_kinds(old: Snapshot, new: Snapshot, kinds: Iterable[Kind]) -> bool:
     return True
 
 
-def _addresses(nodes: Any) -> list[Any]:
-    """What render reads of the Nodes: their names and addresses (not their heartbeats)."""
+def _node_facts(nodes: Any) -> list[Any]:
+    """What render reads of the Nodes: their names and `node_facts` (not their heartbeats)."""
     return [
-        (name_of(node), (node.get("status") or {}).get("addresses"))
-        if isinstance(node, Mapping)
-        else None
-        for node in nodes
+        (name_of(node), node_facts(node)) if isinstance(node, Mapping) else None for node in nodes
     ]
 
 
@@ -132,7 +129,7 @@ def hold(reads: Mapping[ReadKey, Any], snapshot: Snapshot) -> bool:
             if not same(Snapshot.get(snapshot, kind, namespace, name), old, status=status):
                 return False
         elif method == "all" and args[0] == Kind.NODE:
-            if _addresses(Snapshot.all(snapshot, Kind.NODE)) != _addresses(old):
+            if _node_facts(Snapshot.all(snapshot, Kind.NODE)) != _node_facts(old):
                 return False
         elif method == "all" and args[0] == Kind.GATEWAY:  # the rules read their specs
             new = Snapshot.all(snapshot, Kind.GATEWAY)

@@ -23,7 +23,7 @@ import aiohttp
 
 from reconciler.auth import run
 from reconciler.cds import ConfigStore, cds_app, serve
-from reconciler.render import Plan, RenderSettings, render
+from reconciler.render import Plan, Renderer, RenderSettings, render
 from reconciler.store import Snapshot
 from stunner_api.vocabulary import (
     NODE_ADDRESS_PLACEHOLDER,
@@ -123,6 +123,37 @@ def test_a_tainted_node_is_listed_once_the_dataplane_tolerates_its_taint() -> No
     assert "198.51.100.9" in keyed.node_local["stunner/gw"]
     other = plan_of(node_local(), tolerations=[{"key": "gpu", "operator": "Exists"}])
     assert "198.51.100.9" not in other.node_local["stunner/gw"]
+
+
+def test_an_edited_node_renders_the_node_local_gateway_again() -> None:
+    """The incremental render (cluster mode's) re-renders a node-local Gateway when what render
+    reads of a Node changes: its relay-address annotation, its taints; not a heartbeat. Each
+    time it agrees with a full render (a stale part kept the old addresses in status and in
+    the per-node URIs on the real cluster)."""
+    world = [
+        gateway_class(),
+        gateway_config(),
+        dataplane(hostNetwork=True, dataplaneResource="DaemonSet"),
+        node_local(),
+        node("n1", [("InternalIP", "10.0.0.1")]),
+    ]
+    renderer = Renderer(RenderSettings())
+    first = renderer.render(Snapshot.from_objects(copy.deepcopy(world)), NOW)
+    assert first.node_local == {"stunner/gw": ()}
+    named = copy.deepcopy(world)
+    named[-1]["metadata"]["annotations"] = {NODE_RELAY_ADDRESS: "192.0.2.10"}
+    second = renderer.render(Snapshot.from_objects(named), NOW)
+    assert second.node_local == {"stunner/gw": ("192.0.2.10",)}
+    tainted = copy.deepcopy(named)
+    tainted[-1]["spec"]["taints"] = [CONTROL_PLANE]
+    third = renderer.render(Snapshot.from_objects(tainted), NOW)
+    assert third.node_local == {"stunner/gw": ()}
+    full = render(Snapshot.from_objects(copy.deepcopy(tainted)), RenderSettings(), NOW)
+    assert third.status_of("Gateway", "stunner", "gw") == full.status_of("Gateway", "stunner", "gw")
+    heartbeat = copy.deepcopy(tainted)
+    heartbeat[-1]["status"]["conditions"] = [{"type": "Ready", "lastHeartbeatTime": "t2"}]
+    renderer.render(Snapshot.from_objects(heartbeat), NOW)
+    assert renderer.rendered_parts == 0
 
 
 async def ice(port: int, **params: str) -> tuple[int, Any]:
