@@ -186,12 +186,18 @@ def installed(release: Release) -> Iterator[Release]:
     done = release.readme(plugin)
     assert done.returncode == 0, f"{' '.join(plugin)}:\n{done.stdout}\n{done.stderr}"
     yield release
-    _delete_ours(release.kube)
+    _delete_ours_and_the_namespace(release.kube)
+
+
+def _delete_ours_and_the_namespace(kube: Kube) -> None:
+    """Our objects, then the namespace, while the release still runs (as the quick start's
+    module does: the namespace controller took minutes once the release was gone)."""
+    _delete_ours(kube)
     try:  # pods that outlive their Gateway for a minute (a failed phase's) go by force
-        release.kube.run("delete", "namespace", GATEWAY_NS, "--ignore-not-found", timeout=60)
+        kube.run("delete", "namespace", GATEWAY_NS, "--ignore-not-found", timeout=60)
     except subprocess.TimeoutExpired:
-        release.kube.run("delete", "pods", "--all", "-n", GATEWAY_NS, "--grace-period=0", "--force")
-        release.kube.run("delete", "namespace", GATEWAY_NS, "--ignore-not-found", timeout=180)
+        kube.run("delete", "pods", "--all", "-n", GATEWAY_NS, "--grace-period=0", "--force")
+        kube.run("delete", "namespace", GATEWAY_NS, "--ignore-not-found", timeout=180)
 
 
 def _apply(kube: Kube, *objects: dict[str, Any]) -> None:
@@ -313,13 +319,16 @@ def test_an_operator_named_relay_address_is_handed_out_and_in_ice(
     installed: Release, echo_peer: tuple[str, int]
 ) -> None:
     """The Node annotated with the address its 1:1 NAT maps to: stunnerd binds the node's own
-    address and hands clients the named one; ICE prints it; status calls it public."""
+    address and hands clients the named one; ICE and status print it."""
     kube, node, node_ip = installed.kube, installed.state["node"], installed.state["node_ip"]
     kube.ok("annotate", "node", node, f"{RELAY_ADDRESS_ANNOTATION}={NAMED_ADDRESS}", "--overwrite")
     try:
 
         def relayed_named() -> dict[str, Any] | None:
-            result = asyncio.run(_node_local_echo((node_ip, NODE_PORT), echo_peer))
+            try:  # the listener restarts at the new address: a request may meet the old one
+                result = asyncio.run(_node_local_echo((node_ip, NODE_PORT), echo_peer))
+            except TimeoutError:
+                return None
             return result if result["relayed"][0] == NAMED_ADDRESS else None
 
         result = wait_for(f"XOR-RELAYED-ADDRESS {NAMED_ADDRESS}", relayed_named, within=30)
@@ -329,7 +338,7 @@ def test_an_operator_named_relay_address_is_handed_out_and_in_ice(
         urls = [u for s in json.loads(out)["iceServers"] for u in s["urls"]]
         assert urls == [f"turn:{NAMED_ADDRESS}:{NODE_PORT}?transport=udp"], urls
         code, out = _helm_stunner(installed, "status", f"{GATEWAY_NS}/{NODE_LOCAL}")
-        assert code == 0 and NAMED_ADDRESS in out and "(private)" not in out, out
+        assert code == 0 and NAMED_ADDRESS in out, out  # (TEST-NET-1 is private to ipaddress)
         MEASURED[f"{installed.name}: operator-named relay address"] = (
             f"relayed {result['relayed']} (sockets on {node_ip}), echo ok; ice {urls}"
         )
@@ -552,6 +561,6 @@ def test_a_user_quota_holds_across_the_gateways_pods(installed: Release) -> None
 
 
 def test_the_release_uninstalls(installed: Release) -> None:
-    _delete_ours(installed.kube)
+    _delete_ours_and_the_namespace(installed.kube)
     done = installed.run_helm("uninstall", RELEASE, "-n", NAMESPACE, "--wait")
     assert done.returncode == 0, done.stderr
