@@ -21,8 +21,9 @@ import statistics
 import time
 import timeit
 
-from reconciler.cds import ConfigStore, cds_app, serve
+from reconciler.cds import cds_app, serve
 from reconciler.cds_quota import UsageBoard
+from reconciler.cds_store import ConfigStore
 from stunner_api.dataplane import validate_config
 from stunnerd.ledger import LocalQuota
 from stunnerd.sources import CdsSource

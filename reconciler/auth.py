@@ -36,7 +36,8 @@ from stunner_api.vocabulary import CDS_TOKEN_FILE_ENV
 from stunner_client.cds import CdsClient, CdsError
 from stunner_http.server import LIMITS_KEY, NAME_KEY, RateLimitedLog, ServerLimits
 
-from .cds import MAX_CLIENT_MESSAGE, STORE_KEY, ConfigStore, Handler, json_error, json_errors, serve
+from .cds import MAX_CLIENT_MESSAGE, STORE_KEY, Handler, json_error, json_errors, serve
+from .cds_store import ConfigStore
 
 auth_log = logging.getLogger("stunner.auth-service")
 log = logging.getLogger("stunner.auth")

@@ -1,9 +1,6 @@
-"""The config discovery service (CDS) server.
-
-`ConfigStore` holds the rendered dataplane configs by id (`<namespace>/<gateway>`) and the
-watchers of each. `publish(configs)` makes the store hold exactly `configs` (level-based): a
-changed config is pushed to its watchers, a removed one is pushed as the zero config (so its
-stunnerd drains) and forgotten.
+"""The config discovery service (CDS) server: the HTTP and WebSocket side of the store of
+rendered configs (`ConfigStore`, reconciler.cds_store: the configs by id, their watchers, the
+Nodes' public addresses).
 
 `cds_app(store)` serves what stunnerd's CDS client speaks (`stunner_api.cds`, ANCHORS §1.12):
 GET `/api/v1/configs[/{namespace}[/{name}]]`, and the same with `?watch=true` over WebSocket
@@ -44,11 +41,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import ipaddress
 import logging
-import socket
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Awaitable, Callable
 from http import HTTPStatus
 
 from aiohttp import WSCloseCode, WSMessage, WSMsgType, web
@@ -64,24 +58,19 @@ from stunner_api.cds import (
     NODES_PATH,
     PING_PERIOD,
     POD_ADDRESS,
-    USAGE_OTHERS_KEY,
     USAGE_REPORT_KEY,
     WATCH_PARAM,
     WRITE_TIMEOUT,
     UsageError,
-    config_id,
-    encode_usage,
     has_node_placeholder,
     parse_usage,
-    patch_node_address,
 )
-from stunner_api.dataplane import StunnerConfig, zero_config
 from stunner_http.server import LIMITS_KEY, NAME_KEY, RateLimitedLog, Served, ServerLimits
 from stunner_http.server import serve as serve_http
 from stunner_http.websocket import FrameBudget, WebSocketGuard
 
-from .cds_access import ALLOWED_KEY, Allowed
-from .cds_quota import UsageBoard
+from .cds_access import ALLOWED_KEY
+from .cds_store import ConfigStore, Selector, Watcher
 
 log = logging.getLogger("stunner.cds-server")
 
@@ -96,236 +85,10 @@ WATCH_BUDGET = FrameBudget(burst=16, rate=8.0)
 MAX_CLIENT_MESSAGE = 4096  # a close frame's reason is at most 123 bytes
 # A usage report (stunner_api.cds) is at most MAX_USAGE_BYTES; a larger frame is closed (1009).
 MAX_WATCH_MESSAGE = MAX_USAGE_BYTES + 1024
-USAGE_FRAME = ""  # a watcher's pending frame of usage (config ids are never empty)
 _BAD_REPORT = RateLimitedLog(log, 10.0)
 # Connections per server (stunner_http.server): every stunnerd replica holds one CDS watch
 # (1,000 Gateways with a few replicas each fit).
 CDS_LIMITS = ServerLimits(max_connections=8192)
-
-
-@dataclass(frozen=True)
-class Selector:
-    """What a watcher or a GET asks for: every config, one namespace's, or one id."""
-
-    namespace: str = ""
-    name: str = ""
-    # The caller's access (reconciler.cds_access), asked anew for every config; None: all.
-    allowed: Allowed | None = field(default=None, compare=False)
-
-    def matches(self, id: str) -> bool:
-        if self.allowed is not None and not self.allowed(id):
-            return False
-        if self.name:
-            return id == config_id(self.namespace, self.name)
-        return not self.namespace or id.startswith(self.namespace + "/")
-
-    def __str__(self) -> str:
-        if self.name:
-            return config_id(self.namespace, self.name)
-        return f"{self.namespace}/*" if self.namespace else "*"
-
-
-@dataclass(eq=False)
-class Watcher:
-    """One WebSocket client: its selector and its pending frames (one per id, latest wins)."""
-
-    selector: Selector
-    peer: str
-    node: str = ""  # the `node` parameter: whose public address the placeholder becomes
-    pending: dict[str, str] = field(default_factory=dict)
-    ready: asyncio.Event = field(default_factory=asyncio.Event)
-
-    def offer(self, id: str, text: str) -> None:
-        self.pending.pop(id, None)  # re-insert: frames go out in the order of their last change
-        self.pending[id] = text
-        self.ready.set()
-
-    async def take(self) -> list[str]:
-        """Every pending frame, once there is at least one."""
-        await self.ready.wait()
-        self.ready.clear()
-        frames = list(self.pending.values())
-        self.pending.clear()
-        return frames
-
-
-class ConfigStore:
-    """The published configs (as Go's JSON) and the watchers to tell about changes."""
-
-    def __init__(self) -> None:
-        self._configs: dict[str, StunnerConfig] = {}
-        self._texts: dict[str, str] = {}
-        self.watchers: set[Watcher] = set()
-        self.dropped_watchers = 0
-        # Cluster-wide user quotas: the reports of the watchers that send them.
-        self.usage: UsageBoard[Watcher] = UsageBoard()
-        # Relay address discovery: Node name -> its public address as given (ExternalIP or
-        # ExternalDNS), and the IP address each resolves to (an IP resolves to itself).
-        self._node_names: dict[str, str] = {}
-        # Config id -> where clients reach a Gateway with a stunnerd on every node (render's
-        # Plan.node_local: the public addresses of the Nodes it runs on), for the auth service.
-        self.node_local: dict[str, tuple[str, ...]] = {}
-        self._node_ips: dict[str, str] = {}
-        self._resolving: asyncio.Task[None] | None = None
-
-    @property
-    def configs(self) -> Mapping[str, StunnerConfig]:
-        return self._configs
-
-    def text(self, id: str) -> str | None:
-        return self._texts.get(id)
-
-    def select(self, selector: Selector, node: str = "") -> dict[str, str]:
-        """The JSON of every config `selector` matches, by id in id order, patched for the
-        stunnerd on Node `node` (`patched`)."""
-        return {
-            id: self.patched(self._texts[id], node)
-            for id in sorted(self._texts)
-            if selector.matches(id)
-        }
-
-    # --- relay address discovery ----------------------------------------------------------
-
-    def node_address(self, node: str) -> str:
-        """The relay address a stunnerd on Node `node` hands clients: the Node's public IP
-        address, else its pod's own (`$STUNNER_ADDR`)."""
-        return self._node_ips.get(node, POD_ADDRESS) if node else POD_ADDRESS
-
-    @property
-    def node_names(self) -> Mapping[str, str]:
-        """Node name -> its public address as given to `set_nodes` (an IP or a DNS name)."""
-        return dict(self._node_names)
-
-    def patched(self, text: str, node: str) -> str:
-        """A config's JSON as the stunnerd on Node `node` gets it (the node placeholder
-        replaced, `node_address`); as it is without a node (Go's: the auth service and the CLI
-        see which listeners have a stunnerd per node; stunnerd's own client patches it to
-        `$STUNNER_ADDR` when it has no node name)."""
-        if not node or not has_node_placeholder(text):
-            return text
-        return patch_node_address(text, self.node_address(node))
-
-    def set_nodes(self, addresses: Mapping[str, str]) -> None:
-        """Node name -> public address (an IP, or a DNS name resolved in the background on the
-        running loop; one that does not resolve counts as none). Watchers whose Node's address
-        changed get their configs with a placeholder again."""
-        if dict(addresses) == self._node_names:
-            return
-        self._node_names = dict(addresses)
-        ips = {node: a for node, a in addresses.items() if _is_ip(a)}
-        names = {node: a for node, a in addresses.items() if not _is_ip(a)}
-        # A name keeps its last resolved address until it resolves again.
-        ips |= {node: self._node_ips[node] for node in names if node in self._node_ips}
-        self._set_node_ips(ips)
-        if self._resolving is not None:
-            self._resolving.cancel()
-            self._resolving = None
-        if names:
-            try:
-                loop = asyncio.get_running_loop()
-            except RuntimeError:
-                log.warning("cannot resolve the ExternalDNS of Nodes %s here", sorted(names))
-                return
-            self._resolving = loop.create_task(self._resolve(names, ips))
-
-    async def _resolve(self, names: Mapping[str, str], ips: Mapping[str, str]) -> None:
-        loop = asyncio.get_running_loop()
-        resolved = dict(ips)
-        for node, name in sorted(names.items()):
-            try:
-                infos = await loop.getaddrinfo(name, None, type=socket.SOCK_DGRAM)
-            except OSError as exc:
-                log.warning("Node %s: ExternalDNS %s does not resolve: %s", node, name, exc)
-                resolved.pop(node, None)
-                continue
-            found = [str(info[4][0]) for info in infos]
-            v4 = [a for a in found if ":" not in a]
-            resolved[node] = (v4 or found)[0]
-        self._set_node_ips(resolved)
-
-    def _set_node_ips(self, ips: Mapping[str, str]) -> None:
-        old, self._node_ips = self._node_ips, dict(ips)
-        changed = {n for n in old.keys() | ips.keys() if old.get(n) != ips.get(n)}
-        for node in sorted(changed):
-            log.info("relay address of Node %s: %s", node, self.node_address(node))
-        for watcher in self.watchers:
-            if watcher.node not in changed:
-                continue
-            for id, text in self._texts.items():
-                if has_node_placeholder(text) and watcher.selector.matches(id):
-                    watcher.offer(id, self.patched(text, watcher.node))
-
-    def set(self, id: str, config: StunnerConfig) -> bool:
-        """Store the config of `id`; push it to its watchers if it changed. True if it did."""
-        changed = self.set_json(id, config.to_json())
-        self._configs[id] = config
-        return changed
-
-    def set_json(self, id: str, text: str) -> bool:
-        """Serve `text` as the config of `id`, as is (a config rendered elsewhere; the auth
-        endpoints see only configs stored with `set`); push it to its watchers if it changed."""
-        old = self._texts.get(id)
-        if old == text:
-            return False
-        self._configs.pop(id, None)
-        self._texts[id] = text
-        self._notify(id, text)
-        log.info("config %s %s", id, "added" if old is None else "updated")
-        return True
-
-    def delete(self, id: str) -> bool:
-        """Forget `id` and push the zero config to its watchers. True if it was there."""
-        if self._texts.pop(id, None) is None:
-            return False
-        self._configs.pop(id, None)
-        self._notify(id, zero_config(id).to_json())
-        log.info("config %s deleted: its watchers get the zero config", id)
-        return True
-
-    def publish(self, configs: Mapping[str, StunnerConfig]) -> list[str]:
-        """Make the store hold exactly `configs`; the ids that changed (deleted ones included)."""
-        changed = [id for id in sorted(self._texts.keys() - configs.keys()) if self.delete(id)]
-        changed += [id for id in sorted(configs) if self.set(id, configs[id])]
-        return changed
-
-    # --- cluster-wide user quotas -----------------------------------------------------------
-
-    def report_usage(self, watcher: Watcher, counts: Mapping[str, int]) -> None:
-        """`watcher`'s allocation counts per user of the one config it watches; the reporting
-        watchers of that config whose others changed are sent them."""
-        id = str(watcher.selector)
-        first = watcher not in self.usage
-        self._tell(self.usage.report(id, watcher, counts))
-        if first:
-            log.info(
-                "watcher %s reports its user quota usage for %s (%d reporting)",
-                watcher.peer,
-                id,
-                self.usage.reporters(id),
-            )
-
-    def forget(self, watcher: Watcher) -> None:
-        """`watcher` is gone: no more configs to it, and its counts no longer count."""
-        self.watchers.discard(watcher)
-        self._tell(self.usage.drop(watcher))
-
-    def _tell(self, changes: list[tuple[Watcher, dict[str, int]]]) -> None:
-        for watcher, others in changes:
-            text, _ = encode_usage(USAGE_OTHERS_KEY, others)
-            watcher.offer(USAGE_FRAME, text)
-
-    def _notify(self, id: str, text: str) -> None:
-        for watcher in self.watchers:
-            if watcher.selector.matches(id):
-                watcher.offer(id, self.patched(text, watcher.node))
-
-
-def _is_ip(address: str) -> bool:
-    try:
-        ipaddress.ip_address(address)
-    except ValueError:
-        return False
-    return True
 
 
 STORE_KEY = web.AppKey("store", ConfigStore)

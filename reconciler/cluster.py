@@ -51,8 +51,9 @@ from stunner_api.vocabulary import (
 
 from . import events
 from .apply import Memo, Write, plan_writes
-from .cds import HANDLERS_KEY, ConfigStore, cds_app, serve
+from .cds import HANDLERS_KEY, cds_app, serve
 from .cds_access import Access, Account, AuthMode, ReviewUnavailable, TokenVerifier
+from .cds_store import ConfigStore
 from .kube.api import Api, ConfigUnavailable, describe, load_client, refusal
 from .kube.informer import BACKOFF_INITIAL, BACKOFF_MAX, NOT_SERVED_RETRY, WATCH_TIMEOUT, Informer
 from .kube.lease import (

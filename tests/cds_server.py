@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
-from reconciler.cds import HANDLERS_KEY, ConfigStore, cds_app, serve
+from reconciler.cds import HANDLERS_KEY, cds_app, serve
+from reconciler.cds_store import ConfigStore
 from stunner_api.dataplane import StunnerConfig
 
 

@@ -20,7 +20,8 @@ import pytest
 import yaml
 from aiohttp import web
 
-from reconciler.cds import ConfigStore, cds_app
+from reconciler.cds import cds_app
+from reconciler.cds_store import ConfigStore
 from stunner_api.dataplane import validate_config
 from stunner_cli import offline
 from tests.charts.conftest import HELMS, ROOT, helm_binary

@@ -22,7 +22,8 @@ import aiohttp
 import pytest
 from websockets.asyncio.client import connect
 
-from reconciler.cds import ConfigStore, cds_app, serve
+from reconciler.cds import cds_app, serve
+from reconciler.cds_store import ConfigStore
 from stunner_api.dataplane import StunnerConfig, validate_config, zero_config
 from stunnerd.sources import CdsSource, SourceError
 

@@ -21,7 +21,8 @@ import aiohttp
 import pytest
 
 from reconciler.auth import auth_app
-from reconciler.cds import ConfigStore, serve
+from reconciler.cds import serve
+from reconciler.cds_store import ConfigStore
 from stunner_api.dataplane import StunnerConfig, validate_config
 
 NOW = 1_700_000_000

@@ -19,8 +19,9 @@ from typing import Any
 import aiohttp
 import pytest
 
-from reconciler.cds import HANDLERS_KEY, WATCH_BUDGET, ConfigStore
+from reconciler.cds import HANDLERS_KEY, WATCH_BUDGET
 from reconciler.cds_quota import UsageBoard, others_of
+from reconciler.cds_store import ConfigStore
 from stunner_api.cds import (
     PING_PERIOD,
     REPORT_INTERVAL,

@@ -22,7 +22,8 @@ from typing import Any
 import aiohttp
 
 from reconciler.auth import run
-from reconciler.cds import ConfigStore, cds_app, serve
+from reconciler.cds import cds_app, serve
+from reconciler.cds_store import ConfigStore
 from reconciler.render import Plan, Renderer, RenderSettings, render
 from reconciler.store import Snapshot
 from stunner_api.vocabulary import (

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from reconciler.cds import ConfigStore, cds_app
+from reconciler.cds import cds_app
+from reconciler.cds_store import ConfigStore
 from stunner_api.dataplane import validate_config
 from stunner_cli.__main__ import main as stunner
 from tests.support.background import Background

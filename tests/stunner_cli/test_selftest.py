@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from reconciler.cds import ConfigStore, cds_app
+from reconciler.cds import cds_app
+from reconciler.cds_store import ConfigStore
 from stunner_api.dataplane import validate_config
 from tests.support import ports
 from tests.support.background import Background

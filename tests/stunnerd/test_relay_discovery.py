@@ -20,7 +20,8 @@ from typing import Any, cast
 
 import pytest
 
-from reconciler.cds import ConfigStore, cds_app, serve
+from reconciler.cds import cds_app, serve
+from reconciler.cds_store import ConfigStore
 from stunner_api.dataplane import StunnerConfig, validate_config
 from stunner_api.vocabulary import NODE_ADDRESS_PLACEHOLDER, RELAY_STUN_SERVER_ENV
 from stunnerd.daemon import Stunner
