@@ -10,6 +10,7 @@ extra (pytest, packaging's other carriers) can hide a missing module.
 
 from __future__ import annotations
 
+import concurrent.futures
 import re
 import subprocess
 import sys
@@ -113,10 +114,15 @@ def image_venvs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ImageVenvs
     wheel_only = Stage("build", build.base, "/src", wheel_runs, ())
     (base / "wheels").mkdir()
     run_stage(wheel_only, {"/wheels": str(base / "wheels"), "/src": str(ROOT)})
-    checks = {}
-    for name in ("venv-controlplane", "venv-dataplane"):
-        venv = base / name
-        paths = {IMAGE_PREFIX: str(venv), "/wheels": str(base / "wheels")}
+
+    def venv_stage(name: str) -> str:
+        paths = {IMAGE_PREFIX: str(base / name), "/wheels": str(base / "wheels")}
         paths |= {dest: src for dest, src in copies.items() if dest.endswith(".py")}
-        checks[name] = run_stage(all_stages[name], paths)
+        return run_stage(all_stages[name], paths)
+
+    # The two runtime stages are independent (as BuildKit runs them): side by side, each in its
+    # own venv from the same wheels.
+    names = ("venv-controlplane", "venv-dataplane")
+    with concurrent.futures.ThreadPoolExecutor(len(names)) as pool:
+        checks = dict(zip(names, pool.map(venv_stage, names), strict=True))
     yield ImageVenvs(base / "venv-controlplane", base / "venv-dataplane", checks)
