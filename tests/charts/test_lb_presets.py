@@ -122,31 +122,12 @@ def test_the_charts_gateway_config_in_stun_mode_renders_a_pure_stun_server(helm:
     objects = chart_objects(helm, "gatewayConfig.stunMode=true")
     assert objects["GatewayConfig"]["spec"] == {"realm": "stunner.l7mp.io", "stunMode": True}
     config = objects["GatewayConfig"]["metadata"]
-    gateway_class = {
-        "apiVersion": "gateway.networking.k8s.io/v1",
-        "kind": "GatewayClass",
-        "metadata": {"name": "stun"},
-        "spec": {
-            "controllerName": "stunner.l7mp.io/gateway-operator",
-            "parametersRef": {
-                "group": "stunner.l7mp.io",
-                "kind": "GatewayConfig",
-                "name": config["name"],
-                "namespace": config["namespace"],
-            },
-        },
-    }
-    gateway = {
-        "apiVersion": "gateway.networking.k8s.io/v1",
-        "kind": "Gateway",
-        "metadata": {"name": "stun-gateway", "namespace": "stunner"},
-        "spec": {
-            "gatewayClassName": "stun",
-            "listeners": [{"name": "udp", "port": 3478, "protocol": "TURN-UDP"}],
-        },
-    }
     plan = render(
-        Snapshot.from_objects([*objects.values(), gateway_class, gateway]), RenderSettings(), NOW
+        Snapshot.from_objects(
+            [*objects.values(), *class_and_gateway(config, "stun", "stun-gateway")]
+        ),
+        RenderSettings(),
+        NOW,
     )
     assert plan.configs["stunner/stun-gateway"].auth.to_dict() == {
         "type": "none",
@@ -235,37 +216,17 @@ def gateway_service(
     GatewayConfig, and the plan."""
     objects = chart_objects(helm, *sets)
     config = objects["GatewayConfig"]["metadata"]
-    gateway_class = {
-        "apiVersion": "gateway.networking.k8s.io/v1",
-        "kind": "GatewayClass",
-        "metadata": {"name": "stunner-gatewayclass"},
-        "spec": {
-            "controllerName": "stunner.l7mp.io/gateway-operator",
-            "parametersRef": {
-                "group": "stunner.l7mp.io",
-                "kind": "GatewayConfig",
-                "name": config["name"],
-                "namespace": config["namespace"],
-            },
-        },
-    }
-    gateway = {
-        "apiVersion": "gateway.networking.k8s.io/v1",
-        "kind": "Gateway",
-        "metadata": {
-            "name": "udp-gateway",
-            "namespace": "stunner",
-            "annotations": gateway_annotations or {},
-        },
-        "spec": {
-            "gatewayClassName": "stunner-gatewayclass",
-            "listeners": [{"name": "udp-listener", "port": 3478, "protocol": "TURN-UDP"}],
-        },
-    }
+    class_and_gw = class_and_gateway(
+        config,
+        "stunner-gatewayclass",
+        "udp-gateway",
+        listener="udp-listener",
+        annotations=gateway_annotations,
+    )
     auth = secret(
         "stunner-auth-secret", namespace=NAMESPACE, type="static", username="u", password="p"
     )
-    snapshot = Snapshot.from_objects([*objects.values(), gateway_class, gateway, auth])
+    snapshot = Snapshot.from_objects([*objects.values(), *class_and_gw, auth])
     plan = render(snapshot, RenderSettings(), NOW)
     assert not [f for f in plan.findings if f.kind in ("GatewayClass", "GatewayConfig")], [
         str(f) for f in plan.findings
@@ -329,3 +290,41 @@ def test_a_gateways_own_annotation_still_wins_over_the_preset(helm: Path) -> Non
     )
     assert service["spec"]["sessionAffinity"] == "ClientIP"
     assert service["metadata"]["annotations"]["oci.oraclecloud.com/load-balancer-type"] == "nlb"
+
+
+def class_and_gateway(
+    config: Any,
+    klass: str,
+    gateway: str,
+    *,
+    listener: str = "udp",
+    annotations: dict[str, str] | None = None,
+) -> list[dict[str, Any]]:
+    """A GatewayClass `klass` whose parametersRef is the chart's GatewayConfig (`config`: its
+    metadata), and a Gateway `gateway` (namespace stunner) of it with one TURN-UDP listener on
+    3478."""
+    return [
+        {
+            "apiVersion": "gateway.networking.k8s.io/v1",
+            "kind": "GatewayClass",
+            "metadata": {"name": klass},
+            "spec": {
+                "controllerName": "stunner.l7mp.io/gateway-operator",
+                "parametersRef": {
+                    "group": "stunner.l7mp.io",
+                    "kind": "GatewayConfig",
+                    "name": config["name"],
+                    "namespace": config["namespace"],
+                },
+            },
+        },
+        {
+            "apiVersion": "gateway.networking.k8s.io/v1",
+            "kind": "Gateway",
+            "metadata": {"name": gateway, "namespace": "stunner", "annotations": annotations or {}},
+            "spec": {
+                "gatewayClassName": klass,
+                "listeners": [{"name": listener, "port": 3478, "protocol": "TURN-UDP"}],
+            },
+        },
+    ]

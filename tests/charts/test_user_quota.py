@@ -15,36 +15,13 @@ import pytest
 from reconciler.render import RenderSettings, render
 from reconciler.store import Snapshot
 from tests.charts.conftest import refused
-from tests.charts.test_lb_presets import CREATE, NOW, chart_objects
+from tests.charts.test_lb_presets import CREATE, NOW, chart_objects, class_and_gateway
 from tests.support.objects import secret
 
 
 def _gateway_config_of(objects: dict[str, dict[str, object]]) -> list[dict[str, object]]:
     config = objects["GatewayConfig"]["metadata"]
     assert isinstance(config, dict)
-    gateway_class = {
-        "apiVersion": "gateway.networking.k8s.io/v1",
-        "kind": "GatewayClass",
-        "metadata": {"name": "quota"},
-        "spec": {
-            "controllerName": "stunner.l7mp.io/gateway-operator",
-            "parametersRef": {
-                "group": "stunner.l7mp.io",
-                "kind": "GatewayConfig",
-                "name": config["name"],
-                "namespace": config["namespace"],
-            },
-        },
-    }
-    gateway = {
-        "apiVersion": "gateway.networking.k8s.io/v1",
-        "kind": "Gateway",
-        "metadata": {"name": "quota-gateway", "namespace": "stunner"},
-        "spec": {
-            "gatewayClassName": "quota",
-            "listeners": [{"name": "udp", "port": 3478, "protocol": "TURN-UDP"}],
-        },
-    }
     auth = secret(
         "stunner-auth-secret",
         namespace=str(config["namespace"]),
@@ -52,7 +29,7 @@ def _gateway_config_of(objects: dict[str, dict[str, object]]) -> list[dict[str, 
         username="user-1",
         password="pass-1",
     )
-    return [gateway_class, gateway, auth]
+    return [*class_and_gateway(config, "quota", "quota-gateway"), auth]
 
 
 def test_the_charts_user_quota_reaches_every_dataplane_config(helm: Path) -> None:

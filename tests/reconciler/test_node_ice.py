@@ -12,17 +12,13 @@ address; an ordinary Gateway keeps its one URI.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import copy
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
-from reconciler.auth import run
-from reconciler.cds import cds_app, serve
 from reconciler.cds_store import ConfigStore
 from reconciler.render import Plan, Renderer, RenderSettings, render
 from reconciler.store import Snapshot
@@ -41,9 +37,9 @@ from tests.reconciler.clusterkit import (
     gateway_config,
     listener,
 )
+from tests.reconciler.test_auth import auth_server
 from tests.reconciler.test_cds_access import READER, cds_token, get
 from tests.support.fakeapi import FakeApiServer
-from tests.support.ports import free_port
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 # TEST-NET addresses and names: printed, never dialled.
@@ -166,20 +162,6 @@ async def ice(port: int, **params: str) -> tuple[int, Any]:
             return r.status, await r.json(content_type=None)
     except aiohttp.ClientConnectionError:
         return 0, None
-
-
-@contextlib.asynccontextmanager
-async def auth_server(store: ConfigStore) -> AsyncIterator[int]:
-    """The real CDS over `store` and `stunner auth-server` following it: the auth port."""
-    async with serve(cds_app(store)) as cds:
-        port = free_port()
-        server = asyncio.create_task(run(cds.address, "127.0.0.1", port, ""))
-        try:
-            yield port
-        finally:
-            server.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await server
 
 
 async def answered(port: int, **params: str) -> Any:
