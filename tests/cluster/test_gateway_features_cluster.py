@@ -191,15 +191,13 @@ def installed(release: Release) -> Iterator[Release]:
 
 def _delete_ours_and_the_namespace(kube: Kube) -> None:
     """Our objects, then the namespace (the next module's examples are applied into one of the
-    same name). On this node the namespace controller took 20 s to 6 minutes for this module's
-    namespace; how long is measured, and a pod left a minute (a failed phase's) goes by force."""
+    same name), waiting for it: on this node the namespace controller took 20 s to 6 minutes for
+    this module's namespace (how long is measured). Never by force: pods force-deleted here
+    left their stunnerd containers running, which the kubelet then could not stop (it was
+    refused their pods' status: "no relationship found between node")."""
     _delete_ours(kube)
     started = time.monotonic()
-    try:
-        kube.run("delete", "namespace", GATEWAY_NS, "--ignore-not-found", timeout=60)
-    except subprocess.TimeoutExpired:
-        kube.run("delete", "pods", "--all", "-n", GATEWAY_NS, "--grace-period=0", "--force")
-        kube.run("delete", "namespace", GATEWAY_NS, "--ignore-not-found", timeout=600)
+    kube.run("delete", "namespace", GATEWAY_NS, "--ignore-not-found", timeout=600)
     MEASURED["features: namespace deleted"] = f"{time.monotonic() - started:.0f} s"
 
 
