@@ -20,7 +20,6 @@ Secrets are in the configs and nowhere else: logs name ids, never content.
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import logging
 import socket
 from collections.abc import Mapping
@@ -35,6 +34,7 @@ from stunner_api.cds import (
     patch_node_address,
 )
 from stunner_api.dataplane import StunnerConfig, zero_config
+from stunner_api.endpoints import is_ip
 
 from .cds_access import Allowed
 from .cds_quota import UsageBoard
@@ -153,8 +153,8 @@ class ConfigStore:
         if dict(addresses) == self._node_names:
             return
         self._node_names = dict(addresses)
-        ips = {node: a for node, a in addresses.items() if _is_ip(a)}
-        names = {node: a for node, a in addresses.items() if not _is_ip(a)}
+        ips = {node: a for node, a in addresses.items() if is_ip(a)}
+        names = {node: a for node, a in addresses.items() if not is_ip(a)}
         # A name keeps its last resolved address until it resolves again.
         ips |= {node: self._node_ips[node] for node in names if node in self._node_ips}
         self._set_node_ips(ips)
@@ -259,11 +259,3 @@ class ConfigStore:
         for watcher in self.watchers:
             if watcher.selector.matches(id):
                 watcher.offer(id, self.patched(text, watcher.node))
-
-
-def _is_ip(address: str) -> bool:
-    try:
-        ipaddress.ip_address(address)
-    except ValueError:
-        return False
-    return True

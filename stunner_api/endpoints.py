@@ -7,6 +7,7 @@ An endpoint is an IP address or CIDR prefix with an optional inclusive peer-port
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import re
 from dataclasses import dataclass
@@ -43,6 +44,18 @@ class EndpointError(ValueError):
         super().__init__(f"invalid endpoint {endpoint!r}: {reason}")
         self.reason = reason
         self.port_range = port_range
+
+
+# Memoised: render asks it of every endpoint address of every backend Service in each render,
+# and the addresses repeat from one render to the next; bounded for pod churn.
+@functools.lru_cache(maxsize=1 << 16)
+def is_ip(text: str) -> bool:
+    """Whether `text` is an IPv4 or IPv6 address (not a name, not a prefix)."""
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
 
 
 def normalize_ip(address: IPAddress) -> IPAddress:

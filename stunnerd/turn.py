@@ -22,6 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from stunner_api.endpoints import is_ip
+
 from . import stun
 from .allocation import (
     FAMILY_IPV4,
@@ -740,19 +742,11 @@ def local_bind_address(relay_ip: str, pod_address: str | None) -> tuple[str, str
     if _bindable(relay_ip):
         return relay_ip, ""
     family = address_family(relay_ip)
-    if pod_address and _is_ip(pod_address) and address_family(pod_address) == family:
+    if pod_address and is_ip(pod_address) and address_family(pod_address) == family:
         if _bindable(pod_address):
             return pod_address, f"not an address of this host: sockets bind {pod_address} "
     wildcard = "::" if ":" in relay_ip else "0.0.0.0"
     return wildcard, f"not an address of this host: sockets bind {wildcard} "
-
-
-def _is_ip(text: str) -> bool:
-    try:
-        ipaddress.ip_address(text)
-    except ValueError:
-        return False
-    return True
 
 
 def _bindable(ip: str) -> bool:

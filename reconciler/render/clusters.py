@@ -11,12 +11,11 @@ whose backends are all TCP Service ports is a TCP cluster (Go always renders UDP
 
 from __future__ import annotations
 
-import functools
-import ipaddress
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from stunner_api.endpoints import is_ip
 from stunner_api.vocabulary import BACKEND_KINDS, STUNNER_GROUP, group_of
 from stunner_api.vocabulary import ConditionReason as Reason
 
@@ -54,17 +53,6 @@ def _port_suffix(ref: Mapping[str, Any], ports_apply: bool) -> str:
         return ""
     end = end_port if isinstance(end_port, int) else port
     return f":<{port}-{end}>"
-
-
-# Memoised: asked of every endpoint address of every backend Service in each render, and the
-# addresses repeat from one render to the next; bounded for pod churn.
-@functools.lru_cache(maxsize=1 << 16)
-def is_ip(text: str) -> bool:
-    try:
-        ipaddress.ip_address(text)
-    except ValueError:
-        return False
-    return True
 
 
 def _service_addresses(service: Object, snapshot: Snapshot, settings: RenderSettings) -> list[str]:

@@ -15,12 +15,12 @@ from typing import Any
 
 from stunner_api.annotations import RELAY_STUN_SERVER_ROW, Limits
 from stunner_api.dataplane import StunnerConfig
+from stunner_api.endpoints import is_ip
 from stunner_api.vocabulary import NODE_ADDRESS_PLACEHOLDER, RELAY_ADDRESS_DISCOVERY
 from stunner_api.vocabulary import ConditionReason as Reason
 
 from ..store import Kind, Object
 from . import conditions as cond
-from .clusters import is_ip
 from .context import (
     Context,
     GatewayPlan,
