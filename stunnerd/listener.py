@@ -27,7 +27,7 @@ from stunner_api.vocabulary import ListenerProtocol
 from . import native
 from .counters import ClusterCounters, ListenerCounters
 from .native_tcp import NativeTcpTransport
-from .native_udp import NativeUdpTransport
+from .native_udp import EngineCounted, NativeUdpTransport
 from .runtime import port_holders
 from .transports import DtlsTransport, TcpTransport, Transport, UdpTransport
 from .turn import ServerContext, TurnServer, local_bind_address
@@ -131,7 +131,7 @@ class Listener:
     def stats(self) -> ListenerCounters:
         """The listener's counters: the TURN server's plus what the native engine relayed."""
         transport = self.transport
-        if not isinstance(transport, _NATIVE):
+        if not isinstance(transport, EngineCounted):
             return self.server.stats
         total = ListenerCounters()
         total.add(self.server.stats)
@@ -141,7 +141,7 @@ class Listener:
     def cluster_counters(self) -> Mapping[str, ClusterCounters]:
         """Per cluster, what the native engine relayed (Python's count is the context's)."""
         transport = self.transport
-        return transport.cluster_counters() if isinstance(transport, _NATIVE) else {}
+        return transport.cluster_counters() if isinstance(transport, EngineCounted) else {}
 
     @property
     def _log_level(self) -> int:
@@ -160,7 +160,6 @@ class Listener:
         log.log(self._log_level, "listener %s stopped", self.name)
 
 
-_NATIVE = (NativeUdpTransport, NativeTcpTransport)
 _told: set[str] = set()
 
 

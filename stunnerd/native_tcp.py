@@ -46,8 +46,7 @@ from typing import Any, cast
 
 from . import native
 from .allocation import Allocation, Downstream, RelaySocket
-from .counters import ClusterCounters, ListenerCounters
-from .native_udp import NativeAllocation, decide_and_reinject, relayed_peer
+from .native_udp import EngineCounted, NativeAllocation, decide_and_reinject, relayed_peer
 from .stun import Address
 from .transports import MAX_STREAM_BUFFER, TcpConnectionProtocol, TcpTransport, _bound_socket
 from .turn import TurnServer
@@ -78,7 +77,7 @@ class NativeConnection:
         return (self.engine, self.handle)
 
 
-class NativeTcpTransport(TcpTransport):
+class NativeTcpTransport(EngineCounted, TcpTransport):
     """TURN-TCP with the native relay engine (see the module docstring)."""
 
     def __init__(self, server: TurnServer, engines: int = 1) -> None:
@@ -318,16 +317,7 @@ class NativeTcpTransport(TcpTransport):
     def _decided(self, engine: int, peer: Address, packet: native.HandedUp) -> int:
         return decide_and_reinject(self.relays[engine], self.server, peer, packet)
 
-    # --- counters ---------------------------------------------------------------------------
-
-    def listener_counters(self) -> ListenerCounters:
-        """What the engine consumed of the listener's traffic (Python's is the server's)."""
-        counted = self._counters()
-        return counted.listener() if counted is not None else ListenerCounters()
-
-    def cluster_counters(self) -> dict[str, ClusterCounters]:
-        counted = self._counters()
-        return counted.cluster_counters() if counted is not None else {}
+    # --- counters (EngineCounted) -----------------------------------------------------------
 
     def _counters(self) -> native.NativeCounters | None:
         if self.relays:

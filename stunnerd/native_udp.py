@@ -106,7 +106,25 @@ class _ListenerSocket(asyncio.DatagramTransport):
             log.debug("listener socket: %s", exc)
 
 
-class NativeUdpTransport(UdpTransport):
+class EngineCounted:
+    """The counters of a transport whose native engines count its traffic (`_counters`: their
+    total, or the last one kept after they stopped; None before any ran)."""
+
+    def _counters(self) -> native.NativeCounters | None:
+        raise NotImplementedError
+
+    def listener_counters(self) -> ListenerCounters:
+        """What the engines consumed of the listener's traffic (Python's is the server's)."""
+        counted = self._counters()
+        return counted.listener() if counted is not None else ListenerCounters()
+
+    def cluster_counters(self) -> dict[str, ClusterCounters]:
+        """The engines' per-cluster counters while they run (then they are in the process's)."""
+        counted = self._counters()
+        return counted.cluster_counters() if counted is not None else {}
+
+
+class NativeUdpTransport(EngineCounted, UdpTransport):
     """TURN-UDP with the native relay engine (see the module docstring)."""
 
     def __init__(self, server: TurnServer, sockets: int, given: socket.socket | None) -> None:
@@ -223,16 +241,6 @@ class NativeUdpTransport(UdpTransport):
         return decide_and_reinject(self.relay, self.server, peer, packet)
 
     # --- counters ----------------------------------------------------------------------------
-
-    def listener_counters(self) -> ListenerCounters:
-        """What the engine consumed of the listener's traffic (Python's is the server's)."""
-        counted = self._counters()
-        return counted.listener() if counted is not None else ListenerCounters()
-
-    def cluster_counters(self) -> dict[str, ClusterCounters]:
-        """The engine's per-cluster counters while it runs (then they are in the process's)."""
-        counted = self._counters()
-        return counted.cluster_counters() if counted is not None else {}
 
     def _counters(self) -> native.NativeCounters | None:
         return self.relay.counters() if self.relay is not None else self._final
