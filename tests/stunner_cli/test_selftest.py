@@ -4,12 +4,14 @@ echo through the route; a peer no route admits fails it."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -46,13 +48,13 @@ def dataplane_config(udp: int, tcp: int, echo_port: int) -> dict[str, Any]:
     }
 
 
-@pytest.fixture(scope="module")
-def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    background = Background()
-    _, echo_port = background.echo()
-    udp, tcp = ports.free_port(), ports.free_port()
-    config = dataplane_config(udp, tcp, echo_port)
-    path = tmp_path_factory.mktemp("stunnerd") / "stunnerd.json"
+@contextlib.contextmanager
+def running(
+    background: Background, config: dict[str, Any], tmp_path: Path, tcp: int
+) -> Iterator[str]:
+    """A stunnerd from `config` (a file, as the chart's pods read theirs from the CDS) and the
+    CDS serving that config as t/gw: the CDS URL, once the TURN-TCP port answers."""
+    path = tmp_path / "stunnerd.json"
     path.write_text(json.dumps(config))
     stunnerd = subprocess.Popen(
         [sys.executable, "-m", "stunnerd", "-c", str(path)], stderr=subprocess.DEVNULL
@@ -62,11 +64,21 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     host, port = background.serve(cds_app(store))
     try:
         wait_for_tcp(tcp)
-        yield {"cds": f"http://{host}:{port}", "echo": echo_port}
+        yield f"http://{host}:{port}"
     finally:
         stunnerd.terminate()
         stunnerd.wait(10)
         background.close()
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    background = Background()
+    _, echo_port = background.echo()
+    udp, tcp = ports.free_port(), ports.free_port()
+    config = dataplane_config(udp, tcp, echo_port)
+    with running(background, config, tmp_path_factory.mktemp("stunnerd"), tcp) as cds:
+        yield {"cds": cds, "echo": echo_port}
 
 
 def selftest(*args: str) -> subprocess.CompletedProcess[str]:
@@ -177,21 +189,8 @@ def stun_only(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     udp, tcp = ports.free_port(), ports.free_port()
     config = dataplane_config(udp, tcp, 9)
     config["auth"] = {"type": "none", "credentials": {}}
-    path = tmp_path_factory.mktemp("stunnerd") / "stunnerd.json"
-    path.write_text(json.dumps(config))
-    stunnerd = subprocess.Popen(
-        [sys.executable, "-m", "stunnerd", "-c", str(path)], stderr=subprocess.DEVNULL
-    )
-    store = ConfigStore()
-    store.set("t/gw", validate_config(config))
-    host, port = background.serve(cds_app(store))
-    try:
-        wait_for_tcp(tcp)
-        yield f"http://{host}:{port}"
-    finally:
-        stunnerd.terminate()
-        stunnerd.wait(10)
-        background.close()
+    with running(background, config, tmp_path_factory.mktemp("stunnerd"), tcp) as cds:
+        yield cds
 
 
 @pytest.mark.parametrize("echo", [False, True], ids=["alone", "named-with-its-own-echo-peer"])
