@@ -39,7 +39,7 @@ from stunner_cli.__main__ import main as stunner
 from tests.reconciler import clusterkit as k
 from tests.support.background import Background
 from tests.support.fakeapi import FakeApiServer
-from tests.support.objects import secret
+from tests.support.objects import cds_service, secret
 from tests.support.pki import key_pem, self_signed
 from tests.webhook.conftest import admission_review, answer
 from webhook import create_app
@@ -290,17 +290,7 @@ def test_cli_cluster_commands_hide_secrets_unless_asked(
         with FakeApiServer() as fake:
             for obj in world():
                 fake.seed(obj)
-            fake.seed(
-                {
-                    "apiVersion": "v1",
-                    "kind": "Service",
-                    "metadata": {
-                        "name": "stunner-config-discovery",
-                        "namespace": "stunner-system",
-                        "labels": {"stunner.l7mp.io/config-discovery-service": "true"},
-                    },
-                }
-            )
+            fake.seed(cds_service("stunner-system"))
             fake.proxy("stunner-system", "services", "stunner-config-discovery", 13478, cds)
             kube = ["--kubeconfig", str(fake.write_kubeconfig(tmp_path / "kubeconfig"))]
             manifests = str(write_manifests(tmp_path / "manifests"))

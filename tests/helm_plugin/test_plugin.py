@@ -27,6 +27,7 @@ from stunner_cli import offline
 from tests.charts.conftest import HELMS, ROOT, helm_binary
 from tests.support.background import Background
 from tests.support.fakeapi import FakeApiServer
+from tests.support.objects import cds_service
 
 NAMESPACE = "stunner-system"
 PASSWORD = "pass-1"
@@ -71,17 +72,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]
     pod_app.router.add_get("/status", status)
     pod = background.serve(pod_app)
     with FakeApiServer() as api:
-        api.seed(
-            {
-                "apiVersion": "v1",
-                "kind": "Service",
-                "metadata": {
-                    "name": "stunner-config-discovery",
-                    "namespace": NAMESPACE,
-                    "labels": {"stunner.l7mp.io/config-discovery-service": "true"},
-                },
-            }
-        )
+        api.seed(cds_service(NAMESPACE))
         api.proxy(NAMESPACE, "services", "stunner-config-discovery", 13478, cds)
         api.seed(
             {

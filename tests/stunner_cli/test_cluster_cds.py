@@ -23,6 +23,7 @@ from stunner_api.vocabulary import CDS_TOKEN_AUDIENCE
 from stunner_cli.__main__ import main as stunner
 from tests.support.background import Background
 from tests.support.fakeapi import FakeApiServer
+from tests.support.objects import cds_service
 
 SYSTEM = "stunner-system"
 READER = "stunner-config-reader"
@@ -60,15 +61,7 @@ def test_the_cli_reads_configs_as_the_reader_account(
         try:
             cds = background.serve(cds_app(store, access=access.middleware))
             for obj in (
-                {
-                    "apiVersion": "v1",
-                    "kind": "Service",
-                    "metadata": {
-                        "name": "stunner-config-discovery",
-                        "namespace": SYSTEM,
-                        "labels": {"stunner.l7mp.io/config-discovery-service": "true"},
-                    },
-                },
+                cds_service(SYSTEM),
                 {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": READER}},
             ):
                 obj["metadata"]["namespace"] = SYSTEM  # type: ignore[index]

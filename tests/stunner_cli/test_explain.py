@@ -22,6 +22,7 @@ from stunner_api.dataplane import validate_config
 from stunner_cli.__main__ import main as stunner
 from tests.support.background import Background
 from tests.support.fakeapi import FakeApiServer
+from tests.support.objects import cds_service
 
 ROOT = Path(__file__).resolve().parents[2]
 LOCAL = str(ROOT / "examples" / "local")
@@ -124,17 +125,7 @@ def test_online_the_running_config_is_explained(
     with FakeApiServer() as fake:
         try:
             cds = background.serve(cds_app(store))
-            fake.seed(
-                {
-                    "apiVersion": "v1",
-                    "kind": "Service",
-                    "metadata": {
-                        "name": "stunner-config-discovery",
-                        "namespace": SYSTEM,
-                        "labels": {"stunner.l7mp.io/config-discovery-service": "true"},
-                    },
-                }
-            )
+            fake.seed(cds_service(SYSTEM))
             fake.proxy(SYSTEM, "services", "stunner-config-discovery", 13478, cds)
             kube = ["--kubeconfig", str(fake.write_kubeconfig(tmp_path / "kubeconfig"))]
             admitted = run(capsys, "ns/gw", "10.1.2.3", *kube)

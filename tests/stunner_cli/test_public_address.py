@@ -32,6 +32,7 @@ from stunner_cli.cluster import READER_ACCOUNT
 from stunnerd.admin import status_of
 from tests.reconciler import clusterkit as k
 from tests.support.fakeapi import FakeApiServer
+from tests.support.objects import cds_service
 
 CDS_NAMESPACE = "stunner-system"
 NODE_ADDRESS = "192.0.2.7"  # TEST-NET-1: never dialled, only printed
@@ -96,17 +97,7 @@ async def cli_world(
                 "config",
                 lambda obj: obj["spec"].update(gateway_config),
             )
-        fake.seed(
-            {
-                "apiVersion": "v1",
-                "kind": "Service",
-                "metadata": {
-                    "name": "stunner-config-discovery",
-                    "namespace": CDS_NAMESPACE,
-                    "labels": {"stunner.l7mp.io/config-discovery-service": "true"},
-                },
-            }
-        )
+        fake.seed(cds_service(CDS_NAMESPACE))
         fake.seed(
             {
                 "apiVersion": "v1",

@@ -1,10 +1,12 @@
-"""Kubernetes objects as the API server holds them, for tests: Secrets, GatewayClasses and
-Gateways."""
+"""Kubernetes objects as the API server holds them, for tests: Secrets, GatewayClasses,
+Gateways and the config discovery Service."""
 
 from __future__ import annotations
 
 import base64
 from typing import Any
+
+from stunner_api.vocabulary import CDS_SERVICE_LABEL, CDS_SERVICE_NAME
 
 STUNNER_CONTROLLER = "stunner.l7mp.io/gateway-operator"
 
@@ -41,5 +43,18 @@ def gateway(name: str, class_name: str, namespace: str = "stunner") -> dict[str,
         "spec": {
             "gatewayClassName": class_name,
             "listeners": [{"name": "udp", "port": 3478, "protocol": "TURN-UDP"}],
+        },
+    }
+
+
+def cds_service(namespace: str) -> dict[str, Any]:
+    """The chart's Service in front of the config discovery service, as the CLI finds it."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": CDS_SERVICE_NAME,
+            "namespace": namespace,
+            "labels": {CDS_SERVICE_LABEL: "true"},
         },
     }
