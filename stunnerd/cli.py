@@ -265,17 +265,12 @@ async def watch_configs(
             try:
                 await stunner.apply(config)
             except ApplyError as exc:
-                if exc.retryable and not retry:
+                if not retry:  # a retry failing again is not logged again
                     log.error(
                         "could not reconcile new configuration (running configuration "
-                        "unchanged): %s; retrying while the port is busy",
+                        "unchanged): %s%s",
                         exc,
-                    )
-                elif not retry:
-                    log.error(
-                        "could not reconcile new configuration (running configuration "
-                        "unchanged): %s",
-                        exc,
+                        "; retrying while the port is busy" if exc.retryable else "",
                     )
                 refused = config if exc.retryable else None
                 delay = min(delay * 2, retry_max) if retry else retry_first
