@@ -68,6 +68,7 @@ class LeaseElector:
         self._observed_at = 0.0
         self._last_renewal = 0.0
         self._stopped = False
+        self._round: asyncio.Future[bool] | None = None  # the round in flight (a thread)
         # The Deployment (in the Lease's namespace) the Lease is owned by, so that deleting it
         # (`helm uninstall`) deletes the Lease: the replica cannot release it then, its
         # ServiceAccount being deleted with it, and a Lease left behind would keep the next
@@ -178,28 +179,38 @@ class LeaseElector:
         self.api.request("PUT", self.path, body=lease)  # 409 if another got there first
         return True
 
-    def release(self) -> None:
-        """Give the Lease up (blocking): the holder cleared, so another replica takes it now."""
-        try:
-            lease = self.api.request("GET", self.path)
-            if (lease.get("spec") or {}).get("holderIdentity") != self.identity:
+    def release(self, attempts: int = 3) -> None:
+        """Give the Lease up (blocking): the holder cleared, so another replica takes it now.
+        A conflict (the Lease written between our read and our write) is read again."""
+        for attempt in range(attempts):
+            try:
+                lease = self.api.request("GET", self.path)
+                if (lease.get("spec") or {}).get("holderIdentity") != self.identity:
+                    return
+                now = _micro_time(datetime.now(UTC))
+                lease["spec"].update(
+                    {"holderIdentity": "", "leaseDurationSeconds": 1, "renewTime": now}
+                )
+                self.api.request("PUT", self.path, body=lease)
+                log.info("released Lease %s/%s", self.namespace, self.name)
                 return
-            now = _micro_time(datetime.now(UTC))
-            lease["spec"].update(
-                {"holderIdentity": "", "leaseDurationSeconds": 1, "renewTime": now}
-            )
-            self.api.request("PUT", self.path, body=lease)
-            log.info("released Lease %s/%s", self.namespace, self.name)
-        except Exception as exc:
-            log.warning("could not release Lease %s/%s: %s", self.namespace, self.name, exc)
+            except ApiException as exc:
+                if exc.status == 409 and attempt + 1 < attempts:
+                    continue
+                failure = describe(exc)
+            except Exception as exc:
+                failure = str(exc)
+            log.warning("could not release Lease %s/%s: %s", self.namespace, self.name, failure)
+            return
 
     async def run(self) -> None:
         """Acquire and renew until stopped or cancelled (leadership is dropped then, and the
         Lease released only by `stop`)."""
         try:
             while not self._stopped:
+                self._round = asyncio.ensure_future(asyncio.to_thread(self.try_acquire_or_renew))
                 try:
-                    held = await asyncio.to_thread(self.try_acquire_or_renew)
+                    held = await asyncio.shield(self._round)
                 except Exception as exc:
                     log.debug("leader election round failed: %s", describe(exc))
                     held = False
@@ -222,5 +233,9 @@ class LeaseElector:
         self._stopped = True
         was_leading = self.leading
         self._set_leading(False)
+        if self._round is not None:
+            # A renewal in flight writes the Lease after it read it: released before that
+            # write lands, the release would conflict with it (409) and the Lease stay ours.
+            await asyncio.gather(self._round, return_exceptions=True)
         if release and was_leading:
             await asyncio.to_thread(self.release)

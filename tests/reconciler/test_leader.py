@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import threading
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -19,6 +20,8 @@ from typing import Any
 import aiohttp
 
 from reconciler.cluster import Running
+from reconciler.kube.api import Api
+from reconciler.kube.lease import LeaseElector
 from stunner_api.vocabulary import CDS_TOKEN_AUDIENCE
 from tests.reconciler import clusterkit as k
 from tests.support.fakeapi import FakeApiServer
@@ -223,5 +226,54 @@ def test_without_an_owner_deployment_the_lease_is_still_taken(tmp_path: Path) ->
             ) as a:
                 await k.eventually(lambda: a.mode.leading, what="a leads")
                 assert not lease(fake)["metadata"].get("ownerReferences")
+
+    asyncio.run(main())
+
+
+class RenewalMeetsRelease(Api):
+    """An Api on which, once `hold` is set, the next round's renewal writes the Lease only after
+    another read of it (the release's), or after a second: the order in which a SIGTERM during a
+    renewal round (CI, on a loaded machine) made the release conflict (409) and left the Lease
+    held."""
+
+    def __init__(self, client: Any) -> None:
+        super().__init__(client)
+        self.hold = False
+        self.reads = 0
+        self.round_read = threading.Event()
+        self.release_read = threading.Event()
+
+    def request(self, method: str, path: str, body: Any = None, **kw: Any) -> Any:  # type: ignore[override]
+        if not (self.hold and "/leases/" in path):
+            return super().request(method, path, body, **kw)
+        if method == "GET":
+            answer = super().request(method, path, body, **kw)
+            self.reads += 1
+            (self.round_read if self.reads == 1 else self.release_read).set()
+            return answer
+        if body["spec"]["holderIdentity"]:  # the renewal
+            self.release_read.wait(1.0)
+        return super().request(method, path, body, **kw)
+
+
+def test_a_stop_during_a_renewal_round_still_releases_the_lease() -> None:
+    async def main() -> None:
+        with FakeApiServer() as fake:
+            api = RenewalMeetsRelease(fake.api_client())
+            elector = LeaseElector(
+                api,
+                "stunner-system",
+                identity="a",
+                lease_duration=LEASE["lease_duration"],
+                renew_deadline=LEASE["renew_deadline"],
+                retry_period=LEASE["retry_period"],
+            )
+            running = asyncio.create_task(elector.run())
+            await k.eventually(lambda: elector.leading, what="a leads")
+            api.hold = True
+            await asyncio.to_thread(api.round_read.wait, 5)  # a round has read the Lease
+            await elector.stop()
+            await asyncio.wait_for(running, 5)
+            assert lease(fake)["spec"]["holderIdentity"] == ""
 
     asyncio.run(main())
