@@ -17,7 +17,7 @@ from stunner_api.turn_uri import config_from_uri
 from . import logs
 from .admin import parse_address
 from .auth import NonceManager
-from .daemon import ApplyError, Stunner
+from .daemon import BUSY_RETRY_FIRST, BUSY_RETRY_MAX, ApplyError, Stunner
 from .ledger import LocalQuota
 from .limits import Limits
 from .relay_discovery import relay_discovery_from_env
@@ -219,10 +219,6 @@ HOW_TO_CONFIGURE = (
     "(e.g. stunnerd turn://user:pass@127.0.0.1:3478), or the config discovery service with "
     "-c HOST:PORT; see stunnerd --help"
 )
-
-
-BUSY_RETRY_FIRST = 0.5  # seconds before a config refused for a busy port is tried again
-BUSY_RETRY_MAX = 5.0  # ... doubling up to this
 
 
 async def watch_configs(

@@ -40,6 +40,9 @@ from .worker_pool import WorkerCounters, WorkerPool
 
 log = logging.getLogger("stunner.stunnerd")
 
+BUSY_RETRY_FIRST = 0.5  # seconds before a port found busy (a config's, an endpoint's) is tried
+BUSY_RETRY_MAX = 5.0  # again, doubling up to this
+
 
 class Stunner:
     def __init__(
@@ -67,6 +70,8 @@ class Stunner:
         # Fixed paths, as Go STUNner's; the metrics path comes from metrics_endpoint.
         self.health = HttpServer("health-check", lambda _path: health_routes(self))
         self.metrics = HttpServer("metrics", lambda path: metrics_routes(self, path))
+        # An admin server whose port was busy, trying to bind again: name -> (url, the task).
+        self._admin_retries: dict[str, tuple[str, asyncio.Task[None]]] = {}
         self.workers = workers  # --udp-thread-num: they serve the other sockets of UDP listeners
         self._udp_sockets = 1 + (workers.size if workers is not None else 0)
         self.limits = limits or (workers.limits if workers is not None else Limits())
@@ -226,7 +231,10 @@ class Stunner:
 
     async def _reconcile_admin_servers(self, config: StunnerConfig) -> None:
         """Restart the health or metrics server only when its endpoint changed. A server that
-        cannot start is logged, not fatal: the TURN service matters more (as in Go STUNner)."""
+        cannot start is logged, not fatal: the TURN service matters more (as in Go STUNner).
+        One whose port is busy binds as soon as the port is free (tried every 0.5 s doubling to
+        5 s): on the host network the stunnerd a rollout replaces may still hold it, and until
+        then the kubelet's probe reaches that other process."""
         wanted = [
             (self.health, config.admin.healthcheck_endpoint, DEFAULT_HEALTHCHECK_PORT),
             (self.metrics, config.admin.metrics_endpoint, DEFAULT_METRICS_PORT),
@@ -234,20 +242,41 @@ class Stunner:
         for (server, url, default_port), address in zip(wanted, self.admin_addresses, strict=True):
             if url and address:
                 url = relocate(url, address)
+            retrying_url, retrying = self._admin_retries.pop(server.name, ("", None))
+            if retrying is not None and not retrying.done():
+                if retrying_url == url:
+                    self._admin_retries[server.name] = (url, retrying)
+                    continue
+                retrying.cancel()
+                await asyncio.wait({retrying})
             if server.url == url:
                 continue
             await server.stop()
             if not url:
                 continue
-            try:
-                await server.start(url, default_port)
-            except OSError as exc:
-                hint = ""
-                if exc.errno == errno.EADDRINUSE:
-                    hint = (
-                        " (another process, maybe another stunnerd on this host, holds the port;"
-                        " --health-address/--metrics-address move it)"
-                    )
+            if not await self._start_admin_server(server, url, default_port):
+                retry = self._retry_admin_server(server, url, default_port)
+                self._admin_retries[server.name] = (url, asyncio.create_task(retry))
+
+    async def _start_admin_server(
+        self, server: HttpServer, url: str, default_port: int, retrying: bool = False
+    ) -> bool:
+        """Start `server` at `url`: False if its port is busy (worth trying again), True once
+        started or refused for good (logged, a busy port only when not `retrying`)."""
+        try:
+            await server.start(url, default_port)
+            if retrying:
+                log.info("the %s server's port is free now", server.name)
+            return True
+        except OSError as exc:
+            busy = exc.errno == errno.EADDRINUSE
+            if not retrying:
+                hint = (
+                    " (another process, maybe another stunnerd on this host, holds the port;"
+                    " --health-address/--metrics-address move it); retrying while it is busy"
+                    if busy
+                    else ""
+                )
                 log.error(
                     "cannot start the %s server on %s: %s%s; the TURN service runs without it",
                     server.name,
@@ -255,8 +284,18 @@ class Stunner:
                     exc.strerror or exc,
                     hint,
                 )
-            except ValueError as exc:
-                log.error("cannot start the %s server on %s: %s", server.name, url, exc)
+            return not busy  # only a busy port is worth trying again
+        except ValueError as exc:
+            log.error("cannot start the %s server on %s: %s", server.name, url, exc)
+            return True
+
+    async def _retry_admin_server(self, server: HttpServer, url: str, default_port: int) -> None:
+        delay = BUSY_RETRY_FIRST
+        while True:
+            await asyncio.sleep(delay)
+            if await self._start_admin_server(server, url, default_port, retrying=True):
+                return
+            delay = min(delay * 2, BUSY_RETRY_MAX)
 
     async def close(self) -> None:
         if self.relay_discovery is not None:
@@ -265,6 +304,10 @@ class Stunner:
             await self.workers.close()
         await self.core.close()
         self.reservations.close()
+        retries = [task for _url, task in self._admin_retries.values()]
+        for task in retries:
+            task.cancel()
+        await asyncio.gather(*retries, return_exceptions=True)
         await self.health.stop()
         await self.metrics.stop()
 

@@ -328,11 +328,24 @@ def test_a_turn_udp_and_tcp_stunnerd_loads_no_tls_or_admin_server_machinery() ->
     assert deferred == []
 
 
+def _answers_live(port: int, within: float = 10) -> None:
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/live", timeout=5) as answer:
+                assert answer.status == 200
+                return
+        except urllib.error.URLError:
+            assert time.monotonic() < deadline, f"no health-check server on {port}"
+            time.sleep(0.1)
+
+
 def test_health_address_moves_the_endpoint_and_a_taken_port_is_one_clear_line(
     stunnerd: StartStunnerd,
 ) -> None:
     """Issue 20 #13: several stunnerds on one host (local mode) each get their own health
-    address; one whose port is taken says so in one line and keeps serving TURN."""
+    address; one whose port is taken says so in one line and keeps serving TURN. Once the port
+    is free its health server binds (a host-network rollout: the pod it replaces held it)."""
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", 0))
         holder.listen()
@@ -345,19 +358,13 @@ def test_health_address_moves_the_endpoint_and_a_taken_port_is_one_clear_line(
         )
         assert binding_answered(port) and binding_answered(blocked_port)
         # The health server starts once the UDP worker processes serve too: wait for it.
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{health}/live", timeout=5) as answer:
-                    assert answer.status == 200
-                    break
-            except urllib.error.URLError:
-                assert time.monotonic() < deadline, "no health-check server"
-                time.sleep(0.1)
-        stderr = blocked.stop()
-        moved.stop()
-    lines = [line for line in stderr.splitlines() if "health-check server" in line]
+        _answers_live(health)
+    _answers_live(taken)  # the holder is gone: the blocked stunnerd binds its port now
+    stderr = blocked.stop()
+    moved.stop()
+    lines = [line for line in stderr.splitlines() if "cannot start" in line]
     assert len(lines) == 1, stderr
     assert f"on http://127.0.0.1:{taken}:" in lines[0] and "in use" in lines[0]
     assert "runs without it" in lines[0] and "Traceback" not in stderr
+    assert "health-check server's port is free now" in stderr
     assert blocked.returncode == 0
