@@ -48,6 +48,21 @@ class ListenerCounters(Counters):
     latency_dropped: int = 0  # relayed over a stream later than --stream-latency-bound
     rate_limited: int = 0  # error answers not sent past --error-rate
     stun_only: int = 0  # TURN messages a STUN-only listener refused (403, or dropped unanswered)
+    # Allocates refused, by reason (ALLOCATION_REFUSALS below): over admin.user_quota (486); 508
+    # past --max-allocations, while draining, or past the source's --allocation-rate.
+    refused_quota: int = 0
+    refused_full: int = 0
+    refused_draining: int = 0
+    refused_rate: int = 0
+
+    def count_refusal(self, reason: str) -> None:
+        """One more Allocate refused for `reason` (one of ALLOCATION_REFUSALS)."""
+        field_name = f"refused_{reason}"
+        setattr(self, field_name, getattr(self, field_name) + 1)
+
+    def refusals(self) -> dict[str, int]:
+        """Allocates refused so far, by reason (every one of ALLOCATION_REFUSALS)."""
+        return {reason: getattr(self, f"refused_{reason}") for reason in ALLOCATION_REFUSALS}
 
 
 @dataclass(slots=True)
@@ -59,6 +74,10 @@ class ClusterCounters(Counters):
     rx_packets: int = 0
     rx_bytes: int = 0
 
+
+# Why an Allocate was refused, as ListenerCounters counts it (refused_<reason>) and the metric
+# stunner_listener_allocations_refused labels it; the first three are stunnerd.ledger's.
+ALLOCATION_REFUSALS = ("quota", "full", "draining", "rate")
 
 C = TypeVar("C", bound=Counters)
 

@@ -88,6 +88,16 @@ def stunner_families(view: MetricsView) -> Iterator[Metric]:
         dropped.add_metric([name, "invalid"], counters.dropped)
         dropped.add_metric([name, "stun_only"], counters.stun_only)
     yield dropped
+    refused = CounterMetricFamily(
+        "stunner_listener_allocations_refused",
+        "Number of Allocate requests refused, by reason: quota (486, admin.user_quota), full "
+        "(508, --max-allocations), draining (508, after SIGTERM), rate (508, --allocation-rate).",
+        labels=["name", "reason"],
+    )
+    for name, counters in stats:
+        for reason, count in counters.refusals().items():
+            refused.add_metric([name, reason], count)
+    yield refused
     yield from _by_direction("listener", "on the listener", stats, ("rx", "tx"))
     clusters = sorted(view.cluster_counters().items())
     yield from _by_direction("cluster", "to and from the cluster", clusters, ("tx", "rx"))

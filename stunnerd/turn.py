@@ -467,6 +467,7 @@ class TurnServer:
         #    draining (RFC 8656 §7.2: the client may try another server, which is what a
         #    terminating pod wants), past --max-allocations, or past the source's rate.
         if not self.context.new_allocations.allow(downstream.address[0]):
+            self.stats.count_refusal("rate")
             raise RequestError(508, "Insufficient Capacity: too many allocations from this address")
         user_id = self.context.authenticator.user_id(username)
         users = self.context.users
@@ -475,6 +476,7 @@ class TurnServer:
         try:
             refusal = await users.acquire(user_id, self.context.user_quota)
             if refusal != GRANTED:
+                self.stats.count_refusal(refusal)
                 raise RequestError(*_REFUSALS.get(refusal, (486, None)))
             # 9. The lifetime: at least the default, at most the maximum.
             lifetime = _allocation_lifetime(attrs.get("LIFETIME", DEFAULT_ALLOCATION_LIFETIME))

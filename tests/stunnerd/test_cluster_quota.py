@@ -8,7 +8,8 @@ releasing one (Refresh with lifetime 0) frees a slot on another pod; a Go-style 
 same config (it sends nothing) receives configs only, never a usage frame; with the CDS stopped
 each pod falls back to its own count (admits up to the quota on its own); a draining pod (SIGTERM)
 keeps reporting, so its allocations still count on the others; `stunner_user_quota_shared` is 1
-while a pod is connected and 0 once it counts its own only.
+while a pod is connected and 0 once it counts its own only; each pod counts its refusals in
+`stunner_listener_allocations_refused_total` (reasons quota and draining).
 """
 
 from __future__ import annotations
@@ -118,6 +119,9 @@ def test_user_quota_holds_across_stunnerd_pods(stunnerd: StartStunnerd) -> None:
             await wait_for(lambda: _true(cds.store.usage.total(ID) == {USERNAME: 2}))
             for pod in PODS:
                 await wait_for(lambda pod=pod: refused(pod, port))  # type: ignore[misc]
+            # ... and counted (a UDP worker's counters reach the metrics within a second).
+            for pod in PODS:
+                await wait_for(lambda pod=pod: _counted(pod, metrics, "quota"))  # type: ignore[misc]
 
             # Releasing one (aioice's close: a Refresh with lifetime 0) frees a slot elsewhere.
             held.pop(0).close()
@@ -131,6 +135,7 @@ def test_user_quota_holds_across_stunnerd_pods(stunnerd: StartStunnerd) -> None:
             pods[1].send(signal.SIGTERM)
             await wait_for(lambda: _true("SIGTERM: draining 1 allocation" in pods[1].stderr))
             assert await allocate(PODS[1], port) == 508  # draining: "try another server"
+            await wait_for(lambda: _counted(PODS[1], metrics, "draining"))
             for _ in range(5):
                 await asyncio.sleep(0.2)
                 assert cds.store.usage.total(ID) == {USERNAME: 2}
@@ -178,6 +183,15 @@ async def shared(pod: str, metrics: int) -> float | None:
     assert status == 200, text
     found = re.search(r"^stunner_user_quota_shared (\S+)$", text, re.MULTILINE)
     return float(found.group(1)) if found else None
+
+
+async def _counted(pod: str, metrics: int, reason: str) -> bool:
+    """The pod's stunner_listener_allocations_refused_total for `reason` is above 0."""
+    status, text = await get(f"http://{pod}:{metrics}/metrics")
+    assert status == 200, text
+    family = "stunner_listener_allocations_refused_total"
+    found = re.search(rf'^{family}{{name="{ID}/[^"]+",reason="{reason}"}} (\S+)$', text, re.M)
+    return found is not None and float(found.group(1)) > 0
 
 
 async def _serves(pod: str, port: int) -> bool:
