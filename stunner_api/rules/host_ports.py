@@ -171,9 +171,11 @@ def _age(gateway: dict[str, Any]) -> tuple[str, str, str]:
 
 
 def gateway_daemon_ports(req: Request) -> list[Problem]:
-    """stunnerd's health check and metrics endpoint are on different ports (both annotated to
-    one port, stunnerd could bind only the first); a port annotation for an endpoint the
-    Dataplane turns off is a warning (it has no effect)."""
+    """No listener binds stunnerd's own port (its health check's or metrics endpoint's, in the
+    pod's network namespace or the node's: one of the two would not bind); stunnerd's health
+    check and metrics endpoint are on different ports (both annotated to one port, stunnerd
+    could bind only the first); a port annotation for an endpoint the Dataplane turns off is a
+    warning (it has no effect)."""
     try:
         found = gateway_dataplane(req.obj, req.lookup, req.settings.controller_name)
     except LookupFailed:
@@ -182,7 +184,24 @@ def gateway_daemon_ports(req: Request) -> list[Problem]:
         return []
     annotations, (name, spec) = _annotations(req.obj), found
     ports = daemon_ports(annotations, spec)
+    listeners = _listener_ports(req.obj, Limits(req.settings.node_port_range))
+    daemon = _daemon_ports(req.obj, spec)
+    network = (
+        f"on the nodes' network: Dataplane {name!r} sets hostNetwork"
+        if spec.get("hostNetwork") is True
+        else "in its pods' network"
+    )
     problems = [
+        error(
+            claim.path,
+            f"{transport} port {port} is {daemon[transport, port].what} (stunnerd's own port, "
+            f"{network}): {CHOOSE}",
+            REASON,
+        )
+        for (transport, port), claim in listeners.items()
+        if (transport, port) in daemon
+    ]
+    problems += [
         warning(
             f'metadata.annotations["{row.key}"]',
             f"has no effect: Dataplane {name!r} {why}",
@@ -211,10 +230,9 @@ def gateway_daemon_ports(req: Request) -> list[Problem]:
 def gateway_host_ports(req: Request) -> list[Problem]:
     """Gateways whose stunnerd pods use the host network bind their ports on the nodes
     themselves: their listeners' and stunnerd's own (the health check, the metrics endpoint).
-    A transport and port another such Gateway (any namespace) binds is refused, and so is a
-    listener on stunnerd's own port. The older Gateway keeps the port (render drops the
-    younger one's listener, or the whole Gateway for stunnerd's own port); an update that
-    brings a clash in is refused whatever the ages."""
+    A transport and port another such Gateway (any namespace) binds is refused. The older
+    Gateway keeps the port (render drops the younger one's listener, or the whole Gateway for
+    stunnerd's own port); an update that brings a clash in is refused whatever the ages."""
     controller, remembered = req.settings.controller_name, _Remembered(req.lookup)
     try:
         host = host_network_dataplane(req.obj, remembered, controller)
@@ -244,16 +262,7 @@ def gateway_host_ports(req: Request) -> list[Problem]:
         ]
     limits = Limits(req.settings.node_port_range)
     listeners, daemon = _listener_ports(req.obj, limits), _daemon_ports(req.obj, host[1])
-    problems = [
-        error(
-            claim.path,
-            f"{transport} port {port} is {daemon[transport, port].what} (stunnerd's own port, "
-            f"on the nodes' network: Dataplane {host[0]!r} sets hostNetwork): {CHOOSE}",
-            REASON,
-        )
-        for (transport, port), claim in listeners.items()
-        if (transport, port) in daemon
-    ]
+    problems: list[Problem] = []  # a listener on stunnerd's own port: gateway_daemon_ports
     mine = {k: v for k, v in listeners.items() if k not in daemon} | daemon
     before: Ports = {}
     if req.old is not None and old is not None:

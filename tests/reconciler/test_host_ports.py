@@ -142,6 +142,20 @@ def test_health_and_metrics_on_one_port_is_a_finding_and_the_gateway_still_rende
     assert finding.message.startswith("TCP port 9086 is also stunnerd's health check")
 
 
+def test_a_listener_on_stunnerds_own_port_is_left_out_in_the_pods_network_too() -> None:
+    """A TURN-TCP listener on 8086 in a pod of its own network: stunnerd's health check binds
+    that port first, so the listener could never bind (and its config would be refused). The
+    listener is left out with PortUnavailable; the Gateway's other listener is served."""
+    gw = annotated(lst("tcp", 8086, "TURN-TCP"), lst("udp", 3478), name="gw")
+    plan = plan_of(gw)
+    assert [lc.port for lc in plan.configs["stunner/gw"].listeners] == [3478]
+    (finding,) = [f for f in plan.findings if f.reason == "PortUnavailable"]
+    assert finding.path == "spec.listeners[0].port"
+    assert finding.message.startswith(
+        "TCP port 8086 is its health check (stunnerd's own port, in its pods' network)"
+    )
+
+
 # --- two stunnerd processes, side by side -----------------------------------------------------
 
 

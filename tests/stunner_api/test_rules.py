@@ -519,12 +519,12 @@ CASES: list[tuple[Rule, dict[str, Any], list[str]]] = [
         ["spec.listeners[0].port: UDP port 3478 is already bound"],  # it binds its targetport
     ),
     (
-        gateway_host_ports,
+        gateway_daemon_ports,
         gateway(listener("tcp", 8086, "TURN-TCP"), gatewayClassName="health-class"),
         ["spec.listeners[0].port: TCP port 8086 is its health check (stunnerd's own port"],
     ),
     (
-        gateway_host_ports,
+        gateway_daemon_ports,
         gateway(
             listener("tcp", 9086, "TURN-TCP"),
             annotations={"stunner.l7mp.io/health-check-port": "9086"},
@@ -533,12 +533,30 @@ CASES: list[tuple[Rule, dict[str, Any], list[str]]] = [
         ["spec.listeners[0].port: TCP port 9086 is its health check (stunnerd's own port"],
     ),
     (
-        gateway_host_ports,  # the health check moved off the listener's port
+        gateway_daemon_ports,  # the health check moved off the listener's port
         gateway(
             listener("tcp", 8086, "TURN-TCP"),
             annotations={"stunner.l7mp.io/health-check-port": "9086"},
             gatewayClassName="health-class",
         ),
+        [],
+    ),
+    (
+        gateway_daemon_ports,  # in the pod's own network too: one of the two would not bind
+        gateway(listener("tcp", 8080, "TURN-TCP"), gatewayClassName="metrics-class"),
+        [
+            "spec.listeners[0].port: TCP port 8080 is its metrics endpoint (stunnerd's own port, "
+            "in its pods' network): choose another port"
+        ],
+    ),
+    (
+        gateway_daemon_ports,
+        gateway(listener("tls", 8086, "TURN-TLS"), gatewayClassName="metrics-class"),
+        ["spec.listeners[0].port: TCP port 8086 is its health check (stunnerd's own port, in"],
+    ),
+    (
+        gateway_daemon_ports,  # UDP 8086 is not TCP 8086
+        gateway(listener("udp", 8086), gatewayClassName="metrics-class"),
         [],
     ),
     (gateway_daemon_ports, metrics_gateway("9086", "9080"), []),
