@@ -162,7 +162,7 @@ class Allocation(asyncio.DatagramProtocol):
         scope = self.scope
         cluster = scope.policy.cluster_of(scope.name, peer[0], peer[1])
         if cluster is None or peer[0] not in self.permissions:
-            scope.stats.dropped += 1
+            _count_drop(scope.stats, peer[0] in self.permissions)
             return
         counters = scope.cluster_counters[cluster]
         counters.rx_packets += 1
@@ -188,7 +188,7 @@ class Allocation(asyncio.DatagramProtocol):
         scope = self.scope
         cluster = scope.policy.cluster_of(scope.name, peer[0], peer[1])
         if cluster is None or self.relay is None or peer[0] not in self.permissions:
-            scope.stats.dropped += 1
+            _count_drop(scope.stats, peer[0] in self.permissions and self.relay is not None)
             return
         if payload:
             self.relay.sendto(payload, peer)
@@ -268,3 +268,13 @@ def _send_empty(relay: RelaySocket, peer: Address) -> None:
         log.debug("relay %s: %s", peer, exc)
     finally:
         sock.detach()
+
+
+def _count_drop(stats: ListenerCounters, permitted: bool) -> None:
+    """A packet to or from a peer dropped: reason forbidden when the peer has a permission but
+    no route admits it (removed or narrowed since), else invalid (no permission), as the native
+    engine counts them."""
+    if permitted:
+        stats.forbidden_dropped += 1
+    else:
+        stats.dropped += 1

@@ -43,6 +43,7 @@ class ListenerCounters(Counters):
     tx_packets: int = 0
     tx_bytes: int = 0
     dropped: int = 0
+    forbidden_dropped: int = 0  # to or from a peer no route admits (now: a route changed)
     allocations_total: int = 0
     backpressure_dropped: int = 0  # sent to a stream client past its output high-water mark
     latency_dropped: int = 0  # relayed over a stream later than --stream-latency-bound

@@ -86,6 +86,7 @@ def stunner_families(view: MetricsView) -> Iterator[Metric]:
         dropped.add_metric([name, "latency"], counters.latency_dropped)
         dropped.add_metric([name, "rate_limit"], counters.rate_limited)
         dropped.add_metric([name, "invalid"], counters.dropped)
+        dropped.add_metric([name, "forbidden"], counters.forbidden_dropped)
         dropped.add_metric([name, "stun_only"], counters.stun_only)
     yield dropped
     refused = CounterMetricFamily(

@@ -183,6 +183,7 @@ class NativeCounters:
             tx_packets=self.tx_packets,
             tx_bytes=self.tx_bytes,
             dropped=sum(n for cause, n in drops.items() if cause not in _NOT_INVALID),
+            forbidden_dropped=drops.get("forbidden", 0),
             rate_limited=sum(drops.get(cause, 0) for cause in _RATE_LIMITS),
             latency_dropped=drops.get("latency", 0),
             backpressure_dropped=drops.get("backpressure", 0),
@@ -210,9 +211,9 @@ class NativeCounters:
 
 
 # The engine's drop causes counted as rate_limited (the metric's reason="rate_limit"); with the
-# stream ones, those not counted as dropped (reason="invalid").
+# stream ones and forbidden, those not counted as dropped (reason="invalid").
 _RATE_LIMITS = ("rate_limited", "unauthenticated_rate")
-_NOT_INVALID = (*_RATE_LIMITS, "latency", "backpressure")
+_NOT_INVALID = (*_RATE_LIMITS, "latency", "backpressure", "forbidden")
 
 
 class StreamProgress(NamedTuple):
