@@ -30,8 +30,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from stunner_api.annotations import parse_port_range
 from stunner_api.cds import DEFAULT_PORT as DEFAULT_CDS_PORT
-from stunner_api.vocabulary import DEFAULT_CONTROLLER_NAME, SYSTEM_NAMESPACE
+from stunner_api.vocabulary import (
+    DEFAULT_CONTROLLER_NAME,
+    DEFAULT_NODE_PORT_RANGE,
+    SYSTEM_NAMESPACE,
+)
 
 from .cds_access import Account, AuthMode, parse_readers
 from .files import ManifestError
@@ -162,6 +167,13 @@ LEGACY_REFUSED = (
 )
 
 
+def _port_range(text: str) -> tuple[int, int]:
+    try:
+        return parse_port_range(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
     """Cluster mode's flags, named and defaulted as Go STUNner's operator's (ANCHORS §2.1)."""
     group = parser.add_argument_group("cluster mode (without --manifests)")
@@ -197,6 +209,16 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
         choices=DATAPLANE_MODES,
         help="managed (the only mode here; legacy is refused); env STUNNER_GATEWAY_OPERATOR_"
         "DATAPLANE_MODE",
+    )
+    group.add_argument(
+        "--node-port-range",
+        type=_port_range,
+        default=DEFAULT_NODE_PORT_RANGE,
+        metavar="LOW-HIGH",
+        help="the cluster's NodePort range (kube-apiserver's --service-node-port-range; default "
+        f"{DEFAULT_NODE_PORT_RANGE[0]}-{DEFAULT_NODE_PORT_RANGE[1]}): a nodeport annotation "
+        "outside it is ignored, as the webhook refuses it (ours; the chart passes "
+        "webhook.nodePortRange)",
     )
     group.add_argument(
         "--endpoint-discovery",
@@ -289,8 +311,10 @@ def cluster_settings(args: argparse.Namespace) -> ClusterSettings:
     host = os.environ.get("STUNNER_GATEWAY_OPERATOR_ADDRESS") or cds[0]
     throttle = args.throttle_timeout if args.throttle_timeout is not None else args.throttle
     label_filter = os.environ.get("STUNNER_GATEWAY_OPERATOR_LABEL_FILTER")
+    defaults = RenderSettings()
     render_settings = replace(
-        RenderSettings(),
+        defaults,
+        rules=replace(defaults.rules, node_port_range=args.node_port_range),
         controller_name=args.controller_name,
         endpoint_discovery=args.endpoint_discovery and not args.disable_endpointslice_controller,
         config_discovery_url=args.config_discovery_url,

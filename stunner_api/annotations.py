@@ -85,6 +85,14 @@ class Limits:
 Parser = Callable[[str, Limits], T | Refused]
 
 
+def parse_port_range(text: str) -> tuple[int, int]:
+    """`LOW-HIGH` within 1-65535, as kube-apiserver's --service-node-port-range; ValueError."""
+    low, sep, high = (part.strip() for part in text.strip().partition("-"))
+    if not sep or not low.isdigit() or not high.isdigit() or not 0 < int(low) <= int(high) < 65536:
+        raise ValueError(f"expected low-high within 1-65535, got {text!r}")
+    return int(low), int(high)
+
+
 def text_of(value: Any) -> str:
     """An annotation's text. Annotations are strings in the API; a manifest file may hold a
     YAML boolean (`enable-mixed-protocol-lb: true`), read as "true"."""

@@ -52,6 +52,7 @@ from typing import TYPE_CHECKING, Any
 from flask import Blueprint, Flask, Response, current_app, jsonify, request
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge, ServiceUnavailable
 
+from stunner_api.annotations import parse_port_range
 from stunner_api.rules import Lookup, Settings
 from webhook.admission import (
     API_VERSION,
@@ -131,10 +132,10 @@ def _port_range(env: Mapping[str, str], default: tuple[int, int]) -> tuple[int, 
     raw = env.get(NODE_PORT_RANGE, "").strip()
     if not raw:
         return default
-    low, sep, high = (part.strip() for part in raw.partition("-"))
-    if not sep or not low.isdigit() or not high.isdigit() or not 0 < int(low) <= int(high) < 65536:
-        raise ValueError(f"{NODE_PORT_RANGE}: expected low-high within 1-65535, got {raw!r}")
-    return int(low), int(high)
+    try:
+        return parse_port_range(raw)
+    except ValueError as exc:
+        raise ValueError(f"{NODE_PORT_RANGE}: {exc}") from None
 
 
 def settings_from_env(env: Mapping[str, str] | None = None) -> Settings:

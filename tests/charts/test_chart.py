@@ -374,6 +374,24 @@ def test_the_reconciler_and_auth_service_accept_the_charts_arguments(
     assert (auth.command, auth.cds_url, auth.port) == ("auth-server", url, 8088)
 
 
+def test_the_webhook_and_the_reconciler_get_one_node_port_range(helm: Path) -> None:
+    """webhook.nodePortRange reaches the webhook (which refuses a nodeport annotation outside
+    it) and the reconciler (which would otherwise ignore one the webhook admitted)."""
+    from reconciler.__main__ import build_parser as reconciler_parser
+    from reconciler.__main__ import cluster_settings
+
+    manifests = render(helm, "webhook.nodePortRange=20000-22767")
+    containers = {
+        c["name"]: c
+        for d in of_kind(manifests, "Deployment")
+        for c in d["spec"]["template"]["spec"]["containers"]
+    }
+    args = reconciler_parser().parse_args(containers["reconciler"]["args"])
+    assert cluster_settings(args).render_settings.rules.node_port_range == (20000, 22767)
+    env = {e["name"]: e.get("value") for e in containers["webhook"]["env"]}
+    assert env["STUNNER_WEBHOOK_NODE_PORT_RANGE"] == "20000-22767"
+
+
 def test_default_dataplane_runs_the_charts_image(helm: Path) -> None:
     for sets, image in (
         ((), "localhost/stunnerd:0.1.0"),

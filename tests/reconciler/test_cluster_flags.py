@@ -87,6 +87,38 @@ def test_legacy_dataplane_mode_is_refused_with_the_reason(
     assert build_parser().parse_args(["--dataplane-mode=managed"]).dataplane_mode == "managed"
 
 
+def test_the_node_port_range_flag_admits_a_nodeport_annotation_within_it(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A cluster whose kube-apiserver has another --service-node-port-range: the chart passes
+    webhook.nodePortRange to the webhook and to the reconciler alike. Without the flag render
+    ignored (as refused) a nodeport annotation the webhook had admitted, and the Service got a
+    random NodePort."""
+    annotations = {
+        "stunner.l7mp.io/service-type": "NodePort",
+        "stunner.l7mp.io/nodeport": '{"udp":20001}',
+    }
+    objects = [
+        k.gateway_class(),
+        k.gateway_config(),
+        k.dataplane(),
+        k.gateway(annotations=annotations),
+    ]
+
+    def node_ports(render_settings: RenderSettings) -> list[int | None]:
+        plan = render(Snapshot.from_objects(objects), render_settings, NOW)
+        return [p.get("nodePort") for p in plan.services["stunner/gw"]["spec"]["ports"]]
+
+    custom = settings("--node-port-range=20000-22767").render_settings
+    assert custom.rules.node_port_range == (20000, 22767)
+    assert node_ports(custom) == [20001]
+    assert settings().render_settings.rules.node_port_range == (30000, 32767)
+    assert node_ports(settings().render_settings) == [None]  # outside the default range
+    with pytest.raises(SystemExit):
+        settings("--node-port-range=32767-30000")
+    assert "expected low-high within 1-65535, got '32767-30000'" in capsys.readouterr().err
+
+
 def test_the_label_filter_env_replaces_the_default(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("STUNNER_GATEWAY_OPERATOR_LABEL_FILTER", " team , example.com/owner,")
     filtered = settings().render_settings.label_filter
