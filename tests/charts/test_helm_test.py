@@ -88,20 +88,25 @@ def manifests(helm: Path, echo_port: int) -> list[dict[str, Any]]:
 
 
 @pytest.fixture
-def dataplane(manifests: list[dict[str, Any]], echo_port: int) -> Iterator[dict[str, Any]]:
-    """stunnerd following the reconciler's render of the chart's test objects on the real CDS."""
+def dataplane(
+    manifests: list[dict[str, Any]], echo_port: int, tmp_path: Path
+) -> Iterator[dict[str, Any]]:
+    """stunnerd following the reconciler's render of the chart's test objects on the real CDS
+    (its log in `log`, for a failure's message)."""
     config = on_loopback(offline.plan(cluster_objects(manifests, echo_port)).configs[GATEWAY])
     background = Background()
     store = ConfigStore()
     store.set(GATEWAY, config)
     host, port = background.serve(cds_app(store))
     cds = f"http://{host}:{port}"
-    stunnerd = subprocess.Popen(
-        [sys.executable, "-m", "stunnerd", "-w", "-u", "1", "-c", cds, "-i", GATEWAY],
-        stderr=subprocess.DEVNULL,
-    )
+    log = tmp_path / "stunnerd.log"
+    with log.open("w") as stderr:
+        stunnerd = subprocess.Popen(
+            [sys.executable, "-m", "stunnerd", "-w", "-u", "1", "-c", cds, "-i", GATEWAY],
+            stderr=stderr,
+        )
     try:
-        yield {"cds": cds, "config": config}
+        yield {"cds": cds, "config": config, "log": log}
     finally:
         stunnerd.terminate()
         stunnerd.wait(10)
@@ -123,7 +128,7 @@ def test_the_default_helm_test_echoes_through_the_route_its_hooks_create(
     assert container["command"] == ["stunner"]
     started = time.monotonic()
     done = subprocess.run(command + args, capture_output=True, text=True, timeout=120, check=False)
-    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.returncode == 0, done.stdout + done.stderr + dataplane["log"].read_text()
     lines = done.stdout.splitlines()
     assert len(lines) == 2 and all(line.startswith("ok ") for line in lines), lines
     assert all("echoed 5/5" in line for line in lines)
