@@ -91,11 +91,11 @@ def namespace_of(obj: Object) -> str:
     return str(meta(obj).get("namespace") or "default")
 
 
-def node_facts(node: Object) -> tuple[Any, Any, Any]:
+def node_facts(node: Object) -> tuple[Any, Any, Any, Any]:
     """What render reads of a Node, and so what a change must re-render (the event filter and
     the incremental render both ask): its addresses (public address discovery), its relay
-    address annotation (relay address discovery) and its taints (which Nodes a node-local
-    DaemonSet runs on); not its heartbeats."""
+    address annotation (relay address discovery), its taints and labels (which Nodes a
+    node-local DaemonSet runs on: tolerations, node affinity); not its heartbeats."""
     status = node.get("status")
     addresses = status.get("addresses") if isinstance(status, Mapping) else None
     annotations = meta(node).get("annotations")
@@ -103,7 +103,8 @@ def node_facts(node: Object) -> tuple[Any, Any, Any]:
         annotations.get(vocabulary.NODE_RELAY_ADDRESS) if isinstance(annotations, Mapping) else None
     )
     spec = node.get("spec")
-    return addresses, named, spec.get("taints") if isinstance(spec, Mapping) else None
+    taints = spec.get("taints") if isinstance(spec, Mapping) else None
+    return addresses, named, taints, meta(node).get("labels")
 
 
 def labels_of(obj: Object) -> Mapping[str, str]:

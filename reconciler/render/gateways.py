@@ -32,7 +32,7 @@ from .context import (
 )
 from .listeners import listener_specs
 from .manifests import annotation
-from .nodes import node_public_addresses, pod_tolerations, relay_fallback_note, runs_pods_of
+from .nodes import node_public_addresses, placement, relay_fallback_note, runs_pods_of
 from .plan import Finding
 
 
@@ -74,8 +74,8 @@ def _relay_fallback(
     public address: a finding, and the Programmed condition says so (the listeners still work,
     at a private address there)."""
     gateway, gateway_config = plan.gateway, plan.context.gateway_config
-    tolerations = pod_tolerations(plan.context.dataplane)
-    nodes = [node for node in ctx.snapshot.all(Kind.NODE) if runs_pods_of(node, tolerations)]
+    where = placement(plan.context.dataplane)
+    nodes = [node for node in ctx.snapshot.all(Kind.NODE) if runs_pods_of(node, where)]
     limits = Limits(ctx.rule_settings.node_port_range)
     stun_server = (
         annotation(RELAY_STUN_SERVER_ROW, gateway, gateway_config, limits)
@@ -123,8 +123,8 @@ def gateway_status(
             lc.address == NODE_ADDRESS_PLACEHOLDER for lc in config.listeners
         ):
             programmed, found = _relay_fallback(ctx, plan, programmed)
-            tolerations = pod_tolerations(plan.context.dataplane)
-            node_local = node_public_addresses(ctx.snapshot.all(Kind.NODE), tolerations)
+            where = placement(plan.context.dataplane)
+            node_local = node_public_addresses(ctx.snapshot.all(Kind.NODE), where)
         status["conditions"] = conditions_of(ctx, gateway, [accepted, programmed])
         first = next((public[0] for public in rendered if public is not None), None)
         # A stunnerd on every node (relay address discovery): every node's public address.

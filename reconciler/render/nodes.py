@@ -2,13 +2,14 @@
 handing out its node's public address), for three readers: the CDS patches each stunnerd's
 config with its Node's (`node_relay_addresses`, in the Plan), the Gateway's status and the
 config's public address list where clients connect (`node_public_addresses`, the Nodes the
-DaemonSet runs on by their taints), and status says which Nodes fall back to a private address
-(`relay_fallback_note`) or carry a bad annotation (`node_findings`).
+DaemonSet runs on by their taints and its node affinity), and status says which Nodes fall back
+to a private address (`relay_fallback_note`) or carry a bad annotation (`node_findings`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from stunner_api.annotations import (
@@ -101,36 +102,93 @@ def _tolerates(toleration: Mapping[str, Any], taint: Mapping[str, Any]) -> bool:
     return key == taint.get("key") and (toleration.get("value") or "") == (taint.get("value") or "")
 
 
-def runs_pods_of(node: Object, tolerations: Iterable[Mapping[str, Any]]) -> bool:
-    """Whether a DaemonSet whose pods have `tolerations` runs one on `node`: every NoSchedule
-    and NoExecute taint of the node is tolerated (node affinity is not looked at)."""
-    listed = [t for t in tolerations if isinstance(t, Mapping)]
-    taints = _spec(node).get("taints") or []
-    return all(
-        taint.get("key") in DAEMONSET_TOLERATED or any(_tolerates(t, taint) for t in listed)
-        for taint in taints
-        if isinstance(taint, Mapping) and taint.get("effect") in ("NoSchedule", "NoExecute")
+@dataclass(frozen=True)
+class Placement:
+    """Where the DaemonSet of a Dataplane runs pods: the Nodes whose NoSchedule and NoExecute
+    taints its pods' tolerations allow, and that its required node affinity (the terms of
+    requiredDuringSchedulingIgnoredDuringExecution; None: no such affinity) selects."""
+
+    tolerations: tuple[Mapping[str, Any], ...] = ()
+    node_selector_terms: tuple[Mapping[str, Any], ...] | None = None
+
+
+def placement(dataplane: Object | None) -> Placement:
+    """The Placement a Dataplane gives its stunnerd pods."""
+    spec = _spec(dataplane)
+    tolerations = tuple(t for t in spec.get("tolerations") or [] if isinstance(t, Mapping))
+    affinity = spec.get("affinity")
+    node_affinity = affinity.get("nodeAffinity") if isinstance(affinity, Mapping) else None
+    required = (
+        node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution")
+        if isinstance(node_affinity, Mapping)
+        else None
+    )
+    if not isinstance(required, Mapping):
+        return Placement(tolerations)
+    terms = required.get("nodeSelectorTerms") or []
+    return Placement(tolerations, tuple(t for t in terms if isinstance(t, Mapping)))
+
+
+def _requirement_met(value: str | None, requirement: Mapping[str, Any]) -> bool:
+    """One NodeSelectorRequirement against the value of its key (None: the key is absent):
+    In, NotIn, Exists, DoesNotExist, and Gt/Lt comparing integers."""
+    operator, values = requirement.get("operator"), requirement.get("values") or []
+    if operator == "In":
+        return value is not None and value in values
+    if operator == "NotIn":
+        return value is None or value not in values
+    if operator == "Exists":
+        return value is not None
+    if operator == "DoesNotExist":
+        return value is None
+    if operator in ("Gt", "Lt") and value is not None and len(values) == 1:
+        try:
+            have, bound = int(value), int(values[0])
+        except ValueError:
+            return False
+        return have > bound if operator == "Gt" else have < bound
+    return False  # an unknown operator selects nothing, as the API server refuses it
+
+
+def _selects(term: Mapping[str, Any], node: Object) -> bool:
+    """A NodeSelectorTerm: every matchExpressions requirement on the Node's labels and every
+    matchFields one (metadata.name) holds; an empty term selects no Node (Kubernetes')."""
+    expressions = [e for e in term.get("matchExpressions") or [] if isinstance(e, Mapping)]
+    fields = [f for f in term.get("matchFields") or [] if isinstance(f, Mapping)]
+    if not expressions and not fields:
+        return False
+    labels = meta(node).get("labels")
+    labels = labels if isinstance(labels, Mapping) else {}
+    return all(_requirement_met(labels.get(str(e.get("key"))), e) for e in expressions) and all(
+        _requirement_met(name_of(node) if f.get("key") == "metadata.name" else None, f)
+        for f in fields
     )
 
 
-def node_public_addresses(
-    nodes: Iterable[Object], tolerations: Iterable[Mapping[str, Any]] | None = None
-) -> list[str]:
+def runs_pods_of(node: Object, where: Placement) -> bool:
+    """Whether a DaemonSet whose pods are placed `where` runs one on `node`: every NoSchedule
+    and NoExecute taint of the node is tolerated, and one of the required node affinity's terms
+    (if any) selects it."""
+    taints = _spec(node).get("taints") or []
+    tolerations = where.tolerations
+    tolerated = all(
+        taint.get("key") in DAEMONSET_TOLERATED or any(_tolerates(t, taint) for t in tolerations)
+        for taint in taints
+        if isinstance(taint, Mapping) and taint.get("effect") in ("NoSchedule", "NoExecute")
+    )
+    terms = where.node_selector_terms
+    return tolerated and (terms is None or any(_selects(term, node) for term in terms))
+
+
+def node_public_addresses(nodes: Iterable[Object], where: Placement | None = None) -> list[str]:
     """The Nodes' public addresses for relay address discovery (`node_relay_addresses`), by
     Node name, each once: where clients reach a Gateway with a stunnerd on every node. With
-    `tolerations` (its pods'), only the Nodes whose taints let the DaemonSet run a pod there."""
+    `where` (its pods' placement), only the Nodes the DaemonSet runs a pod on."""
     listed = list(nodes)
-    if tolerations is not None:
-        allowed = list(tolerations)
-        listed = [node for node in listed if runs_pods_of(node, allowed)]
+    if where is not None:
+        listed = [node for node in listed if runs_pods_of(node, where)]
     found = node_relay_addresses(listed)
     return list(dict.fromkeys(found[name] for name in sorted(found)))
-
-
-def pod_tolerations(dataplane: Object | None) -> list[Mapping[str, Any]]:
-    """The tolerations a Dataplane gives its stunnerd pods."""
-    listed = _spec(dataplane).get("tolerations") or []
-    return [t for t in listed if isinstance(t, Mapping)]
 
 
 def node_local_addresses(ctx: Context, plan: GatewayPlan) -> tuple[list[str], Mapping[str, int]]:
@@ -144,8 +202,8 @@ def node_local_addresses(ctx: Context, plan: GatewayPlan) -> tuple[list[str], Ma
     if not annotation(RELAY_ADDRESS_DISCOVERY_ROW, plan.gateway, gateway_config, limits):
         return [], {}
     ports = annotation(TARGETPORT_ROW, plan.gateway, gateway_config, limits)
-    tolerations = pod_tolerations(plan.context.dataplane)
-    return node_public_addresses(ctx.snapshot.all(Kind.NODE), tolerations), ports
+    where = placement(plan.context.dataplane)
+    return node_public_addresses(ctx.snapshot.all(Kind.NODE), where), ports
 
 
 def node_findings(nodes: Iterable[Object]) -> tuple[Finding, ...]:
@@ -206,7 +264,8 @@ __all__ = [
     "node_local_addresses",
     "node_public_addresses",
     "node_relay_addresses",
-    "pod_tolerations",
+    "placement",
+    "Placement",
     "relay_fallback_note",
     "runs_pods_of",
 ]

@@ -122,9 +122,53 @@ def test_a_tainted_node_is_listed_once_the_dataplane_tolerates_its_taint() -> No
     assert "198.51.100.9" not in other.node_local["stunner/gw"]
 
 
+def _required(*terms: dict[str, Any]) -> dict[str, Any]:
+    """A Dataplane affinity whose required node affinity has these terms."""
+    return {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": list(terms)}
+        }
+    }
+
+
+def test_only_the_nodes_the_dataplanes_node_affinity_selects_are_listed() -> None:
+    """The DaemonSet runs pods only where the Dataplane's required node affinity selects (terms
+    ORed, a term's requirements ANDed; labels by matchExpressions, the name by matchFields), so
+    only those Nodes' addresses are where clients connect."""
+
+    def listed(*terms: dict[str, Any], labels: dict[str, dict[str, str]]) -> tuple[str, ...]:
+        world = [
+            gateway_class(),
+            gateway_config(),
+            dataplane(hostNetwork=True, dataplaneResource="DaemonSet", affinity=_required(*terms)),
+            node_local(),
+            *(node(name, addresses) for name, addresses in NODES),
+        ]
+        for obj in world:
+            if obj["kind"] == "Node" and obj["metadata"]["name"] in labels:
+                obj["metadata"]["labels"] = labels[obj["metadata"]["name"]]
+        plan = render(Snapshot.from_objects(world), RenderSettings(), NOW)
+        return plan.node_local["stunner/gw"]
+
+    media = {"n2": {"role": "media", "cpus": "16"}, "n4": {"role": "media", "cpus": "4"}}
+    role = {"key": "role", "operator": "In", "values": ["media"]}
+    assert listed({"matchExpressions": [role]}, labels=media) == ("198.51.100.2", "n4.example.net")
+    big = {"key": "cpus", "operator": "Gt", "values": ["8"]}
+    assert listed({"matchExpressions": [role, big]}, labels=media) == ("198.51.100.2",)
+    by_name = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n1"]}]}
+    assert listed({"matchExpressions": [big]}, by_name, labels=media) == (
+        "198.51.100.1",
+        "198.51.100.2",
+    )
+    not_media = {"key": "role", "operator": "NotIn", "values": ["media"]}
+    assert listed({"matchExpressions": [not_media]}, labels=media) == ("198.51.100.1",)
+    assert listed({}, labels=media) == ()  # an empty term selects no Node
+
+
 def test_an_edited_node_renders_the_node_local_gateway_again() -> None:
     """The incremental render (cluster mode's) re-renders a node-local Gateway when what render
-    reads of a Node changes: its relay-address annotation, its taints; not a heartbeat. Each
+    reads of a Node changes: its relay-address annotation, its taints, its labels (node
+    affinity); not a heartbeat. Each
     time it agrees with a full render (a stale part kept the old addresses in status and in
     the per-node URIs on the real cluster)."""
     world = [
@@ -147,7 +191,16 @@ def test_an_edited_node_renders_the_node_local_gateway_again() -> None:
     assert third.node_local == {"stunner/gw": ()}
     full = render(Snapshot.from_objects(copy.deepcopy(tainted)), RenderSettings(), NOW)
     assert third.status_of("Gateway", "stunner", "gw") == full.status_of("Gateway", "stunner", "gw")
-    heartbeat = copy.deepcopy(tainted)
+    labelled = copy.deepcopy(named)
+    labelled[2]["spec"]["affinity"] = _required(
+        {"matchExpressions": [{"key": "role", "operator": "Exists"}]}
+    )
+    unlabelled = renderer.render(Snapshot.from_objects(copy.deepcopy(labelled)), NOW)
+    assert unlabelled.node_local == {"stunner/gw": ()}
+    labelled[-1]["metadata"]["labels"] = {"role": "media"}
+    fourth = renderer.render(Snapshot.from_objects(copy.deepcopy(labelled)), NOW)
+    assert fourth.node_local == {"stunner/gw": ("192.0.2.10",)}  # a label change re-renders
+    heartbeat = copy.deepcopy(labelled)
     heartbeat[-1]["status"]["conditions"] = [{"type": "Ready", "lastHeartbeatTime": "t2"}]
     renderer.render(Snapshot.from_objects(heartbeat), NOW)
     assert renderer.rendered_parts == 0
