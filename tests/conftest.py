@@ -8,10 +8,15 @@ suite keeps timing out of its tests: figures belong in bench/.
 from ``$KUBEBUILDER_ASSETS`` (tests/envtest/README.md), started once per session for every test
 that asks for it (tests/envtest/, tests/reconciler/test_cluster_envtest.py), with our CRDs and
 Gateway API v1.6.1's installed and Established; skipped without the variable.
+
+Every test starts with the log levels it found: an in-process stunnerd applies its config's
+`admin.loglevel` to the "stunner" loggers of the whole process (as it should in its own), and a
+level left behind would hide or add records in the caplog of the tests that follow.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +30,25 @@ from tests.support.shared import gateway_api_crds
 
 settings.register_profile("stunner", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("stunner")
+
+
+@pytest.fixture(autouse=True)
+def _stunner_log_levels() -> Iterator[None]:
+    """The "stunner" loggers' levels as they were before the test (see the module docstring)."""
+    loggers = logging.Logger.manager.loggerDict
+
+    def levels() -> dict[str, int]:
+        return {
+            name: logger.level
+            for name, logger in list(loggers.items())
+            if isinstance(logger, logging.Logger) and name.split(".")[0] == "stunner"
+        }
+
+    before = levels()
+    yield
+    for name, level in levels().items():
+        if level != before.get(name, logging.NOTSET):
+            logging.getLogger(name).setLevel(before.get(name, logging.NOTSET))
 
 
 @pytest.fixture(scope="session")
