@@ -1,4 +1,7 @@
-"""`stunnerd [flags] [turn-URI]`: the command line of Go stunnerd, where it applies."""
+"""`stunnerd [flags] [turn-URI]`: the command line of Go stunnerd, where it applies.
+
+Here are the flags, the config source they name, and the Stunner (and UDP worker pool) they
+build; serving it (the config watch, signals, drain) is stunnerd.serving's."""
 
 from __future__ import annotations
 
@@ -7,7 +10,6 @@ import asyncio
 import importlib.metadata
 import logging
 import os
-import signal
 import sys
 from collections.abc import Callable, Sequence
 
@@ -17,11 +19,12 @@ from stunner_api.turn_uri import config_from_uri
 from . import logs
 from .admin import parse_address
 from .auth import NonceManager
-from .daemon import BUSY_RETRY_FIRST, BUSY_RETRY_MAX, ApplyError, Stunner
+from .daemon import Stunner
 from .ledger import LocalQuota
 from .limits import Limits
 from .relay_discovery import relay_discovery_from_env
 from .runtime import event_loop_factory
+from .serving import serve
 from .sources import DEFAULT_CDS_ADDRESS, CdsSource, ConfigSource, SourceError, source_for
 from .worker_pool import WorkerPool, udp_process_count, usable_cpus
 
@@ -213,149 +216,11 @@ def _self_signed_certificate(hostname: str) -> tuple[str, str]:
     return self_signed_certificate(hostname)
 
 
-DRAIN_POLL_INTERVAL = 1.0
 HOW_TO_CONFIGURE = (
     "give a config with -c FILE (YAML or JSON), a turn:// URI "
     "(e.g. stunnerd turn://user:pass@127.0.0.1:3478), or the config discovery service with "
     "-c HOST:PORT; see stunnerd --help"
 )
-
-
-async def watch_configs(
-    stunner: Stunner,
-    source: ConfigSource,
-    retry_first: float = BUSY_RETRY_FIRST,
-    retry_max: float = BUSY_RETRY_MAX,
-) -> None:
-    """Apply every config the source yields; a refused one leaves the running one in place.
-
-    A config refused because a port is not free yet (`ApplyError.retryable`) is applied again,
-    after `retry_first` seconds doubling up to `retry_max`, until it applies or a newer config
-    comes: on the host network a DaemonSet's new stunnerd can start while the one it replaces
-    still drains on the node's ports, and the CDS sends a config only when it changes, so
-    without the retry the new pod would stay unready after the old one left.
-
-    While draining the watch stays (the CDS keeps counting this pod's allocations toward the
-    cluster-wide user quotas) but configs are no longer applied."""
-    configs = source.watch()
-    refused: StunnerConfig | None = None
-    delay = retry_first
-    upcoming: asyncio.Future[StunnerConfig] = asyncio.ensure_future(anext(configs))
-    try:
-        while True:
-            try:
-                if refused is None:
-                    config = await upcoming
-                else:
-                    done, _ = await asyncio.wait({upcoming}, timeout=delay)
-                    config = upcoming.result() if done else refused
-            except StopAsyncIteration:  # a source that ends (the watch of a test)
-                return
-            if upcoming.done():
-                upcoming = asyncio.ensure_future(anext(configs))
-            if stunner.terminating:
-                log.info("draining: not applying the new configuration")
-                refused = None
-                continue
-            retry = config is refused
-            try:
-                await stunner.apply(config)
-            except ApplyError as exc:
-                if not retry:  # a retry failing again is not logged again
-                    log.error(
-                        "could not reconcile new configuration (running configuration "
-                        "unchanged): %s%s",
-                        exc,
-                        "; retrying while the port is busy" if exc.retryable else "",
-                    )
-                refused = config if exc.retryable else None
-                delay = min(delay * 2, retry_max) if retry else retry_first
-                continue
-            if retry:
-                log.info("applied the configuration refused before: its ports are free now")
-            refused = None
-    finally:
-        upcoming.cancel()
-        await asyncio.wait({upcoming})  # the generator stopped before it is closed
-        aclose = getattr(configs, "aclose", None)
-        if aclose is not None:
-            await aclose()
-
-
-async def serve(
-    stunner: Stunner,
-    initial: StunnerConfig,
-    source: ConfigSource | None = None,
-    grace_period: float = 3600.0,
-    origin: ConfigSource | None = None,
-) -> int:
-    """Serve `initial` (and, in watch mode, every config from `source`) until SIGTERM/SIGINT,
-    then drain: not ready, apply no new config, keep serving, exit when the last allocation is
-    gone or the grace period ends. A second signal exits at once. SIGHUP re-reads the config from
-    `origin` (the file or CDS it came from) and applies it, as the file watch does."""
-    signals = asyncio.Queue[int]()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        loop.add_signal_handler(sig, signals.put_nowait, sig)
-    try:
-        try:
-            await stunner.apply(initial)
-        except ApplyError as exc:
-            log.error("could not apply configuration: %s", exc)
-            await stunner.close()
-            return 1
-        watcher = loop.create_task(watch_configs(stunner, source)) if source else None
-        if watcher is not None:
-            watcher.add_done_callback(_report_watch_end)
-        log.info("stunnerd running with %d listener(s)", len(stunner.listeners))
-        while (received := await signals.get()) == signal.SIGHUP:
-            await reload(stunner, origin)
-        stunner.terminating = True
-        active = await stunner.current_allocation_count()
-        log.info(
-            "%s: draining %d allocation(s), at most %gs%s",
-            signal.Signals(received).name,
-            active,
-            grace_period,
-            " (send SIGTERM or press Ctrl-C again to exit now)" if active else "",
-        )
-        deadline = loop.time() + grace_period
-        while active > 0 and loop.time() < deadline:
-            try:
-                received = await asyncio.wait_for(signals.get(), DRAIN_POLL_INTERVAL)
-            except TimeoutError:
-                active = await stunner.current_allocation_count()
-                continue
-            if received == signal.SIGHUP:
-                log.info("SIGHUP while draining: not re-reading the config")
-                continue
-            log.info("%s again: exiting now", signal.Signals(received).name)
-            break
-        log.info("shutting down (%d active allocations)", stunner.allocation_count)
-        if watcher is not None:
-            watcher.cancel()
-        await stunner.close()
-        return 0
-    finally:
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            loop.remove_signal_handler(sig)
-
-
-async def reload(stunner: Stunner, origin: ConfigSource | None) -> None:
-    """SIGHUP: load the config again and apply it; a refused one changes nothing."""
-    if origin is None:
-        log.info("SIGHUP: the config came from the command line, nothing to re-read")
-        return
-    log.info("SIGHUP: re-reading the config from %s", origin)
-    try:
-        await stunner.apply(await origin.load())
-    except (ConfigError, SourceError, ApplyError) as exc:
-        log.error("SIGHUP: configuration not reloaded (running configuration unchanged): %s", exc)
-
-
-def _report_watch_end(task: asyncio.Task[None]) -> None:
-    if not task.cancelled() and task.exception() is not None:
-        log.error("config watch stopped: %r (serving the last config)", task.exception())
 
 
 async def run(args: argparse.Namespace, stunner: Stunner) -> int:

@@ -356,7 +356,7 @@ def test_the_reconciler_and_auth_service_accept_the_charts_arguments(
 ) -> None:
     from reconciler.__main__ import build_parser as reconciler_parser
     from reconciler.__main__ import cluster_settings
-    from stunner_cli.__main__ import build_parser as cli_parser
+    from stunner_cli.parser import build_parser as cli_parser
 
     containers = {
         c["name"]: c
@@ -438,7 +438,7 @@ def test_helm_test_pod_runs_the_images_own_client(default_manifests: list[dict[s
     assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
     (container,) = pod["spec"]["containers"]
     assert container["command"] == ["stunner"] and container["args"][0] == "selftest"
-    from stunner_cli.__main__ import build_parser
+    from stunner_cli.parser import build_parser
 
     build_parser().parse_args(container["args"])  # the CLI accepts exactly these arguments
 

@@ -99,7 +99,7 @@ def test_notes_give_the_next_three_commands(helm: Path, tmp_path: Path) -> None:
     commands = [command for _, command in steps]
     assert commands[0] == "kubectl apply -f examples/cluster/"
     assert (ROOT / "examples" / "cluster").is_dir()
-    from stunner_cli.__main__ import build_parser
+    from stunner_cli.parser import build_parser
 
     for command in commands[1:]:
         assert command.startswith("helm stunner ")
