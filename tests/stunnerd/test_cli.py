@@ -357,8 +357,13 @@ def test_health_address_moves_the_endpoint_and_a_taken_port_is_one_clear_line(
             "--health-address", f"127.0.0.1:{taken}", f"turn://u:p@127.0.0.1:{blocked_port}"
         )
         assert binding_answered(port) and binding_answered(blocked_port)
-        # The health server starts once the UDP worker processes serve too: wait for it.
+        # The health server starts once the UDP worker processes serve too: wait for it, and
+        # for the blocked one to have found its port taken.
         _answers_live(health)
+        deadline = time.monotonic() + 10
+        while "cannot start the health-check server" not in blocked.stderr:
+            assert time.monotonic() < deadline, blocked.stderr
+            time.sleep(0.05)
     _answers_live(taken)  # the holder is gone: the blocked stunnerd binds its port now
     stderr = blocked.stop()
     moved.stop()
