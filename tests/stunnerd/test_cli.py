@@ -201,7 +201,7 @@ def test_a_yaml_syntax_error_names_the_file_line_and_column(tmp_path: Path) -> N
 
 def test_a_busy_port_is_named_with_its_holder() -> None:
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as squatter:
-        squatter.bind(("0.0.0.0", 0))
+        squatter.bind((HOST, 0))
         port = squatter.getsockname()[1]
         result = run("-u", "1", f"turn://user:pass@127.0.0.1:{port}?transport=udp")
     assert result.returncode == 1

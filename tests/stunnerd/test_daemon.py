@@ -99,7 +99,7 @@ def test_config_that_cannot_be_applied_is_refused_whole() -> None:
     async def main() -> None:
         port = free_port()
         busy = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        busy.bind(("0.0.0.0", 0))
+        busy.bind((HOST, 0))
         busy_port = busy.getsockname()[1]
         original = make_config(port, [f"{HOST}/32"], protocols=("TURN-UDP",))
         async with running_stunner(original) as stunner:
@@ -204,7 +204,7 @@ def test_core_without_rollback_serves_what_can_start(caplog: pytest.LogCaptureFi
 
     async def main() -> None:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as squatter:
-            squatter.bind(("0.0.0.0", 0))
+            squatter.bind((HOST, 0))
             squatter.listen()
             busy = squatter.getsockname()[1]
             config = make_config(busy, [f"{HOST}/32"], user_quota=7)
@@ -224,7 +224,7 @@ def test_core_without_rollback_serves_what_can_start(caplog: pytest.LogCaptureFi
 def test_core_with_rollback_refuses_the_whole_config() -> None:
     async def main() -> None:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as squatter:
-            squatter.bind(("0.0.0.0", 0))
+            squatter.bind((HOST, 0))
             squatter.listen()
             config = make_config(squatter.getsockname()[1], [f"{HOST}/32"], user_quota=7)
             core = DataplaneCore(NonceManager(), LocalQuota(), Reservations(), False)

@@ -76,7 +76,7 @@ def test_relaying_survives_every_in_place_change() -> None:
                 await stunner.apply(step)
                 assert stunner.listeners["testns/gw/turn-udp"] is listener_a
             busy = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-            busy.bind(("0.0.0.0", 0))
+            busy.bind((HOST, 0))
             with pytest.raises(ApplyError):
                 await stunner.apply(with_listeners(base, ("testns/gw/c", busy.getsockname()[1])))
             busy.close()

@@ -50,7 +50,7 @@ def test_a_listener_holds_its_port_on_its_protocols_transport(facts: ProtocolFac
 def test_a_busy_port_is_named_with_its_protocols_transport(facts: ProtocolFacts) -> None:
     async def scenario() -> None:
         with socket.socket(socket.AF_INET, socket_kind(facts)) as squatter:
-            squatter.bind(("0.0.0.0", 0))
+            squatter.bind((HOST, 0))
             if facts.stream:
                 squatter.listen()
             port = squatter.getsockname()[1]

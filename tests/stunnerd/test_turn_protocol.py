@@ -314,7 +314,7 @@ def test_the_reserved_port_relays_and_is_held_until_claimed() -> None:
         reserved_port = first.attributes["XOR-RELAYED-ADDRESS"][1] + 1
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as squatter:
             with pytest.raises(OSError):
-                squatter.bind(("0.0.0.0", reserved_port))
+                squatter.bind((HOST, reserved_port))
         rtcp = await RawClient.connect((HOST, port))
         await rtcp.allocate(**{"RESERVATION-TOKEN": first.attributes["RESERVATION-TOKEN"]})
         peer = await start_peer()

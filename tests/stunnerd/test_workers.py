@@ -349,7 +349,7 @@ def test_a_busy_port_is_refused_even_with_reuse_port() -> None:
         # split the traffic with it.
         squatter = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        squatter.bind(("0.0.0.0", port))
+        squatter.bind((HOST, port))
         with squatter:
             pool = WorkerPool(1, os.urandom(32), LocalQuota(), "all:WARN")
             await pool.start()
