@@ -270,7 +270,7 @@ class Stunner:
             return True
         except OSError as exc:
             busy = exc.errno == errno.EADDRINUSE
-            if not retrying:
+            if not (retrying and busy):  # a busy port is said once
                 hint = (
                     " (another process, maybe another stunnerd on this host, holds the port;"
                     " --health-address/--metrics-address move it); retrying while it is busy"
