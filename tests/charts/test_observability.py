@@ -109,6 +109,7 @@ def running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]
             "name": "t/gw",
             "healthcheck_endpoint": "",
             "metrics_endpoint": f"http://127.0.0.1:{metrics}/metrics",
+            "user_quota": 5,  # stunner_user_quota_shared is exposed with a quota
         },
         "auth": {"type": "static", "credentials": {"username": "u", "password": "p"}},
         "listeners": [
