@@ -1,3 +1,3 @@
-from stunnerd.cli import main
+from stunnerd.launch import main
 
 raise SystemExit(main())

@@ -19,6 +19,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import pytest
+
 from stunnerd import stun
 from stunnerd.stun import Class, Message, Method
 from tests.support.turnclient import HOST, RawClient, binding_answered, free_port, make_config
@@ -373,3 +375,53 @@ def test_health_address_moves_the_endpoint_and_a_taken_port_is_one_clear_line(
     assert "runs without it" in lines[0] and "Traceback" not in stderr
     assert "health-check server's port is free now" in stderr
     assert blocked.returncode == 0
+
+
+def _sigterm_while_loading(prefix: list[str]) -> subprocess.CompletedProcess[str]:
+    """stunnerd (behind `prefix`) loading its config from a CDS that takes the connection and
+    never answers, so it is past its imports and not yet serving; SIGTERM then, to the process
+    that is stunnerd (the prefix's child when there is a prefix)."""
+    with socket.socket() as cds:
+        cds.bind((HOST, 0))
+        cds.listen()
+        process = subprocess.Popen(
+            [*prefix, *STUNNERD, "-c", f"{HOST}:{cds.getsockname()[1]}"],
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        cds.settimeout(20)
+        connection, _ = cds.accept()
+        with connection:
+            target = process.pid
+            if prefix:
+                children = Path(f"/proc/{process.pid}/task/{process.pid}/children")
+                target = int(children.read_text().split()[0])
+            os.kill(target, signal.SIGTERM)
+            try:
+                _, stderr = process.communicate(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                _, stderr = process.communicate()
+                raise AssertionError(f"still running 10 s after SIGTERM:\n{stderr}") from None
+    return subprocess.CompletedProcess(process.args, process.returncode, "", stderr)
+
+
+def test_a_sigterm_before_serving_exits_at_once() -> None:
+    """Before it serves, stunnerd exits on SIGTERM by its own handler (status 143), not by the
+    signal's default action, which the kernel never takes for PID 1 (a container's stunnerd):
+    there such a SIGTERM was lost and the pod hung for its whole termination grace period."""
+    done = _sigterm_while_loading([])
+    assert done.returncode == 128 + signal.SIGTERM, done.stderr
+    assert "SIGTERM before serving: exiting" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_sigterm_before_serving_ends_stunnerd_as_pid_1() -> None:
+    """As a container runs it: stunnerd is PID 1 of its own PID namespace (unshare, root)."""
+    probe = subprocess.run(
+        ["unshare", "--pid", "--fork", "true"], capture_output=True, text=True, check=False
+    )
+    if probe.returncode != 0:
+        pytest.skip(f"no PID namespace here (unshare: {probe.stderr.strip()})")
+    done = _sigterm_while_loading(["unshare", "--pid", "--fork", "--kill-child"])
+    assert done.returncode == 128 + signal.SIGTERM, done.stderr  # unshare passes it on
+    assert "SIGTERM before serving: exiting" in done.stderr and "Traceback" not in done.stderr
