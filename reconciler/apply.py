@@ -252,6 +252,28 @@ def _owner_gateway(obj: Object) -> str | None:
     return f"{namespace}/{name}" if name and namespace else None
 
 
+def owner_present(want: Mapping[str, Any], current: Current) -> bool:
+    """Whether every Gateway a manifest names as its owner is cached, with the uid it names.
+    Writes follow the last plan, and a deleted workload (the garbage collector's, once its
+    Gateway is gone) is diffed against that plan at once, before the render the Gateway's
+    deletion triggered: without this check the plan, rendered while the Gateway still existed,
+    wrote the Service and Deployment back, and their new pods came and went (found on the real
+    node)."""
+    metadata = want.get("metadata") or {}
+    for reference in metadata.get("ownerReferences") or []:
+        if reference.get("kind") != "Gateway":
+            continue
+        owner = current(
+            str(reference.get("apiVersion")),
+            "Gateway",
+            str(metadata.get("namespace")),
+            str(reference.get("name")),
+        )
+        if owner is None or meta(owner).get("uid") != reference.get("uid"):
+            return False
+    return True
+
+
 def manifest_writes(
     kind: tuple[str, str],
     wanted: Mapping[str, Mapping[str, Any]],
@@ -273,6 +295,8 @@ def manifest_writes(
         version = meta(have or {}).get("resourceVersion")
         if memo is not None and have is not None and memo.get(key) == (version, want):
             continue
+        if not owner_present(want, current):
+            continue  # its Gateway is gone: the garbage collector deletes what it owned
         if have is None:
             writes.append(
                 Write(

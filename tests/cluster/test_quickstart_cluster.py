@@ -439,13 +439,20 @@ async def _allocation(server: tuple[str, int]) -> AsyncIterator[tuple[RawClient,
         client.close()
 
 
+class AllocationGone(Exception):
+    """437: the server no longer holds the allocation (its listener restarted meanwhile)."""
+
+
 async def _permitted(client: RawClient, peer: tuple[str, int], within: float) -> float:
-    """CreatePermission for `peer` until it succeeds (the route's endpoints reach stunnerd)."""
+    """CreatePermission for `peer` until it succeeds (the route's endpoints reach stunnerd);
+    AllocationGone at once on a 437, which no retry of this allocation can mend."""
     started = time.monotonic()
     while True:
         response = await client.create_permission(peer)
         if response.message_class == Class.SUCCESS:
             return time.monotonic() - started
+        if error_code(response) == 437:
+            raise AllocationGone(f"CreatePermission {peer}: 437, the allocation is gone")
         assert time.monotonic() - started < within, (
             f"CreatePermission {peer}: {error_code(response)} for {within:.0f} s"
         )

@@ -140,6 +140,34 @@ def test_deleting_a_gateway_collects_its_objects_and_zeroes_its_config(tmp_path:
     asyncio.run(main())
 
 
+def test_a_gateway_deleted_while_its_render_waits_gets_nothing_written_back(
+    tmp_path: Path,
+) -> None:
+    """The render a Gateway's deletion triggers waits for the throttle (a render just ran);
+    the garbage collector's deletion of its Deployment is diffed against the last plan at once,
+    and that plan still holds the Gateway. Its objects are not created again (found on the real
+    node: the Deployment came back and started pods the collector deleted a moment later)."""
+
+    async def main() -> None:
+        with FakeApiServer() as fake:
+            k.world(fake)
+            async with k.reconciler(fake, tmp_path, throttle=1.5) as running:
+                await k.settled(running, fake)
+                k.set_peer(fake, "10.0.0.9/32")  # a render now: the next one waits 1.5 s
+                await k.eventually(
+                    lambda: "10.0.0.9/32" in str(running.mode.store.configs["stunner/gw"])
+                )
+                before = len(fake.writes())
+                k.delete(fake, GW, "Gateway", "gw")  # the fake collects what it owned
+                await k.eventually(lambda: "stunner/gw" not in running.mode.store.configs)
+                await k.settled(running, fake)
+                created = [p for m, p in fake.writes()[before:] if m == "POST"]
+                assert not created, created
+                assert deployment(fake) is None and service(fake) is None
+
+    asyncio.run(main())
+
+
 def test_disable_managed_dataplane_deletes_the_deployment_and_keeps_the_config(
     tmp_path: Path,
 ) -> None:

@@ -146,6 +146,40 @@ def test_deletions_only_for_our_gateways_without_a_plan() -> None:
     assert [(w.verb, w.name, w.uid) for w in writes] == [(Verb.DELETE, "invalid", "u-invalid")]
 
 
+def test_a_plan_writes_nothing_back_for_a_gateway_gone_since_it_was_rendered() -> None:
+    """The last plan still has the Gateway's Service and Deployment, the cache no longer has the
+    Gateway (deleted) nor its workload (the garbage collector's): nothing is created, until a
+    Gateway of that name with the uid the manifests name is cached again. Found on the real
+    node: the workload's deletion was diffed against the stale plan at once, and the Gateway's
+    pods came back for a moment."""
+    owner = {"apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway", "name": "gw",
+             "uid": "uid-gw", "controller": True}  # fmt: skip
+    want = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "gw", "namespace": "stunner", "labels": OURS,
+                     "ownerReferences": [owner]},
+        "spec": {"replicas": 2},
+    }  # fmt: skip
+    cached: dict[tuple[str, str], Any] = {}
+
+    def writes() -> list[tuple[Verb, str]]:
+        found = manifest_writes(
+            ("apps/v1", "Deployment"),
+            {"stunner/gw": want},
+            [],
+            lambda api_version, kind, ns, name: cached.get((kind, name)),
+            {"stunner/gw"},
+        )
+        return [(w.verb, w.name) for w in found]
+
+    assert writes() == []  # the Gateway is gone
+    cached["Gateway", "gw"] = {"metadata": {"name": "gw", "namespace": "stunner", "uid": "other"}}
+    assert writes() == []  # another Gateway of that name: the next render's plan names it
+    cached["Gateway", "gw"]["metadata"]["uid"] = "uid-gw"
+    assert writes() == [(Verb.CREATE, "gw")]
+
+
 def test_conditions_of_others_are_kept_up_to_the_limit() -> None:
     ours = [{"type": "Accepted"}, {"type": "Programmed"}]
     previous = [{"type": "Accepted", "status": "old"}] + [{"type": f"Other{i}"} for i in range(10)]

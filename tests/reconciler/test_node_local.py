@@ -83,7 +83,8 @@ def test_switching_the_resource_writes_the_new_kind_and_deletes_the_other() -> N
     deleted (by its uid) as the DaemonSet is created; and back."""
     before = plan_of(owned_gateway())
     after = plan_of(owned_gateway(), dataplaneResource="DaemonSet")
-    live: dict[tuple[str, str, str, str], Object] = {}
+    gateway_key = ("gateway.networking.k8s.io/v1", "Gateway", "stunner", "gw")
+    live: dict[tuple[str, str, str, str], Object] = {gateway_key: owned_gateway()}
     for manifest in before.deployments.values():
         stored = copy.deepcopy(manifest)
         stored["metadata"] |= {"uid": "deployment-uid", "resourceVersion": "1"}
@@ -100,7 +101,7 @@ def test_switching_the_resource_writes_the_new_kind_and_deletes_the_other() -> N
     # Back to a Deployment: the DaemonSet goes.
     daemonset = copy.deepcopy(after.deployments["stunner/gw"])
     daemonset["metadata"] |= {"uid": "daemonset-uid", "resourceVersion": "2"}
-    live = {("apps/v1", "DaemonSet", "stunner", "gw"): daemonset}
+    live = {("apps/v1", "DaemonSet", "stunner", "gw"): daemonset, gateway_key: owned_gateway()}
     writes = plan_writes(before, current, {"stunner/gw"}, daemonsets=[daemonset])
     workload = [(w.verb, w.kind, w.name, w.uid) for w in writes if w.kind != "Gateway"]
     assert (Verb.CREATE, "Deployment", "gw", "") in workload
