@@ -179,7 +179,8 @@ class Stunner:
     async def apply(self, config: StunnerConfig) -> None:
         """Reconcile the running dataplane to `config`, or raise ApplyError and change nothing.
         With relay address discovery, the listeners at the pod's address get the discovered
-        relay address, and a first answer applies the config again (`_rediscovered`)."""
+        relay address, and an answer (the first, or a changed one) applies the config again
+        (`_rediscovered`)."""
         async with self._applying:
             patched = config
             if self.relay_discovery is not None:

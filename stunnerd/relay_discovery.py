@@ -16,7 +16,11 @@ daemon applies the same config again, patched (a listener whose relay address ch
 restarts; at start-up it has no allocations yet). A question is a Binding request retransmitted
 with doubling timeouts (`PROBE_TIMEOUTS`, RFC 8489 §6.2.1's schedule, cut short); a failure is
 logged, the pod address stays, and the question is asked again every `RETRY_AFTER` seconds
-(logged once until it is answered). The answer is kept for the life of the process.
+(logged once until it is answered). Once answered it is asked again every `RECHECK_AFTER`
+seconds: a node's public address can change under a long-lived host-network pod (a NAT
+gateway's address replaced, a dynamic address), and a new answer is applied as the first was
+(the listeners whose relay address changes restart: allocations at the old address reached no
+one any more). A re-check that fails keeps the address last discovered.
 
 Pure parts (`discovery_listeners`, `patch`) and the I/O edge (`mapped_address`, one UDP socket
 per question, plain asyncio: nothing on the packet path).
@@ -44,6 +48,7 @@ log = logging.getLogger("stunner.relay-discovery")
 # 7.5 s in all (RFC 8489's default is 7 tries from an RTO of 500 ms: 39.5 s).
 PROBE_TIMEOUTS: tuple[float, ...] = (0.5, 1.0, 2.0, 4.0)
 RETRY_AFTER = 30.0  # seconds between questions while the server does not answer
+RECHECK_AFTER = 300.0  # seconds between questions once it did
 POD_ENV = "STUNNER_ADDR"  # the pod's own address: what the CDS falls back to
 
 
@@ -144,6 +149,7 @@ class RelayDiscovery:
         *,
         timeouts: Sequence[float] = PROBE_TIMEOUTS,
         retry_after: float = RETRY_AFTER,
+        recheck_after: float = RECHECK_AFTER,
     ) -> None:
         parsed = host_port(server)
         if isinstance(parsed, Refused):
@@ -157,6 +163,7 @@ class RelayDiscovery:
         self.pod_address = pod_address
         self.timeouts = tuple(timeouts)
         self.retry_after = retry_after
+        self.recheck_after = recheck_after
         self.discovered: str | None = None
         self._task: asyncio.Task[None] | None = None
 
@@ -170,7 +177,7 @@ class RelayDiscovery:
     def follow(self, config: StunnerConfig, changed: Callable[[], Awaitable[None]]) -> None:
         """Start asking, in the background, if `config` has listeners at the pod address and
         nothing is discovered or being asked yet; `changed` is awaited once an answer comes."""
-        if self.discovered is not None or self._task is not None:
+        if self._task is not None:
             return
         if not discovery_listeners(config, self.pod_address):
             return
@@ -181,9 +188,14 @@ class RelayDiscovery:
         bind_ip, _ = local_bind_address(self.pod_address, self.pod_address)
         failed = False
         while True:
+            if self.discovered is not None:
+                await asyncio.sleep(self.recheck_after)
             try:
                 found = await mapped_address(self.server, bind_ip, self.timeouts)
             except DiscoveryError as exc:
+                if self.discovered is not None:  # a re-check: the last answer stays
+                    log.debug("relay address discovery: re-check failed: %s", exc)
+                    continue
                 if not failed:
                     log.warning(
                         "relay address discovery: STUN server %s: %s (from %s); the relay "
@@ -200,19 +212,32 @@ class RelayDiscovery:
                 continue
             if ipaddress.ip_address(found).version != ipaddress.ip_address(bind_ip).version:
                 log.warning("relay address discovery: ignoring %s (another family)", found)
-                await asyncio.sleep(self.retry_after)
+                if self.discovered is None:
+                    await asyncio.sleep(self.retry_after)
                 continue
+            if found == self.discovered:
+                continue
+            if self.discovered is None:
+                log.info(
+                    "relay address discovery: STUN server %s sees %s as %s: the relay address "
+                    "of the listeners at %s",
+                    self.server_text,
+                    bind_ip,
+                    found,
+                    self.pod_address,
+                )
+            else:
+                log.warning(
+                    "relay address discovery: STUN server %s now sees %s as %s (was %s): the "
+                    "listeners at %s restart with the new relay address",
+                    self.server_text,
+                    bind_ip,
+                    found,
+                    self.discovered,
+                    self.pod_address,
+                )
             self.discovered = found
-            log.info(
-                "relay address discovery: STUN server %s sees %s as %s: the relay address of "
-                "the listeners at %s",
-                self.server_text,
-                bind_ip,
-                found,
-                self.pod_address,
-            )
             await changed()
-            return
 
     def close(self) -> None:
         if self._task is not None:

@@ -32,7 +32,7 @@ from stunnerd.relay_discovery import (
     patch,
     relay_discovery_from_env,
 )
-from stunnerd.stun import Class
+from stunnerd.stun import Class, Message, Method, parse_message
 from tests.stunnerd.conftest import StartStunnerd
 from tests.support.ports import free_port
 from tests.support.turnclient import HOST, PASSWORD, USERNAME, RawClient, binding_answered
@@ -235,6 +235,75 @@ def test_a_failed_question_is_logged_once_and_the_listeners_keep_the_pod_address
     assert len(warnings) == 1
     assert warnings[0].startswith(f"relay address discovery: STUN server {HOST}:")
     assert f"the relay address stays the pod's own, {POD} (likely private)" in warnings[0]
+
+
+class Scripted(asyncio.DatagramProtocol):
+    """A STUN server that reports `answer` as every client's address (a NAT whose public
+    address the test changes), and goes silent while `answer` is None."""
+
+    def __init__(self) -> None:
+        self.answer: str | None = "203.0.113.7"
+        self.transport: asyncio.DatagramTransport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.DatagramTransport, transport)
+
+    def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
+        request = parse_message(data)
+        if self.answer is None or self.transport is None:
+            return
+        response = Message(Method.BINDING, Class.SUCCESS, request.transaction_id)
+        response.attributes["XOR-MAPPED-ADDRESS"] = (self.answer, addr[1])
+        self.transport.sendto(response.encode(), addr)
+
+
+def test_a_changed_public_address_is_rediscovered_and_a_silent_recheck_keeps_the_last(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Once answered, the question is asked again every recheck period: a new answer restarts
+    the listeners at the pod address with it (an Allocate then gets it); a server that stops
+    answering leaves the last answer in place."""
+
+    async def relayed(port: int) -> str:
+        """The relay address an Allocate gets ("" if it met a listener restarting)."""
+        client = await RawClient.connect((POD, port))
+        try:
+            return str((await client.allocate()).attributes["XOR-RELAYED-ADDRESS"][0])
+        except TimeoutError:
+            return ""
+        finally:
+            client.close()
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        transport, server = await loop.create_datagram_endpoint(Scripted, local_addr=(HOST, 0))
+        port = transport.get_extra_info("sockname")[1]
+        discovery = RelayDiscovery(
+            f"{HOST}:{port}", POD, timeouts=(0.05,), retry_after=0.05, recheck_after=0.1
+        )
+        stunner = Stunner(relay_discovery=discovery)
+        turn_port = free_port()
+        try:
+            await stunner.apply(config(POD, turn_port))
+            for answer in ("203.0.113.7", "203.0.113.8"):
+                server.answer = answer
+                deadline = time.monotonic() + 5
+                while await relayed(turn_port) != answer:
+                    assert time.monotonic() < deadline, f"{answer} never handed out"
+                    await asyncio.sleep(0.05)
+            server.answer = None  # silent: the re-checks fail
+            await asyncio.sleep(0.5)
+            assert discovery.discovered == "203.0.113.8"
+            assert await relayed(turn_port) == "203.0.113.8"
+        finally:
+            await stunner.close()
+            transport.close()
+
+    with caplog.at_level(logging.INFO, "stunner.relay-discovery"):
+        asyncio.run(main())
+    logged = [r.getMessage() for r in caplog.records if r.name == "stunner.relay-discovery"]
+    assert any("now sees 127.0.0.2 as 203.0.113.8 (was 203.0.113.7)" in m for m in logged), logged
+    assert not any("stays the pod's own" in m for m in logged)  # a failed re-check is no news
 
 
 def test_only_listeners_at_the_pod_address_of_the_same_family_are_patched() -> None:
