@@ -29,7 +29,9 @@ def test_settled_waits_for_a_render_slower_than_its_quiet_time(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Every render after the first (the one its writes' answers trigger) is slow: settled
-    returns only once none is under way, and what they planned is written."""
+    returns only once none is under way. A render then renders no part again, though the slow
+    one, which ran beside the first pass's status writes, stamped its conditions later than
+    what was written (`render.core._members_hold`)."""
     original = Renderer.render
     lock = threading.Lock()
     counts = {"started": 0, "finished": 0}
