@@ -6,8 +6,8 @@ out, but its server may bind it only seconds later (a stunnerd subprocess starti
 machine); a port of the ephemeral range (as `bind(0)` gave before) could meanwhile go to any
 process's outgoing connection or relay socket, which the kernel places there at random, and the
 server's bind then fails (the likely cause of a helm-test run beside other tests whose TURN
-listener's port refused connections for 60 s). Where the ephemeral range leaves too little room below it, the ports
-come from the kernel's ephemeral choice as before.
+listener's port refused connections for 60 s). Where the ephemeral range leaves too little room
+below it, the ports come from the kernel's ephemeral choice as before.
 """
 
 from __future__ import annotations
