@@ -220,7 +220,7 @@ class ClusterMode:
         self.writing = True  # false from shutdown on
         self.rendered_once = False
         self.writes_sent = 0
-        self.applying = False  # a pass of writes is under way
+        self.applying = False  # a pass of writes (and the Events it records) is under way
         self.heartbeat = time.monotonic()  # the event loop's last turn (_beat)
         self.last_writes: list[Write] = []
         self._backoff: dict[tuple[str, str, str, str], _Backoff] = {}
@@ -249,6 +249,13 @@ class ClusterMode:
         if not self.writing:
             return False
         return self.elector.leading if self.elector is not None else True
+
+    @property
+    def idle(self) -> bool:
+        """Nothing under way or due now: no render wanted or running, no pass of writes wanted
+        or running. (A refused write waiting for its retry is not under way: it may be refused
+        for good. A replica that does not lead is idle once it rendered: it writes nothing.)"""
+        return self.reconciler.idle and not self.applying and not self._apply_wanted.is_set()
 
     def alive(self) -> tuple[bool, str]:
         """Whether the event loop still turns (from the probes' thread)."""
@@ -407,11 +414,11 @@ class ClusterMode:
             self.applying = True
             try:
                 results = await asyncio.to_thread(self._diff_and_send, plan, time.monotonic())
+                worth = self._account(results)
+                if worth and self.leading:
+                    await asyncio.to_thread(self.recorder.record, worth)
             finally:
                 self.applying = False
-            worth = self._account(results)
-            if worth and self.leading:
-                await asyncio.to_thread(self.recorder.record, worth)
 
     @staticmethod
     def _write_key(write: Write) -> tuple[str, str, str, str]:

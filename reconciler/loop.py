@@ -77,6 +77,7 @@ class Reconciler:
         self.renders = 0
         self.last_plan: Rendered | None = None
         self._wanted = asyncio.Event()
+        self._rendering = False  # from the trigger's clearing to the plan's publishing
         self._last_render = -float("inf")
         self._findings: set[str] = set()
         self.rendered = asyncio.Condition()
@@ -88,6 +89,11 @@ class Reconciler:
 
     def trigger(self) -> None:
         self._wanted.set()
+
+    @property
+    def idle(self) -> bool:
+        """No render wanted, and none under way or waiting to be published."""
+        return not self._wanted.is_set() and not self._rendering
 
     def reconcile(self) -> Rendered | None:
         """Render the current objects once and publish the configs (the loop's body)."""
@@ -138,13 +144,17 @@ class Reconciler:
             if wait > 0:
                 await asyncio.sleep(wait)  # triggers meanwhile coalesce into this render
             self._wanted.clear()
-            self._last_render = self.clock()
-            if self.in_thread:
-                plan = await asyncio.to_thread(self._render)
-            else:
-                plan = self._render()
-            finished = self.clock()
-            self.cost = finished - self._last_render
-            self._publish(plan)
+            self._rendering = True
+            try:
+                self._last_render = self.clock()
+                if self.in_thread:
+                    plan = await asyncio.to_thread(self._render)
+                else:
+                    plan = self._render()
+                finished = self.clock()
+                self.cost = finished - self._last_render
+                self._publish(plan)
+            finally:
+                self._rendering = False
             async with self.rendered:
                 self.rendered.notify_all()

@@ -80,6 +80,9 @@ async def watch_configs(
             await aclose()
 
 
+SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)  # what serve() handles
+
+
 async def serve(
     stunner: Stunner,
     initial: StunnerConfig,
@@ -90,10 +93,11 @@ async def serve(
     """Serve `initial` (and, in watch mode, every config from `source`) until SIGTERM/SIGINT,
     then drain: not ready, apply no new config, keep serving, exit when the last allocation is
     gone or the grace period ends. A second signal exits at once. SIGHUP re-reads the config from
-    `origin` (the file or CDS it came from) and applies it, as the file watch does."""
+    `origin` (the file or CDS it came from) and applies it, as the file watch does. From its
+    return on, until the process has exited, these signals are ignored (`_ignore_from_now_on`)."""
     signals = asyncio.Queue[int]()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+    for sig in SIGNALS:
         loop.add_signal_handler(sig, signals.put_nowait, sig)
     try:
         try:
@@ -135,8 +139,19 @@ async def serve(
         await stunner.close()
         return 0
     finally:
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            loop.remove_signal_handler(sig)
+        _ignore_from_now_on(loop)
+
+
+def _ignore_from_now_on(loop: asyncio.AbstractEventLoop) -> None:
+    """stunnerd is on its way out: a further SIGTERM, SIGINT or SIGHUP changes nothing (as in a
+    Go daemon, whose signal.Notify channel nobody reads any more). Handed back to their
+    defaults, they ended a process still closing (its workers, the loop) by the signal (-15,
+    -1) or by a KeyboardInterrupt (-2): the SIGINT of a `SIGTERM; SIGINT` pair (the second
+    signal ends a drain) that arrived once the SIGTERM's shutdown had begun. The kubelet's
+    SIGKILL after the grace period still ends a shutdown that hangs."""
+    for sig in SIGNALS:
+        loop.remove_signal_handler(sig)
+        signal.signal(sig, signal.SIG_IGN)
 
 
 async def reload(stunner: Stunner, origin: ConfigSource | None) -> None:

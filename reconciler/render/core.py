@@ -166,12 +166,28 @@ class _Rendered:
     statuses: list[tuple[SortKey, StatusUpdate]]
 
 
+def _untimed(value: Any) -> Any:
+    """A status without the transition times of its conditions (at any depth: the Gateway's
+    own and its listeners', a route's parents')."""
+    if isinstance(value, Mapping):
+        return {k: _untimed(v) for k, v in value.items() if k != "lastTransitionTime"}
+    if isinstance(value, list):
+        return [_untimed(item) for item in value]
+    return value
+
+
 def _members_hold(members: tuple[Object, ...], done: _Rendered) -> bool:
     """Whether a part's Gateways and routes are the ones it was rendered from: the same, or
     changed in nothing but a status that is the very status the part planned for them (the
     echo of our own status write). Render reads a member's status only for the transition
     times of its conditions, which it keeps from a condition of the same status: from the
-    status it planned, it plans that status again."""
+    status it planned, it plans that status again.
+
+    The status planned but for its transition times holds too: the echo of an earlier
+    render's write, which a render running meanwhile did not see (it planned the same
+    conditions, stamped with its own time). Apply keeps the stored time of a condition whose
+    status is unchanged (`apply._keep_times`): the part as kept writes nothing, as the part
+    rendered again (from the stored times) would."""
     if len(members) != len(done.members):
         return False
     for new, old in zip(members, done.members, strict=True):
@@ -180,7 +196,11 @@ def _members_hold(members: tuple[Object, ...], done: _Rendered) -> bool:
         if not same(new, old, status=False):
             return False
         key = (str(new.get("apiVersion")), str(new.get("kind")), namespace_of(new), name_of(new))
-        if key not in done.planned or new.get("status") != done.planned[key]:
+        planned = done.planned.get(key)
+        if planned is None:
+            return False
+        status = new.get("status")
+        if status != planned and _untimed(status) != _untimed(planned):
             return False
     return True
 
@@ -202,7 +222,8 @@ class Renderer:
     still hold, and whose GatewayClass resolves as before, keeps what it rendered last time;
     the others render again. The plan is the one a render of the whole snapshot makes (the
     tests check it against one after random edits), but for the time stamped on a condition
-    that flipped: that is the time of the render that rendered the part.
+    that flipped: that is the time of the render that rendered the part (and it stays when the
+    member's stored status differs in its transition times only, see `_members_hold`).
 
     The GatewayClasses (their GatewayConfig, Dataplane and credentials: a handful of objects)
     render every time; a change of one renders its Gateways again. Not thread-safe: one render

@@ -141,9 +141,8 @@ def test_reconciler_roles_grant_exactly_what_cluster_mode_asks(
     async def scenario() -> None:
         k.world(api, gw_route)
         async with k.reconciler(api, tmp_path, leader_elect=True, identity="a", **lease) as r:
-            # Leading first: settled() alone passes when the first render beats the Lease
-            # (no writes yet), and the first pass then writes the edited Dataplane's Deployment.
-            await k.eventually(lambda: r.mode.leading, what="a leads")
+            # Leading and at rest (settled waits for both): otherwise the first pass would
+            # write the edited Dataplane's Deployment.
             await k.settled(r, api)
             api.refuse("PUT", "deployments", 409)
             k.update(api, "stunner.l7mp.io/v1", "Dataplane", "default", _more_replicas, ns="")

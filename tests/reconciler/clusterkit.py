@@ -226,16 +226,31 @@ def object_writes(fake: FakeApiServer) -> list[tuple[str, str]]:
 
 
 async def settled(running: Running, fake: FakeApiServer, quiet: float = 0.4) -> None:
-    """Wait until the reconciler has rendered and the fake saw no write (but the Lease's) for
-    `quiet` seconds, with no pass of writes under way (a slow first write is no quiet)."""
-    await eventually(lambda: running.mode.rendered_once, what="first render")
-    count, since = len(object_writes(fake)), time.monotonic()
-    deadline = since + 15
-    while time.monotonic() - since < quiet:
+    """Wait until the reconciler is at rest: it has rendered, it leads (with leader election:
+    only the leader writes), and nothing is under way or due (`ClusterMode.idle`: no render
+    wanted or running, no pass of writes or its Events), and that held for `quiet` seconds with
+    no render started, no object cached and no write sent (but the Lease's) meanwhile. It waits
+    for the reconciler's state, not for a time without writes: a render or a Lease slow to come
+    on a loaded machine writes nothing for a while, and is no rest. (A write refused for good
+    does not keep it from rest: between two retries, which are passes of their own, it is.)"""
+    mode = running.mode
+    await eventually(lambda: mode.rendered_once, what="first render")
+    if mode.elector is not None:
+        await eventually(lambda: mode.leading, what="leadership")
+
+    def state() -> tuple[int, int, int] | None:
+        if not mode.idle:
+            return None
+        return len(object_writes(fake)), mode.reconciler.renders, mode.cache.changes
+
+    deadline = time.monotonic() + 15
+    seen, since = state(), time.monotonic()
+    while seen is None or time.monotonic() - since < quiet:
+        assert time.monotonic() < deadline, f"never at rest: {seen}"
         await asyncio.sleep(0.05)
-        if len(object_writes(fake)) != count or running.mode.applying:
-            count, since = len(object_writes(fake)), time.monotonic()
-        assert time.monotonic() < deadline, "writes never stopped"
+        now = state()
+        if now is None or now != seen:
+            seen, since = now, time.monotonic()
 
 
 @contextlib.asynccontextmanager

@@ -71,8 +71,11 @@ def test_only_the_leader_writes_and_a_dead_leaders_successor_changes_no_config(
                 b = await stack.enter_async_context(replica(fake, tmp_path, "b"))
                 await k.settled(a, fake)
                 await k.eventually(lambda: "stunner/gw" in b.mode.store.configs)
-                assert a.mode.writes_sent == len(k.object_writes(fake)) > 0
+                # Only a writes: b sent nothing, so every write the fake saw is a's. (a may have
+                # sent more: an attempt that got no answer, its connection reset on a loaded
+                # machine, counts in writes_sent and is sent again.)
                 assert not b.mode.leading and b.mode.writes_sent == 0
+                assert a.mode.writes_sent >= len(k.object_writes(fake)) > 0
                 assert lease(fake)["spec"]["holderIdentity"] == "a"
                 watcher = CdsWatcher()
                 token = fake.issue_token(k.NS, "default", (CDS_TOKEN_AUDIENCE,))

@@ -13,6 +13,8 @@ import asyncio
 import json
 import logging
 import signal
+import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -206,6 +208,43 @@ def test_second_signal_exits_at_once(tmp_path: Path, stunnerd: StartStunnerd) ->
 
     asyncio.run(hold())
     assert process.wait(timeout=5) == 0
+
+
+SIGNALS_ON_THE_WAY_OUT = """
+import asyncio, os, signal, sys
+from stunnerd.serving import serve
+from stunnerd.daemon import Stunner
+from stunner_api.dataplane import StunnerConfig
+
+async def main() -> int:
+    config = StunnerConfig.model_validate_json(sys.argv[1])
+    asyncio.get_running_loop().call_soon(os.kill, os.getpid(), signal.SIGTERM)
+    code = await serve(Stunner(), config)  # the SIGTERM: no allocation to drain, it returns
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # late ones, the loop still open
+        os.kill(os.getpid(), sig)
+    await asyncio.sleep(0.1)
+    print("closed", code)
+    return code
+
+sys.exit(asyncio.run(main()))
+"""
+
+
+def test_a_signal_after_the_shutdown_began_changes_nothing() -> None:
+    """The order a `SIGTERM; SIGINT` pair takes when the SIGTERM's shutdown runs before the
+    SIGINT is even sent (one CPU): the SIGINT lands once `serve` has returned, while the
+    process still closes. Forced here: every signal is sent after `serve` returned. The
+    process exits 0 all the same (it ended by KeyboardInterrupt, -2, or SIGTERM, -15, when
+    `serve` handed the signals back to their defaults: test_cluster_quota failed so)."""
+    config = make_config(free_port(), [f"{HOST}/32"], protocols=("TURN-UDP",))
+    done = subprocess.run(
+        [sys.executable, "-c", SIGNALS_ON_THE_WAY_OUT, config.model_dump_json()],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert done.returncode == 0, (done.returncode, done.stderr)
+    assert done.stdout.strip() == "closed 0"
 
 
 # --- exact metrics, read back with prometheus_client's own parser ---------------------------

@@ -1290,6 +1290,12 @@ class FakeApiServer:
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
+    # socketserver's default listen backlog is 5. A burst of connections (two reconcilers' 15
+    # watches each, writers, the Lease) while the accepting thread waits for the GIL overflows
+    # it: the kernel drops the handshake and the client waits for TCP's retransmission (1 s,
+    # then 2, 4, 8...), long enough for a Lease renewal to miss its deadline, or sees a reset.
+    # A kube-apiserver listens with the kernel's somaxconn (4096 here).
+    request_queue_size = 128
     fake: FakeApiServer
 
 

@@ -1,28 +1,68 @@
-"""Ports for the servers a test starts on loopback."""
+"""Ports for the servers a test starts on loopback.
+
+They come from below the kernel's ephemeral range (net.ipv4.ip_local_port_range), where nothing
+on the machine gets a port unless it asks for that very one. A port is free when it is handed
+out, but its server may bind it only seconds later (a stunnerd subprocess starting on a loaded
+machine); a port of the ephemeral range (as `bind(0)` gave before) could meanwhile go to any
+process's outgoing connection or relay socket, which the kernel places there at random, and the
+server's bind then fails (the likely cause of a helm-test run beside other tests whose TURN
+listener's port refused connections for 60 s). Where the ephemeral range leaves too little room
+below it, the ports come from the kernel's ephemeral choice as before.
+"""
 
 from __future__ import annotations
 
+import random
 import socket
+from pathlib import Path
 
 _HANDED_OUT: set[int] = set()
+LOWEST = 10000  # below: the well-known services' neighbourhood
+ROOM = 4096  # ports below the ephemeral range worth choosing from; fewer: the kernel chooses
+EPHEMERAL = Path("/proc/sys/net/ipv4/ip_local_port_range")
+_RANDOM = random.Random()  # our own: a test seeding the global one must not make two runs agree
+
+
+def ephemeral_range() -> tuple[int, int]:
+    """The kernel's ephemeral port range (Linux's default where it cannot be read)."""
+    try:
+        low, high = EPHEMERAL.read_text().split()[:2]
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def _free_for_both(port: int) -> bool:
+    """Whether `port` binds for UDP and TCP on the wildcard address now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
+        try:
+            udp.bind(("0.0.0.0", port))
+        except OSError:
+            return False
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as tcp:
+            try:
+                tcp.bind(("0.0.0.0", port))
+            except OSError:
+                return False
+    return True
+
+
+def _kernel_choice() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
+        udp.bind(("0.0.0.0", 0))
+        port: int = udp.getsockname()[1]
+    return port
 
 
 def free_port() -> int:
-    """A port free for both UDP and TCP on the wildcard address, and never one this process
-    was given before: two calls in a row can otherwise get the same port from the kernel (its
-    ephemeral choice is random), and a test that moves a listener from one to the other then
-    moves it nowhere."""
+    """A port free for both UDP and TCP on the wildcard address, below the ephemeral range, and
+    never one this process was given before: two calls in a row can otherwise get the same
+    port, and a test that moves a listener from one to the other then moves it nowhere."""
+    low = ephemeral_range()[0]
+    below = low - LOWEST >= ROOM
     for _ in range(200):
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
-            udp.bind(("0.0.0.0", 0))
-            port: int = udp.getsockname()[1]
-            if port in _HANDED_OUT:
-                continue
-            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as tcp:
-                try:
-                    tcp.bind(("0.0.0.0", port))
-                except OSError:
-                    continue
-                _HANDED_OUT.add(port)
-                return port
+        port = _RANDOM.randrange(LOWEST, low) if below else _kernel_choice()
+        if port not in _HANDED_OUT and _free_for_both(port):
+            _HANDED_OUT.add(port)
+            return port
     raise RuntimeError("no free port")

@@ -14,6 +14,7 @@ We test these aspects:
 from __future__ import annotations
 
 import json
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -355,3 +356,16 @@ def test_discovery(fake: FakeApiServer, api: client.ApiClient) -> None:
     assert {"gateway.networking.k8s.io", "stunner.l7mp.io", "apps"} <= groups
     resources = client.CoreV1Api(api).get_api_resources().resources
     assert {"secrets", "services", "namespaces"} <= {r.name for r in resources}
+
+
+def test_the_listen_backlog_takes_a_burst_of_connections(fake: FakeApiServer) -> None:
+    """Connections opened while the accepting thread waits for the GIL queue in the backlog
+    (the kernel's own count, read back with `ss`): with socketserver's 5, a reconciler pair's
+    burst of watches overflowed it, and a dropped handshake cost a client TCP's 1 s
+    retransmission (a Lease renewal past its deadline) or a reset."""
+    port = fake.url.rsplit(":", 1)[1]
+    listening = subprocess.run(
+        ["ss", "-Hltn", f"sport = :{port}"], capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert listening[0] == "LISTEN", listening
+    assert int(listening[2]) >= 128, listening  # Send-Q of a listener: its backlog
