@@ -151,9 +151,9 @@ def test_a_gateway_deleted_while_its_render_waits_gets_nothing_written_back(
     async def main() -> None:
         with FakeApiServer() as fake:
             k.world(fake)
-            async with k.reconciler(fake, tmp_path, throttle=1.5) as running:
+            async with k.reconciler(fake, tmp_path, throttle=0.8) as running:
                 await k.settled(running, fake)
-                k.set_peer(fake, "10.0.0.9/32")  # a render now: the next one waits 1.5 s
+                k.set_peer(fake, "10.0.0.9/32")  # a render now: the next one waits 0.8 s
                 await k.eventually(
                     lambda: "10.0.0.9/32" in str(running.mode.store.configs["stunner/gw"])
                 )
