@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any, cast
 
 import pytest
@@ -177,6 +177,15 @@ def test_stunnerd_hands_out_what_the_stun_server_reports(
     asyncio.run(main())
 
 
+def discovery_log(
+    caplog: pytest.LogCaptureFixture, level: int, main: Callable[[], Coroutine[Any, Any, None]]
+) -> list[str]:
+    """Run `main`; what relay address discovery logged at `level` and above meanwhile."""
+    with caplog.at_level(level, "stunner.relay-discovery"):
+        asyncio.run(main())
+    return [r.getMessage() for r in caplog.records if r.name == "stunner.relay-discovery"]
+
+
 class Silent(asyncio.DatagramProtocol):
     """A STUN server that never answers: it counts the requests."""
 
@@ -229,9 +238,7 @@ def test_a_failed_question_is_logged_once_and_the_listeners_keep_the_pod_address
             await stunner.close()
             transport.close()
 
-    with caplog.at_level(logging.WARNING, "stunner.relay-discovery"):
-        asyncio.run(main())
-    warnings = [r.getMessage() for r in caplog.records if r.name == "stunner.relay-discovery"]
+    warnings = discovery_log(caplog, logging.WARNING, main)
     assert len(warnings) == 1
     assert warnings[0].startswith(f"relay address discovery: STUN server {HOST}:")
     assert f"the relay address stays the pod's own, {POD} (likely private)" in warnings[0]
@@ -299,9 +306,7 @@ def test_a_changed_public_address_is_rediscovered_and_a_silent_recheck_keeps_the
             await stunner.close()
             transport.close()
 
-    with caplog.at_level(logging.INFO, "stunner.relay-discovery"):
-        asyncio.run(main())
-    logged = [r.getMessage() for r in caplog.records if r.name == "stunner.relay-discovery"]
+    logged = discovery_log(caplog, logging.INFO, main)
     assert any("now sees 127.0.0.2 as 203.0.113.8 (was 203.0.113.7)" in m for m in logged), logged
     assert not any("stays the pod's own" in m for m in logged)  # a failed re-check is no news
 
