@@ -112,25 +112,42 @@ def labels_of(obj: Object) -> Mapping[str, str]:
     return value if isinstance(value, Mapping) else {}
 
 
+LABEL_SELECTOR_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist")
+
+
+def requirement_met(value: str | None, requirement: Mapping[str, Any]) -> bool:
+    """One selector requirement (a LabelSelector's matchExpressions item, a
+    NodeSelectorRequirement) against the value of its key, None when the key is absent: In,
+    NotIn, Exists, DoesNotExist, and a node selector's Gt/Lt comparing integers. An unknown
+    operator selects nothing, as the API server refuses it."""
+    operator, values = requirement.get("operator"), requirement.get("values") or []
+    if operator == "In":
+        return value is not None and value in values
+    if operator == "NotIn":
+        return value is None or value not in values
+    if operator == "Exists":
+        return value is not None
+    if operator == "DoesNotExist":
+        return value is None
+    if operator in ("Gt", "Lt") and value is not None and len(values) == 1:
+        try:
+            have, bound = int(value), int(values[0])
+        except ValueError:
+            return False
+        return have > bound if operator == "Gt" else have < bound
+    return False
+
+
 def matches_selector(labels: Mapping[str, str], selector: Mapping[str, Any]) -> bool:
     """A Kubernetes LabelSelector (matchLabels and matchExpressions) against labels."""
     match_labels = selector.get("matchLabels") or {}
     if any(labels.get(k) != v for k, v in match_labels.items()):
         return False
-    for expr in selector.get("matchExpressions") or []:
-        key, operator = expr.get("key"), expr.get("operator")
-        values = expr.get("values") or []
-        if operator == "In" and labels.get(key) not in values:
-            return False
-        if operator == "NotIn" and key in labels and labels[key] in values:
-            return False
-        if operator == "Exists" and key not in labels:
-            return False
-        if operator == "DoesNotExist" and key in labels:
-            return False
-        if operator not in ("In", "NotIn", "Exists", "DoesNotExist"):
-            return False  # an unknown operator selects nothing, as the API server refuses it
-    return True
+    return all(
+        expr.get("operator") in LABEL_SELECTOR_OPERATORS
+        and requirement_met(labels.get(expr.get("key")), expr)
+        for expr in selector.get("matchExpressions") or []
+    )
 
 
 @dataclass(frozen=True)

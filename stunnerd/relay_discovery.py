@@ -176,7 +176,8 @@ class RelayDiscovery:
 
     def follow(self, config: StunnerConfig, changed: Callable[[], Awaitable[None]]) -> None:
         """Start asking, in the background, if `config` has listeners at the pod address and
-        nothing is discovered or being asked yet; `changed` is awaited once an answer comes."""
+        no question is under way yet; `changed` is awaited on the first answer and on every
+        answer that differs from the last (see the module)."""
         if self._task is not None:
             return
         if not discovery_listeners(config, self.pod_address):

@@ -23,7 +23,7 @@ from stunner_api.dataplane import StunnerConfig
 from stunner_api.vocabulary import NODE_ADDRESS_PLACEHOLDER, NODE_RELAY_ADDRESS
 from stunner_api.vocabulary import ConditionReason as Reason
 
-from ..store import Kind, Object, meta, name_of
+from ..store import Kind, Object, meta, name_of, requirement_met
 from .context import Context, GatewayPlan, finding
 from .manifests import annotation
 from .plan import Finding, StatusUpdate
@@ -129,27 +129,6 @@ def placement(dataplane: Object | None) -> Placement:
     return Placement(tolerations, tuple(t for t in terms if isinstance(t, Mapping)))
 
 
-def _requirement_met(value: str | None, requirement: Mapping[str, Any]) -> bool:
-    """One NodeSelectorRequirement against the value of its key (None: the key is absent):
-    In, NotIn, Exists, DoesNotExist, and Gt/Lt comparing integers."""
-    operator, values = requirement.get("operator"), requirement.get("values") or []
-    if operator == "In":
-        return value is not None and value in values
-    if operator == "NotIn":
-        return value is None or value not in values
-    if operator == "Exists":
-        return value is not None
-    if operator == "DoesNotExist":
-        return value is None
-    if operator in ("Gt", "Lt") and value is not None and len(values) == 1:
-        try:
-            have, bound = int(value), int(values[0])
-        except ValueError:
-            return False
-        return have > bound if operator == "Gt" else have < bound
-    return False  # an unknown operator selects nothing, as the API server refuses it
-
-
 def _selects(term: Mapping[str, Any], node: Object) -> bool:
     """A NodeSelectorTerm: every matchExpressions requirement on the Node's labels and every
     matchFields one (metadata.name) holds; an empty term selects no Node (Kubernetes')."""
@@ -159,8 +138,8 @@ def _selects(term: Mapping[str, Any], node: Object) -> bool:
         return False
     labels = meta(node).get("labels")
     labels = labels if isinstance(labels, Mapping) else {}
-    return all(_requirement_met(labels.get(str(e.get("key"))), e) for e in expressions) and all(
-        _requirement_met(name_of(node) if f.get("key") == "metadata.name" else None, f)
+    return all(requirement_met(labels.get(str(e.get("key"))), e) for e in expressions) and all(
+        requirement_met(name_of(node) if f.get("key") == "metadata.name" else None, f)
         for f in fields
     )
 
