@@ -28,7 +28,6 @@ import datetime
 import fnmatch
 import json
 import os
-import random
 import re
 import shutil
 import signal
@@ -43,8 +42,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
 
-from stunnerd.auth import long_term_key
-from stunnerd.stun import Class, Message, Method, StunError, parse_message
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))  # tests.support: the suite's free_port, as the other benches
+
+from stunnerd.auth import long_term_key  # noqa: E402
+from stunnerd.stun import Class, Message, Method, StunError, parse_message  # noqa: E402
+from tests.support.ports import free_port  # noqa: E402
 
 USER = "user"
 PASSWORD = "pass"
@@ -53,7 +56,6 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 SERVERS = ("stunnerd", "stunnerd-py", "coturn")
 STUNNERDS = ("stunnerd", "stunnerd-py")  # the native relay path (STUNNER_NATIVE=1), and Python
 DEFAULT_SERVERS = "stunnerd,coturn"
-REPO = Path(__file__).resolve().parent.parent
 
 
 def log(text: str) -> None:
@@ -122,24 +124,6 @@ def quick_matrix() -> list[Case]:
 
 
 # --- processes -------------------------------------------------------------------------------
-
-
-def port_is_free(port: int) -> bool:
-    for kind in (socket.SOCK_DGRAM, socket.SOCK_STREAM):
-        with socket.socket(socket.AF_INET, kind) as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                return False
-    return True
-
-
-def free_port() -> int:
-    for _ in range(200):
-        port = random.randint(20000, 45000)
-        if port_is_free(port):
-            return port
-    raise RuntimeError("no free port found")
 
 
 def cpu_times(pid: int) -> tuple[float, float]:
