@@ -114,6 +114,7 @@ RELAYED, DROPPED, UP = 0, 1, 2  # what reinject() did
 FORBIDDEN = -1  # the verdict of a peer no routed cluster admits
 DRAIN_BATCH = 256
 MAX_CLUSTERS = 4096
+MAX_ANSWER_REALM = 128  # bytes: the engine answers 401s with a realm up to this (relay.h)
 
 
 def unavailable_reason() -> str | None:
@@ -173,6 +174,7 @@ class NativeCounters:
     handed_up: int = 0
     stranger_ips: int = 0  # source IPs whose unauthenticated-STUN bucket is tracked
     bucket_resets: int = 0  # times that table was full of live buckets and started afresh
+    answered: int = 0  # strangers' unsigned Allocates the engine answered with 401 itself
 
     def listener(self) -> ListenerCounters:
         """As the listener's counters (Python's path counts the same events in these fields)."""
@@ -200,7 +202,7 @@ class NativeCounters:
         total = cls()
         for counted in each:
             for name in ("rx_packets", "rx_bytes", "tx_packets", "tx_bytes", "handed_up",
-                         "stranger_ips", "bucket_resets"):  # fmt: skip
+                         "stranger_ips", "bucket_resets", "answered"):  # fmt: skip
                 setattr(total, name, getattr(total, name) + getattr(counted, name))
             for cluster, values in counted.clusters.items():
                 mine = total.clusters.setdefault(cluster, [0] * len(values))
@@ -212,7 +214,7 @@ class NativeCounters:
 
 # The engine's drop causes counted as rate_limited (the metric's reason="rate_limit"); with the
 # stream ones and forbidden, those not counted as dropped (reason="invalid").
-_RATE_LIMITS = ("rate_limited", "unauthenticated_rate")
+_RATE_LIMITS = ("rate_limited", "unauthenticated_rate", "unauthenticated_total")
 _NOT_INVALID = (*_RATE_LIMITS, "latency", "backpressure", "forbidden")
 
 
@@ -243,6 +245,8 @@ class NativeRelay:
         stranger_rate: float = 0.0,
         stranger_ips: int = 65536,
         per_source: int = 0,
+        unsigned_rate: float = 0.0,
+        max_attributes: int = 64,
     ) -> None:
         reason = unavailable_reason()
         if reason is not None:
@@ -257,6 +261,8 @@ class NativeRelay:
             stranger_rate=stranger_rate,
             stranger_ips=stranger_ips,
             per_source=per_source,
+            unsigned_rate=unsigned_rate,
+            max_attributes=max_attributes,
         )
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -367,6 +373,17 @@ class NativeRelay:
     def clear_verdicts(self) -> None:
         self._engine.clear_verdicts()
 
+    def answer_unsigned(self, secret: bytes, lifetime: float, name: str, realm: str) -> None:
+        """Answer strangers' unsigned Allocates in the engine with a stateless 401 (issue 28):
+        REALM `realm` and a nonce of `auth.NonceManager`'s (its `secret` and `lifetime`) bound
+        to listener `name` and the client's address; and hand a stranger's request whose
+        NONCE verifies up through the signed queue. ValueError for a realm above 128 bytes."""
+        self._engine.answering(True, secret, lifetime, name.encode(), realm.encode())
+
+    def stop_answering(self) -> None:
+        """Hand strangers' unsigned Allocates up to Python again (STUN-only mode)."""
+        self._engine.answering(False)
+
     def mute(self, client: tuple[Any, ...], until: float) -> None:
         """Drop the STUN messages of `client`, a stranger (no allocation in the engine), until
         `until` (`time.monotonic()`), counted as "rate_limited": its error-answer budget is
@@ -406,4 +423,5 @@ class NativeRelay:
             handed_up=raw["handed_up"],
             stranger_ips=raw["stranger_ips"],
             bucket_resets=raw["bucket_resets"],
+            answered=raw["answered"],
         )
