@@ -19,6 +19,13 @@ With `--uclient`, coturn's own test client also runs during each flood, from 127
 issue-20 red team did): `turnutils_uclient` relays 100 messages through the server to a
 `turnutils_peer`; the row says whether it got through within UCLIENT_TIMEOUT and its loss.
 
+`spoofed` (issue 28 #6, not in the default set: it needs root or CAP_NET_RAW) is the same
+unsigned Allocate flood from `--sources` source addresses in turn (200,000 by default, 127.64.0.0
+on, one port each), written as whole IPv4 packets on a raw socket by bench/spoof_flood.c
+(compiled into the run's temporary directory); its answers go to the spoofed addresses, where a
+filtered raw socket of the flooder counts them (the reflection). `--new-clients N` spreads N new
+allocations evenly over each flood instead of one every 0.25 s.
+
 Needs coturn's `turnserver` (`apt-get install -y coturn`). Loopback only; the flood lasts
 `--duration` seconds at most `--rate` datagrams per second.
 """
@@ -462,7 +469,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="also run coturn's turnutils_uclient (to a turnutils_peer) during each flood",
     )
     parser.add_argument("--json", type=Path, help="write the rows here too")
-    parser.add_argument("--flood-worker", choices=FLOODS, help=argparse.SUPPRESS)
+    parser.add_argument("--flood-worker", choices=FLOODS[:3], help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 

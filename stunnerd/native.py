@@ -23,8 +23,9 @@ allocations' relay sockets in its own thread, which never takes the GIL: epoll, 
   match the datagram, or is above `max_message` (`Limits.max_udp_message`). Python's path drops
   the same datagrams unanswered (`TurnServer.handle`, `stun.parse_message`).
 - everything else (every STUN request, any other message shape, an expired channel) is handed
-  up untouched through one of two bounded queues: what comes from a peer or from a client with
-  an allocation in the engine goes to a priority queue, the rest (strangers) to another, and
+  up untouched through one of three bounded queues: what comes from a peer or from a client
+  with an allocation in the engine goes to a priority queue, the rest (strangers) to another
+  (and a third for strangers' requests whose nonce verifies, below), and
   `drain()` empties the priority queue first, so a flood of strangers' requests cannot starve
   established clients' Refresh, CreatePermission and ChannelBind. `fileno()` is readable while
   either holds packets (an eventfd for `loop.add_reader`), `drain()` returns them in batches.
@@ -44,6 +45,15 @@ allocations' relay sockets in its own thread, which never takes the GIL: epoll, 
   starts afresh (`bucket_resets`). One source IP holds at most `per_source` places in the
   strangers' queue (dropped as "queue_full" past it), so one flooder cannot fill it. The
   pure-Python UDP path applies the same rule (`transports.UdpListenerProtocol`).
+- strangers' unsigned STUN from everywhere (issue 28, relaycore/stateless.c): past its IP's
+  bucket it spends a token of the engine's own (`unsigned_rate`; "unauthenticated_total" past
+  it: a spoofed flood passes every per-source budget). With `answer_unsigned`, an unsigned
+  Allocate is then answered in the engine with a 401 whose NONCE is `auth.NonceManager`'s, byte
+  for byte (the same secret, lifetime and binding), and never handed up (`answered`); a
+  stranger's request whose NONCE verifies goes up through a third queue, drained after the
+  priority queue and before the strangers': a flood of unsigned or forged requests cannot
+  starve a new client's signed Allocate. The pure-Python UDP path answers the same 401 within
+  the same budgets (`stateless`).
 - expiry is by monotonic timestamps (`time.monotonic()`), checked per packet: no timer per entry.
 - counters (packets and bytes per listener and per cluster, both directions; drops by cause;
   packets handed up) are read under the engine's lock without stopping its thread.

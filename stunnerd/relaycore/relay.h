@@ -3,8 +3,8 @@
  * One engine owns the packet path of one TURN-UDP listener socket and the relay sockets of its
  * allocations. Its thread (relay_start) waits in epoll, reads batches with recvmmsg, decides
  * every packet from tables the Python server fills (allocations, permissions, channels, peer
- * verdicts), writes with sendmmsg, and hands every packet it does not own up through one of two
- * bounded queues (relay_drain; up_fd is readable while either holds packets).
+ * verdicts), writes with sendmmsg, and hands every packet it does not own up through one of
+ * three bounded queues (relay_drain; up_fd is readable while any holds packets).
  *
  * Under a flood (issue 15): a client datagram that cannot be a STUN message or ChannelData is
  * dropped on its first bytes, before any copy (counted as DROP_INVALID), and what is handed up
@@ -230,7 +230,7 @@ typedef struct relay_engine {
 } relay_engine;
 
 /* Lifecycle. relay_new duplicates listen_fd; 0 on success, else -errno. queue_limit and
- * queue_bytes bound each of the two hand-up queues. */
+ * queue_bytes bound each of the three hand-up queues. */
 int relay_new(relay_engine *e, int listen_fd, uint32_t queue_limit, size_t queue_bytes);
 int relay_start(relay_engine *e);
 void relay_stop(relay_engine *e);
@@ -283,12 +283,13 @@ int relay_payload_to_peer(relay_engine *e, uint64_t handle, const relay_addr *pe
  * waits for room instead of dropping (only the thread queues, so the answer holds). */
 int relay_hand_up_room(relay_engine *e, const struct sockaddr *from, size_t len);
 /* Hand one packet up: to the priority queue when it comes from a peer or from a client with an
- * allocation, else to the strangers' queue; dropped (counted) when that queue is full. Call
- * with `lock` held. */
+ * allocation, to the signed queue when a stranger's request carries a NONCE that verifies
+ * (relay_signed), else to the strangers' queue; dropped (counted) when that queue is full.
+ * Call with `lock` held. */
 void relay_hand_up(relay_engine *e, int source, uint64_t handle, const struct sockaddr *from,
                    socklen_t fromlen, const uint8_t *data, size_t len);
-/* Up to `max` queued packets, the priority queue's first, each queue oldest first; the caller
- * frees each. Returns the count. */
+/* Up to `max` queued packets, the priority queue's first, then the signed queue's, each queue
+ * oldest first; the caller frees each. Returns the count. */
 uint32_t relay_drain(relay_engine *e, relay_up **out, uint32_t max);
 
 /* --- TURN-TCP streams (stream.c) ------------------------------------------------------------
