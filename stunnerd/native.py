@@ -48,7 +48,8 @@ allocations' relay sockets in its own thread, which never takes the GIL: epoll, 
 - strangers' unsigned STUN from everywhere (issue 28, relaycore/stateless.c): past its IP's
   bucket it spends a token of the engine's own (`unsigned_rate`; "unauthenticated_total" past
   it: a spoofed flood passes every per-source budget), and while the engine is behind (its
-  listener socket full at 8 reads in a row, until one empties it) it is dropped first ("shed"),
+  listener socket full at `shed_after` reads of 32 in a row, until one empties it) it is
+  dropped first ("shed"),
   as on the Python path: answers the CPU cannot afford do not delay established clients'
   packets queued behind them. With `answer_unsigned`, an unsigned
   Allocate is then answered in the engine with a 401 whose NONCE is `auth.NonceManager`'s, byte
@@ -260,6 +261,7 @@ class NativeRelay:
         per_source: int = 0,
         unsigned_rate: float = 0.0,
         max_attributes: int = 64,
+        shed_after: int = 32,
     ) -> None:
         reason = unavailable_reason()
         if reason is not None:
@@ -276,6 +278,7 @@ class NativeRelay:
             per_source=per_source,
             unsigned_rate=unsigned_rate,
             max_attributes=max_attributes,
+            shed_after=shed_after,
         )
         self._loop: asyncio.AbstractEventLoop | None = None
 

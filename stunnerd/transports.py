@@ -41,12 +41,13 @@ STRANGER_IPS = 65536  # source IPs whose unauthenticated-STUN budget is tracked 
 # reads 250k/s (bench/README.md).
 READ_BATCH = 64
 # Full batches read in a row from a UDP listener socket after which this process is behind (at
-# least 4 x 64 datagrams were waiting each time: a few ms of work): strangers' unsigned
+# least 16 x 64 datagrams were waiting each time: ~25 ms of a flood's work, above what a
+# moment without the CPU leaves behind on a busy node): strangers' unsigned
 # messages read meanwhile are dropped unanswered (issue 28) until a read empties the socket,
 # so a flood the CPU cannot answer in full costs a read each, and established clients'
 # packets behind it are not kept waiting. (The socket's memory use would say it sooner, but
 # UDP gives back what was read in chunks of a quarter of its buffer.)
-SHED_AFTER = 4
+SHED_AFTER = 16
 
 
 def has_integrity(data: bytes) -> bool:

@@ -87,16 +87,16 @@ static PyObject *format_address(const struct sockaddr_storage *ss) {
 static int Engine_init(EngineObject *self, PyObject *args, PyObject *kwargs) {
     static char *names[] = {"listener_fd",  "queue_limit",   "queue_bytes",    "max_message",
                             "stranger_rate", "stranger_ips", "per_source",    "unsigned_rate",
-                            "max_attributes", NULL};
+                            "max_attributes", "shed_after", NULL};
     int fd;
     unsigned int queue_limit = 4096, max_message = RELAY_MAX_MESSAGE;
     unsigned int stranger_ips = RELAY_BUCKET_LIMIT, per_source = 0;
-    unsigned int max_attributes = RELAY_MAX_ATTRIBUTES;
+    unsigned int max_attributes = RELAY_MAX_ATTRIBUTES, shed_after = RELAY_SHED_AFTER;
     double stranger_rate = 0.0, unsigned_rate = 0.0;
     Py_ssize_t queue_bytes = 8 << 20;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "i|InIdIIdI", names, &fd, &queue_limit,
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "i|InIdIIdII", names, &fd, &queue_limit,
                                      &queue_bytes, &max_message, &stranger_rate, &stranger_ips,
-                                     &per_source, &unsigned_rate, &max_attributes))
+                                     &per_source, &unsigned_rate, &max_attributes, &shed_after))
         return -1;
     if (self->ready) {
         PyErr_SetString(PyExc_RuntimeError, "the relay engine is already initialised");
@@ -127,6 +127,7 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kwargs) {
     }
     self->engine.max_message = max_message;
     self->engine.max_attributes = max_attributes;
+    self->engine.shed_after = shed_after ? shed_after : 1;
     relay_strangers(&self->engine, stranger_rate, stranger_ips, per_source);
     relay_unsigned_budget(&self->engine, unsigned_rate);
     self->ready = 1;

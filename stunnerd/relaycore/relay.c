@@ -238,6 +238,7 @@ int relay_new(relay_engine *e, int listen_fd, uint32_t queue_limit, size_t queue
     e->qbytes_limit = queue_bytes;
     e->max_message = RELAY_MAX_MESSAGE;
     e->max_attributes = RELAY_MAX_ATTRIBUTES;
+    e->shed_after = RELAY_SHED_AFTER;
     e->bucket_limit = RELAY_BUCKET_LIMIT;
     for (int q = 0; q < RELAY_QUEUES; q++) {
         e->queues[q].cap = queue_limit ? queue_limit : 1;
@@ -1099,7 +1100,7 @@ static int serve_batch(relay_engine *e, int fd, int source, uint64_t handle) {
     int count = 0;
     double now = relay_now();
     pthread_mutex_lock(&e->lock);
-    if (listener) e->behind = e->full_reads >= RELAY_SHED_AFTER;
+    if (listener) e->behind = e->full_reads >= e->shed_after;
     for (int i = 0; i < n; i++) {
         uint8_t *data = e->iovs[i].iov_base;
         size_t len = e->msgs[i].msg_len;

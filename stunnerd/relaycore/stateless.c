@@ -74,7 +74,8 @@ static EVP_MD_CTX *keyed(const uint8_t *key, size_t len, uint8_t pad) {
     memcpy(block, key, len);
     for (size_t i = 0; i < sizeof block; i++) block[i] ^= pad;
     EVP_MD_CTX *c = EVP_MD_CTX_new();
-    if (c && (!EVP_DigestInit_ex(c, EVP_sha256(), NULL) || !EVP_DigestUpdate(c, block, sizeof block))) {
+    if (c && (!EVP_DigestInit_ex(c, EVP_sha256(), NULL) ||
+              !EVP_DigestUpdate(c, block, sizeof block))) {
         EVP_MD_CTX_free(c);
         c = NULL;
     }
