@@ -18,12 +18,12 @@ if TYPE_CHECKING:
 OK, FAILED, USAGE = 0, 1, 2
 
 
-def _out(text: str) -> None:
+def out(text: str) -> None:
     sys.stdout.write(text if text.endswith("\n") else text + "\n")
     sys.stdout.flush()
 
 
-def _err(text: str) -> None:
+def err(text: str) -> None:
     sys.stderr.write(f"stunner: {text}\n")
 
 
