@@ -433,6 +433,9 @@ class ClusterMode:
         now = time.monotonic()
         worth: list[events.EventSpec] = []
         for result in results:
+            if result.skipped:
+                log.info("%s not sent: %s", result.write, result.skipped)
+                continue
             self.writes_sent += 1
             key = self._write_key(result.write)
             label = "ok" if result.ok else str(result.code)
