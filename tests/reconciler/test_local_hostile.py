@@ -57,11 +57,13 @@ def until(condition: Callable[[], bool], proc: subprocess.Popen[bytes], what: st
 
 
 @contextmanager
-def reconciler(manifests: Path, log: Path, cds_port: int) -> Iterator[subprocess.Popen[bytes]]:
+def reconciler(
+    manifests: Path, log: Path, cds_port: int, auth_port: int = 0
+) -> Iterator[subprocess.Popen[bytes]]:
     with log.open("wb") as output:
         proc = subprocess.Popen(
             [sys.executable, "-m", "reconciler", "--manifests", str(manifests)]
-            + ["--cds-port", str(cds_port), "--auth-port", "0", "--address", HOST],
+            + ["--cds-port", str(cds_port), "--auth-port", str(auth_port), "--address", HOST],
             stdout=output,
             stderr=subprocess.STDOUT,
             start_new_session=True,
