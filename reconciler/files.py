@@ -17,7 +17,8 @@ twice (same kind, namespace and name) is reported and the first one (in file ord
 that fails as a whole (the directory gone, no file descriptor left) is logged once and retried
 at the next poll, the objects staying as they were; the watcher never dies of its input.
 
-The bounds, per file, the same for `stunner render/check -f` (`read_manifest`, `manifest_paths`):
+The bounds, per file, the same for `stunner render/check/explain -f` (`read_text`, `documents`,
+`read_manifest`, `manifest_paths`):
 - at most `MAX_FILE_BYTES` (4 MiB; the API server takes requests of up to ~3 MiB), refused
   before it is read;
 - at most `MAX_DOCUMENTS` (1,000) documents;
@@ -50,7 +51,7 @@ import hashlib
 import logging
 import os
 import stat as stat_module
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -209,6 +210,18 @@ def parse_manifest(path: Path, text: str | bytes) -> list[tuple[int, Object]]:
     """Every object of a YAML (or JSON) file with the line it starts on (1-based); the first
     problem, or a bound passed (the module's docstring), raises `ManifestError` with file and
     line."""
+    objects: list[tuple[int, Object]] = []
+    for line, data in documents(path, text):
+        problem = _check_object(data)
+        if problem is not None:
+            raise ManifestError(path, line, problem)
+        objects.append((line, data))
+    return objects
+
+
+def documents(path: Path, text: str | bytes) -> Iterator[tuple[int, Any]]:
+    """Every non-empty YAML (or JSON) document of a file, whatever it holds, with the line it
+    starts on, within the bounds; the first problem raises `ManifestError` (file and line)."""
     size = (
         len(text)
         if isinstance(text, bytes) or len(text) > MAX_FILE_BYTES
@@ -217,30 +230,21 @@ def parse_manifest(path: Path, text: str | bytes) -> list[tuple[int, Object]]:
     if size > MAX_FILE_BYTES:
         raise _too_large(path, size)
     if isinstance(text, bytes):
-        try:
-            text = text.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise ManifestError(path, 0, f"not UTF-8: {exc}") from None
+        text = _decoded(path, text)
     loader = _BoundedLoader(path, text)
-    objects: list[tuple[int, Object]] = []
-    documents = 0
+    count = 0
     try:
         while loader.check_node():
-            documents += 1
-            if documents > MAX_DOCUMENTS:
+            count += 1
+            if count > MAX_DOCUMENTS:
                 mark: Any = getattr(loader.peek_event(), "start_mark", None)
                 raise loader.refuse(mark, f"more than {MAX_DOCUMENTS} documents in one file")
             node = loader.get_node()
             if node is None:
                 continue
-            line = node.start_mark.line + 1
             data = loader.construct_document(node)
-            if data is None:
-                continue
-            problem = _check_object(data)
-            if problem is not None:
-                raise ManifestError(path, line, problem)
-            objects.append((line, data))
+            if data is not None:
+                yield node.start_mark.line + 1, data
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark is not None else 1
@@ -253,7 +257,13 @@ def parse_manifest(path: Path, text: str | bytes) -> list[tuple[int, Object]]:
         raise ManifestError(path, 1, f"invalid YAML: {exc}") from None
     finally:
         loader.dispose()
-    return objects
+
+
+def _decoded(path: Path, data: bytes) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ManifestError(path, 0, f"not UTF-8: {exc}") from None
 
 
 def compose_documents(path: Path, text: str) -> list[yaml.Node]:
@@ -306,15 +316,21 @@ def _read(path: Path) -> tuple[bytes, os.stat_result, os.stat_result]:
         os.close(fd)
 
 
-def read_manifest(path: Path) -> tuple[str, list[tuple[int, Object]]]:
-    """A file's text and objects, within the bounds; ManifestError (file and line) otherwise,
-    or when it cannot be read."""
+def read_text(path: Path) -> str:
+    """A file's text, at most MAX_FILE_BYTES (refused unread past it) of UTF-8; ManifestError
+    otherwise, or when it cannot be read. Every reader of a user's file goes through here."""
     try:
         data = _read(path)[0]
     except OSError as exc:
         raise ManifestError(path, 0, f"cannot read: {exc.strerror or what_failed(exc)}") from None
-    objects = parse_manifest(path, data)
-    return data.decode("utf-8"), objects
+    return _decoded(path, data)
+
+
+def read_manifest(path: Path) -> tuple[str, list[tuple[int, Object]]]:
+    """A file's text and objects, within the bounds; ManifestError (file and line) otherwise,
+    or when it cannot be read."""
+    text = read_text(path)
+    return text, parse_manifest(path, text)
 
 
 def manifest_paths(root: Path) -> tuple[list[tuple[Path, Path]], dict[Path, str]]:
