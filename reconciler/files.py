@@ -15,7 +15,9 @@ once with file and line (`errors`, and the log) and changes nothing: the last go
 that file stay until it is fixed. A deleted file takes its objects with it. An object defined
 twice (same kind, namespace and name) is reported and the first one (in file order) wins. A scan
 that fails as a whole (the directory gone, no file descriptor left) is logged once and retried
-at the next poll, the objects staying as they were; the watcher never dies of its input.
+at the next poll, the objects staying as they were; the watcher never dies of its input. Such a
+report quotes no value of the file but a kind STUNner reads and names that are DNS names
+(`described`): a `kind` or a name is free text (issue 28 #10).
 
 The bounds, per file, the same for `stunner render/check/explain -f` (`read_text`, `documents`,
 `read_manifest`, `manifest_paths`):
@@ -61,6 +63,8 @@ from typing import Any
 
 import yaml
 
+from stunner_api.vocabulary import DNS_NAME
+
 from .store import CLUSTER_SCOPED, kind_of, name_of, namespace_of
 from .supervise import what_failed
 
@@ -71,6 +75,7 @@ POLL_INTERVAL = 0.1
 MAX_FILE_BYTES = 4 * 1024 * 1024
 MAX_DEPTH = 100
 MAX_NODES = 300_000
+MAX_NAME = 253  # a DNS subdomain, the longest Kubernetes name
 
 Object = dict[str, Any]
 Key = tuple[str, str, str]  # (kind, namespace, name)
@@ -117,8 +122,29 @@ def key_of(obj: Mapping[str, Any]) -> Key:
     return (what, namespace, name_of(obj))
 
 
+def _kind_word(obj: Mapping[str, Any]) -> str:
+    """An object's kind as a log line says it: the word of our vocabulary when STUNner reads
+    that kind, else "an object" (a `kind` value is free text: issue 28 #10)."""
+    return str(obj["kind"]) if kind_of(obj) is not None else "an object"
+
+
+def described(obj: Mapping[str, Any]) -> str:
+    """How a log line names an object read from a file: its kind word (`_kind_word`) and its
+    namespace/name when they are DNS names (what Kubernetes names are), else a placeholder: no
+    other value of the file reaches a log line (a secret pasted in the wrong field, control
+    characters, a megabyte); the file and line say where it is."""
+    kind = kind_of(obj)
+    names = [n for n in ("" if kind in CLUSTER_SCOPED else namespace_of(obj), name_of(obj)) if n]
+    if not names:
+        return _kind_word(obj)
+    if all(len(n) <= MAX_NAME and DNS_NAME.match(n) for n in names):
+        return f"{_kind_word(obj)} {'/'.join(names)}"
+    return f"{_kind_word(obj)} (named with something that is not a DNS name)"
+
+
 def _check_object(data: Any) -> str | None:
-    """Why `data` is not a Kubernetes object, or None."""
+    """Why `data` is not a Kubernetes object, or None. No value of `data` is quoted
+    (`described`)."""
     if not isinstance(data, dict):
         return f"a document must be a mapping (a Kubernetes object), got {type(data).__name__}"
     for field in ("apiVersion", "kind"):
@@ -126,10 +152,10 @@ def _check_object(data: Any) -> str | None:
             return f"missing {field}"
     meta = data.get("metadata")
     if not isinstance(meta, dict) or not isinstance(meta.get("name"), str) or not meta["name"]:
-        return f"{data['kind']} without metadata.name"
+        return f"{_kind_word(data)} without metadata.name"
     namespace = meta.get("namespace")
     if namespace is not None and not isinstance(namespace, str):
-        return f"{data['kind']} {meta['name']}: metadata.namespace must be a string"
+        return f"{_kind_word(data)}: metadata.namespace must be a string"
     return None
 
 
@@ -499,8 +525,8 @@ class ManifestDir:
                     duplicate = ManifestError(
                         path,
                         line,
-                        f"{obj['kind']} {'/'.join(filter(None, key[1:]))} is already defined at "
-                        f"{first}:{first_line}; ignoring this one",
+                        f"{described(obj)} is already defined at {first}:{first_line}; "
+                        "ignoring this one",
                     )
                     self.duplicates.append(duplicate)
                     log.error("%s", duplicate)

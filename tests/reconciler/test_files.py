@@ -90,6 +90,35 @@ def test_a_malformed_file_is_reported_with_file_and_line(
     assert str(info.value).startswith(f"{path}:{line}: ")
 
 
+def test_no_free_value_of_a_file_reaches_a_log_line(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 28 #10: a `kind` (or a name) is free text, and was quoted in ERROR lines
+    (`TopSecretKindQQQ without metadata.name`); a log line names a kind STUNner reads, and
+    names that are DNS names, nothing else: file and line say where."""
+    secret = "TopSecretKindQQQ"
+    (tmp_path / "a.yaml").write_text(f"apiVersion: v1\nkind: {secret}\nmetadata: {{}}\n")
+    (tmp_path / "b.yaml").write_text(
+        f"apiVersion: v1\nkind: Secret\nmetadata:\n  name: {secret.lower()}\n  namespace: [x]\n"
+    )
+    twice = f"apiVersion: x/v1\nkind: {secret}\nmetadata: {{name: '{secret} pass'}}\n"
+    (tmp_path / "c.yaml").write_text(twice + "---\n" + twice)
+    (tmp_path / "d.yaml").write_text(ROUTE + "---\n" + ROUTE)  # names that are names
+    directory = ManifestDir(tmp_path)
+    with caplog.at_level(logging.DEBUG, logger="stunner.manifests"):
+        directory.scan()
+    assert secret.lower() not in caplog.text.lower()
+    for error in (*directory.errors, *directory.duplicates):
+        assert secret.lower() not in str(error).lower()
+    assert f"{tmp_path / 'a.yaml'}:1: an object without metadata.name" in caplog.text
+    assert f"{tmp_path / 'b.yaml'}:1: Secret: metadata.namespace must be a string" in caplog.text
+    assert (
+        f"{tmp_path / 'c.yaml'}:5: an object (named with something that is not a DNS name) is "
+        f"already defined at {tmp_path / 'c.yaml'}:1" in caplog.text
+    )
+    assert f"{tmp_path / 'd.yaml'}:9: UDPRoute stunner/route is already defined" in caplog.text
+
+
 def test_a_malformed_edit_changes_nothing(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     path = tmp_path / "gateway.yaml"
     path.write_text(GATEWAY.format(name="gw") + "---\n" + ROUTE)
