@@ -23,9 +23,13 @@ addresses and, per Gateway with a stunnerd on every node, those of the Nodes it 
 auth service's per-node ICE URIs: `node_local`, set from render's plan).
 
 `serve` runs an app with the connection discipline of every server of ours
-(stunner_http.server): a request deadline, a cap on connections (CDS_LIMITS, the auth service's
-AUTH_LIMITS in reconciler.auth, an admin endpoint's otherwise), accept errors logged at a bounded
-rate.
+(stunner_http.server): a request deadline, caps on connections in total and per source IP
+(CDS_LIMITS, the auth service's AUTH_LIMITS in reconciler.auth, an admin endpoint's otherwise),
+accept errors logged at a bounded rate. With access control (`access`), a connection whose
+request passed it (a valid token) is proven and never evicted; the CDS, when full, evicts the
+oldest unproven connection for a new one rather than refusing it (issue 28 #5), and a request
+refused as unauthenticated (401) has its connection closed after the answer: connections without
+a valid token cannot shut out the ones with one.
 
 Every watcher has its own bounded queue: at most one pending config per id, a newer one replacing
 an older one that was not sent yet (latest config wins). Publishing never waits for a watcher; a
@@ -65,7 +69,14 @@ from stunner_api.cds import (
     has_node_placeholder,
     parse_usage,
 )
-from stunner_http.server import LIMITS_KEY, NAME_KEY, RateLimitedLog, Served, ServerLimits
+from stunner_http.server import (
+    LIMITS_KEY,
+    NAME_KEY,
+    RateLimitedLog,
+    Served,
+    ServerLimits,
+    prove,
+)
 from stunner_http.server import serve as serve_http
 from stunner_http.websocket import FrameBudget, WebSocketGuard
 
@@ -87,8 +98,10 @@ MAX_CLIENT_MESSAGE = 4096  # a close frame's reason is at most 123 bytes
 MAX_WATCH_MESSAGE = MAX_USAGE_BYTES + 1024
 _BAD_REPORT = RateLimitedLog(log, 10.0)
 # Connections per server (stunner_http.server): every stunnerd replica holds one CDS watch
-# (1,000 Gateways with a few replicas each fit).
-CDS_LIMITS = ServerLimits(max_connections=8192)
+# (1,000 Gateways with a few replicas each fit); per source IP as stunnerd's TCP listeners (a node
+# with a hundred host-network stunnerd pods fits; so do the CLI's reads through the API server's
+# service proxy, which all come from its address).
+CDS_LIMITS = ServerLimits(max_connections=8192, connections_per_source=256)
 
 
 STORE_KEY = web.AppKey("store", ConfigStore)
@@ -108,6 +121,23 @@ async def json_errors(request: web.Request, handler: Handler) -> web.StreamRespo
         if exc.status < 400:
             raise
         return json_error(HTTPStatus(exc.status), f"{exc.reason}: {request.method} {request.path}")
+
+
+@web.middleware
+async def unauthenticated_closed(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Outside access control: a connection refused as unauthenticated is not kept alive."""
+    response = await handler(request)
+    if response.status == HTTPStatus.UNAUTHORIZED and isinstance(response, web.Response):
+        response.force_close()
+    return response
+
+
+@web.middleware
+async def proven(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Inside access control, so reached only with a valid token: the connection is proven
+    (stunner_http.server.prove), never evicted to make room."""
+    prove(request)
+    return await handler(request)
 
 
 def _selector(request: web.Request) -> Selector:
@@ -277,13 +307,11 @@ def cds_app(
     """The CDS as an aiohttp application over `store`; `access`: a middleware that decides
     who reads what (`reconciler.cds_access.Access.middleware`), None: everyone reads all."""
     handlers = CdsHandlers(store, write_timeout=write_timeout, heartbeat=heartbeat)
-    app = web.Application(
-        middlewares=[json_errors, *([access] if access else [])],
-        client_max_size=MAX_CLIENT_MESSAGE,
-    )
+    guarded = [unauthenticated_closed, access, proven] if access else []
+    app = web.Application(middlewares=[json_errors, *guarded], client_max_size=MAX_CLIENT_MESSAGE)
     app[STORE_KEY] = store
     app[HANDLERS_KEY] = handlers
-    app[LIMITS_KEY] = CDS_LIMITS
+    app[LIMITS_KEY] = dataclasses.replace(CDS_LIMITS, evict_unproven=access is not None)
     app[NAME_KEY] = "CDS"
     for path in (CONFIGS_PATH, NAMESPACE_PATH, CONFIG_PATH):
         app.router.add_get(path, handlers.get, allow_head=False)

@@ -8,8 +8,6 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-import yaml
-
 from stunner_api.dataplane import StunnerConfig
 from stunner_cli.output import FAILED, OK, USAGE, err, out
 
@@ -53,7 +51,7 @@ def explain_target(args: argparse.Namespace) -> tuple[str, str, str, int | None]
 
 
 def run_explain_offline(args: argparse.Namespace) -> int:
-    from reconciler.files import ManifestError
+    from reconciler.files import ManifestError, documents, read_text
     from stunner_api.dataplane import ConfigError
     from stunner_api.dataplane_load import load_config
     from stunner_cli import offline
@@ -65,13 +63,15 @@ def run_explain_offline(args: argparse.Namespace) -> int:
     path: Path = args.filename
     config: StunnerConfig | None = None
     if path.is_file():
-        try:
-            documents = [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
-        except (yaml.YAMLError, UnicodeDecodeError, OSError):
-            documents = []
-        if len(documents) == 1 and isinstance(documents[0], dict) and "kind" not in documents[0]:
+        try:  # read and parsed within the bounds of `check -f` and `render -f`
+            text = read_text(path)
+            found = [data for _, data in documents(path, text)]
+        except ManifestError as e:
+            _err(str(e))
+            return FAILED
+        if len(found) == 1 and isinstance(found[0], dict) and "kind" not in found[0]:
             try:  # a dataplane config, as stunnerd reads it
-                config = load_config(path.read_text(), env={})
+                config = load_config(text, env={})
             except ConfigError as e:
                 err(f"{path}: {e}")
                 return FAILED
