@@ -67,7 +67,7 @@ def run_explain_offline(args: argparse.Namespace) -> int:
             text = read_text(path)
             found = [data for _, data in documents(path, text)]
         except ManifestError as e:
-            _err(str(e))
+            err(str(e))
             return FAILED
         if len(found) == 1 and isinstance(found[0], dict) and "kind" not in found[0]:
             try:  # a dataplane config, as stunnerd reads it
