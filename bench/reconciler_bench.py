@@ -283,7 +283,7 @@ async def run(args: argparse.Namespace) -> int:
             slow: list[str] = []  # edits slower than 0.5 s: when, for the curious
             url = f"ws://127.0.0.1:{cds_port}/api/v1/configs/{NS}/gw-0?watch=true"
             # As gw-0's stunnerd: its pod's projected token (the CDS requires one).
-            token = fake.issue_token(NS, "default", (CDS_TOKEN_AUDIENCE,))
+            token = fake.issue_token(NS, "gw-0-stunnerd", (CDS_TOKEN_AUDIENCE,))
             headers = {"Authorization": f"Bearer {token}"}
             async with (
                 aiohttp.ClientSession() as session,
