@@ -70,13 +70,13 @@ def world(fake: FakeApiServer) -> None:
     k.world(fake, k.gateway(name="gw2", namespace=OTHER))
 
 
-async def rendered(running: Running, fake: FakeApiServer) -> None:
-    """Both configs rendered, and the accounts their pods run as created."""
+async def rendered(running: Running, fake: FakeApiServer, accounts: bool = True) -> None:
+    """Both configs rendered, and (`accounts`) the accounts their pods run as created."""
     await k.eventually(
         lambda: {"stunner/gw", f"{OTHER}/gw2"} <= set(running.mode.store.configs),
         what="both configs rendered",
     )
-    for namespace, name in ((k.NS, "gw-stunnerd"), (OTHER, "gw2-stunnerd")):
+    for namespace, name in ((k.NS, "gw-stunnerd"), (OTHER, "gw2-stunnerd")) if accounts else ():
         await k.eventually(
             lambda name=name, namespace=namespace: k.get(
                 fake, "v1", "ServiceAccount", name, ns=namespace
@@ -174,7 +174,7 @@ def test_the_namespaces_default_account_reads_no_config(tmp_path: Path) -> None:
         with FakeApiServer() as fake:
             world(fake)
             async with k.reconciler(fake, tmp_path) as running:
-                await rendered(running, fake)
+                await rendered(running, fake, accounts=False)
                 cds = running.cds_address
                 for namespace in (k.NS, OTHER):
                     default = cds_token(fake, namespace, "default")
@@ -184,6 +184,7 @@ def test_the_namespaces_default_account_reads_no_config(tmp_path: Path) -> None:
                         assert "pass-word" not in json.dumps(answer.body)
                     assert ids(await get(cds, "/api/v1/configs", default)) == []
                     assert ids(await get(cds, f"/api/v1/configs/{namespace}", default)) == []
+                await rendered(running, fake)
                 own = cds_token(fake, k.NS, "gw-stunnerd")
                 assert ids(await get(cds, "/api/v1/configs", own)) == ["stunner/gw"]
 
@@ -433,7 +434,11 @@ def test_a_cached_answer_lives_until_the_tokens_expiry_or_ten_seconds() -> None:
         with FakeApiServer() as fake:
             api = Api(fake.api_client())
             clock = HandClock()
-            verifier = clock.verifier(fake, api)
+            verifier = TokenVerifier(
+                lambda t: api.review_token(t, (CDS_TOKEN_AUDIENCE,)),
+                clock=lambda: clock.now,
+                wall_clock=clock.wall,
+            )
             assert verifier.max_ttl == MAX_TTL <= 10.0
             long = fake.issue_token(k.NS, "gw-stunnerd", (CDS_TOKEN_AUDIENCE,), seconds=3600)
             short = fake.issue_token(k.NS, "gw-stunnerd", (CDS_TOKEN_AUDIENCE,), seconds=15)
