@@ -59,6 +59,12 @@ def test_a_dataplane_that_names_an_account_keeps_it_and_none_is_rendered() -> No
     pod = plan.deployments["stunner/gw"]["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == "media-relay"
     assert plan.dataplane_accounts == {"stunner/gw": "media-relay"}
+    assert plan.findings == ()
+    # Naming `default` again is allowed, and warned about: every pod of the namespace reads.
+    opened = plan_of(dataplane(serviceAccountName="default"))
+    assert opened.dataplane_accounts == {"stunner/gw": "default"}
+    (finding,) = opened.findings
+    assert finding.path == "spec.serviceAccountName" and "could read" in finding.message
 
 
 def test_an_unmanaged_dataplane_still_has_its_account_and_an_invalid_gateway_none() -> None:
