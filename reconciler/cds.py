@@ -10,7 +10,9 @@ its Gateway renders). The server pings every watcher and drops one that does not
 watcher sends its keepalive and nothing else, or, on a watch of one config, usage reports of
 cluster-wide user quotas (reconciler.cds_quota: it is then sent the other reporting pods' counts;
 a watcher that never reports gets configs only). One past WATCH_BUDGET frames is closed with 1008,
-as is a frame that is not a valid report; an unmasked frame with 1002 (stunner_http.websocket).
+as is a frame that is not a valid report and a watch whose token is revoked (one whose token
+expires with 1000: reconciler.cds_access, `LAPSED_KEY`); an unmasked frame with 1002
+(stunner_http.websocket).
 
 Relay address discovery (Go's node patcher): a request's `node` parameter names the requesting
 stunnerd's Node; every listener `address` that is the node placeholder is replaced, in what
@@ -80,7 +82,7 @@ from stunner_http.server import (
 from stunner_http.server import serve as serve_http
 from stunner_http.websocket import FrameBudget, WebSocketGuard
 
-from .cds_access import ALLOWED_KEY
+from .cds_access import ALLOWED_KEY, LAPSED_KEY, Lapsed
 from .cds_store import ConfigStore, Selector, Watcher
 
 log = logging.getLogger("stunner.cds-server")
@@ -224,6 +226,8 @@ class CdsHandlers:
                     ", ".join(discovering),
                 )
         sender = asyncio.create_task(self._send(ws, watcher, request))
+        lapsed = request.get(LAPSED_KEY)
+        guard = asyncio.create_task(self._close_when(ws, lapsed)) if lapsed else None
         try:
             # Control frames are handled inside; a client sending more (the guard's budget) or
             # an unmasked frame is closed there. A text frame is a usage report.
@@ -244,11 +248,20 @@ class CdsHandlers:
         finally:
             self.store.forget(watcher)
             self.sockets.discard(ws)
-            sender.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await sender
+            for task in (sender, guard):
+                if task is not None:
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
             log.debug("watcher %s for %s disconnected", watcher.peer, selector)
         return ws
+
+    @staticmethod
+    async def _close_when(ws: web.WebSocketResponse, lapsed: Lapsed) -> None:
+        """Close the watch (with the code and reason given) once its token no longer
+        authenticates."""
+        code, reason = await lapsed()
+        await ws.close(code=code, message=reason.encode()[:120])
 
     def _on_frame(self, watcher: Watcher, message: WSMessage) -> str | None:
         """A client frame: a usage report is recorded; anything else is a problem (returned)."""
