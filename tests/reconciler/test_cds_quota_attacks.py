@@ -32,7 +32,14 @@ from aiohttp import WSMsgType
 
 from reconciler.cds_access import Account
 from reconciler.cluster import Running
-from stunner_api.cds import MAX_USAGE_COUNT, USAGE_REPORT_KEY, config_path, encode_usage
+from stunner_api.cds import (
+    MAX_USAGE_COUNT,
+    USAGE_OTHERS_KEY,
+    USAGE_REPORT_KEY,
+    config_path,
+    encode_usage,
+    usage_key,
+)
 from stunner_api.vocabulary import (
     APP_LABEL,
     APP_VALUE,
@@ -153,10 +160,13 @@ async def nothing_changed(one: Pod, two: Pod) -> None:
 
 
 class Attacker:
-    """A watcher of the config that sends usage reports (autoping off: it sees its pongs)."""
+    """A watcher of the config that sends usage reports, and keeps its connection up (it
+    answers the CDS's pings itself: autoping off, so that it sees the pongs of its own)."""
 
-    def __init__(self, session: aiohttp.ClientSession, ws: aiohttp.ClientWebSocketResponse):
-        self.session, self.ws = session, ws
+    def __init__(self, ws: aiohttp.ClientWebSocketResponse) -> None:
+        self.ws = ws
+        self.handled = asyncio.Event()
+        self.usage_frames = 0
 
     @classmethod
     @contextlib.asynccontextmanager
@@ -167,18 +177,32 @@ class Attacker:
             aiohttp.ClientSession() as session,
             session.ws_connect(url + "?watch=true", headers=headers, autoping=False) as ws,
         ):
-            yield cls(session, ws)
+            attacker = cls(ws)
+            reader = asyncio.create_task(attacker._read())
+            try:
+                yield attacker
+            finally:
+                reader.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await reader
+
+    async def _read(self) -> None:
+        async for message in self.ws:
+            if message.type == WSMsgType.PING:
+                await self.ws.pong(message.data)
+            elif message.type == WSMsgType.PONG:
+                self.handled.set()
+            elif usage_key(message.data) == USAGE_OTHERS_KEY:
+                self.usage_frames += 1
 
     async def report(self, counts: dict[str, int]) -> None:
         """Send a report and wait until the CDS has handled it (it answers a ping sent after it
         only once it has)."""
+        self.handled.clear()
         await self.ws.send_str(encode_usage(USAGE_REPORT_KEY, counts)[0])
-        await self.ws.ping(b"handled?")
-        while True:
-            message = await self.ws.receive(timeout=STEP)
-            assert message.type not in (WSMsgType.CLOSE, WSMsgType.CLOSED, WSMsgType.ERROR)
-            if message.type == WSMsgType.PONG and message.data == b"handled?":
-                return
+        await self.ws.ping()
+        await asyncio.wait_for(self.handled.wait(), STEP)
+        assert not self.ws.closed
 
 
 def test_a_watcher_that_is_no_pod_of_the_gateway_cannot_make_every_pod_refuse_a_user(
