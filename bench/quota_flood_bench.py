@@ -208,23 +208,53 @@ async def reconciler(
         reader.cancel()
 
 
+class HonestWatcher:
+    """A watcher of the Gateway's config that sends nothing (as Go's stunnerd, or the auth
+    service), reconnecting when the CDS drops it, as stunnerd does."""
+
+    def __init__(self, session: aiohttp.ClientSession, address: str, shown: str) -> None:
+        self.session = session
+        self.url = address.replace("http://", "ws://") + config_path(k.NS, "gw") + "?watch=true"
+        self.headers = {"Authorization": f"Bearer {shown}"}
+        self.ws: aiohttp.ClientWebSocketResponse | None = None
+        self.reconnects = 0
+
+    async def next_config(self, timeout: float) -> str:
+        """The next config frame (after a reconnect: the config as it is); TimeoutError."""
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError
+            if self.ws is None or self.ws.closed:
+                if self.ws is not None:
+                    self.reconnects += 1
+                    await asyncio.sleep(min(left, 0.2))
+                try:
+                    self.ws = await self.session.ws_connect(
+                        self.url, headers=self.headers, timeout=aiohttp.ClientWSTimeout(left)
+                    )
+                except (aiohttp.ClientError, OSError):
+                    continue
+            message = await self.ws.receive(timeout=max(0.01, deadline - time.monotonic()))
+            if message.type == aiohttp.WSMsgType.TEXT:
+                return str(message.data)
+
+
 async def measure(
     fake: FakeApiServer, address: str, pid: int, seconds: float, edits: list[int]
-) -> tuple[float, list[float], int]:
-    """(CPU-s per 15 s, config latencies, edits lost) over `seconds`."""
-    url = address.replace("http://", "ws://") + config_path(k.NS, "gw") + "?watch=true"
+) -> tuple[float, list[float], int, int]:
+    """(CPU-s per 15 s, config latencies, edits lost, reconnects) over `seconds`."""
     latencies: list[float] = []
     lost = 0
-    async with (
-        aiohttp.ClientSession() as session,
-        session.ws_connect(url, headers={"Authorization": f"Bearer {token(fake)}"}) as ws,
-    ):
-        await ws.receive(timeout=10)  # the config as it is
+    async with aiohttp.ClientSession() as session:
+        watcher = HonestWatcher(session, address, token(fake))
+        await watcher.next_config(10)  # the config as it is
         warm_up = WARM_UP
         start, cpu = time.monotonic(), cpu_seconds(pid)
         while time.monotonic() - start < seconds or warm_up > 0:
             if warm_up == 0:  # the reconciler's start (its first writes and their echoes) over
-                latencies, lost, warm_up = [], 0, -1
+                latencies, lost, warm_up, watcher.reconnects = [], 0, -1, 0
                 start, cpu = time.monotonic(), cpu_seconds(pid)
             warm_up -= 1
             edits[0] += 1
@@ -232,20 +262,16 @@ async def measure(
             sent = time.monotonic()
             await asyncio.to_thread(k.set_peer, fake, prefix)
             try:
-                while True:
-                    message = await ws.receive(
-                        timeout=max(0.01, sent + LOST_AFTER - time.monotonic())
-                    )
-                    if message.type != aiohttp.WSMsgType.TEXT:
-                        raise TimeoutError
-                    if prefix in message.data:
-                        latencies.append(time.monotonic() - sent)
-                        break
+                while prefix not in await watcher.next_config(sent + LOST_AFTER - time.monotonic()):
+                    pass
+                latencies.append(time.monotonic() - sent)
             except TimeoutError:
                 lost += 1
             await asyncio.sleep(EDIT_EVERY)
         used = cpu_seconds(pid) - cpu
-        return used * 15 / (time.monotonic() - start), latencies, lost
+        if watcher.ws is not None:
+            await watcher.ws.close()
+        return used * 15 / (time.monotonic() - start), latencies, lost, watcher.reconnects
 
 
 def percentiles(samples: Sequence[float]) -> str:
@@ -302,10 +328,15 @@ async def run(flood: str, watchers: int, seconds: float, source: Path | None) ->
                 await asyncio.sleep(0.05)
             honest[0].quota.try_acquire("user-1", 2)
             while honest[1].quota.others != {"user-1": 1}:
-                assert time.monotonic() < deadline, "the honest pods never shared their counts"
+                assert time.monotonic() < deadline, (
+                    f"the honest pods never shared their counts: {honest[1].quota.others}\n"
+                    + "\n".join(log[-30:])
+                )
                 await asyncio.sleep(0.05)
             edits = [1000]  # the StaticService's own prefix is edit 1
-            quiet_cpu, quiet, quiet_lost = await measure(fake, address, process.pid, seconds, edits)
+            quiet_cpu, quiet, quiet_lost, _ = await measure(
+                fake, address, process.pid, seconds, edits
+            )
             logged = len(log)
             child = await asyncio.create_subprocess_exec(
                 sys.executable,
@@ -330,7 +361,10 @@ async def run(flood: str, watchers: int, seconds: float, source: Path | None) ->
                     await asyncio.sleep(0.1)
                 for p in honest:
                     p.down = 0.0
-                cpu, flooded, lost = await measure(fake, address, process.pid, seconds, edits)
+                cpu, flooded, lost, dropped = await measure(
+                    fake, address, process.pid, seconds, edits
+                )
+                others = dict(honest[1].quota.others)  # before the flood leaves
             finally:
                 child.terminate()
                 await child.wait()
@@ -347,9 +381,10 @@ async def run(flood: str, watchers: int, seconds: float, source: Path | None) ->
             say(f"  reconciler CPU: {quiet_cpu:.2f} CPU-s per 15 s without it, {cpu:.2f} with it")
             say(f"  honest watcher's config latency without it: {percentiles(quiet)}")
             say(f"    lost {quiet_lost}; with it: {percentiles(flooded)}, lost {lost}")
+            say(f"    (it lost its watch {dropped} times with it)")
             say(f"  honest pods' CDS watch down: {', '.join(f'{p.down:.1f} s' for p in honest)}")
             honest_others = "the flood pods' too" if flood == "pods" else "{'user-1': 1}"
-            say(f"  pod 2's others at the end: {dict(honest[1].quota.others)} ({honest_others})")
+            say(f"  pod 2's others at the end: {others} ({honest_others})")
             say(f"  flood: {stats}")
             say(f"  reconciler log lines about watchers meanwhile: {len(watcher_lines)} {kinds}")
             for p in honest:

@@ -253,7 +253,7 @@ class ConfigStore:
         if self._texts.pop(id, None) is None:
             return False
         self._configs.pop(id, None)
-        self.usage.set_quota(id, 0)
+        self.usage.config_gone(id)
         self._notify(id, zero_config(id).to_json())
         log.info("config %s deleted: its watchers get the zero config", id)
         return True

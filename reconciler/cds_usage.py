@@ -5,12 +5,14 @@ the Gateways', and when the reporters are told (README "Cluster-wide user quotas
 `UsageDesk`, one per ConfigStore, on the event loop:
 
 - `refusal(watcher)` before a report is parsed: a watcher whose token is bound to no pod (or a
-  reader's: `Reporting.may_report`) or a config without a quota counts nothing (`refuse`:
-  counted in `refused`, logged at a bounded rate), and costs no parse;
+  reader's: `Reporting.may_report`) or a config published without a quota counts nothing
+  (`refuse`: counted in `refused`, logged at a bounded rate), and costs no parse;
 - `report(watcher, counts)`: where tokens are checked, a watcher's report counts only once its
   pod is known to be one of the Gateway's (`pod_seen`/`pod_gone`: cluster mode's watch of the
-  dataplane pods); a pod not known yet has its latest report held, counting nothing, until it
-  is (a reconciler that restarts hears the pods' tables before it has listed the pods);
+  dataplane pods), and only on a config published with a quota (`set_quota`, `config_gone`);
+  until both are known the reporter's latest report is held, counting nothing (a reconciler
+  that restarts hears the pods' tables, which they send again only when they change, before it
+  has listed the pods and rendered);
 - a config's reporters are told their new others at most once per `interval` (REPORT_INTERVAL):
   at once after a quiet spell, else when the interval since the last time is over. A report
   costs its parse and its own diff; the sums go out once per interval, however many reports.
@@ -70,6 +72,7 @@ class UsageDesk:
         self.refused: Counter[str] = Counter()  # reports that counted nothing, by reason
         self._held: dict[Hashable, tuple[Reporting, dict[str, int]]] = {}  # pods not known yet
         self._pods: dict[str, dict[str, str]] = {}  # config id -> pod name -> uid
+        self._configs: set[str] = set()  # the ids of the configs published
         self._flushed: dict[str, float] = {}
         self._flushing: dict[str, asyncio.TimerHandle] = {}
         self._logs = {
@@ -79,23 +82,39 @@ class UsageDesk:
     def total(self, id: str) -> dict[str, int]:
         return self.board.total(id)
 
+    @property
+    def held(self) -> int:
+        """Reports held until their pod or their config is known."""
+        return len(self._held)
+
     def reporters(self, id: str) -> int:
         return self.board.reporters(id)
 
     def set_quota(self, id: str, quota: int) -> None:
-        """Config `id`'s user quota (0: none; its reports are forgotten, held ones too)."""
+        """Config `id` is published with this user quota (0: none; its reports, held ones too,
+        are forgotten; > 0: the reports held for it are taken)."""
+        self._configs.add(id)
         self.board.set_quota(id, quota)
+        held = [r for r, (w, _) in self._held.items() if w.config == id]
         if quota <= 0:
-            for reporter in [r for r, (w, _) in self._held.items() if w.config == id]:
+            for reporter in held:
                 del self._held[reporter]
             self._flushed.pop(id, None)
+        else:
+            for reporter in held:
+                self.report(*self._held.pop(reporter))
         self._schedule()
+
+    def config_gone(self, id: str) -> None:
+        """Config `id` is no longer published: its reports are forgotten."""
+        self.set_quota(id, 0)
+        self._configs.discard(id)
 
     def refusal(self, watcher: Reporting) -> str | None:
         """Why a report of `watcher` would count nothing (None: it may count)."""
         if not watcher.may_report:
             return NOT_A_POD
-        if self.board.quota(watcher.config) <= 0:
+        if watcher.config in self._configs and self.board.quota(watcher.config) <= 0:
             return NO_QUOTA
         return None
 
@@ -118,16 +137,17 @@ class UsageDesk:
             self.refuse(watcher, reason)
             return
         id, reporter, pod = watcher.config, watcher.reporter(), watcher.pod
-        if pod is not None and self._pods.get(id, {}).get(pod.name) != pod.uid:
+        unknown_pod = pod is not None and self._pods.get(id, {}).get(pod.name) != pod.uid
+        if unknown_pod or id not in self._configs:
             self.board.drop(watcher)
             self._held[reporter] = (watcher, dict(counts))
             self._logs["held"].event(
                 logging.INFO,
-                "watcher %s reports for %s as pod %s, not (yet) a known pod of the Gateway: "
-                "its report counts once it is",
+                "watcher %s reports for %s as %s, not (yet) %s: its report counts once it is",
                 watcher.peer,
                 id,
-                pod.name,
+                f"pod {pod.name}" if pod is not None else "itself",
+                "a known pod of the Gateway" if unknown_pod else "a published config",
             )
             self._schedule()
             return

@@ -13,7 +13,8 @@ sockets: two reporting watchers of one config get each other's counts, a third t
 nothing gets its config and no usage frame, a watcher closing drops its counts; reports fan out
 once per report interval, not once per report (issue 28 #1); sums stunnerd refused and a cut
 that lost the pod's own users do not happen over the wire either; a report on a config without
-a quota counts nothing; a malformed report, a binary frame, and a report on a watch of every
+a quota counts nothing, one before the config is published counts once it is with a quota; a
+malformed report, a binary frame, and a report on a watch of every
 config are closed with 1008 and the reason; a report flood is closed with 1008 while the budget
 covers a reporter at its bound.
 """
@@ -156,21 +157,23 @@ def test_the_running_totals_are_a_sum_from_scratch() -> None:
     quota = 3
     board.set_quota(ID, quota)
     reports: dict[str, dict[str, int]] = {}
+    told: dict[str, str] = {}
     for _ in range(500):
         reporter = f"p{rng.randrange(6)}"
         if rng.random() < 0.1:
             board.remove(reporter)
             reports.pop(reporter, None)
+            told.pop(f"w{reporter}", None)
         else:
             counts = {f"u{rng.randrange(8)}": rng.randrange(6) for _ in range(rng.randrange(5))}
             board.report(ID, reporter, f"w{reporter}", counts)
             reports[reporter] = {u: n for u, n in counts.items() if n > 0}
-        board.flush(ID)
+        told.update(board.flush(ID))
     clamped = {r: {u: min(n, quota) for u, n in c.items()} for r, c in reports.items()}
     assert board.total(ID) == others_of(clamped, None)
-    for reporter, text in board._told.items():
+    for reporter in reports:
         want = {u: min(n, quota) for u, n in others_of(clamped, reporter).items()}
-        assert parse_usage(text, USAGE_OTHERS_KEY) == want
+        assert parse_usage(told.get(f"w{reporter}", NO_OTHERS), USAGE_OTHERS_KEY) == want
 
 
 def test_frames_are_bounded_and_parsed_strictly() -> None:
@@ -386,6 +389,29 @@ def test_a_report_on_a_config_without_a_quota_counts_nothing() -> None:
                 # ... and go: forgotten, and nothing more is sent.
                 store.set(ID, quota_config(ID, 0, realm="v2"))
                 assert store.usage.reporters(ID) == 0 and store.usage.total(ID) == {}
+
+    run(main)
+
+
+def test_a_report_before_the_config_is_published_counts_once_it_is() -> None:
+    """A restarted reconciler hears the pods' tables (sent again only when they change) before
+    its first render: they are held, and count once the config comes with a quota."""
+
+    async def main() -> None:
+        async with cds() as (store, served, _app):
+            url = served.address.replace("http://", "ws://") + WATCH
+            async with (
+                aiohttp.ClientSession() as session,
+                session.ws_connect(url) as a,
+                session.ws_connect(url) as b,
+            ):
+                await a.send_str(_report({"alice": 1}))
+                await b.send_str(_report({"bob": 1}))
+                await eventually(lambda: store.usage.held == 2, "held")
+                assert store.usage.total(ID) == {}
+                store.set(ID, quota_config(ID, 2))
+                assert store.usage.total(ID) == {"alice": 1, "bob": 1}
+                assert await _next_usage(a) == {"bob": 1}
 
     run(main)
 
