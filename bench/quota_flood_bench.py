@@ -19,7 +19,8 @@ no flood (the anchor of the run), on a fresh reconciler:
   `{'user-1': 1}`);
 - the reconciler's log lines about watchers (issue 28 #9: one line per watcher is a flood too).
 
-Floods (N watchers in a child process, each reporting every 0.3 s, the counts changing):
+Floods (N watchers in a child process, each reporting every 0.3 s a user of its own, its count
+going 1, 2, 1, ...: every report changes the sums, none reaches the quota's clamp for long):
 - `attack`: the red team's run: the watchers show the Gateway account's token, bound to no pod;
 - `pods`: N Pods of the Gateway (registered in the fake API server, each its own bound token):
   every report counts, the coalescing bounds the fan-out.
@@ -122,7 +123,7 @@ async def flood_child(address: str, tokens_file: str) -> None:
                         round = 0
                         while not ws.closed:
                             round += 1
-                            counts = {f"user-{i % 7}": 1 + round % 3, "user-1": 1 + round % 5}
+                            counts = {f"flood-{i}": 1 + round % 2}  # changes the sums
                             await ws.send_str(encode_usage(USAGE_REPORT_KEY, counts)[0])
                             stats["reports"] += 1
                             await asyncio.sleep(REPORT_EVERY)

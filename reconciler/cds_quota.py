@@ -38,10 +38,17 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
-from itertools import chain
+from itertools import accumulate, chain
 from typing import Any, Generic, TypeVar
 
-from stunner_api.cds import USAGE_OTHERS_KEY, config_id, usage_entry, usage_frame
+from stunner_api.cds import (
+    USAGE_OTHERS_KEY,
+    config_id,
+    usage_entry,
+    usage_fits,
+    usage_frame,
+    usage_text,
+)
 from stunner_api.vocabulary import (
     APP_LABEL,
     APP_VALUE,
@@ -207,19 +214,13 @@ class UsageBoard(Generic[K, W]):
             return []
         quota, totals = self._quota[id], self._totals.get(id, Counter())
         ranked = sorted(((min(n, quota), u) for u, n in totals.items() if n > 0), key=_rank)
-        entries = [(u, usage_entry(u, n)) for n, u in ranked]
+        everyone = _Entries([u for _, u in ranked], [usage_entry(u, n) for n, u in ranked])
         frames = []
         for reporter, own in reports.items():
             held = sorted(
                 ((min(totals[u] - min(n, quota), quota), u) for u, n in own.items()), key=_rank
             )
-            text, _ = usage_frame(
-                USAGE_OTHERS_KEY,
-                chain(
-                    (usage_entry(u, n) for n, u in held if n > 0),
-                    (entry for u, entry in entries if u not in own),
-                ),
-            )
+            text = everyone.frame([usage_entry(u, n) for n, u in held if n > 0], own)
             if self._told.get(reporter, NO_OTHERS) != text:
                 self._told[reporter] = text
                 frames.append((self._holder[reporter], text))
@@ -243,3 +244,27 @@ class UsageBoard(Generic[K, W]):
 
 def _rank(entry: tuple[int, str]) -> tuple[int, str]:
     return -entry[0], entry[1]
+
+
+class _Entries:
+    """Every reporter's sums of one flush, ranked, joined once: a reporter's frame is this body
+    with its own users' entries cut out and put first (as `held`), a few slices of one string
+    rather than a join of every user per reporter; past the bounds, entry by entry."""
+
+    def __init__(self, users: list[str], entries: list[str]) -> None:
+        self.users, self.entries = users, entries
+        self.position = {u: i for i, u in enumerate(users)}
+        self.body = ",".join(entries)
+        self.starts = [0, *accumulate(len(e) + 1 for e in entries)]  # entry i's offset
+        self.fits = usage_fits(USAGE_OTHERS_KEY, len(entries), self.body)
+
+    def frame(self, held: list[str], own: Mapping[str, int]) -> str:
+        if not self.fits:  # cut to the bounds: held first, then the rest as ranked
+            rest = (e for u, e in zip(self.users, self.entries, strict=True) if u not in own)
+            return usage_frame(USAGE_OTHERS_KEY, chain(held, rest))[0]
+        pieces, start = held, 0
+        for i in sorted(self.position[u] for u in own if u in self.position):
+            pieces.append(self.body[start : max(start, self.starts[i] - 1)])
+            start = self.starts[i + 1]
+        pieces.append(self.body[start:])
+        return usage_text(USAGE_OTHERS_KEY, ",".join(p for p in pieces if p))

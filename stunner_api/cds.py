@@ -158,7 +158,17 @@ def usage_frame(key: str, entries: Iterable[str]) -> tuple[str, int]:
             break
         parts.append(part)
         size += len(part) + 1
-    return f'{{"{key}":{{{",".join(parts)}}}}}', len(parts)
+    return usage_text(key, ",".join(parts)), len(parts)
+
+
+def usage_fits(key: str, users: int, body: str) -> bool:
+    """Whether `users` entries joined into `body` make a frame within the bounds."""
+    return users <= MAX_USAGE_USERS and len(key) + 8 + len(body) <= MAX_USAGE_BYTES
+
+
+def usage_text(key: str, body: str) -> str:
+    """The frame `{key: {body}}` of entries already joined (`usage_fits` says if it may go)."""
+    return f'{{"{key}":{{{body}}}}}'
 
 
 def encode_usage(

@@ -151,7 +151,7 @@ def test_the_cut_to_the_user_bound_keeps_the_users_the_pod_holds() -> None:
     assert "user-1" in told["wz0"]  # another pod's: its count is 2 (the quota) like the rest
 
 
-def test_the_running_totals_are_a_sum_from_scratch() -> None:
+def test_the_running_totals_and_the_frames_are_those_made_from_scratch() -> None:
     rng = random.Random(28)
     board: UsageBoard[str, str] = UsageBoard()
     quota = 3
@@ -173,7 +173,7 @@ def test_the_running_totals_are_a_sum_from_scratch() -> None:
     assert board.total(ID) == others_of(clamped, None)
     for reporter in reports:
         want = {u: min(n, quota) for u, n in others_of(clamped, reporter).items()}
-        assert parse_usage(told.get(f"w{reporter}", NO_OTHERS), USAGE_OTHERS_KEY) == want
+        assert told.get(f"w{reporter}", NO_OTHERS) == others(want, reports[reporter])
 
 
 def test_frames_are_bounded_and_parsed_strictly() -> None:
