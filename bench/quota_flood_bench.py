@@ -385,7 +385,12 @@ async def run(flood: str, watchers: int, seconds: float, source: Path | None) ->
             say(f"    (it lost its watch {dropped} times with it)")
             say(f"  honest pods' CDS watch down: {', '.join(f'{p.down:.1f} s' for p in honest)}")
             honest_others = "the flood pods' too" if flood == "pods" else "{'user-1': 1}"
-            say(f"  pod 2's others at the end: {others} ({honest_others})")
+            shown = (
+                others
+                if len(others) <= 8
+                else f"{len(others)} users, user-1: {others.get('user-1')}"
+            )
+            say(f"  pod 2's others at the end: {shown} ({honest_others})")
             say(f"  flood: {stats}")
             say(f"  reconciler log lines about watchers meanwhile: {len(watcher_lines)} {kinds}")
             for p in honest:
