@@ -89,9 +89,6 @@ WATCH_BUDGET = FrameBudget(burst=16, rate=8.0)
 MAX_CLIENT_MESSAGE = 4096  # a close frame's reason is at most 123 bytes
 # A usage report (stunner_api.cds) is at most MAX_USAGE_BYTES; a larger frame is closed (1009).
 MAX_WATCH_MESSAGE = MAX_USAGE_BYTES + 1024
-_BAD_REPORT = RateLimitedLog(log, LOG_PERIOD)
-_DROPPED = RateLimitedLog(log, LOG_PERIOD)
-_NO_PUBLIC_ADDRESS = RateLimitedLog(log, LOG_PERIOD)
 NO_USAGE = encode_usage(USAGE_REPORT_KEY, {})[0]  # an empty report
 # Connections per server (stunner_http.server): every stunnerd replica holds one CDS watch
 # (1,000 Gateways with a few replicas each fit).
@@ -137,6 +134,10 @@ class CdsHandlers:
         self.sockets: set[web.WebSocketResponse] = set()
         rate = max(WATCH_BUDGET.rate, 4 / heartbeat) if heartbeat else WATCH_BUDGET.rate
         self.guard = WebSocketGuard(dataclasses.replace(WATCH_BUDGET, rate=rate))
+        # Lines about one watcher (anyone may make many): each kind at most once per LOG_PERIOD.
+        self.bad_report_log = RateLimitedLog(log, LOG_PERIOD)
+        self.dropped_log = RateLimitedLog(log, LOG_PERIOD)
+        self.no_public_address_log = RateLimitedLog(log, LOG_PERIOD)
 
     async def get(self, request: web.Request) -> web.StreamResponse:
         selector = _selector(request)
@@ -197,7 +198,7 @@ class CdsHandlers:
                 if has_node_placeholder(self.store.text(id) or "")
             ]
             if discovering:
-                _NO_PUBLIC_ADDRESS.event(
+                self.no_public_address_log.event(
                     logging.INFO,
                     "watcher %s on Node %s: the Node has no public address (ExternalIP or "
                     "ExternalDNS), so %s hand clients the pod's own address",
@@ -214,7 +215,7 @@ class CdsHandlers:
                     break
                 problem = self._on_frame(watcher, message)
                 if problem is not None:
-                    _BAD_REPORT.event(
+                    self.bad_report_log.event(
                         logging.WARNING, "watcher %s closed: %s", watcher.peer, problem
                     )
                     await ws.close(
@@ -263,7 +264,7 @@ class CdsHandlers:
                     # RuntimeError: aiohttp's "cannot write to closing transport"
                     self.store.forget(watcher)
                     self.store.dropped_watchers += 1
-                    _DROPPED.event(
+                    self.dropped_log.event(
                         logging.WARNING,
                         "dropping watcher %s for %s: %s",
                         watcher.peer,
