@@ -42,6 +42,7 @@ from itertools import accumulate, chain
 from typing import Any, Generic, TypeVar
 
 from stunner_api.cds import (
+    MAX_USAGE_COUNT,
     USAGE_OTHERS_KEY,
     config_id,
     usage_entry,
@@ -143,7 +144,9 @@ class UsageBoard(Generic[K, W]):
         return {u: n for u, n in sorted(self._totals.get(id, Counter()).items()) if n > 0}
 
     def set_quota(self, id: str, quota: int) -> None:
-        """The user quota of config `id` (0: none, and its reports are forgotten)."""
+        """The user quota of config `id` (0: none, and its reports are forgotten); one past what
+        a frame may hold counts as that much (no sum sent ever passes it)."""
+        quota = min(quota, MAX_USAGE_COUNT)
         if quota == self._quota.get(id, 0):
             return
         if quota <= 0:

@@ -117,6 +117,9 @@ def test_counts_are_clamped_to_the_quota_so_no_sum_passes_it() -> None:
     told = dict(board.flush(ID))
     assert parse_usage(told["wa"], USAGE_OTHERS_KEY) == {"user-1": 3, "zz": 3}
     assert board.total(ID) == {"user-1": 4, "zz": 6}
+    board.set_quota(ID, 1 << 40)  # a quota past what a frame holds: the sums stay within it
+    told = dict(board.flush(ID))
+    assert parse_usage(told["wa"], USAGE_OTHERS_KEY) == {"user-1": 5, "zz": MAX_USAGE_COUNT}
 
 
 def test_a_reporter_counts_once_its_latest_watcher_holds_its_slot() -> None:
