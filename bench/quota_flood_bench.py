@@ -44,6 +44,7 @@ import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -242,10 +243,25 @@ class HonestWatcher:
                 return str(message.data)
 
 
+@dataclass
+class Measured:
+    cpu: float  # the reconciler's CPU-s per 15 s
+    latencies: list[float]
+    lost: int  # edits not received within LOST_AFTER
+    reconnects: int  # the honest watcher's
+    seconds: float  # the window (at least `seconds`: a lost edit waits LOST_AFTER)
+    down: list[float]  # each honest pod's seconds without its CDS watch in the window
+
+
 async def measure(
-    fake: FakeApiServer, address: str, pid: int, seconds: float, edits: list[int]
-) -> tuple[float, list[float], int, int]:
-    """(CPU-s per 15 s, config latencies, edits lost, reconnects) over `seconds`."""
+    fake: FakeApiServer,
+    address: str,
+    pid: int,
+    seconds: float,
+    edits: list[int],
+    honest: list[HonestPod],
+) -> Measured:
+    """The figures of a window of at least `seconds` (after WARM_UP edits)."""
     latencies: list[float] = []
     lost = 0
     async with aiohttp.ClientSession() as session:
@@ -257,6 +273,8 @@ async def measure(
             if warm_up == 0:  # the reconciler's start (its first writes and their echoes) over
                 latencies, lost, warm_up, watcher.reconnects = [], 0, -1, 0
                 start, cpu = time.monotonic(), cpu_seconds(pid)
+                for p in honest:
+                    p.down = 0.0
             warm_up -= 1
             edits[0] += 1
             prefix = f"10.{edits[0] // 65536 % 256}.{edits[0] // 256 % 256}.{edits[0] % 256}/32"
@@ -272,7 +290,9 @@ async def measure(
         used = cpu_seconds(pid) - cpu
         if watcher.ws is not None:
             await watcher.ws.close()
-        return used * 15 / (time.monotonic() - start), latencies, lost, watcher.reconnects
+        window = time.monotonic() - start
+        down = [p.down for p in honest]
+        return Measured(used * 15 / window, latencies, lost, watcher.reconnects, window, down)
 
 
 def percentiles(samples: Sequence[float]) -> str:
@@ -335,9 +355,7 @@ async def run(flood: str, watchers: int, seconds: float, source: Path | None) ->
                 )
                 await asyncio.sleep(0.05)
             edits = [1000]  # the StaticService's own prefix is edit 1
-            quiet_cpu, quiet, quiet_lost, _ = await measure(
-                fake, address, process.pid, seconds, edits
-            )
+            quiet = await measure(fake, address, process.pid, seconds, edits, honest)
             logged = len(log)
             child = await asyncio.create_subprocess_exec(
                 sys.executable,
@@ -360,11 +378,7 @@ async def run(flood: str, watchers: int, seconds: float, source: Path | None) ->
                 while stats.get("connected", 0) < watchers:
                     assert time.monotonic() < deadline + 60, f"flood connected: {stats}"
                     await asyncio.sleep(0.1)
-                for p in honest:
-                    p.down = 0.0
-                cpu, flooded, lost, dropped = await measure(
-                    fake, address, process.pid, seconds, edits
-                )
+                flooded = await measure(fake, address, process.pid, seconds, edits, honest)
                 others = dict(honest[1].quota.others)  # before the flood leaves
             finally:
                 child.terminate()
@@ -379,11 +393,13 @@ async def run(flood: str, watchers: int, seconds: float, source: Path | None) ->
                 kind = re.sub(r"[0-9.:]+|\(.*", "", kind)[:60]
                 kinds[kind] = kinds.get(kind, 0) + 1
             say(f"flood {flood!r}, {watchers} watchers reporting every {REPORT_EVERY} s:")
-            say(f"  reconciler CPU: {quiet_cpu:.2f} CPU-s per 15 s without it, {cpu:.2f} with it")
-            say(f"  honest watcher's config latency without it: {percentiles(quiet)}")
-            say(f"    lost {quiet_lost}; with it: {percentiles(flooded)}, lost {lost}")
-            say(f"    (it lost its watch {dropped} times with it)")
-            say(f"  honest pods' CDS watch down: {', '.join(f'{p.down:.1f} s' for p in honest)}")
+            for name, m in (("without it", quiet), ("with it", flooded)):
+                say(f"  {name} ({m.seconds:.0f} s): reconciler {m.cpu:.2f} CPU-s per 15 s")
+                say(
+                    f"    honest watcher's config latency {percentiles(m.latencies)}, lost {m.lost}"
+                )
+                say(f"    it lost its watch {m.reconnects} times; the honest pods' watch was down")
+                say(f"    {', '.join(f'{d:.1f} s' for d in m.down)}")
             honest_others = "the flood pods' too" if flood == "pods" else "{'user-1': 1}"
             shown = (
                 others
