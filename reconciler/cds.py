@@ -8,11 +8,12 @@ GET `/api/v1/configs[/{namespace}[/{name}]]`, and the same with `?watch=true` ov
 id is a 404 `{code, message}` (a watch on it is accepted and waits: stunnerd may start before
 its Gateway renders). The server pings every watcher and drops one that does not answer. A
 watcher sends its keepalive and nothing else, or, on a watch of one config, usage reports of
-cluster-wide user quotas (reconciler.cds_quota: it is then sent the other reporting pods' counts;
-a watcher that never reports gets configs only). One past WATCH_BUDGET frames is closed with 1008,
-as is a frame that is not a valid report and a watch whose token is revoked (one whose token
-expires with 1000: reconciler.cds_access, `LAPSED_KEY`); an unmasked frame with 1002
-(stunner_http.websocket).
+cluster-wide user quotas (reconciler.cds_usage: a Gateway's own pod, on a config with a quota,
+is then sent the other reporting pods' counts; a report of anyone else counts nothing and is not
+parsed; a watcher that never reports gets configs only). One past WATCH_BUDGET frames is closed
+with 1008, as is a frame that is not a valid report and a watch whose token is revoked (one whose
+token expires with 1000: reconciler.cds_access, `LAPSED_KEY`); an unmasked frame with 1002
+(stunner_http.websocket). Per-watcher log lines come at a bounded rate (LOG_PERIOD).
 
 Relay address discovery (Go's node patcher): a request's `node` parameter names the requesting
 stunnerd's Node; every listener `address` that is the node placeholder is replaced, in what
@@ -68,6 +69,7 @@ from stunner_api.cds import (
     WATCH_PARAM,
     WRITE_TIMEOUT,
     UsageError,
+    encode_usage,
     has_node_placeholder,
     parse_usage,
 )
@@ -82,8 +84,9 @@ from stunner_http.server import (
 from stunner_http.server import serve as serve_http
 from stunner_http.websocket import FrameBudget, WebSocketGuard
 
-from .cds_access import ALLOWED_KEY, LAPSED_KEY, Lapsed
+from .cds_access import ALLOWED_KEY, LAPSED_KEY, REPORTER_KEY, Lapsed
 from .cds_store import ConfigStore, Selector, Watcher
+from .cds_usage import LOG_PERIOD
 
 log = logging.getLogger("stunner.cds-server")
 
@@ -98,7 +101,7 @@ WATCH_BUDGET = FrameBudget(burst=16, rate=8.0)
 MAX_CLIENT_MESSAGE = 4096  # a close frame's reason is at most 123 bytes
 # A usage report (stunner_api.cds) is at most MAX_USAGE_BYTES; a larger frame is closed (1009).
 MAX_WATCH_MESSAGE = MAX_USAGE_BYTES + 1024
-_BAD_REPORT = RateLimitedLog(log, 10.0)
+NO_USAGE = encode_usage(USAGE_REPORT_KEY, {})[0]  # an empty report
 # Connections per server (stunner_http.server): every stunnerd replica holds one CDS watch
 # (1,000 Gateways with a few replicas each fit); per source IP as stunnerd's TCP listeners (a node
 # with a hundred host-network stunnerd pods fits; so do the CLI's reads through the API server's
@@ -162,6 +165,10 @@ class CdsHandlers:
         self.sockets: set[web.WebSocketResponse] = set()
         rate = max(WATCH_BUDGET.rate, 4 / heartbeat) if heartbeat else WATCH_BUDGET.rate
         self.guard = WebSocketGuard(dataclasses.replace(WATCH_BUDGET, rate=rate))
+        # Lines about one watcher (anyone may make many): each kind at most once per LOG_PERIOD.
+        self.bad_report_log = RateLimitedLog(log, LOG_PERIOD)
+        self.dropped_log = RateLimitedLog(log, LOG_PERIOD)
+        self.no_public_address_log = RateLimitedLog(log, LOG_PERIOD)
 
     async def get(self, request: web.Request) -> web.StreamResponse:
         selector = _selector(request)
@@ -202,7 +209,11 @@ class CdsHandlers:
         )
         await ws.prepare(request)
         watcher = Watcher(
-            selector, peer=request.remote or "?", node=request.query.get(NODE_PARAM, "")
+            selector,
+            peer=request.remote or "?",
+            node=request.query.get(NODE_PARAM, ""),
+            authenticated=REPORTER_KEY in request,  # cds_access checked its token
+            pod=request.get(REPORTER_KEY),
         )
         # No await from here to the registration: no change can slip in between.
         for id, text in self.store.select(selector, watcher.node).items():
@@ -218,7 +229,8 @@ class CdsHandlers:
                 if has_node_placeholder(self.store.text(id) or "")
             ]
             if discovering:
-                log.info(
+                self.no_public_address_log.event(
+                    logging.INFO,
                     "watcher %s on Node %s: the Node has no public address (ExternalIP or "
                     "ExternalDNS), so %s hand clients the pod's own address",
                     watcher.peer,
@@ -236,7 +248,7 @@ class CdsHandlers:
                     break
                 problem = self._on_frame(watcher, message)
                 if problem is not None:
-                    _BAD_REPORT.event(
+                    self.bad_report_log.event(
                         logging.WARNING, "watcher %s closed: %s", watcher.peer, problem
                     )
                     await ws.close(
@@ -269,11 +281,18 @@ class CdsHandlers:
             return f"unexpected {message.type.name} frame"
         if not watcher.selector.name:
             return "a usage report needs a watch of one config"
+        refusal = self.store.usage.refusal(watcher)
+        if refusal is not None:  # counts nothing: not worth a parse
+            if message.data == NO_USAGE:  # nothing to count (stunnerd's last, quota gone)
+                self.store.usage.forget(watcher)
+            else:
+                self.store.usage.refuse(watcher, refusal)
+            return None
         try:
             counts = parse_usage(message.data, USAGE_REPORT_KEY)
         except UsageError as exc:
             return str(exc)
-        self.store.report_usage(watcher, counts)
+        self.store.usage.report(watcher, counts)
         return None
 
     async def _send(
@@ -287,7 +306,8 @@ class CdsHandlers:
                     # RuntimeError: aiohttp's "cannot write to closing transport"
                     self.store.forget(watcher)
                     self.store.dropped_watchers += 1
-                    log.warning(
+                    self.dropped_log.event(
+                        logging.WARNING,
                         "dropping watcher %s for %s: %s",
                         watcher.peer,
                         watcher.selector,

@@ -14,6 +14,12 @@ again for every config sent, so a watcher never receives a config its account st
 yet started) being allowed to read. The lists (`/api/v1/configs`, `/api/v1/configs/NS`) hold
 only what the caller may read.
 
+A projected (bound) token names its pod: the TokenReview answers its name and uid in
+`status.user.extra` (reconciler.cds_quota.PodClaim), kept as the account's `pod`. Usage
+reports of cluster-wide user quotas count only from a pod of the Gateway (reconciler.cds_store):
+the middleware leaves the pod a caller may report as under REPORTER_KEY, None for a reader (who
+never reports) or a token bound to no pod.
+
 Answers: no or unverifiable token 401 (with `WWW-Authenticate: Bearer`); a config the caller may
 not read 403 (decided from the id and the caller alone, whether the config exists or not); the
 TokenReview failing (API server away, RBAC missing) 503. Each refusal is counted
@@ -49,7 +55,7 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from http import HTTPStatus
 from typing import Any
@@ -60,6 +66,8 @@ from prometheus_client import CollectorRegistry, Counter
 from stunner_api.cds import InvalidId, config_id, split_id
 from stunner_api.vocabulary import CDS_AUTH_HEADERS, CDS_SERVICE_NAME, CDS_TOKEN_AUDIENCE
 from stunner_http.server import RateLimitedLog
+
+from .cds_quota import PodClaim
 
 log = logging.getLogger("stunner.cds-server")
 
@@ -102,10 +110,12 @@ class ReviewUnavailable(Exception):
 
 @dataclass(frozen=True)
 class Account:
-    """A ServiceAccount: `namespace/name`."""
+    """A ServiceAccount: `namespace/name`; `pod`: the pod its token is bound to (not part of
+    the account's identity: compared and hashed without it)."""
 
     namespace: str
     name: str
+    pod: PodClaim | None = field(default=None, compare=False)
 
     def __str__(self) -> str:
         return f"{self.namespace}/{self.name}"
@@ -117,6 +127,11 @@ class Account:
             return None
         namespace, sep, name = username.removeprefix(SERVICE_ACCOUNT_PREFIX).partition(":")
         return cls(namespace, name) if sep and namespace and name and ":" not in name else None
+
+
+# The request key under which the middleware leaves the pod the caller may report usage as (the
+# pod its token is bound to), None when it may not (a reader, a token bound to no pod).
+REPORTER_KEY: web.RequestKey[PodClaim | None] = web.RequestKey("stunner.cds.reporter")
 
 
 def parse_readers(text: str) -> frozenset[Account]:
@@ -270,7 +285,10 @@ class TokenVerifier:
             return None
         user = status.get("user")
         username = user.get("username") if isinstance(user, Mapping) else None
-        return Account.of_user(username) if isinstance(username, str) else None
+        account = Account.of_user(username) if isinstance(username, str) else None
+        if account is None or not isinstance(user, Mapping):
+            return None
+        return replace(account, pod=PodClaim.of_user(user))
 
 
 def _key(token: str) -> bytes:
@@ -393,6 +411,7 @@ class Access:
             )
         request[ALLOWED_KEY] = lambda id: self.may_read(account, id)
         request[LAPSED_KEY] = lambda: self._lapsed(request, token, account)
+        request[REPORTER_KEY] = None if account in self.readers else account.pod
         return await handler(request)
 
     async def _lapsed(self, request: web.Request, token: str, account: Account) -> tuple[int, str]:

@@ -45,6 +45,7 @@ from stunner_api.vocabulary import (
     CDS_TOKEN_AUDIENCE,
     ENDPOINT_SLICE,
     OWNED_BY_LABEL,
+    POD,
     SYSTEM_NAMESPACE,
     WRITTEN_KINDS,
 )
@@ -53,6 +54,7 @@ from . import events
 from .apply import Memo, Write, owned_by, plan_writes
 from .cds import HANDLERS_KEY, cds_app, serve
 from .cds_access import MAX_TTL, Access, Account, AuthMode, ReviewUnavailable, TokenVerifier
+from .cds_quota import dataplane_pod
 from .cds_store import ConfigStore
 from .kube.api import Api, ConfigUnavailable, describe, load_client, refusal
 from .kube.informer import BACKOFF_INITIAL, BACKOFF_MAX, NOT_SERVED_RETRY, WATCH_TIMEOUT, Informer
@@ -312,7 +314,20 @@ class ClusterMode:
 
     def _on_change(self, new: Object | None, old: Object | None) -> None:
         """From a watch thread: consider the change on the loop."""
+        obj = new if new is not None else old
+        if obj is not None and obj.get("kind") == POD.kind:
+            self._loop.call_soon_threadsafe(self._pod_changed, new, old)
+            return
         self._loop.call_soon_threadsafe(self._consider, new, old)
+
+    def _pod_changed(self, new: Object | None, old: Object | None) -> None:
+        """A Gateway's dataplane pod seen or gone: who may report usage (cds_usage)."""
+        was = dataplane_pod(old) if old is not None else None
+        now = dataplane_pod(new) if new is not None else None
+        if was is not None and was != now:
+            self.store.usage.pod_gone(*was)
+        if now is not None:
+            self.store.usage.pod_seen(*now)
 
     def _consider(self, new: Object | None, old: Object | None) -> None:
         if not self.rendered_once or not self.references.wants(new, old):

@@ -11,11 +11,13 @@ from reconciler.kube.api import WRITTEN, resource_path
 from reconciler.store import CLUSTER_SCOPED, WATCHED, Cache, Kind, Snapshot, kind_of
 from stunner_api.vocabulary import (
     DAEMON_SET,
+    DATAPLANE_POD_SELECTOR,
     DEPLOYMENT,
     GATEWAY_CLASS,
     KINDS,
     OWNED_BY_LABEL,
     OWNED_BY_VALUE,
+    POD,
     RENDERED_KINDS,
     SECRET,
     SERVICE_ACCOUNT,
@@ -43,8 +45,13 @@ def test_every_row_is_one_kind_and_the_lists_are_its_columns() -> None:
     assert set(RENDERED_KINDS) <= set(WATCHED_KINDS)  # render reads only what is watched
     assert [w.label_selector for w in WATCHED if w.label_selector] == [
         f"{OWNED_BY_LABEL}={OWNED_BY_VALUE}"  # our Deployments, DaemonSets, accounts, by label
-    ] * 3
-    assert [w.info for w in WATCHED if not w.rendered] == [DEPLOYMENT, DAEMON_SET, SERVICE_ACCOUNT]
+    ] * 3 + [DATAPLANE_POD_SELECTOR]  # the Gateways' dataplane pods (who may report usage)
+    assert [w.info for w in WATCHED if not w.rendered] == [
+        DEPLOYMENT,
+        DAEMON_SET,
+        SERVICE_ACCOUNT,
+        POD,
+    ]
 
 
 def test_a_snapshot_keeps_every_version_of_the_rendered_kinds_and_ignores_the_rest() -> None:
@@ -60,6 +67,7 @@ def test_a_snapshot_keeps_every_version_of_the_rendered_kinds_and_ignores_the_re
         ("Deployment", "not a kind the operator reads"),
         ("DaemonSet", "not a kind the operator reads"),
         ("ServiceAccount", "not a kind the operator reads"),
+        ("Pod", "not a kind the operator reads"),
     ]
     assert snapshot.gateway_class("x") is not None and snapshot.secret("ns", "x") is not None
 
