@@ -422,11 +422,17 @@ class ClusterMode:
         def send(write: Write) -> WriteResult | None:
             return self.writer.send(write) if self.leading else None
 
-        if len(writes) <= 1:
-            answered = [send(w) for w in writes]
-        else:  # each write is one object's: they may go in any order, WRITERS at a time
+        # The ServiceAccounts go first and are answered before the rest is sent: a Deployment
+        # naming an account not yet made has its pods refused until the account exists.
+        first = [w for w in writes if w.kind == "ServiceAccount"]
+        answered: list[WriteResult | None] = []
+        for phase in (first, [w for w in writes if w.kind != "ServiceAccount"]):
+            if len(phase) <= 1:
+                answered += [send(w) for w in phase]
+                continue
+            # each write is one object's: within a phase they go in any order, WRITERS at a time
             with concurrent.futures.ThreadPoolExecutor(WRITERS, "reconciler-writer") as pool:
-                answered = list(pool.map(send, writes))
+                answered += pool.map(send, phase)
         return [result for result in answered if result is not None]
 
     def _send_until(self, writes: Sequence[Write], deadline: float) -> list[WriteResult]:
