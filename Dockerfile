@@ -20,7 +20,7 @@ ARG PYTHON=python:3.11-slim-bookworm
 
 FROM ${PYTHON} AS build
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends gcc libc6-dev binutils \
+    && apt-get install -y --no-install-recommends gcc libc6-dev libssl-dev binutils \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 # setup.py* : the C extension's build (when present); one COPY so that a glob matching nothing

@@ -23,8 +23,9 @@ allocations' relay sockets in its own thread, which never takes the GIL: epoll, 
   match the datagram, or is above `max_message` (`Limits.max_udp_message`). Python's path drops
   the same datagrams unanswered (`TurnServer.handle`, `stun.parse_message`).
 - everything else (every STUN request, any other message shape, an expired channel) is handed
-  up untouched through one of two bounded queues: what comes from a peer or from a client with
-  an allocation in the engine goes to a priority queue, the rest (strangers) to another, and
+  up untouched through one of three bounded queues: what comes from a peer or from a client
+  with an allocation in the engine goes to a priority queue, the rest (strangers) to another
+  (and a third for strangers' requests whose nonce verifies, below), and
   `drain()` empties the priority queue first, so a flood of strangers' requests cannot starve
   established clients' Refresh, CreatePermission and ChannelBind. `fileno()` is readable while
   either holds packets (an eventfd for `loop.add_reader`), `drain()` returns them in batches.
@@ -44,6 +45,15 @@ allocations' relay sockets in its own thread, which never takes the GIL: epoll, 
   starts afresh (`bucket_resets`). One source IP holds at most `per_source` places in the
   strangers' queue (dropped as "queue_full" past it), so one flooder cannot fill it. The
   pure-Python UDP path applies the same rule (`transports.UdpListenerProtocol`).
+- strangers' unsigned STUN from everywhere (issue 28, relaycore/stateless.c): past its IP's
+  bucket it spends a token of the engine's own (`unsigned_rate`; "unauthenticated_total" past
+  it: a spoofed flood passes every per-source budget). With `answer_unsigned`, an unsigned
+  Allocate is then answered in the engine with a 401 whose NONCE is `auth.NonceManager`'s, byte
+  for byte (the same secret, lifetime and binding), and never handed up (`answered`); a
+  stranger's request whose NONCE verifies goes up through a third queue, drained after the
+  priority queue and before the strangers': a flood of unsigned or forged requests cannot
+  starve a new client's signed Allocate. The pure-Python UDP path answers the same 401 within
+  the same budgets (`stateless`).
 - expiry is by monotonic timestamps (`time.monotonic()`), checked per packet: no timer per entry.
 - counters (packets and bytes per listener and per cluster, both directions; drops by cause;
   packets handed up) are read under the engine's lock without stopping its thread.
@@ -114,6 +124,7 @@ RELAYED, DROPPED, UP = 0, 1, 2  # what reinject() did
 FORBIDDEN = -1  # the verdict of a peer no routed cluster admits
 DRAIN_BATCH = 256
 MAX_CLUSTERS = 4096
+MAX_ANSWER_REALM = 128  # bytes: the engine answers 401s with a realm up to this (relay.h)
 
 
 def unavailable_reason() -> str | None:
@@ -181,6 +192,7 @@ class NativeCounters:
     handed_up: int = 0
     stranger_ips: int = 0  # source IPs whose unauthenticated-STUN bucket is tracked
     bucket_resets: int = 0  # times that table was full of live buckets and started afresh
+    answered: int = 0  # strangers' unsigned Allocates the engine answered with 401 itself
 
     def listener(self) -> ListenerCounters:
         """As the listener's counters (Python's path counts the same events in these fields)."""
@@ -208,7 +220,7 @@ class NativeCounters:
         total = cls()
         for counted in each:
             for name in ("rx_packets", "rx_bytes", "tx_packets", "tx_bytes", "handed_up",
-                         "stranger_ips", "bucket_resets"):  # fmt: skip
+                         "stranger_ips", "bucket_resets", "answered"):  # fmt: skip
                 setattr(total, name, getattr(total, name) + getattr(counted, name))
             for cluster, values in counted.clusters.items():
                 mine = total.clusters.setdefault(cluster, [0] * len(values))
@@ -220,7 +232,7 @@ class NativeCounters:
 
 # The engine's drop causes counted as rate_limited (the metric's reason="rate_limit"); with the
 # stream ones and forbidden, those not counted as dropped (reason="invalid").
-_RATE_LIMITS = ("rate_limited", "unauthenticated_rate")
+_RATE_LIMITS = ("rate_limited", "unauthenticated_rate", "unauthenticated_total")
 _NOT_INVALID = (*_RATE_LIMITS, "latency", "backpressure", "forbidden")
 
 
@@ -251,6 +263,8 @@ class NativeRelay:
         stranger_rate: float = 0.0,
         stranger_ips: int = 65536,
         per_source: int = 0,
+        unsigned_rate: float = 0.0,
+        max_attributes: int = 64,
     ) -> None:
         reason = unavailable_reason()
         if reason is not None:
@@ -265,6 +279,8 @@ class NativeRelay:
             stranger_rate=stranger_rate,
             stranger_ips=stranger_ips,
             per_source=per_source,
+            unsigned_rate=unsigned_rate,
+            max_attributes=max_attributes,
         )
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -375,6 +391,17 @@ class NativeRelay:
     def clear_verdicts(self) -> None:
         self._engine.clear_verdicts()
 
+    def answer_unsigned(self, secret: bytes, lifetime: float, name: str, realm: str) -> None:
+        """Answer strangers' unsigned Allocates in the engine with a stateless 401 (issue 28):
+        REALM `realm` and a nonce of `auth.NonceManager`'s (its `secret` and `lifetime`) bound
+        to listener `name` and the client's address; and hand a stranger's request whose
+        NONCE verifies up through the signed queue. ValueError for a realm above 128 bytes."""
+        self._engine.answering(True, secret, lifetime, name.encode(), realm.encode())
+
+    def stop_answering(self) -> None:
+        """Hand strangers' unsigned Allocates up to Python again (STUN-only mode)."""
+        self._engine.answering(False)
+
     def mute(self, client: tuple[Any, ...], until: float) -> None:
         """Drop the STUN messages of `client`, a stranger (no allocation in the engine), until
         `until` (`time.monotonic()`), counted as "rate_limited": its error-answer budget is
@@ -414,4 +441,5 @@ class NativeRelay:
             handed_up=raw["handed_up"],
             stranger_ips=raw["stranger_ips"],
             bucket_resets=raw["bucket_resets"],
+            answered=raw["answered"],
         )

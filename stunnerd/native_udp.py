@@ -38,7 +38,7 @@ from . import native, stun
 from .allocation import Allocation, RelaySocket
 from .counters import ClusterCounters, ListenerCounters
 from .stun import Address
-from .transports import STRANGER_IPS, UdpListenerProtocol, UdpTransport
+from .transports import STRANGER_IPS, ListenerSocket, UdpListenerProtocol, UdpTransport
 from .turn import TurnServer
 
 log = logging.getLogger("stunner.listener")
@@ -92,20 +92,6 @@ class NativeAllocation:
             self.engine.remove_channel(self.handle, channel)
 
 
-class _ListenerSocket(asyncio.DatagramTransport):
-    """Python's side of the listener socket: it sends answers; the engine reads."""
-
-    def __init__(self, sock: socket.socket) -> None:
-        super().__init__()
-        self._sock = sock
-
-    def sendto(self, data: Any, addr: Any = None) -> None:
-        try:
-            self._sock.sendto(data, addr)
-        except OSError as exc:  # a full buffer or an ICMP error: a UDP answer is lost
-            log.debug("listener socket: %s", exc)
-
-
 class EngineCounted:
     """The counters of a transport whose native engines count its traffic (`_counters`: their
     total, or the last one kept after they stopped; None before any ran)."""
@@ -147,7 +133,10 @@ class NativeUdpTransport(EngineCounted, UdpTransport):
                 stranger_rate=limits.unauthenticated_rate,
                 stranger_ips=STRANGER_IPS,
                 per_source=STRANGER_QUEUE_SHARE,
+                unsigned_rate=limits.unauthenticated_rate_total,
+                max_attributes=limits.max_attributes,
             )
+            self._answer_unsigned(relay)
             relay.watch_relay_ports(self.server.router.relay_ports)
             relay.start()
         except (OSError, RuntimeError) as exc:
@@ -156,10 +145,22 @@ class NativeUdpTransport(EngineCounted, UdpTransport):
             self.worker_sockets = []
             raise OSError(f"the native relay engine cannot start: {exc}") from None
         self._sock, self.relay = sock, relay
-        self._python.connection_made(_ListenerSocket(sock))
+        self._python.connection_made(ListenerSocket(sock))
         relay.attach(asyncio.get_running_loop(), self._handed_up)
         self.server.scope.relay_path = self
         self._unwatch = self.server.router.watch(relay.clear_verdicts)
+
+    def _answer_unsigned(self, relay: native.NativeRelay) -> None:
+        """Let the engine answer strangers' unsigned Allocates with a stateless 401 (issue 28):
+        with this process's nonce key, so the signed retry verifies here, in Python, and in
+        every other process. Not in STUN-only mode (403 there), nor with a realm too long for
+        the engine's answer (Python answers those). A realm or mode change restarts the
+        listener (`stunner_api.restart`), so this holds for the listener's life."""
+        context = self.server.context
+        if context.stun_only or len(context.realm.encode()) > native.MAX_ANSWER_REALM:
+            return
+        nonces = context.nonces
+        relay.answer_unsigned(nonces.secret, nonces.lifetime, self.server.name, context.realm)
 
     async def stop(self) -> None:
         relay, self.relay = self.relay, None

@@ -1,7 +1,9 @@
 """The native engine parses exactly what the Python path parses (stunnerd.stun, turn.py).
 
 A stranger's STUN past its budget (issue 20): the engine drops as unauthenticated exactly
-what the Python path (`transports.has_integrity`) rate-limits. Zero-length payloads are relayed
+what the Python path (`transports.has_integrity`) rate-limits; and it answers a stranger's
+unsigned Allocate itself exactly when the Python path answers it without state (issue 28,
+`stateless.unsigned_allocate`). Zero-length payloads are relayed
 by both paths (tests/stunnerd/test_abuse_strangers.py runs both on them).
 
 Mutated Send indications and ChannelData are decided by the engine (`reinject`, synchronous)
@@ -13,6 +15,7 @@ same by both, and refused with the same words (an unpadded ChannelData message a
 
 from __future__ import annotations
 
+import binascii
 import struct
 from collections.abc import Iterator
 
@@ -244,3 +247,43 @@ def test_message_integrity_is_found_as_the_python_path_finds_it(
         assert (outcome, dropped) == (native.UP, 0)
     else:
         assert (outcome, dropped) == (native.DROPPED, 1)
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    attributes=st.lists(
+        st.tuples(
+            st.sampled_from([0x0006, 0x0008, 0x0014, 0x0015, 0x8022, 0x0019, 0x8028]),
+            st.binary(max_size=30),
+        ),
+        max_size=5,
+    ),
+    fingerprint=st.booleans(),
+    mutations=_mutations(),
+    cut=st.none() | st.integers(0, 100),
+)
+def test_unsigned_allocates_are_answered_as_the_python_path_answers_them(
+    attributes: list[tuple[int, bytes]],
+    fingerprint: bool,
+    mutations: list[tuple[int, int]],
+    cut: int | None,
+) -> None:
+    """Issue 28: the engine answers a stranger's unsigned Allocate itself (a stateless 401)
+    exactly when the Python path does (stateless.unsigned_allocate), whatever the attributes,
+    FINGERPRINT right or wrong, headers that lie about their lengths."""
+    from stunnerd import _relay
+    from stunnerd.stateless import unsigned_allocate
+
+    body = b"".join(
+        struct.pack("!HH", kind, len(value)) + value + bytes(-len(value) % 4)
+        for kind, value in attributes
+    )
+    header = Message(Method.ALLOCATE, Class.REQUEST).encode(fingerprint=False)[:20]
+    data = header[:2] + struct.pack("!H", len(body)) + header[4:] + body
+    if fingerprint:
+        data = data[:2] + struct.pack("!H", len(body) + 8) + data[4:]
+        crc = binascii.crc32(data) ^ stun.FINGERPRINT_XOR
+        data += struct.pack("!HHI", 0x8028, 4, crc)
+    data = _apply(data, mutations, cut)
+    for limit in (64, 2):
+        assert _relay.unsigned_allocate(data, limit) == unsigned_allocate(data, limit), data

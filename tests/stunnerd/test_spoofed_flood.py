@@ -1,0 +1,129 @@
+"""Issue 28 #6 on both relay paths: a flood of unauthenticated Allocates from many spoofed sources
+no longer shuts new clients out.
+
+A real stunnerd process (two UDP processes, SO_REUSEPORT) is flooded with unsigned Allocates
+from 20,000 source IPs (tests/support/flood.py: the source of each datagram set with
+IP_PKTINFO), each source too rare for any per-source budget. Before, a stranger's unsigned
+Allocate was answered from the process's error budget (`--error-rate-total`), which such a flood
+spends at once, so new clients' first Allocates went unanswered; the test lowers that budget
+to 20/s so that a flood a test can send (a few thousand a second) spends it as surely as the
+red team's 84,000/s spent the default 5,000. Now such an Allocate is answered with a stateless
+401 (its nonce an HMAC over its expiry and the client's address) within the unsigned budgets
+(`--unauthenticated-rate` per source IP, `--unauthenticated-rate-total` per process), in the
+native engine on that path, and the signed retry verifies in any process. During the flood:
+aioice allocates and relays through stunnerd, so do clients of our own from five other IPs,
+and so does coturn's turnutils_uclient where it is installed. What is asserted is that they
+succeed, not how fast.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from stunnerd.stun import Class, Message, Method
+from tests.support import flood
+from tests.support.turnclient import (
+    HOST,
+    PASSWORD,
+    USERNAME,
+    RawClient,
+    binding_answered,
+    free_port,
+    make_config,
+    start_peer,
+)
+
+from .conftest import StartStunnerd
+from .test_turn_aioice import relay_through
+
+pytestmark = pytest.mark.usefixtures("relay_path")  # both relay paths: conftest.py
+
+UCLIENT = shutil.which("turnutils_uclient")
+FLOOD_RATE = 4000  # datagrams/s: 200x the error budget the test gives each process
+FLOOD_SECONDS = 90  # at most; the test stops it when its clients are done
+RETRANSMISSIONS = 7  # RFC 8489 §6.2.1 (Rc), from 0.5 s doubling: 31.5 s, then it gives up
+
+
+async def transact(client: RawClient, message: Message, ip: str) -> Message:
+    """`message` sent with RFC 8489 retransmissions (500 ms, doubling) until answered."""
+    wait = 0.5
+    for _ in range(RETRANSMISSIONS):
+        try:
+            return await client.request(message, sign=client.nonce is not None, timeout=wait)
+        except TimeoutError:
+            wait *= 2
+    raise AssertionError(f"{message.method.name} from {ip} never answered")
+
+
+async def allocate_from(ip: str, port: int) -> Message:
+    loop = asyncio.get_running_loop()
+    _, client = await loop.create_datagram_endpoint(
+        lambda: RawClient((HOST, port)), local_addr=(ip, 0)
+    )
+    try:
+        request = Message(Method.ALLOCATE, Class.REQUEST)
+        request.attributes["REQUESTED-TRANSPORT"] = 17
+        client.learn(await transact(client, request, ip))  # 401: REALM and NONCE
+        signed = Message(Method.ALLOCATE, Class.REQUEST)
+        signed.attributes["REQUESTED-TRANSPORT"] = 17
+        return await transact(client, signed, ip)
+    finally:
+        client.close()
+
+
+async def uclient(port: int, peer_port: int) -> str:
+    """turnutils_uclient from its own IP: one allocation, 20 messages to an echo peer."""
+    assert UCLIENT is not None
+    process = await asyncio.create_subprocess_exec(
+        UCLIENT, "-u", USERNAME, "-w", PASSWORD, "-p", str(port), "-e", HOST,
+        "-r", str(peer_port), "-n", "20", "-m", "1", "-c", "-L", "127.0.0.4", HOST,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        output, _ = await asyncio.wait_for(process.communicate(), 60)
+    except TimeoutError:
+        process.kill()
+        output, _ = await process.communicate()
+    return output.decode(errors="replace")
+
+
+def test_new_clients_allocate_during_a_spoofed_unsigned_allocate_flood(
+    stunnerd: StartStunnerd, tmp_path: Path
+) -> None:
+    port = free_port()
+    config = tmp_path / "stunnerd.json"
+    config.write_text(make_config(port, [f"{HOST}/32"], protocols=("TURN-UDP",)).to_json())
+    server = stunnerd("-c", str(config), "-u", "2", "--error-rate-total", "20", "-l", "all:WARN")
+    assert binding_answered(port), server.stop()
+    flooder = flood.start(port, FLOOD_RATE, FLOOD_SECONDS)
+
+    async def main() -> dict[str, Any]:
+        peer = await start_peer()
+        try:
+            honest = [allocate_from(f"127.0.0.{10 + i}", port) for i in range(5)]
+            relayed = asyncio.wait_for(relay_through(port, "udp", (HOST, peer.port), 5), 60)
+            coturn = [uclient(port, peer.port)] if UCLIENT is not None else []
+            results = await asyncio.gather(*honest, relayed, *coturn)
+        finally:
+            peer.close()
+        return {"honest": results[:5], "aioice": results[5], "uclient": results[6:]}
+
+    try:
+        outcome = asyncio.run(main())
+    finally:
+        flooder.terminate()
+        flooder.communicate(timeout=10)
+        log = server.stop(at_once=True)  # SIGINT ends the drain of the allocations made
+    assert server.running() is False
+    for answer in outcome["honest"]:
+        assert answer.message_class == Class.SUCCESS, (answer.attributes, log[-2000:])
+    assert outcome["aioice"], "aioice relayed nothing"  # it allocated: its echoes came back
+    for text in outcome["uclient"]:
+        received = re.findall(r"tot_recv_msgs=(\d+)", text)
+        assert received and int(received[-1]) > 0, text[-2000:]
