@@ -161,10 +161,13 @@ class HonestPod:
             pass
 
     async def _clock(self) -> None:
+        last = time.monotonic()
         while True:
             await asyncio.sleep(0.05)
+            now = time.monotonic()
             if not self.reporter.shared:
-                self.down += 0.05
+                self.down += now - last
+            last = now
 
     def close(self) -> None:
         for task in self.tasks:
@@ -269,7 +272,7 @@ async def measure(
         await watcher.next_config(10)  # the config as it is
         warm_up = WARM_UP
         start, cpu = time.monotonic(), cpu_seconds(pid)
-        while time.monotonic() - start < seconds or warm_up > 0:
+        while warm_up >= 0 or time.monotonic() - start < seconds:
             if warm_up == 0:  # the reconciler's start (its first writes and their echoes) over
                 latencies, lost, warm_up, watcher.reconnects = [], 0, -1, 0
                 start, cpu = time.monotonic(), cpu_seconds(pid)
