@@ -180,6 +180,7 @@ def status_of(view: AdminView) -> dict[str, Any]:
     if view.config is not None:
         status = redacted(view.config).to_dict()
         stats: Mapping[str, ListenerCounters] = view.listener_stats()
+        offload = view.listener_offload()
         for listener in status.get("listeners", []):
             s = stats.get(listener["name"])
             if s is not None:
@@ -187,6 +188,9 @@ def status_of(view: AdminView) -> dict[str, Any]:
                     "rx": {"pkts": s.rx_packets, "bytes": s.rx_bytes},
                     "tx": {"pkts": s.tx_packets, "bytes": s.tx_bytes},
                 }
+            state = offload.get(listener["name"])
+            if state is not None:
+                listener["offload"] = {k: v for k, v in state.items() if k != "code"}
     status["allocationCount"] = view.allocation_count
     status["status"] = view.status
     status["peerPolicy"] = PEER_POLICY  # what no route can open (router.py)

@@ -21,6 +21,12 @@ listener socket and of every allocation's relay socket, in its own thread:
   `NativeRelay.send` on the engine's duplicate of the relay socket.
 - Counting: the engine counts the packets it consumes, Python the ones it handles; `counters()`
   gives the engine's share, which `Listener` adds to the TURN server's once.
+- The kernel offload (issue 30, `stunnerd.offload`), when `admin.offload_engine` turns it on:
+  every change to an allocation's permissions, channels or lifetime, and every route change,
+  re-syncs the allocation's routes in the kernel (`AllocationRoutes.sync` with
+  `plan_channels`: its bound channels with a live permission to a peer a route admits), and
+  its end empties them. What the kernel relayed is added to the TURN server's listener
+  counters and the cluster's, as the engine's relaying is, every second and at each removal.
 
 TURN-TCP has its own engine (`native_tcp`); TURN-TLS and -DTLS stay in Python (TLS and DTLS
 sessions).
@@ -37,6 +43,8 @@ from typing import Any
 from . import native, stun
 from .allocation import Allocation, RelaySocket
 from .counters import ClusterCounters, ListenerCounters
+from .offload.engine import AllocationRoutes, plan_channels
+from .offload.layout import Usage
 from .stun import Address
 from .transports import STRANGER_IPS, UdpListenerProtocol, UdpTransport
 from .turn import TurnServer
@@ -50,16 +58,29 @@ log = logging.getLogger("stunner.listener")
 STRANGER_QUEUE_SHARE = 128
 
 
+def _unchanged(handle: int) -> None:
+    """No kernel routes to re-sync (TURN-TCP)."""
+
+
 class NativeAllocation:
     """An allocation's relay socket inside the engine, and the mirror of its state."""
 
-    __slots__ = ("engine", "handle", "sockname", "_forget")
+    __slots__ = ("engine", "handle", "sockname", "_forget", "_changed")
 
-    def __init__(self, engine: native.NativeRelay, handle: int, sockname: Any, forget: Any) -> None:
+    def __init__(
+        self,
+        engine: native.NativeRelay,
+        handle: int,
+        sockname: Any,
+        forget: Any,
+        changed: Any = None,
+    ) -> None:
         self.engine = engine
         self.handle = handle
         self.sockname = sockname  # the relay socket's address (as an asyncio transport says)
         self._forget = forget
+        # TURN-UDP: the kernel offload re-syncs the allocation's routes after every change
+        self._changed = changed or _unchanged
 
     def get_extra_info(self, name: str, default: Any = None) -> Any:
         return self.sockname if name == "sockname" else default
@@ -78,18 +99,22 @@ class NativeAllocation:
     # AllocationMirror
     def refreshed(self, expires_at: float) -> None:
         self.engine.refresh_allocation(self.handle, expires_at)
+        self._changed(self.handle)
 
     def permitted(self, ip: str, expires_at: float) -> None:
         self.engine.set_permission(self.handle, ip, expires_at)
+        self._changed(self.handle)
 
     def bound(self, channel: int, peer: Address, expires_at: float) -> None:
         self.engine.bind_channel(self.handle, channel, peer, expires_at)
+        self._changed(self.handle)
 
     def forgotten(self, ips: list[str], channels: list[int]) -> None:
         for ip in ips:
             self.engine.remove_permission(self.handle, ip)
         for channel in channels:
             self.engine.remove_channel(self.handle, channel)
+        self._changed(self.handle)
 
 
 class _ListenerSocket(asyncio.DatagramTransport):
@@ -134,7 +159,9 @@ class NativeUdpTransport(EngineCounted, UdpTransport):
         # today's path, for what is handed up (the engine has spent strangers' tokens)
         self._python = UdpListenerProtocol(server, engine_limits_strangers=True)
         self._allocations: dict[int, Allocation] = {}  # engine handle -> allocation
+        self._offloaded: dict[int, AllocationRoutes] = {}  # engine handle -> kernel routes
         self._unwatch: Any = None
+        self._unwatch_offload: Any = None
         self._final: native.NativeCounters | None = None  # after stop
 
     async def start(self, port: int) -> None:
@@ -160,11 +187,15 @@ class NativeUdpTransport(EngineCounted, UdpTransport):
         relay.attach(asyncio.get_running_loop(), self._handed_up)
         self.server.scope.relay_path = self
         self._unwatch = self.server.router.watch(relay.clear_verdicts)
+        self._unwatch_offload = self.server.router.watch(self._sync_every_offload)
 
     async def stop(self) -> None:
+        for handle in list(self._offloaded):
+            self._offloaded.pop(handle).close()
         relay, self.relay = self.relay, None
         if relay is not None:
             self._unwatch()
+            self._unwatch_offload()
             self._final = relay.counters()
             relay.close()
             # The engine's cluster counters outlive it in the process's, as Python's do.
@@ -192,13 +223,77 @@ class NativeUdpTransport(EngineCounted, UdpTransport):
                 )
         except ValueError as exc:  # this client has an allocation in the engine already
             raise OSError(str(exc)) from None
-        relayed = NativeAllocation(relay, handle, sockname, self._forget)
+        relayed = NativeAllocation(relay, handle, sockname, self._forget, self._sync_offload)
         allocation.mirror = relayed
         self._allocations[handle] = allocation
         return relayed
 
     def _forget(self, handle: int) -> None:
         self._allocations.pop(handle, None)
+        routes = self._offloaded.pop(handle, None)
+        if routes is not None:
+            routes.close()
+
+    # --- the kernel offload ---------------------------------------------------------------------
+
+    def _sync_offload(self, handle: int) -> None:
+        """Make the allocation's routes in the kernel what stunnerd decides now."""
+        allocation = self._allocations.get(handle)
+        offload = self.server.context.offload
+        routes = self._offloaded.get(handle)
+        if allocation is None or not offload.active or self._sock is None:
+            if routes is not None:
+                self._offloaded.pop(handle).close()
+            return
+        if routes is None:
+            relay = allocation.relay
+            bound = (
+                relay.get_extra_info("sockname") if isinstance(relay, NativeAllocation) else None
+            )
+            if bound is None:
+                return
+            routes = AllocationRoutes(
+                offload,
+                allocation.downstream.address,
+                self._sock.getsockname()[:2],
+                (bound[0], bound[1]),
+                self._count_offloaded,
+            )
+            self._offloaded[handle] = routes
+        router, name = self.server.router, self.server.name
+        routes.sync(
+            plan_channels(
+                allocation.channels,
+                allocation.permissions,
+                allocation.expires_at,
+                lambda peer: router.cluster_of(name, peer[0], peer[1]),
+                router.is_own_ip,
+            )
+        )
+
+    def _sync_every_offload(self) -> None:
+        """A route or config change: every allocation's routes again (a refused peer's go)."""
+        for handle in list(self._allocations):
+            self._sync_offload(handle)
+
+    def _count_offloaded(self, cluster: str, used: Usage) -> None:
+        """What the kernel relayed, counted as the engine counts what it relays: a client's
+        datagram (payload and the 4-byte ChannelData header) on the listener, the payload on
+        the peer's cluster."""
+        stats = self.server.stats
+        stats.rx_packets += used.to_peer_packets
+        stats.rx_bytes += used.to_peer_bytes + 4 * used.to_peer_packets
+        stats.tx_packets += used.to_client_packets
+        stats.tx_bytes += used.to_client_bytes + 4 * used.to_client_packets
+        counters = self.server.scope.cluster_counters[cluster]
+        counters.tx_packets += used.to_peer_packets
+        counters.tx_bytes += used.to_peer_bytes
+        counters.rx_packets += used.to_client_packets
+        counters.rx_bytes += used.to_client_bytes
+
+    def sweep(self) -> None:
+        for routes in self._offloaded.values():
+            routes.collect()
 
     # --- packets the engine handed up --------------------------------------------------------
 

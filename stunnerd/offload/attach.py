@@ -41,11 +41,14 @@ class Attachment:
 def attach_tc(prog_fd: int, interface: str) -> Attachment:
     """Attaches the program at `interface`'s tcx ingress.
 
-    Raises ValueError for an interface the program cannot parse (it expects an Ethernet
-    header, as Ethernet and the loopback interface have), OSError for an unknown interface,
-    BpfError for what the kernel refuses (EINVAL before 6.6, EPERM without CAP_NET_ADMIN)."""
-    ifindex = socket.if_nametoindex(interface)
-    kind = interface_type(interface)
+    Raises ValueError for an unknown interface or one the program cannot parse (it expects an
+    Ethernet header, as Ethernet and the loopback interface have), BpfError for what the
+    kernel refuses (EINVAL before 6.6, EPERM without CAP_NET_ADMIN)."""
+    try:
+        ifindex = socket.if_nametoindex(interface)
+        kind = interface_type(interface)
+    except OSError:
+        raise ValueError(f"no interface {interface}") from None
     if kind not in (ARPHRD_ETHER, ARPHRD_LOOPBACK):
         raise ValueError(f"interface {interface} has no Ethernet header (type {kind})")
     link = bpf.link_create(prog_fd, ifindex, bpf.ATTACH_TCX_INGRESS)

@@ -60,6 +60,9 @@ class BpfError(OSError):
         super().__init__(code, f"bpf {command}: {os.strerror(code)}")
         self.log = log
 
+    def __str__(self) -> str:
+        return str(self.strerror)  # without OSError's "[Errno N]" prefix: it is in the words
+
 
 def syscall_number() -> int | None:
     return SYSCALL_NUMBERS.get(platform.machine())

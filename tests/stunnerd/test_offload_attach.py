@@ -10,26 +10,20 @@ machine's own interfaces.
 
 from __future__ import annotations
 
-import fcntl
 import os
-import shutil
 import socket
-import struct
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from stunnerd.offload import attach, layout, program
 from stunnerd.offload.layout import Route
+from tests.support.netns import ROOT, loopback_up, run_in_new_namespace
 
 from .test_offload_program import unavailable
 
-ROOT = Path(__file__).resolve().parents[2]
-SIOCSIFFLAGS = 0x8914
-IFF_UP = 0x1
 CHANNEL = 0x4001
 TIMEOUT = 10.0  # a bound on waiting for a datagram, never a pause
 
@@ -46,30 +40,10 @@ def in_new_namespace(function: str, *args: str) -> str:
         if os.environ.get("CI") == "true":
             pytest.fail(f"CI must run the offload program: {reason}")
         pytest.skip(reason)
-    unshare = shutil.which("unshare")
-    if unshare is None or os.geteuid() != 0:
-        pytest.skip("needs root and unshare (util-linux) for a network namespace of its own")
-    code = (
-        "import sys; from tests.stunnerd import test_offload_attach as t; "
-        f"t.{function}(*sys.argv[1:])"
-    )
-    done = subprocess.run(
-        [unshare, "--net", sys.executable, "-c", code, *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr[-4000:]
-    return done.stdout
+    return run_in_new_namespace(__name__, function, *args)
 
 
 # What runs inside the namespace.
-
-
-def loopback_up() -> None:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        fcntl.ioctl(s, SIOCSIFFLAGS, struct.pack("16sH", b"lo", IFF_UP))
 
 
 def bound(family: int, host: str) -> socket.socket:

@@ -1,0 +1,169 @@
+"""The offload's policy core and its configuration: which channels stunnerd hands the kernel
+(`plan_channels`, table-driven), and what `KernelOffload.configure` says when the offload cannot
+run (one WARNING naming what is missing; off by default)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from stunnerd.offload.engine import KernelOffload, Planned, plan_channels
+
+from .test_offload_program import unavailable
+
+PEER, OTHER = ("10.0.0.2", 5000), ("10.0.0.3", 6000)
+
+
+def cluster_of(peer: tuple[str, int]) -> str | None:
+    return {"10.0.0.2": "media", "10.0.0.3": "other"}.get(peer[0])
+
+
+@pytest.mark.parametrize(
+    ("channels", "permissions", "own", "expected"),
+    [
+        # a bound channel with a live permission, admitted: until the earliest expiry
+        (
+            {0x4000: (PEER, 300.0)},
+            {"10.0.0.2": 200.0},
+            set(),
+            {0x4000: Planned(PEER, "media", 200.0)},
+        ),
+        (
+            {0x4000: (PEER, 100.0)},
+            {"10.0.0.2": 200.0},
+            set(),
+            {0x4000: Planned(PEER, "media", 100.0)},
+        ),
+        # no permission for the channel's peer: not offloaded (stunnerd drops its data)
+        ({0x4000: (PEER, 300.0)}, {"10.0.0.3": 200.0}, set(), {}),
+        # no route admits the peer
+        ({0x4000: (("10.0.0.9", 1), 300.0)}, {"10.0.0.9": 200.0}, set(), {}),
+        # one of stunnerd's own addresses: decided per packet in user space
+        ({0x4000: (PEER, 300.0)}, {"10.0.0.2": 200.0}, {"10.0.0.2"}, {}),
+        # two channels, each its cluster
+        (
+            {0x4000: (PEER, 300.0), 0x4001: (OTHER, 300.0)},
+            {"10.0.0.2": 250.0, "10.0.0.3": 260.0},
+            set(),
+            {0x4000: Planned(PEER, "media", 250.0), 0x4001: Planned(OTHER, "other", 260.0)},
+        ),
+    ],
+)
+def test_only_what_stunnerd_decided_to_relay_is_planned(
+    channels: dict[int, tuple[tuple[str, int], float]],
+    permissions: dict[str, float],
+    own: set[str],
+    expected: dict[int, Planned],
+) -> None:
+    planned = plan_channels(channels, permissions, 1000.0, cluster_of, own.__contains__)
+    assert planned == expected
+
+
+def test_the_allocation_expiry_bounds_every_channel() -> None:
+    planned = plan_channels(
+        {0x4000: (PEER, 300.0)}, {"10.0.0.2": 200.0}, 50.0, cluster_of, set().__contains__
+    )
+    assert planned[0x4000].expires_at == 50.0
+
+
+def test_off_by_default_and_with_none() -> None:
+    offload = KernelOffload()
+    assert (offload.active, offload.reason_code) == (False, "disabled")
+    offload.configure("None", [])
+    assert (offload.active, offload.reason) == (False, "admin.offload_engine is None")
+
+
+def test_xdp_says_it_is_not_available_with_one_warning(caplog: pytest.LogCaptureFixture) -> None:
+    offload = KernelOffload()
+    with caplog.at_level(logging.WARNING, logger="stunner.offload"):
+        offload.configure("XDP", [])
+        offload.configure("None", [])
+        offload.configure("XDP", [])
+    assert (offload.active, offload.reason_code) == (False, "engine")
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings == [
+        "offload off, relaying in user space: offload engine XDP is not available (TC is)"
+    ]
+
+
+def test_an_unknown_interface_is_named(caplog: pytest.LogCaptureFixture) -> None:
+    reason = unavailable()
+    if reason is not None and os.environ.get("CI") != "true":
+        pytest.skip(reason)
+    offload = KernelOffload()
+    with caplog.at_level(logging.WARNING, logger="stunner.offload"):
+        offload.configure("TC", ["nosuch0"])
+    assert (offload.active, offload.reason_code, offload.reason) == (
+        False,
+        "interface",
+        "no interface nosuch0",
+    )
+    assert "offload off, relaying in user space: no interface nosuch0" in caplog.text
+    offload.close()
+
+
+CONFIGURE = """
+import logging, sys
+logging.basicConfig(level=logging.WARNING, stream=sys.stdout, format="%(levelname)s %(message)s")
+from stunnerd.offload.engine import KernelOffload
+offload = KernelOffload()
+offload.configure("TC", ["lo"])
+print("state", offload.active, offload.reason_code)
+"""
+
+
+@pytest.mark.parametrize(
+    ("caps", "expected"),
+    [
+        ("-all,+net_admin", "capability"),  # no CAP_BPF
+        ("-all,+bpf", "capability"),  # no CAP_NET_ADMIN: the link is refused
+        ("-all,+bpf,+net_admin", None),  # enough
+    ],
+)
+def test_without_a_capability_one_warning_names_it(caps: str, expected: str | None) -> None:
+    """Least privilege: CAP_BPF and CAP_NET_ADMIN are enough, and without either stunnerd says
+    so once and relays in user space."""
+    reason = unavailable()
+    if reason is not None and os.environ.get("CI") != "true":
+        pytest.skip(reason)
+    setpriv, unshare = shutil.which("setpriv"), shutil.which("unshare")
+    if setpriv is None or unshare is None or os.geteuid() != 0:
+        pytest.skip("needs root, setpriv and unshare (util-linux)")
+    child = subprocess.run(
+        [
+            unshare,
+            "--net",
+            setpriv,
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            f"--inh-caps={caps}",
+            f"--ambient-caps={caps}",
+            f"--bounding-set={caps}",
+            sys.executable,
+            "-c",
+            CONFIGURE,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert child.returncode == 0, child.stderr[-3000:]
+    lines = child.stdout.splitlines()
+    if expected is None:
+        assert lines == ["state True "], lines
+        return
+    assert lines[-1] == f"state False {expected}", lines
+    warnings = [line for line in lines if line.startswith("WARNING")]
+    assert len(warnings) == 1 and "needs CAP_BPF and CAP_NET_ADMIN" in warnings[0], lines
+    assert "[Errno" not in warnings[0]
+    if caps == "-all,+net_admin":
+        assert warnings[0] == (
+            "WARNING offload off, relaying in user space: bpf map create: Operation not "
+            "permitted: stunnerd needs CAP_BPF and CAP_NET_ADMIN"
+        )
