@@ -21,12 +21,9 @@ listener socket and of every allocation's relay socket, in its own thread:
   `NativeRelay.send` on the engine's duplicate of the relay socket.
 - Counting: the engine counts the packets it consumes, Python the ones it handles; `counters()`
   gives the engine's share, which `Listener` adds to the TURN server's once.
-- The kernel offload (issue 30, `stunnerd.offload`), when `admin.offload_engine` turns it on:
-  every change to an allocation's permissions, channels or lifetime, and every route change,
-  re-syncs the allocation's routes in the kernel (`AllocationRoutes.sync` with
-  `plan_channels`: its bound channels with a live permission to a peer a route admits), and
-  its end empties them. What the kernel relayed is added to the TURN server's listener
-  counters and the cluster's, as the engine's relaying is, every second and at each removal.
+- The kernel offload (issue 30), when `admin.offload_engine` turns it on: every change to an
+  allocation's permissions, channels or lifetime, and every route change, re-syncs its routes
+  in the kernel, and its end empties them (`offloaded.OffloadedAllocations`).
 
 TURN-TCP has its own engine (`native_tcp`); TURN-TLS and -DTLS stay in Python (TLS and DTLS
 sessions).
@@ -43,8 +40,7 @@ from typing import Any
 from . import native, stun
 from .allocation import Allocation, RelaySocket
 from .counters import ClusterCounters, ListenerCounters
-from .offload.engine import AllocationRoutes, plan_channels
-from .offload.layout import Usage
+from .offloaded import OffloadedAllocations
 from .stun import Address
 from .transports import STRANGER_IPS, UdpListenerProtocol, UdpTransport
 from .turn import TurnServer
@@ -159,7 +155,7 @@ class NativeUdpTransport(EngineCounted, UdpTransport):
         # today's path, for what is handed up (the engine has spent strangers' tokens)
         self._python = UdpListenerProtocol(server, engine_limits_strangers=True)
         self._allocations: dict[int, Allocation] = {}  # engine handle -> allocation
-        self._offloaded: dict[int, AllocationRoutes] = {}  # engine handle -> kernel routes
+        self._offloaded = OffloadedAllocations(server, self._listener_address)
         self._unwatch: Any = None
         self._unwatch_offload: Any = None
         self._final: native.NativeCounters | None = None  # after stop
@@ -190,8 +186,7 @@ class NativeUdpTransport(EngineCounted, UdpTransport):
         self._unwatch_offload = self.server.router.watch(self._sync_every_offload)
 
     async def stop(self) -> None:
-        for handle in list(self._offloaded):
-            self._offloaded.pop(handle).close()
+        self._offloaded.close()
         relay, self.relay = self.relay, None
         if relay is not None:
             self._unwatch()
@@ -230,70 +225,26 @@ class NativeUdpTransport(EngineCounted, UdpTransport):
 
     def _forget(self, handle: int) -> None:
         self._allocations.pop(handle, None)
-        routes = self._offloaded.pop(handle, None)
-        if routes is not None:
-            routes.close()
+        self._offloaded.forget(handle)
 
-    # --- the kernel offload ---------------------------------------------------------------------
+    # --- the kernel offload (stunnerd.offloaded) -------------------------------------------------
 
     def _sync_offload(self, handle: int) -> None:
-        """Make the allocation's routes in the kernel what stunnerd decides now."""
         allocation = self._allocations.get(handle)
-        offload = self.server.context.offload
-        routes = self._offloaded.get(handle)
-        if allocation is None or not offload.active or self._sock is None:
-            if routes is not None:
-                self._offloaded.pop(handle).close()
-            return
-        if routes is None:
-            relay = allocation.relay
-            bound = (
-                relay.get_extra_info("sockname") if isinstance(relay, NativeAllocation) else None
-            )
-            if bound is None:
-                return
-            routes = AllocationRoutes(
-                offload,
-                allocation.downstream.address,
-                self._sock.getsockname()[:2],
-                (bound[0], bound[1]),
-                self._count_offloaded,
-            )
-            self._offloaded[handle] = routes
-        router, name = self.server.router, self.server.name
-        routes.sync(
-            plan_channels(
-                allocation.channels,
-                allocation.permissions,
-                allocation.expires_at,
-                lambda peer: router.cluster_of(name, peer[0], peer[1]),
-                router.is_own_ip,
-            )
-        )
+        relay = allocation.relay if allocation is not None else None
+        bound = relay.get_extra_info("sockname") if isinstance(relay, NativeAllocation) else None
+        self._offloaded.sync(handle, allocation, (bound[0], bound[1]) if bound else None)
 
     def _sync_every_offload(self) -> None:
         """A route or config change: every allocation's routes again (a refused peer's go)."""
         for handle in list(self._allocations):
             self._sync_offload(handle)
 
-    def _count_offloaded(self, cluster: str, used: Usage) -> None:
-        """What the kernel relayed, counted as the engine counts what it relays: a client's
-        datagram (payload and the 4-byte ChannelData header) on the listener, the payload on
-        the peer's cluster."""
-        stats = self.server.stats
-        stats.rx_packets += used.to_peer_packets
-        stats.rx_bytes += used.to_peer_bytes + 4 * used.to_peer_packets
-        stats.tx_packets += used.to_client_packets
-        stats.tx_bytes += used.to_client_bytes + 4 * used.to_client_packets
-        counters = self.server.scope.cluster_counters[cluster]
-        counters.tx_packets += used.to_peer_packets
-        counters.tx_bytes += used.to_peer_bytes
-        counters.rx_packets += used.to_client_packets
-        counters.rx_bytes += used.to_client_bytes
+    def _listener_address(self) -> Address | None:
+        return self._sock.getsockname()[:2] if self._sock is not None else None
 
     def sweep(self) -> None:
-        for routes in self._offloaded.values():
-            routes.collect()
+        self._offloaded.sweep()
 
     # --- packets the engine handed up --------------------------------------------------------
 

@@ -1,8 +1,8 @@
 """stunnerd with the kernel offload on and off gives the same datagrams and the same counters.
 
 A scripted TURN-UDP session (Allocate, CreatePermission, ChannelBind, ChannelData both ways at
-sizes from 0 to 1200 bytes, a rebind, a second channel, a Send indication and a Data
-indication, a route removed mid-flow, a Refresh to 0) runs against an in-process stunnerd twice
+sizes from 0 to 1200 bytes, a rebind, a second channel, a Send indication, a route removed
+mid-flow, a channel's expiry, a Refresh to 0) runs against an in-process stunnerd twice
 in one network namespace of its own: with `admin.offload_engine: None` and with `TC` on its
 loopback interface. What reaches each peer (payload, from the relay address or not) and the
 client (every ChannelData and Data indication) must be identical, and so must the
@@ -17,6 +17,7 @@ import json
 import os
 import signal
 import sys
+import time
 from typing import Any
 
 import pytest
@@ -110,6 +111,13 @@ async def session(engine: str, peers: tuple[Peer, Peer]) -> dict[str, Any]:
         client.send_channel_data(0x4000, b"refused")
         await round_trip(0x4001, other, b"still admitted")
         await client.refresh(600)  # answered after stunnerd handled (dropped) "refused"
+        # The second channel expires (its expiry moved to the past, then the second's sweep):
+        # stunnerd forgets it and the kernel with it.
+        allocation = next(iter(stunner.listeners[LISTENER].server.allocations.values()))
+        allocation.channels[0x4001] = (to_other, time.monotonic() - 1)
+        stunner.listeners[LISTENER].server.sweep()
+        client.send_channel_data(0x4001, b"expired")
+        await client.refresh(600)
         await client.refresh(0)
         client.send_channel_data(0x4001, b"after the end")
         await client.request(stun.Message(stun.Method.BINDING, stun.Class.REQUEST), sign=False)
@@ -177,6 +185,7 @@ def test_the_same_session_gives_the_same_datagrams_and_counters_with_the_offload
         assert on[key] == off[key], key
     assert all(from_relay for _, from_relay in on["peer"] + on["other"])
     assert b"refused".hex() not in [data for data, _ in on["peer"]]
+    assert b"expired".hex() not in [data for data, _ in on["other"]]
     assert b"after the end".hex() not in [data for data, _ in on["other"]]
 
 
