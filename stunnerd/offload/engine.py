@@ -273,7 +273,9 @@ class AllocationRoutes:
         ):
             return  # a family change (RFC 6156) stays in user space
         to_peer, to_client = netlink.route_to(plan.peer[0]), netlink.route_to(self.client[0])
-        if to_peer is None or to_client is None:
+        if to_peer is None or to_client is None:  # no route there now: stunnerd's to relay
+            if done is not None:
+                self._remove(channel)
             return
         slot = done.slot if done is not None else offload.claim(self)
         if slot is None:

@@ -12,7 +12,9 @@ import sys
 
 import pytest
 
-from stunnerd.offload.engine import KernelOffload, Planned, plan_channels
+from stunnerd.offload import layout
+from stunnerd.offload.engine import AllocationRoutes, KernelOffload, Planned, plan_channels
+from stunnerd.offload.layout import Route, Usage
 
 from .test_offload_program import unavailable
 
@@ -167,3 +169,81 @@ def test_without_a_capability_one_warning_names_it(caps: str, expected: str | No
             "WARNING offload off, relaying in user space: bpf map create: Operation not "
             "permitted: stunnerd needs CAP_BPF and CAP_NET_ADMIN"
         )
+
+
+class FakeOffload:
+    """KernelOffload's side that AllocationRoutes uses, with the maps as dicts and the
+    kernel's counters set by hand."""
+
+    def __init__(self) -> None:
+        self.maps: dict[str, dict[bytes, bytes]] = {"from_clients": {}, "from_peers": {}}
+        self.kernel: dict[int, Usage] = {}  # slot -> what the kernel counted, cumulative
+        self.read_at: dict[int, Usage] = {}
+        self.next_slot = 0
+        self.writes = 0
+
+    def claim(self, routes: object) -> int:
+        slot, self.next_slot = self.next_slot, self.next_slot + 1
+        self.read_at[slot] = self.kernel.get(slot, Usage())
+        return slot
+
+    def read(self, slot: int) -> Usage:
+        now = self.kernel.get(slot, Usage())
+        used, self.read_at[slot] = now.since(self.read_at[slot]), now
+        return used
+
+    def release(self, slot: int) -> Usage:
+        used = self.read(slot)
+        del self.read_at[slot]
+        return used
+
+    def write(self, name: str, key: bytes, value: bytes) -> None:
+        self.writes += 1
+        self.maps[name][key] = value
+
+    def delete(self, name: str, key: bytes) -> None:
+        self.maps[name].pop(key, None)
+
+    def forget(self, routes: object) -> None:
+        pass
+
+
+CLIENT, LISTENER, RELAY = ("127.0.0.9", 40000), ("127.0.0.1", 3478), ("127.0.0.1", 50000)
+LOCAL_PEER = ("127.0.0.2", 9000)
+
+
+def test_an_allocations_routes_follow_stunnerds_plan_and_count_what_the_kernel_relayed() -> None:
+    fake = FakeOffload()
+    counted: list[tuple[str, Usage]] = []
+    routes = AllocationRoutes(fake, CLIENT, LISTENER, RELAY, lambda c, u: counted.append((c, u)))  # type: ignore[arg-type]
+    routes.sync({0x4000: Planned(LOCAL_PEER, "media", 100.0)})
+    client_key = layout.client_key(CLIENT, LISTENER, 0x4000)
+    peer_key = layout.peer_key(LOCAL_PEER, RELAY)
+    assert Route.unpack(fake.maps["from_clients"][client_key]) == Route(
+        RELAY, LOCAL_PEER, 100 * 10**9, 0, 0
+    )
+    assert Route.unpack(fake.maps["from_peers"][peer_key]) == Route(
+        LISTENER, CLIENT, 100 * 10**9, 0, 0, 0x4000
+    )
+    writes = fake.writes
+    routes.sync({0x4000: Planned(LOCAL_PEER, "media", 100.0)})  # nothing changed
+    assert fake.writes == writes
+    routes.sync({0x4000: Planned(LOCAL_PEER, "media", 250.0)})  # a refresh: same slot
+    assert Route.unpack(fake.maps["from_clients"][client_key]).expires_ns == 250 * 10**9
+    fake.kernel[0] = Usage(3, 300, 2, 200)
+    routes.collect()
+    assert counted == [("media", Usage(3, 300, 2, 200))]
+    fake.kernel[0] = Usage(4, 310, 2, 200)
+    routes.sync({})  # the permission went: routes gone, the rest counted
+    assert fake.maps == {"from_clients": {}, "from_peers": {}}
+    assert counted[-1] == ("media", Usage(1, 10, 0, 0))
+    routes.sync({0x4001: Planned(LOCAL_PEER, "media", 100.0)})
+    routes.close()
+    assert fake.maps == {"from_clients": {}, "from_peers": {}}
+
+
+def test_a_peer_of_another_family_stays_in_user_space() -> None:
+    fake = FakeOffload()
+    routes = AllocationRoutes(fake, CLIENT, LISTENER, RELAY, lambda c, u: None)  # type: ignore[arg-type]
+    routes.sync({0x4000: Planned(("::1", 9000), "media", 100.0)})
+    assert fake.maps == {"from_clients": {}, "from_peers": {}}

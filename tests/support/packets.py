@@ -16,7 +16,7 @@ MAC_HEADER = bytes(12)  # as on the loopback interface: both addresses zero
 def ones_complement_sum(data: bytes) -> int:
     if len(data) % 2:
         data += b"\0"
-    total = sum(struct.unpack(f"!{len(data) // 2}H", data))
+    total: int = sum(struct.unpack(f"!{len(data) // 2}H", data))
     while total > 0xFFFF:
         total = (total & 0xFFFF) + (total >> 16)
     return total
