@@ -8,8 +8,8 @@
  *   ChannelData to the client, from the listener's address and port.
  * - Everything else continues up the stack untouched (TCX_NEXT): STUN, Send and Data
  *   indications, unknown channels, a route past its expiry, padded ChannelData, TCP, TLS, DTLS,
- *   fragments, IPv4 options, IPv6 extension headers, GSO packets, payloads above MAX_PAYLOAD,
- *   and a family change (an IPv4 client with an IPv6 peer or the reverse).
+ *   fragments, IPv4 options, IPv6 extension headers, GSO packets, VLAN-tagged frames, payloads
+ *   above MAX_PAYLOAD, and a family change (an IPv4 client with an IPv6 peer or the reverse).
  *
  * The maps are written only by stunnerd (stunnerd/offload/); each route carries the monotonic
  * time (CLOCK_MONOTONIC, bpf_ktime_get_ns) at which the permission or the channel behind it
@@ -228,7 +228,9 @@ INLINE int is_v4_mapped(const struct endpoint *e) {
 
 /* The datagram's facts, or 0 when it is no UDP datagram the program can rewrite. */
 INLINE int parse(struct __sk_buff *skb, struct headers *h, struct datagram *d) {
-    if (skb->gso_size || bpf_skb_load_bytes(skb, 0, h, ETH_LEN) < 0) return 0;
+    /* GSO (several datagrams in one), or a VLAN tag the device took off: stunnerd's. */
+    if (skb->gso_size || skb->vlan_present || bpf_skb_load_bytes(skb, 0, h, ETH_LEN) < 0)
+        return 0;
     __be16 proto;
     __builtin_memcpy(&proto, &h->eth[12], 2);
     if (proto == be16(ETH_P_IP)) {
