@@ -191,6 +191,11 @@ def status_of(view: AdminView) -> dict[str, Any]:
             state = offload.get(listener["name"])
             if state is not None:
                 listener["offload"] = {k: v for k, v in state.items() if k != "code"}
+            if state is not None and s is not None and state["on"]:
+                listener["offload"]["stats"] = {  # of the listener's stats, the kernel's share
+                    "rx": {"pkts": s.offloaded_rx_packets, "bytes": s.offloaded_rx_bytes},
+                    "tx": {"pkts": s.offloaded_tx_packets, "bytes": s.offloaded_tx_bytes},
+                }
     status["allocationCount"] = view.allocation_count
     status["status"] = view.status
     status["peerPolicy"] = PEER_POLICY  # what no route can open (router.py)

@@ -115,6 +115,18 @@ def stunner_families(view: MetricsView) -> Iterator[Metric]:
     for name, state in sorted(view.listener_offload().items()):
         offload.add_metric([name, state.get("code", "")], int(bool(state["on"])))
     yield offload
+    for unit in ("packets", "bytes"):
+        offloaded = CounterMetricFamily(
+            f"stunner_listener_offloaded_{unit}",
+            f"Number of {unit} on the listener that the kernel offload relayed (of "
+            f"stunner_listener_{unit}_total).",
+            labels=["direction", "name"],
+        )
+        for name, counters in stats:
+            for direction in ("rx", "tx"):
+                value = getattr(counters, f"offloaded_{direction}_{unit}")
+                offloaded.add_metric([direction, name], value)
+        yield offloaded
     clusters = sorted(view.cluster_counters().items())
     yield from _by_direction("cluster", "to and from the cluster", clusters, ("tx", "rx"))
     shared = view.user_quota_shared

@@ -71,10 +71,16 @@ class OffloadedAllocations:
 
     def _count(self, cluster: str, used: Usage) -> None:
         stats = self.server.stats
+        rx_bytes = used.to_peer_bytes + CHANNEL_HEADER * used.to_peer_packets
+        tx_bytes = used.to_client_bytes + CHANNEL_HEADER * used.to_client_packets
         stats.rx_packets += used.to_peer_packets
-        stats.rx_bytes += used.to_peer_bytes + CHANNEL_HEADER * used.to_peer_packets
+        stats.rx_bytes += rx_bytes
         stats.tx_packets += used.to_client_packets
-        stats.tx_bytes += used.to_client_bytes + CHANNEL_HEADER * used.to_client_packets
+        stats.tx_bytes += tx_bytes
+        stats.offloaded_rx_packets += used.to_peer_packets
+        stats.offloaded_rx_bytes += rx_bytes
+        stats.offloaded_tx_packets += used.to_client_packets
+        stats.offloaded_tx_bytes += tx_bytes
         counters = self.server.scope.cluster_counters[cluster]
         counters.tx_packets += used.to_peer_packets
         counters.tx_bytes += used.to_peer_bytes

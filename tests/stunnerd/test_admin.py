@@ -306,6 +306,11 @@ def test_metrics_are_exact() -> None:
     offload = "stunner_listener_offload"
     assert samples[(offload, (("name", "ns/gw/udp"), ("reason", "")))] == 1
     assert samples[(offload, (("name", "ns/gw/tcp"), ("reason", "protocol")))] == 0
+    offloaded = (
+        "stunner_listener_offloaded_packets_total",
+        (("direction", "rx"), ("name", "ns/gw/udp")),
+    )
+    assert samples[offloaded] == 0
     # The start time has every digit: it equals prometheus_client's own reading.
     own = {s.name: s.value for f in ProcessCollector(registry=None).collect() for s in f.samples}
     assert samples[("process_start_time_seconds", ())] == own["process_start_time_seconds"]

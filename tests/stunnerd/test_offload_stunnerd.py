@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 from stunnerd import native, stun
+from stunnerd.admin import status_of
 from stunnerd.daemon import Stunner
 from tests.support.netns import loopback_up, run_in_new_namespace
 from tests.support.turnclient import (
@@ -131,6 +132,7 @@ async def session(engine: str, peers: tuple[Peer, Peer]) -> dict[str, Any]:
             "kernel": kernel,
             "offload": offload_status(stunner),
             "state": stunner.listener_offload()[LISTENER],
+            "status": status_of(stunner)["listeners"][0]["offload"],
         }
         client.close()
     return transcript
@@ -181,8 +183,21 @@ def test_the_same_session_gives_the_same_datagrams_and_counters_with_the_offload
     echoed = 3 * (len(SIZES) - 1)  # every size but 0 comes back
     assert on["kernel"]["relayed_to_peer"] >= 3 * len(SIZES)
     assert on["kernel"]["relayed_to_client"] >= echoed
-    for key in ("peer", "other", "client", "listener", "cluster"):
+    for key in ("peer", "other", "client", "cluster"):
         assert on[key] == off[key], key
+    # The listener's counters alike, but for the kernel's share of them, which /status shows.
+    shares = {k for k in on["listener"] if k.startswith("offloaded_")}
+    assert {k: v for k, v in on["listener"].items() if k not in shares} == {
+        k: v for k, v in off["listener"].items() if k not in shares
+    }
+    assert {off["listener"][k] for k in shares} == {0}
+    assert on["listener"]["offloaded_rx_packets"] == on["kernel"]["relayed_to_peer"]
+    assert on["listener"]["offloaded_tx_packets"] == on["kernel"]["relayed_to_client"]
+    assert on["status"]["stats"]["rx"] == {
+        "pkts": on["listener"]["offloaded_rx_packets"],
+        "bytes": on["listener"]["offloaded_rx_bytes"],
+    }
+    assert "stats" not in off["status"]
     assert all(from_relay for _, from_relay in on["peer"] + on["other"])
     assert b"refused".hex() not in [data for data, _ in on["peer"]]
     assert b"expired".hex() not in [data for data, _ in on["other"]]
@@ -259,9 +274,10 @@ def test_with_the_offload_nothing_reaches_a_peer_stunnerd_refuses() -> None:
 
 async def worker_session() -> dict[str, Any]:
     """Clients in the primary and in a UDP worker, each with its own program and routes: with
-    the worker stopped (SIGSTOP) its clients' media still flows (the kernel carries it); with
-    it killed (-9), nothing relays for them any more."""
-    from .test_workers import CLIENTS, pooled_stunner, relayed
+    the worker stopped (SIGSTOP) its clients' media still flows (the kernel carries it), and
+    is counted in the listener's counters once the worker runs again; with it killed (-9),
+    nothing relays for them any more."""
+    from .test_workers import CLIENTS, eventually, pooled_stunner, relayed
 
     port, peer = free_port(), await start_peer(echo=True, host=PEER_HOST)
     async with pooled_stunner(config(port, [f"{PEER_HOST}/32"], "TC")) as stunner:
@@ -277,6 +293,14 @@ async def worker_session() -> dict[str, Any]:
         os.kill(worker.pid, signal.SIGSTOP)
         while_stopped = [await relayed(c, 0x4000, b"while stopped") for c in theirs]
         os.kill(worker.pid, signal.SIGCONT)
+        # Every process's kernel share reaches the listener's counters (the worker's report).
+        kernel_share = CLIENTS + len(theirs)
+
+        def counted() -> bool:
+            stats = stunner.listener_stats()[LISTENER]
+            return stats.offloaded_rx_packets >= kernel_share
+
+        await eventually(counted)
         kernel = stunner.core.offload.loaded.outcomes()
         worker.kill()
         await worker.wait()
