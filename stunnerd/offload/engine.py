@@ -100,7 +100,7 @@ class KernelOffload:
             for name in wanted:
                 if name not in self.attachments:
                     self.attachments[name] = attach.attach_tc(self.loaded.fd, name)
-        except (OSError, ValueError) as exc:
+        except Exception as exc:  # whatever it is, the config applies and stunnerd relays
             self._stop(*why_not(exc))
         else:
             self.reason, self.reason_code = None, ""
@@ -263,7 +263,12 @@ class AllocationRoutes:
         for channel, plan in planned.items():
             current = self.installed.get(channel)
             if current is None or current.planned != plan:
-                self._install(channel, plan, current)
+                try:
+                    self._install(channel, plan, current)
+                except OSError as exc:  # a route lookup that failed: stunnerd relays it
+                    log.debug("offload: channel %#x of %s: %s", channel, self.client, exc)
+                    if channel in self.installed:
+                        self._remove(channel)
 
     def _install(self, channel: int, plan: Planned, done: Installed | None) -> None:
         offload = self.offload

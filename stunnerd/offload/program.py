@@ -57,7 +57,9 @@ class ObjectFile:
     map_references: tuple[tuple[int, str], ...]  # (instruction index, map name)
 
 
-def read_object(path: Path = OBJECT) -> ObjectFile:
+def read_object(path: Path | None = None) -> ObjectFile:
+    """The object's program, maps and map references (`path`: the installed object)."""
+    path = path or OBJECT
     with path.open("rb") as stream:
         elf = ELFFile(stream)
         program = elf.get_section_by_name(PROGRAM_SECTION)
@@ -151,11 +153,12 @@ class LoadedProgram:
         }
 
 
-def load(path: Path = OBJECT, entries: Mapping[str, int] | None = None) -> LoadedProgram:
+def load(path: Path | None = None, entries: Mapping[str, int] | None = None) -> LoadedProgram:
     """Creates the maps (with `entries` overriding a map's size) and loads the program.
 
     Raises ObjectError for an object this loader cannot read, BpfError for what the kernel
     refuses (`.log` holds the verifier's reasons)."""
+    path = path or OBJECT
     obj = read_object(path)
     for spec in obj.maps:
         expected = layout.KEY_AND_VALUE.get(spec.name)

@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -240,6 +241,38 @@ def test_an_allocations_routes_follow_stunnerds_plan_and_count_what_the_kernel_r
     routes.sync({0x4001: Planned(LOCAL_PEER, "media", 100.0)})
     routes.close()
     assert fake.maps == {"from_clients": {}, "from_peers": {}}
+
+
+def test_a_failed_route_lookup_leaves_the_channel_to_stunnerd(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A ChannelBind never fails for the offload: a lookup that fails leaves it in user space
+    (and an installed route is removed rather than left stale)."""
+    fake = FakeOffload()
+    routes = AllocationRoutes(fake, CLIENT, LISTENER, RELAY, lambda c, u: None)  # type: ignore[arg-type]
+    routes.sync({0x4000: Planned(LOCAL_PEER, "media", 100.0)})
+    assert fake.maps["from_clients"]
+
+    def broken(address: str) -> None:
+        raise OSError("netlink: no answer")
+
+    monkeypatch.setattr("stunnerd.offload.netlink.route_to", broken)
+    routes.sync({0x4000: Planned(LOCAL_PEER, "media", 200.0)})
+    routes.sync({0x4001: Planned(("127.0.0.3", 1), "media", 200.0)})
+    assert fake.maps == {"from_clients": {}, "from_peers": {}}
+
+
+def test_an_object_that_cannot_be_read_is_a_warning_not_a_refused_config(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    broken = tmp_path / "relay.bpf.o"
+    broken.write_bytes(b"\x7fELF not really")
+    monkeypatch.setattr("stunnerd.offload.program.OBJECT", broken)
+    offload = KernelOffload()
+    with caplog.at_level(logging.WARNING, logger="stunner.offload"):
+        offload.configure("TC", ["lo"])  # no exception: the config applies
+    assert (offload.active, offload.reason_code) == (False, "error")
+    assert "offload off, relaying in user space:" in caplog.text
 
 
 def test_a_peer_of_another_family_stays_in_user_space() -> None:
