@@ -69,6 +69,7 @@ class DataplaneCore:
         log_override: bool,
         limits: Limits | None = None,
         relay_ports: mmap.mmap | None = None,
+        offload_log_level: int = logging.WARNING,
     ) -> None:
         self.limits = limits or Limits()
         self.router = Router(relay_ports)
@@ -77,7 +78,8 @@ class DataplaneCore:
         self.reservations = reservations
         self.log_override = log_override  # -l/-v on the command line win over admin.loglevel
         self.context: ServerContext | None = None  # from the first apply on
-        self.offload = KernelOffload()  # this process's (each UDP worker has its own)
+        # This process's kernel offload (each UDP worker has its own; it tells at DEBUG).
+        self.offload = KernelOffload(offload_log_level)
         self.listeners: dict[str, Listener] = {}
         self._resolver = DnsResolver(self.router)
 

@@ -52,7 +52,10 @@ def all_interfaces() -> list[str]:
 class KernelOffload:
     """The offload of this process: off, or the program attached to `interfaces`."""
 
-    def __init__(self) -> None:
+    def __init__(self, log_level: int = logging.WARNING) -> None:
+        # A UDP worker tells at DEBUG what its primary, applying the same config with the same
+        # privileges, has already told at WARNING and INFO: one warning per stunnerd.
+        self.log_level = log_level
         self.loaded: program.LoadedProgram | None = None
         self.attachments: dict[str, attach.Attachment] = {}
         self.requested: tuple[str, tuple[str, ...]] = ("None", ())
@@ -104,14 +107,15 @@ class KernelOffload:
             self._stop(*why_not(exc))
         else:
             self.reason, self.reason_code = None, ""
-            log.info("offload: TC on %s", ", ".join(self.interfaces))
+            level = logging.INFO if self.log_level >= logging.WARNING else self.log_level
+            log.log(level, "offload: TC on %s", ", ".join(self.interfaces))
             return
         self._warn(self.reason or "")
 
     def _warn(self, reason: str) -> None:
         if reason not in self._warned:
             self._warned.add(reason)
-            log.warning("offload off, relaying in user space: %s", reason)
+            log.log(self.log_level, "offload off, relaying in user space: %s", reason)
 
     def _stop(self, reason: str, code: str) -> None:
         for routes in list(self._routes):

@@ -16,7 +16,10 @@ import pytest
 from stunnerd.offload import layout
 from stunnerd.offload.engine import AllocationRoutes, KernelOffload, Planned, plan_channels
 from stunnerd.offload.layout import Route, Usage
+from tests.support.turnclient import free_port, make_config
 
+from .conftest import StartStunnerd
+from .test_admin import config_file, wait_ready
 from .test_offload_program import unavailable
 
 PEER, OTHER = ("10.0.0.2", 5000), ("10.0.0.3", 6000)
@@ -280,3 +283,18 @@ def test_a_peer_of_another_family_stays_in_user_space() -> None:
     routes = AllocationRoutes(fake, CLIENT, LISTENER, RELAY, lambda c, u: None)  # type: ignore[arg-type]
     routes.sync({0x4000: Planned(("::1", 9000), "media", 100.0)})
     assert fake.maps == {"from_clients": {}, "from_peers": {}}
+
+
+def test_one_warning_per_stunnerd_however_many_udp_processes(
+    stunnerd: StartStunnerd, tmp_path: Path
+) -> None:
+    """Each UDP process configures its own offload; the workers tell at DEBUG what the primary
+    tells at WARNING, so an operator reads it once."""
+    port, health = free_port(), free_port()
+    admin = {"offload_engine": "XDP", "healthcheck_endpoint": f"http://127.0.0.1:{health}"}
+    config = make_config(port, ["127.0.0.2/32"], protocols=("TURN-UDP",), admin=admin)
+    process = stunnerd("-c", config_file(tmp_path, config), "-u", "2", "-l", "all:INFO")
+    wait_ready(f"http://127.0.0.1:{health}", process)  # the workers applied it too
+    log = process.stop()
+    assert "started 1 UDP worker process(es)" in log
+    assert log.count("offload off, relaying in user space") == 1, log
