@@ -30,24 +30,18 @@ MAP_DELETE_ELEM = 3
 MAP_GET_NEXT_KEY = 4
 PROG_LOAD = 5
 PROG_TEST_RUN = 10
-OBJ_GET_INFO_BY_FD = 15
 LINK_CREATE = 28
 
-# Program types (enum bpf_prog_type), attach types (enum bpf_attach_type).
+# The program type (enum bpf_prog_type) and attach type (enum bpf_attach_type) the offload uses.
 PROG_TYPE_SCHED_CLS = 3
-PROG_TYPE_XDP = 6
-ATTACH_XDP = 37
 ATTACH_TCX_INGRESS = 46  # kernel 6.6
 
-# Map types and flags the object may declare.
-MAP_TYPE_HASH = 1
-MAP_TYPE_ARRAY = 2
-MAP_TYPE_PERCPU_ARRAY = 6
-PERCPU_MAP_TYPES = frozenset({MAP_TYPE_PERCPU_ARRAY, 5, 10})  # PERCPU_HASH, LRU_PERCPU_HASH
+# Map types whose values are per CPU (enum bpf_map_type): PERCPU_HASH, PERCPU_ARRAY,
+# LRU_PERCPU_HASH.
+PERCPU_MAP_TYPES = frozenset({5, 6, 10})
 
 ATTR_SIZE = 144  # union bpf_attr as far as these commands go
 LOG_SIZE = 1 << 20
-PROG_INFO_SIZE = 232  # struct bpf_prog_info up to recursion_misses
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.syscall.restype = ctypes.c_long
@@ -233,13 +227,3 @@ def link_create(prog_fd: int, ifindex: int, attach_type: int, flags: int = 0) ->
     attr = _attr()
     struct.pack_into("=IIII", attr, 0, prog_fd, ifindex, attach_type, flags)
     return _call(LINK_CREATE, "link create", attr)
-
-
-def prog_run_stats(fd: int) -> tuple[int, int]:
-    """(run count, run time in ns) of a program: counted while kernel.bpf_stats_enabled is 1."""
-    info = ctypes.create_string_buffer(PROG_INFO_SIZE)
-    attr = _attr()
-    struct.pack_into("=IIQ", attr, 0, fd, PROG_INFO_SIZE, _address(info))
-    _call(OBJ_GET_INFO_BY_FD, "object info", attr)
-    run_time_ns, run_count = struct.unpack_from("=QQ", info, 192)
-    return run_count, run_time_ns
