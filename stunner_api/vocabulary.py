@@ -171,6 +171,16 @@ DEPLOYMENT = KindInfo(
 DAEMON_SET = KindInfo(
     "apps", "DaemonSet", "daemonsets", ("v1",), watch=("v1",), owned_only=True, written=True
 )
+# Each Gateway's dataplane ServiceAccount (issue 28 #3), watched the same way.
+SERVICE_ACCOUNT = KindInfo(
+    CORE_GROUP,
+    "ServiceAccount",
+    "serviceaccounts",
+    ("v1",),
+    watch=("v1",),
+    owned_only=True,
+    written=True,
+)
 LEASE = KindInfo("coordination.k8s.io", "Lease", "leases", ("v1",))  # leader election
 EVENT = KindInfo("events.k8s.io", "Event", "events", ("v1",))  # what the reconciler did
 # The webhook reads the cluster's service networks from these (Kubernetes 1.33 and later).
@@ -192,6 +202,7 @@ KINDS: tuple[KindInfo, ...] = (
     REFERENCE_GRANT,
     DEPLOYMENT,
     DAEMON_SET,
+    SERVICE_ACCOUNT,
     LEASE,
     EVENT,
     SERVICE_CIDR,

@@ -4,7 +4,8 @@ Served by aiohttp (GET and HEAD only) with the connection discipline every serve
 (`stunner_http.server`), with bounds a kubelet probe or a Prometheus scrape never reaches: a
 request line or header field of at most 8 KiB, at most 64 header fields, no body,
 HEADER_DEADLINE seconds for a connection to deliver a complete request (a client trickling one
-header line every few seconds is closed at the deadline), MAX_CONNECTIONS connections at once.
+header line every few seconds is closed at the deadline), MAX_CONNECTIONS connections at once
+(stunner_http's default per source IP, 16, from one address).
 Oversized requests get 400 without a traceback in the log.
 
 The handlers read a narrow view of the dataplane (`AdminView`), never the daemon itself.

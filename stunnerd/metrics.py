@@ -88,6 +88,7 @@ def stunner_families(view: MetricsView) -> Iterator[Metric]:
     for name, counters in stats:
         dropped.add_metric([name, "backpressure"], counters.backpressure_dropped)
         dropped.add_metric([name, "latency"], counters.latency_dropped)
+        dropped.add_metric([name, "framing"], counters.framing_dropped)
         dropped.add_metric([name, "rate_limit"], counters.rate_limited)
         dropped.add_metric([name, "invalid"], counters.dropped)
         dropped.add_metric([name, "forbidden"], counters.forbidden_dropped)

@@ -396,8 +396,9 @@ class TcpConnectionProtocol(asyncio.Protocol):
         while True:
             try:
                 length = stun.stream_frame_length(buffer)
-            except stun.StunError as exc:
+            except stun.StunError as exc:  # out of step, or garbage: what follows is too
                 log.info("listener %s: closing %s: %s", server.name, downstream.address, exc)
+                server.stats.framing_dropped += 1
                 self.close()
                 return
             if length is None or len(buffer) < length:

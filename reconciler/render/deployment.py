@@ -33,7 +33,6 @@ from stunner_api.vocabulary import (
     CDS_TOKEN_PATH,
     CDS_TOKEN_VOLUME,
     DEFAULT_DATAPLANE_RESOURCE,
-    DEFAULT_SERVICE_ACCOUNT,
     DEFAULT_TERMINATION_GRACE_PERIOD,
     HOST_NETWORK_DNS_POLICY,
     METRICS_PORT,
@@ -45,6 +44,7 @@ from stunner_api.vocabulary import (
 )
 
 from ..store import Object, meta, name_of, namespace_of
+from .account import dataplane_account
 from .config import stunnerd_ports
 from .context import Context, GatewayPlan, Staged
 from .manifests import _copy, _gateway_id, _map, _metadata, _view, annotation, related_labels
@@ -91,14 +91,6 @@ CDS_TOKEN_SOURCE: Mapping[str, Any] = {
         ]
     },
 }
-
-
-def service_account_of(deployment: Mapping[str, Any]) -> str:
-    """The ServiceAccount a rendered Deployment's pods run as (the CDS serves the Gateway's
-    config to it only)."""
-    pod_spec = _view(_view(_view(deployment.get("spec")).get("template")).get("spec"))
-    name = pod_spec.get("serviceAccountName")
-    return name if isinstance(name, str) and name else DEFAULT_SERVICE_ACCOUNT
 
 
 def workload_kind(dataplane: Object) -> str:
@@ -219,13 +211,13 @@ def deployment(
         else DEFAULT_TERMINATION_GRACE_PERIOD,
         "hostNetwork": uses_host_network(dataplane),
         "volumes": [_copy(CDS_TOKEN_SOURCE)],
+        # The Gateway's own account (account.py): the one the CDS serves its config to.
+        "serviceAccountName": dataplane_account(gateway, dataplane),
         # stunnerd never calls the API server: only the CDS token above is mounted.
         "automountServiceAccountToken": False,
     }
     if pod_spec["hostNetwork"]:
         pod_spec["dnsPolicy"] = HOST_NETWORK_DNS_POLICY
-    if isinstance(spec.get("serviceAccountName"), str) and spec["serviceAccountName"]:
-        pod_spec["serviceAccountName"] = spec["serviceAccountName"]
     for key in ("affinity", "securityContext"):
         if spec.get(key):
             pod_spec[key] = _map(spec[key])

@@ -605,9 +605,27 @@ static PyTypeObject EngineType = {
     .tp_methods = Engine_methods,
 };
 
+/* How the engine frames the start of a TCP stream: (length, why not) as stream.c decides. */
+static PyObject *stream_framing(PyObject *module, PyObject *args) {
+    Py_buffer data;
+    if (!PyArg_ParseTuple(args, "y*", &data)) return NULL;
+    const uint8_t *b = data.buf;
+    size_t len = (size_t)data.len;
+    long length = relay_stream_frame_length(b, len);
+    const char *why = relay_stream_framing_error(b, len);
+    PyBuffer_Release(&data);
+    return Py_BuildValue("(lz)", length, why);
+}
+
+static PyMethodDef module_methods[] = {
+    {"stream_framing", stream_framing, METH_VARARGS,
+     "(frame length: 0 until a header, -1 for garbage; why it is garbage, or None)"},
+    {NULL, NULL, 0, NULL},
+};
+
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "stunnerd._relay", "The native TURN-UDP relay core (relay.c).", -1,
-    NULL,
+    module_methods,
 };
 
 PyMODINIT_FUNC PyInit__relay(void) {

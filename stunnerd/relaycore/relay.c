@@ -13,7 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#define COOKIE 0x2112A442u
+#define COOKIE RELAY_COOKIE
 #define FINGERPRINT_XOR 0x5354554Eu
 #define ATTR_MESSAGE_INTEGRITY 0x0008
 #define ATTR_XOR_PEER_ADDRESS 0x0012

@@ -100,6 +100,7 @@ enum { CL_TX_PACKETS, CL_TX_BYTES, CL_RX_PACKETS, CL_RX_BYTES };               /
 #define RELAY_BATCH 32
 #define RELAY_BUFFER 65536
 #define RELAY_MAX_MESSAGE 4096 /* STUN over UDP, by default (stunnerd.limits.max_udp_message) */
+#define RELAY_COOKIE 0x2112A442u /* STUN's magic cookie (RFC 8489 §5) */
 
 /* One packet handed up: where it came from and its bytes, exactly as received. */
 typedef struct relay_up {
@@ -317,9 +318,12 @@ int relay_stream_send(relay_engine *e, uint64_t handle, const uint8_t *data, siz
 /* Close the stream (what is queued is tried once more); its close event follows. */
 int relay_close_stream(relay_engine *e, uint64_t handle);
 /* The length of the frame that begins `b` (of `len` bytes buffered): 0 until its 4-byte
- * header is there, -1 if it is neither STUN (length a multiple of 4) nor ChannelData
- * (stunnerd.stun.stream_frame_length, byte for byte). */
+ * header is there, -1 if it is neither STUN (length a multiple of 4, the magic cookie once 8
+ * bytes are there) nor ChannelData (padded to 4) (stunnerd.stun.stream_frame_length, byte for
+ * byte: an unpadded ChannelData message puts the stream out of step, found at the next STUN
+ * header). relay_stream_framing_error says why, in stunnerd.stun's words. */
 long relay_stream_frame_length(const uint8_t *b, size_t len);
+const char *relay_stream_framing_error(const uint8_t *b, size_t len);
 /* Bytes read from a stream at `now` (age: how long they waited in the socket, seconds): framed,
  * relayed, handed up. Returns 0, or -1 when the stream must close (s->close_reason). Called
  * by the thread with `lock` held; sends decided go into `sends` (count in *count, at most

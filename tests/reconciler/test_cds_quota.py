@@ -141,6 +141,7 @@ def test_reporting_watchers_are_told_each_others_counts_and_a_silent_one_configs
         (WATCH, frame(0x2, b"\x00\x01"), b"unexpected BINARY"),
         ("/api/v1/configs?watch=true", frame(0x1, b'{"quotaUsageReport":{}}'), b"one config"),
     ],
+    ids=["not-an-object", "no-report", "binary", "watch-of-all"],  # the frames' masks are random
 )
 def test_a_frame_that_is_no_valid_report_is_closed_with_the_reason(
     path: str, send: bytes, reason: bytes

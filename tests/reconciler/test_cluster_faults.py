@@ -112,6 +112,42 @@ def test_a_conflict_rereads_the_object_and_the_next_write_succeeds(tmp_path: Pat
             api.close()
 
 
+def test_a_create_for_a_gateway_the_api_server_no_longer_has_is_not_sent(
+    tmp_path: Path,
+) -> None:
+    """The cache still holds the Gateway (its watch has not delivered the deletion yet, while the
+    collector's deletions of what it owned came first): its Service and Deployment are not
+    created again; nor for a Gateway deleted and created again under the same name (a new
+    uid), whose own render makes its own objects."""
+    with FakeApiServer() as fake:
+        k.world(fake)
+        cache = Cache()
+        api = Api(load_client(str(fake.write_kubeconfig(tmp_path / "kubeconfig"))))
+        try:
+            for watched in cache.watched:
+                items, version = api.list(watched, watched.versions[0])
+                cache.replace(watched, items, version)
+            writer = Writer(api, cache)
+            snapshot = Snapshot.from_objects(cache.rendered_objects())
+            plan = render(snapshot, RenderSettings(), datetime.now(UTC))
+            creates = [
+                w for w in plan_writes(plan, cache.get, {"stunner/gw"}) if w.verb == "create"
+            ]
+            assert {w.kind for w in creates} >= {"Service", "Deployment"}
+            before = len(fake.writes())
+            k.delete(fake, GW, "Gateway", "gw")
+            results = [writer.send(w) for w in creates]
+            assert all(r.ok and "is gone" in r.skipped for r in results), results
+            assert [m for m, _ in fake.writes()[before:] if m == "POST"] == []
+            assert k.get(fake, "v1", "Service", "gw") is None
+            fake.seed(k.gateway())  # the same name again, another uid
+            again = [writer.send(w) for w in creates]
+            assert all("another one" in r.skipped for r in again), again
+            assert k.get(fake, "apps/v1", "Deployment", "gw") is None
+        finally:
+            api.close()
+
+
 def test_the_api_server_away_and_back_loses_nothing(tmp_path: Path) -> None:
     async def main() -> None:
         with FakeApiServer() as fake:

@@ -15,7 +15,6 @@ from typing import Any
 import pytest
 
 from reconciler.render import Plan, RenderSettings, addresses, render
-from reconciler.render.deployment import service_account_of
 from reconciler.store import Snapshot
 from stunnerd.certificates import self_signed_certificate
 from tests.reconciler import clusterkit as k
@@ -982,11 +981,11 @@ def test_the_deployment() -> None:
 
 def test_the_deployment_carries_a_cds_token_of_the_cds_audience_only() -> None:
     """stunnerd's credential for the CDS (issue 20 #5): a projected token bound to the CDS's
-    audience, mounted read-only where STUNNER_CDS_TOKEN_FILE says; no API-server token; the
-    Dataplane's serviceAccountName is the pod's (and the one the CDS serves the config to)."""
+    audience, mounted read-only where STUNNER_CDS_TOKEN_FILE says; no API-server token; the pod
+    runs as the Gateway's own account (tests/reconciler/test_render_account.py)."""
     pod = plan_of(dataplane()).deployments["stunner/gw"]["spec"]["template"]["spec"]
     assert pod["automountServiceAccountToken"] is False
-    assert "serviceAccountName" not in pod
+    assert pod["serviceAccountName"] == "gw-stunnerd"
     assert pod["volumes"] == [
         {
             "name": "stunner-cds-token",
@@ -1013,11 +1012,6 @@ def test_the_deployment_carries_a_cds_token_of_the_cds_audience_only() -> None:
     ]
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["STUNNER_CDS_TOKEN_FILE"] == "/var/run/secrets/stunner.l7mp.io/cds/token"
-    deployment = plan_of(dataplane()).deployments["stunner/gw"]
-    assert service_account_of(deployment) == "default"
-    own = plan_of(dataplane(serviceAccountName="stunnerd")).deployments["stunner/gw"]
-    assert own["spec"]["template"]["spec"]["serviceAccountName"] == "stunnerd"
-    assert service_account_of(own) == "stunnerd"
 
 
 def test_deployment_defaults_and_switches() -> None:

@@ -54,7 +54,10 @@ What it does:
   least 600 s, default 3600 s) and :meth:`FakeApiServer.issue_token` (what the kubelet does for a
   projected volume) issue JWT-shaped tokens with ``aud``, ``exp`` and ``sub``; ``POST
   /apis/authentication.k8s.io/v1/tokenreviews`` answers authenticated only for a token this
-  server issued, not expired and not revoked (:meth:`FakeApiServer.revoke_token`), with one of
+  server issued, not expired and not revoked (:meth:`FakeApiServer.revoke_token`), whose
+  ServiceAccount, when the fake held it at issue, is still there with the same uid (deleted or
+  made anew, its tokens no longer authenticate, as kube-apiserver's token validator checks; the
+  namespaces' ``default`` accounts, made by kube-controller-manager, are not modelled), with one of
   the audiences asked (none asked: the API server's own), ``status.audiences`` the ones in
   common, as kube-apiserver does; the reviews are counted in :attr:`FakeApiServer.token_reviews`.
   The Service proxy passes the request's headers on except ``Authorization``, which the real
@@ -233,6 +236,7 @@ class IssuedToken:
     username: str
     audiences: tuple[str, ...]
     expires: float  # epoch seconds
+    account_uid: str = ""  # of the ServiceAccount when issued ("": one the fake does not hold)
 
 
 PROXY_PATH = re.compile(
@@ -640,6 +644,8 @@ class FakeApiServer:
     ) -> str:
         """A token of `namespace/account` for `audiences`, as a projected volume holds it."""
         username = f"system:serviceaccount:{namespace}:{account}"
+        held = self.get_object("v1", "ServiceAccount", namespace, account)
+        account_uid = str(held["metadata"]["uid"]) if held else ""
         now = time.time()
         claims = {
             "aud": list(audiences),
@@ -647,11 +653,14 @@ class FakeApiServer:
             "iat": int(now),
             "iss": API_AUDIENCE,
             "sub": username,
-            "kubernetes.io": {"namespace": namespace, "serviceaccount": {"name": account}},
+            "kubernetes.io": {
+                "namespace": namespace,
+                "serviceaccount": {"name": account} | ({"uid": account_uid} if held else {}),
+            },
         }
         header = _b64(json.dumps({"alg": "RS256", "kid": "fake"}).encode())
         token = f"{header}.{_b64(json.dumps(claims).encode())}.{_b64(secrets.token_bytes(32))}"
-        self.tokens[token] = IssuedToken(username, tuple(audiences), now + seconds)
+        self.tokens[token] = IssuedToken(username, tuple(audiences), now + seconds, account_uid)
         return token
 
     def revoke_token(self, token: str) -> None:
@@ -710,6 +719,8 @@ class FakeApiServer:
             )
         elif not (common := [a for a in asked if a in issued.audiences]):
             status["error"] = "[invalid bearer token, token audiences is invalid]"
+        elif gone := self._account_gone(issued):
+            status["error"] = f"[invalid bearer token, {gone}]"
         else:
             namespace, account = issued.username.split(":")[2:]
             status = {
@@ -731,6 +742,21 @@ class FakeApiServer:
             "spec": {"audiences": list(spec.get("audiences") or [])},  # the token is not echoed
             "status": status,
         }
+
+    def _account_gone(self, issued: IssuedToken) -> str:
+        """Why a token's ServiceAccount no longer backs it ("" while it does)."""
+        if not issued.account_uid:
+            return ""
+        namespace, account = issued.username.split(":")[2:]
+        held = self.get_object("v1", "ServiceAccount", namespace, account)
+        if held is None:
+            return f'serviceaccounts "{account}" not found'
+        if held["metadata"]["uid"] != issued.account_uid:
+            return (
+                f"service account UID ({held['metadata']['uid']}) does not match claim "
+                f"({issued.account_uid})"
+            )
+        return ""
 
     # --- direct state access for tests (no HTTP) -----------------------------------------------
 
