@@ -283,6 +283,8 @@ CHART_DATAPLANE_SPEC: Mapping[str, Any] = MappingProxyType(
         "enableMetricsEndpoint": False,
         "dataplaneResource": DEFAULT_DATAPLANE_RESOURCE,
         "hostNetwork": False,
+        "offloadEngine": "None",  # the kernel offload: off (stunnerd's README section)
+        "offloadInterfaces": [],
     }
 )
 

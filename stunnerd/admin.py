@@ -181,12 +181,21 @@ def status_of(view: AdminView) -> dict[str, Any]:
     if view.config is not None:
         status = redacted(view.config).to_dict()
         stats: Mapping[str, ListenerCounters] = view.listener_stats()
+        offload = view.listener_offload()
         for listener in status.get("listeners", []):
             s = stats.get(listener["name"])
             if s is not None:
                 listener["stats"] = {
                     "rx": {"pkts": s.rx_packets, "bytes": s.rx_bytes},
                     "tx": {"pkts": s.tx_packets, "bytes": s.tx_bytes},
+                }
+            state = offload.get(listener["name"])
+            if state is not None:
+                listener["offload"] = {k: v for k, v in state.items() if k != "code"}
+            if state is not None and s is not None and state["on"]:
+                listener["offload"]["stats"] = {  # of the listener's stats, the kernel's share
+                    "rx": {"pkts": s.offloaded_rx_packets, "bytes": s.offloaded_rx_bytes},
+                    "tx": {"pkts": s.offloaded_tx_packets, "bytes": s.offloaded_tx_bytes},
                 }
     status["allocationCount"] = view.allocation_count
     status["status"] = view.status

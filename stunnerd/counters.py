@@ -56,6 +56,11 @@ class ListenerCounters(Counters):
     refused_full: int = 0
     refused_draining: int = 0
     refused_rate: int = 0
+    # Of rx/tx above, what the kernel offload relayed (stunnerd.offloaded; issue 30).
+    offloaded_rx_packets: int = 0
+    offloaded_rx_bytes: int = 0
+    offloaded_tx_packets: int = 0
+    offloaded_tx_bytes: int = 0
 
     def count_refusal(self, reason: str) -> None:
         """One more Allocate refused for `reason` (one of ALLOCATION_REFUSALS)."""

@@ -11,6 +11,7 @@ import errno
 import logging
 from collections.abc import Iterable, Mapping
 from functools import partial
+from typing import Any
 
 from stunner_api.dataplane import (
     DEFAULT_HEALTHCHECK_PORT,
@@ -153,6 +154,11 @@ class Stunner:
                 if entry is not None and entry[0] == listener.generation:
                     stats.add(entry[1])
         return totals
+
+    def listener_offload(self) -> dict[str, dict[str, Any]]:
+        """Per listener, the kernel offload's state in this process (each UDP worker applies
+        the same config with the same privileges)."""
+        return {name: listener.offload_state() for name, listener in self.listeners.items()}
 
     def listener_allocations(self) -> dict[str, int]:
         """Active allocations per listener."""

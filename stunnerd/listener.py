@@ -20,6 +20,7 @@ import logging
 import os
 import socket
 from collections.abc import Callable, Mapping
+from typing import Any
 
 from stunner_api.dataplane import ListenerConfig
 from stunner_api.vocabulary import ListenerProtocol
@@ -159,12 +160,29 @@ class Listener:
         transport = self.transport
         return transport.cluster_counters() if isinstance(transport, EngineCounted) else {}
 
+    def offload_state(self) -> dict[str, Any]:
+        """Whether the kernel offload relays this listener's ChannelData, and if not, why:
+        {"on": bool, "engine", "interfaces"} or {"on": false, "reason", "code"} (the metric's
+        label)."""
+        offload = self.server.context.offload
+        if self.config.protocol != ListenerProtocol.TURN_UDP.value:
+            reason = f"{self.config.protocol}: the offload relays TURN-UDP ChannelData only"
+            return {"on": False, "reason": reason, "code": "protocol"}
+        if not offload.active:
+            return {"on": False, "reason": offload.reason, "code": offload.reason_code}
+        if not isinstance(self.transport, NativeUdpTransport):
+            reason = f"TURN-UDP relays in Python here: {native.unavailable_reason()}"
+            return {"on": False, "reason": reason, "code": "native"}
+        return {"on": True, "engine": "TC", "interfaces": offload.interfaces}
+
     @property
     def _log_level(self) -> int:
         return logging.DEBUG if self._given_socket is not None else logging.INFO
 
     def _sweep(self) -> None:
         self.server.sweep()
+        if self.transport is not None:
+            self.transport.sweep()
         self._sweeper = asyncio.get_running_loop().call_later(SWEEP_INTERVAL, self._sweep)
 
     async def stop(self) -> None:

@@ -493,6 +493,9 @@ class Transport:
     async def stop(self) -> None:
         raise NotImplementedError
 
+    def sweep(self) -> None:
+        """Every second, after the TURN server's sweep (the kernel offload's counters)."""
+
 
 class UdpTransport(Transport):
     """TURN-UDP. With `sockets` > 1 it binds that many sockets on its port with SO_REUSEPORT,

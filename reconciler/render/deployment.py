@@ -105,6 +105,40 @@ def uses_host_network(dataplane: Object | None) -> bool:
     return _view(_view(dataplane).get("spec")).get("hostNetwork") is True
 
 
+# The kernel offload (issue 30, admin.offload_engine) needs CAP_BPF and CAP_NET_ADMIN in
+# stunnerd's effective set, and nothing more. Kubernetes gives a container's added capabilities to
+# a process that runs as root only (it sets no ambient capabilities for another user), so with
+# the offload on the container runs as uid 0 with every other capability dropped, without
+# privilege escalation and not privileged. What the Dataplane's own security contexts set stays:
+# a user or runAsNonRoot of its own (pod or container) keeps stunnerd's user, and stunnerd then
+# says which capability it lacks, rather than a pod the kubelet refuses to start.
+OFFLOAD_CAPABILITIES = ("BPF", "NET_ADMIN")
+
+
+def offload_on(dataplane: Object) -> bool:
+    engine = _view(dataplane.get("spec")).get("offloadEngine")
+    return isinstance(engine, str) and engine.lower() not in ("", "none")
+
+
+def offload_security_context(
+    given: Mapping[str, Any], pod: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """`given` (a containerSecurityContext) with what the offload needs, and only that; `pod`:
+    the pod's securityContext."""
+    context = _map(given)
+    capabilities = _map(context.get("capabilities"))
+    added = [c for c in capabilities.get("add") or [] if isinstance(c, str)]
+    capabilities["add"] = added + [c for c in OFFLOAD_CAPABILITIES if c not in added]
+    capabilities.setdefault("drop", ["ALL"])
+    context["capabilities"] = capabilities
+    context.setdefault("allowPrivilegeEscalation", False)
+    context.setdefault("privileged", False)
+    user_keys = ("runAsUser", "runAsNonRoot")
+    if not any(key in scope for scope in (context, _view(pod)) for key in user_keys):
+        context["runAsUser"], context["runAsNonRoot"] = 0, False
+    return context
+
+
 def _container_ports(dataplane: Object, metrics: int | None) -> list[dict[str, Any]]:
     """The container's declared ports: `metrics-port` (what the chart's PodMonitor scrapes),
     always, as Go, at 8080 unless the Gateway's metrics-port annotation moves it. A host-network
@@ -165,6 +199,10 @@ def deployment(
         container["readinessProbe"] = _probe("/ready", READINESS_PROBE_TIMING, ports.health)
     if spec.get("containerSecurityContext"):
         container["securityContext"] = _map(spec["containerSecurityContext"])
+    if offload_on(dataplane):
+        container["securityContext"] = offload_security_context(
+            container.get("securityContext", {}), _view(spec.get("securityContext"))
+        )
     grace = spec.get("terminationGracePeriodSeconds")
     pod_spec: dict[str, Any] = {
         "containers": [container],

@@ -777,7 +777,9 @@ def test_stream_frame_length(buffer: bytes, length: int | None) -> None:
     assert stun.stream_frame_length(memoryview(buffer)) == length
 
 
-BINDING = Message(Method.BINDING, Class.REQUEST).encode()
+# A fixed transaction id: the bytes name a test below, and every pytest-xdist worker must
+# collect the same names (a random id made `-n 2` refuse the whole run).
+BINDING = Message(Method.BINDING, Class.REQUEST, bytes(range(12))).encode()
 
 
 @pytest.mark.parametrize(
