@@ -41,6 +41,13 @@ STRANGER_IPS = 65536  # source IPs whose unauthenticated-STUN budget is tracked 
 # (the kernel then drops honest clients' datagrams with the flood's); in batches one core
 # reads 250k/s (bench/README.md).
 READ_BATCH = 64
+# Full batches read in a row from a UDP listener socket after which this process is behind (at
+# least 4 x 64 datagrams were waiting each time: a few ms of work): strangers' unsigned
+# messages read meanwhile are dropped unanswered (issue 28) until a read empties the socket,
+# so a flood the CPU cannot answer in full costs a read each, and established clients'
+# packets behind it are not kept waiting. (The socket's memory use would say it sooner, but
+# UDP gives back what was read in chunks of a quarter of its buffer.)
+SHED_AFTER = 4
 
 
 def has_integrity(data: bytes) -> bool:
@@ -62,6 +69,8 @@ class UdpListenerProtocol(asyncio.DatagramProtocol):
         self.transport: asyncio.DatagramTransport | None = None
         self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.pins: ClientPins | None = None  # one process per listener: see ClientPins
+        self.full_batches = 0  # batches in a row that found READ_BATCH datagrams (read_batch)
+        self.behind = False  # full_batches reached SHED_AFTER
         # Strangers' STUN without MESSAGE-INTEGRITY: per source IP (--unauthenticated-rate,
         # issue 20) and in total (issue 28); None where the native engine has already spent
         # the tokens (and answered the unsigned Allocates itself).
@@ -109,12 +118,13 @@ class UdpListenerProtocol(asyncio.DatagramProtocol):
             self.server.handle(data, self._downstream(addr))
 
     def _unsigned(self, data: bytes, addr: Any) -> None:
-        """A stranger's STUN without MESSAGE-INTEGRITY (the Python path): its source IP's budget
-        and the process's first (issues 20 and 28), then an Allocate is answered with 401 at
-        once and without state (`stateless`), anything else as any request."""
+        """A stranger's STUN without MESSAGE-INTEGRITY (the Python path): dropped while the
+        process is behind (`behind`), then its source IP's budget and the process's (issues 20
+        and 28), then an Allocate is answered with 401 at once and without state
+        (`stateless`), anything else as any request."""
         server = self.server
         assert self.unsigned is not None
-        if not self.unsigned.admit(addr):
+        if self.behind or not self.unsigned.admit(addr):
             server.stats.rate_limited += 1
         elif not (
             unsigned_allocate(data, server.context.limits.max_attributes)
@@ -158,18 +168,22 @@ class ListenerSocket(asyncio.DatagramTransport):
             log.debug("listener socket: %s", exc)
 
 
-def read_batch(sock: socket.socket, protocol: asyncio.DatagramProtocol) -> None:
-    """Up to READ_BATCH datagrams waiting on a UDP listener socket, each to `protocol`."""
+def read_batch(sock: socket.socket, protocol: UdpListenerProtocol) -> None:
+    """Up to READ_BATCH datagrams waiting on a UDP listener socket, each to `protocol`, which
+    is told first whether it is behind (SHED_AFTER full batches in a row)."""
+    protocol.behind = protocol.full_batches >= SHED_AFTER
     receive, received = sock.recvfrom, protocol.datagram_received
     for _ in range(READ_BATCH):
         try:
             data, addr = receive(65536)
         except (BlockingIOError, InterruptedError):
+            protocol.full_batches = 0
             return
         except OSError as exc:  # an ICMP error queued on the socket: nothing to read
             protocol.error_received(exc)
             continue
         received(data, addr)
+    protocol.full_batches += 1
 
 
 class ClientPins:

@@ -26,7 +26,10 @@ from typing import Any
 
 import pytest
 
+from stunnerd.daemon import Stunner
+from stunnerd.limits import Limits
 from stunnerd.stun import Class, Message, Method
+from stunnerd.transports import READ_BATCH, SHED_AFTER
 from tests.support import flood
 from tests.support.turnclient import (
     HOST,
@@ -40,9 +43,8 @@ from tests.support.turnclient import (
 )
 
 from .conftest import StartStunnerd
+from .test_abuse_turn import allocated, run
 from .test_turn_aioice import relay_through
-
-pytestmark = pytest.mark.usefixtures("relay_path")  # both relay paths: conftest.py
 
 UCLIENT = shutil.which("turnutils_uclient")
 FLOOD_RATE = 4000  # datagrams/s: 200x the error budget the test gives each process
@@ -93,6 +95,7 @@ async def uclient(port: int, peer_port: int) -> str:
     return output.decode(errors="replace")
 
 
+@pytest.mark.usefixtures("relay_path")  # both relay paths: conftest.py
 def test_new_clients_allocate_during_a_spoofed_unsigned_allocate_flood(
     stunnerd: StartStunnerd, tmp_path: Path
 ) -> None:
@@ -127,3 +130,42 @@ def test_new_clients_allocate_during_a_spoofed_unsigned_allocate_flood(
     for text in outcome["uclient"]:
         received = re.findall(r"tot_recv_msgs=(\d+)", text)
         assert received and int(received[-1]) > 0, text[-2000:]
+
+
+def test_the_python_path_sheds_strangers_unsigned_requests_while_it_is_behind(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Python path: a process that cannot answer a flood in full (here: its event loop held
+    while 1,000 unsigned Allocates from as many IPs queue on the listener socket) drops
+    strangers' unsigned messages unanswered once it has found full batches waiting
+    transports.SHED_AFTER times in a row, until the socket is empty, instead of answering
+    every one before it reaches what comes after; an established client's request queued
+    behind them is served."""
+    monkeypatch.setenv("STUNNER_NATIVE", "0")
+
+    async def scenario(port: int, stunner: Stunner) -> None:
+        client = await allocated(port)
+        request = Message(Method.REFRESH, Class.REQUEST)
+        request.attributes["LIFETIME"] = 600
+        flooder = flood.burst(port, 1000)  # the event loop is held meanwhile
+        try:
+            refreshed = await client.request(request, timeout=10)
+            assert refreshed.message_class == Class.SUCCESS
+            answers = 0
+            while True:
+                try:
+                    flooder.recv(2048)
+                except BlockingIOError:
+                    break
+                answers += 1
+            # Answered: the first SHED_AFTER batches, before the process knew it was behind.
+            assert answers == SHED_AFTER * READ_BATCH, answers
+            # The rest dropped unanswered (all of it, unless the kernel's receive buffer, 4 MiB
+            # where net.core.rmem_max allows, held fewer).
+            shed = stunner.listeners["testns/gw/turn-udp"].stats().rate_limited
+            assert 0 < shed <= 1000 - answers
+        finally:
+            flooder.close()
+            client.close()
+
+    run(scenario, Limits(error_rate_total=0))

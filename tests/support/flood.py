@@ -32,12 +32,28 @@ def _pktinfo(index: int) -> list[tuple[int, int, bytes]]:
     return [(socket.IPPROTO_IP, IP_PKTINFO, struct.pack("@i4s4s", 0, source, bytes(4)))]
 
 
+_HEAD = struct.pack("!HHI", 0x0003, 8, 0x2112A442)
+_TAIL = struct.pack("!HHI", 0x0019, 4, 17 << 24)
+
+
+def burst(port: int, count: int) -> socket.socket:
+    """`count` unsigned Allocates to 127.0.0.1:PORT at once, each from a source IP of its own
+    (127.64.0.0 on); the socket their answers come back to (the caller closes it)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)  # room for every answer
+    sock.bind(("0.0.0.0", 0))
+    for index in range(count):
+        datagram = _HEAD + os.urandom(12) + _TAIL
+        sock.sendmsg([datagram], _pktinfo(index), 0, ("127.0.0.1", port))
+    sock.setblocking(False)
+    return sock
+
+
 def flood(port: int, rate: float, seconds: float, sources: int) -> dict[str, int]:
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     sock.bind(("0.0.0.0", 0))
     sock.setblocking(False)
-    head = struct.pack("!HHI", 0x0003, 8, 0x2112A442)
-    tail = struct.pack("!HHI", 0x0019, 4, 17 << 24)
+    head, tail = _HEAD, _TAIL
     ancillary = [_pktinfo(i) for i in range(sources)]
     target = ("127.0.0.1", port)
     sent = answers = 0
