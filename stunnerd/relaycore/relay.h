@@ -119,6 +119,22 @@ enum { CL_TX_PACKETS, CL_TX_BYTES, CL_RX_PACKETS, CL_RX_BYTES };               /
  * then the other strangers' packets: relay_drain empties them in this order. */
 enum { RELAY_QUEUE_KNOWN = 0, RELAY_QUEUE_SIGNED = 1, RELAY_QUEUE_STRANGERS = 2, RELAY_QUEUES = 3 };
 
+/* Network byte order, for every file of the engine (relay.c, stream.c, stateless.c). */
+static inline uint16_t be16(const uint8_t *p) { return (uint16_t)((p[0] << 8) | p[1]); }
+static inline uint32_t be32(const uint8_t *p) {
+    return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
+}
+static inline void put16(uint8_t *p, uint16_t v) {
+    p[0] = (uint8_t)(v >> 8);
+    p[1] = (uint8_t)v;
+}
+static inline void put32(uint8_t *p, uint32_t v) {
+    p[0] = (uint8_t)(v >> 24);
+    p[1] = (uint8_t)(v >> 16);
+    p[2] = (uint8_t)(v >> 8);
+    p[3] = (uint8_t)v;
+}
+
 /* One packet handed up: where it came from and its bytes, exactly as received. */
 typedef struct relay_up {
     int source;      /* RELAY_SRC_CLIENT (listener socket) or RELAY_SRC_PEER (a relay socket) */

@@ -26,7 +26,6 @@
 #define MAX_FRAME (4 + 0xFFFF + 3) /* ChannelData padded; STUN is 20 + 0xFFFC at most */
 #define WRITE_IOV 64
 
-static inline uint16_t be16(const uint8_t *p) { return (uint16_t)((p[0] << 8) | p[1]); }
 
 static uint64_t handle_of(const relay_stream *s) { return ((uint64_t)s->gen << 32) | s->slot; }
 
