@@ -78,22 +78,27 @@ def _attribute(kind: int, value: bytes) -> bytes:
 
 
 @functools.lru_cache(maxsize=8)
-def _before_nonce(realm: str) -> bytes:
-    """ERROR-CODE 401 and REALM: the same in every 401 of a realm."""
+def _template(realm: str, nonce_length: int) -> tuple[bytes, bytes]:
+    """The first 8 bytes of a 401 (its type, length and cookie), and its attributes before the
+    nonce's value (ERROR-CODE 401, REALM, NONCE's header): the same in every 401 of a realm."""
     reason = stun.ERROR_REASONS[401].encode()
-    return _attribute(_ERROR_CODE, bytes((0, 0, 4, 1)) + reason) + _attribute(
+    body = _attribute(_ERROR_CODE, bytes((0, 0, 4, 1)) + reason) + _attribute(
         _REALM, realm.encode()
     )
+    body += _ATTRIBUTE.pack(_NONCE, nonce_length)
+    length = len(body) + nonce_length + (-nonce_length % 4) + 8  # FINGERPRINT counted
+    return struct.pack("!HHI", _ALLOCATE_ERROR, length, stun.COOKIE), body
 
 
 def unauthorized(request: bytes, realm: str, nonce: str) -> bytes:
     """The 401 to the Allocate request `request` (its header: the transaction id): ERROR-CODE
     401, REALM, NONCE, FINGERPRINT, as `TurnServer` encodes it (RFC 8489 §9.2.4: not
     integrity-protected)."""
-    body = _before_nonce(realm) + _attribute(_NONCE, nonce.encode())
-    header = struct.pack("!HHI", _ALLOCATE_ERROR, len(body) + 8, stun.COOKIE) + request[8:20]
-    crc = binascii.crc32(header + body) ^ stun.FINGERPRINT_XOR
-    return header + body + struct.pack("!HHI", _FINGERPRINT, 4, crc)
+    value = nonce.encode()
+    start, body = _template(realm, len(value))
+    message = start + request[8:20] + body + value + bytes(-len(value) % 4)
+    crc = binascii.crc32(message) ^ stun.FINGERPRINT_XOR
+    return message + struct.pack("!HHI", _FINGERPRINT, 4, crc)
 
 
 class UnsignedBudget:

@@ -15,7 +15,6 @@ import fcntl
 import logging
 import socket
 import ssl
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
 from . import stun
@@ -126,23 +125,23 @@ class UdpListenerProtocol(asyncio.DatagramProtocol):
         assert self.unsigned is not None
         if self.behind or not self.unsigned.admit(addr):
             server.stats.rate_limited += 1
-        elif not (
-            unsigned_allocate(data, server.context.limits.max_attributes)
-            and server.answer_unauthorized(data, addr, self._sender(addr))
-        ):
-            server.handle(data, self._downstream(addr))
+            return
+        if unsigned_allocate(data, server.context.limits.max_attributes):
+            answer = server.unauthorized_answer(data, addr)
+            if answer is not None:
+                assert self.transport is not None
+                self.transport.sendto(answer, addr)
+                return
+        server.handle(data, self._downstream(addr))
 
-    def _sender(self, addr: Any) -> Callable[[bytes], None]:
+    def _downstream(self, addr: Any) -> Downstream:
         transport = self.transport
         assert transport is not None
 
         def send(data: bytes) -> None:
             transport.sendto(data, addr)
 
-        return send
-
-    def _downstream(self, addr: Any) -> Downstream:
-        return Downstream(addr, self._sender(addr), stream=False)
+        return Downstream(addr, send, stream=False)
 
     def error_received(self, exc: Exception) -> None:
         log.debug("listener %s: %s", self.server.name, exc)

@@ -32,7 +32,6 @@ from .allocation import (
     Downstream,
     ListenerScope,
     address_family,
-    canonical_address,
 )
 from .auth import Authenticator, NonceManager, nonce_binding
 from .counters import ClusterCounters, ListenerCounters
@@ -269,25 +268,23 @@ class TurnServer:
         if remote in self._opening:
             self._opening[remote] = False
 
-    def answer_unauthorized(self, data: bytes, remote: Any, send: Callable[[bytes], None]) -> bool:
-        """A stranger's unsigned Allocate over UDP (`stateless.unsigned_allocate`, within the
-        budgets of `stateless.UnsignedBudget`) answered at once with 401 and a nonce bound to
-        its address, unparsed and without state (issue 28 #6): what `handle` answers it with,
-        byte for byte, without its per-address error budget (the unsigned budgets bound it).
-        False in STUN-only mode (`handle` answers 403 there)."""
+    def unauthorized_answer(self, data: bytes, remote: Any) -> bytes | None:
+        """The answer to a stranger's unsigned Allocate over UDP (`stateless.unsigned_allocate`,
+        within the budgets of `stateless.UnsignedBudget`), for the transport to send: a 401
+        with a nonce bound to the client's address, built unparsed and without state (issue 28
+        #6), what `handle` answers it with byte for byte, without its per-address error budget
+        (the unsigned budgets bound it). None in STUN-only mode (`handle` answers 403 there)."""
         context = self.context
         if context.authenticator.stun_only:
-            return False
+            return None
+        nonce = context.nonces.issue(nonce_binding(self.name, (remote[0], remote[1])))
+        answer = unauthorized(data, context.realm, nonce)
         stats = self.stats
         stats.rx_packets += 1
         stats.rx_bytes += len(data)
-        address = canonical_address(remote)
-        nonce = context.nonces.issue(nonce_binding(self.name, address))
-        answer = unauthorized(data, context.realm, nonce)
-        send(answer)
         stats.tx_packets += 1
         stats.tx_bytes += len(answer)
-        return True
+        return answer
 
     def _refuse_turn(self, data: bytes, downstream: Downstream) -> None:
         """STUN-only mode: a request of any method but Binding gets 403 from its header alone,
