@@ -47,7 +47,10 @@ allocations' relay sockets in its own thread, which never takes the GIL: epoll, 
   pure-Python UDP path applies the same rule (`transports.UdpListenerProtocol`).
 - strangers' unsigned STUN from everywhere (issue 28, relaycore/stateless.c): past its IP's
   bucket it spends a token of the engine's own (`unsigned_rate`; "unauthenticated_total" past
-  it: a spoofed flood passes every per-source budget). With `answer_unsigned`, an unsigned
+  it: a spoofed flood passes every per-source budget), and while the engine is behind (its
+  listener socket full at 8 reads in a row, until one empties it) it is dropped first ("shed"),
+  as on the Python path: answers the CPU cannot afford do not delay established clients'
+  packets queued behind them. With `answer_unsigned`, an unsigned
   Allocate is then answered in the engine with a 401 whose NONCE is `auth.NonceManager`'s, byte
   for byte (the same secret, lifetime and binding), and never handed up (`answered`); a
   stranger's request whose NONCE verifies goes up through a third queue, drained after the
@@ -232,7 +235,7 @@ class NativeCounters:
 
 # The engine's drop causes counted as rate_limited (the metric's reason="rate_limit"); with the
 # stream ones and forbidden, those not counted as dropped (reason="invalid").
-_RATE_LIMITS = ("rate_limited", "unauthenticated_rate", "unauthenticated_total")
+_RATE_LIMITS = ("rate_limited", "unauthenticated_rate", "unauthenticated_total", "shed")
 _NOT_INVALID = (*_RATE_LIMITS, "latency", "backpressure", "forbidden")
 
 

@@ -27,7 +27,8 @@
 
 const char *const relay_drop_names[DROP_COUNT] = {
     "no_permission", "forbidden", "expired", "too_big", "send_error", "queue_full", "invalid",
-    "rate_limited", "unauthenticated_rate", "unauthenticated_total", "latency", "backpressure",
+    "rate_limited", "unauthenticated_rate", "unauthenticated_total", "shed", "latency",
+    "backpressure",
 };
 
 /* --- small helpers ------------------------------------------------------------------------ */
@@ -811,8 +812,10 @@ int relay_process(relay_engine *e, int source, uint64_t handle, const struct soc
         relay_entry *m = e->muted.used ? table_find(&e->muted, &addr) : NULL;
         if (m && m->expiry > now) return drop(e, DROP_RATE_LIMITED);
         if (relay_has_integrity(data, len)) return RELAY_UP;
-        /* Unsigned: its source IP's budget, then the engine's (a spoofed flood comes from
-         * everywhere), then an Allocate is answered here without state (stateless.c). */
+        /* Unsigned: dropped while the engine is behind, then its source IP's budget, then the
+         * engine's (a spoofed flood comes from everywhere), then an Allocate is answered here
+         * without state (stateless.c). */
+        if (e->behind) return drop(e, DROP_SHED);
         if (e->stranger_rate > 0 && !stranger_admitted(e, &addr, now))
             return drop(e, DROP_UNAUTHENTICATED);
         if (e->unsigned_rate > 0 && !relay_unsigned_admitted(e, now))
@@ -1076,10 +1079,13 @@ static int serve_batch(relay_engine *e, int fd, int source, uint64_t handle) {
         m->msg_iovlen = 1;
     }
     int n = recvmmsg(fd, e->msgs, RELAY_BATCH, MSG_DONTWAIT, NULL);
+    int listener = source == RELAY_SRC_CLIENT;
+    if (listener && n < RELAY_BATCH) e->full_reads = 0; /* the socket is empty: caught up */
     if (n <= 0) return 0;
     int count = 0;
     double now = relay_now();
     pthread_mutex_lock(&e->lock);
+    if (listener) e->behind = e->full_reads >= RELAY_SHED_AFTER;
     for (int i = 0; i < n; i++) {
         uint8_t *data = e->iovs[i].iov_base;
         size_t len = e->msgs[i].msg_len;
@@ -1093,6 +1099,7 @@ static int serve_batch(relay_engine *e, int fd, int source, uint64_t handle) {
             relay_hand_up(e, source, handle, from, e->msgs[i].msg_hdr.msg_namelen, data, len);
     }
     pthread_mutex_unlock(&e->lock);
+    if (listener && n == RELAY_BATCH) e->full_reads++;
     relay_flush(e, e->sends, count, e->out);
     return n;
 }

@@ -89,6 +89,7 @@ enum relay_drop {
     DROP_RATE_LIMITED, /* a stranger over its error-answer budget (relay_mute) */
     DROP_UNAUTHENTICATED, /* a stranger's STUN without MESSAGE-INTEGRITY past its IP's budget */
     DROP_UNAUTHENTICATED_TOTAL, /* ... past the engine's budget for all of them (stateless.c) */
+    DROP_SHED, /* ... while the engine is behind (RELAY_SHED_AFTER full reads in a row) */
     DROP_LATENCY,      /* TURN-TCP: older than the latency bound (stream.c) */
     DROP_BACKPRESSURE, /* TURN-TCP: past the high-water mark of the client's output queue */
     DROP_COUNT
@@ -110,6 +111,12 @@ enum { CL_TX_PACKETS, CL_TX_BYTES, CL_RX_PACKETS, CL_RX_BYTES };               /
 #define RELAY_MAX_MESSAGE 4096 /* STUN over UDP, by default (stunnerd.limits.max_udp_message) */
 #define RELAY_COOKIE 0x2112A442u /* STUN's magic cookie (RFC 8489 §5) */
 #define RELAY_MAX_ATTRIBUTES 64 /* stunnerd.limits.max_attributes, by default */
+/* Full batches read in a row from the listener socket after which the engine is behind (at
+ * least 8 x 32 datagrams waiting each time): strangers' unsigned messages are then dropped
+ * (DROP_SHED) until a read finds the socket empty, as the Python path sheds them
+ * (stunnerd.transports.SHED_AFTER), so a flood the thread cannot answer in full costs a read
+ * each and established clients' packets behind it are not kept waiting. */
+#define RELAY_SHED_AFTER 8
 #define RELAY_ANSWER_MAX 256    /* a 401 the engine answers itself (stateless.c) */
 #define RELAY_REALM_MAX 128     /* the longest realm the engine answers with (else Python does) */
 #define RELAY_NAME_MAX 512      /* the longest listener name a nonce binds */
@@ -206,6 +213,8 @@ typedef struct relay_engine {
     uint8_t realm[RELAY_REALM_MAX];
     size_t realm_len;
     uint64_t answered; /* 401s sent by the engine */
+    uint32_t full_reads; /* full batches read in a row from the listener (the thread's own) */
+    int behind;          /* full_reads reached RELAY_SHED_AFTER: unsigned strangers are shed */
     const volatile uint8_t *relay_ports; /* 65536 bytes or NULL (Python keeps it alive) */
     uint64_t listener[4];
     uint64_t (*clusters)[4];

@@ -23,6 +23,7 @@ from stunnerd.auth import NonceManager, nonce_binding
 from stunnerd.limits import Limits
 from stunnerd.stateless import UnsignedBudget, unauthorized, unsigned_allocate
 from stunnerd.stun import Class, Message, Method
+from tests.support import flood
 
 from .test_native_relay import Rig, drops, udp, wait_for
 
@@ -244,3 +245,30 @@ def test_a_realm_too_long_for_the_engine_is_refused() -> None:
                 relay.answer_unsigned(SECRET, 600.0, LISTENER, "r" * 129)
         finally:
             relay.close()
+
+
+def test_the_engine_sheds_unsigned_messages_while_it_is_behind() -> None:
+    """1,000 unsigned Allocates from as many IPs wait on the listener socket when the engine's
+    thread starts: it answers the first 8 full reads of 32 (RELAY_SHED_AFTER), then, behind,
+    drops the rest as "shed" until a read finds fewer than 32 (the socket is empty): those it
+    answers again (Python's path: SHED_AFTER)."""
+    needs_native()
+    listener = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+    listener.bind(("127.0.0.1", 0))
+    flooder = flood.burst(listener.getsockname()[1], 1000)
+    relay = native.NativeRelay(listener, unsigned_rate=0.0)
+    try:
+        relay.answer_unsigned(SECRET, 600.0, LISTENER, REALM)
+        relay.start()
+        wait_for(
+            lambda: relay.counters().answered + relay.counters().drops["shed"] >= 1000 - 10,
+            "the backlog read",
+        )
+        counters = relay.counters()
+        assert 8 * 32 <= counters.answered < 9 * 32, counters.answered
+        assert counters.drops["shed"] > 0  # the rest, unless the kernel dropped some
+    finally:
+        relay.close()
+        listener.close()
+        flooder.close()
