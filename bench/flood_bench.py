@@ -451,8 +451,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--servers",
         default="stunnerd,stunnerd-py,stunnerd-py-u1,coturn",
-        help="stunnerd (native relay path), stunnerd-py (STUNNER_NATIVE=0), a -u1 suffix for one "
-        "UDP process, coturn",
+        help="stunnerd (native relay path), stunnerd-py (STUNNER_NATIVE=0), a -uN suffix for N "
+        "UDP processes (-u1: one), coturn",
     )
     parser.add_argument("--rate", type=int, default=160000, help="flood datagrams/s at most")
     parser.add_argument("--duration", type=float, default=4.0, help="seconds of flood per run")
@@ -504,8 +504,9 @@ def main(argv: list[str] | None = None) -> int:
             )
         for kind in args.floods.split(","):
             for label in servers:
-                name = label.removesuffix("-u1")
-                udp_threads = 1 if label.endswith("-u1") else None
+                suffix = re.search(r"-u(\d+)$", label)
+                name = label.removesuffix(suffix.group(0)) if suffix else label
+                udp_threads = int(suffix.group(1)) if suffix else None
                 server = Server(name, Path(tmp), udp_threads, abuse_limits=True)
                 server.start()
                 try:

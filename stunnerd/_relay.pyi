@@ -11,6 +11,8 @@ DROPPED: int
 UP: int
 VERDICT_OWN: int
 
+def stream_framing(data: bytes, /) -> tuple[int, str | None]: ...
+
 class Engine:
     def __init__(
         self,

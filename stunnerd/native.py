@@ -144,6 +144,14 @@ def available() -> bool:
     return unavailable_reason() is None
 
 
+def stream_framing(data: bytes) -> tuple[int, str | None]:
+    """How the engine frames a TCP stream that begins with `data`: the first frame's length (0
+    until its header is there, -1 for garbage) and why it is garbage (None when it is not):
+    stunnerd.stun.stream_frame_length's answer and words (tests/stunnerd's differential test)."""
+    assert _relay is not None, unavailable_reason()
+    return _relay.stream_framing(data)
+
+
 class HandedUp(NamedTuple):
     """A packet the engine did not own, exactly as received."""
 

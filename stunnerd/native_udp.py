@@ -21,6 +21,9 @@ listener socket and of every allocation's relay socket, in its own thread:
   `NativeRelay.send` on the engine's duplicate of the relay socket.
 - Counting: the engine counts the packets it consumes, Python the ones it handles; `counters()`
   gives the engine's share, which `Listener` adds to the TURN server's once.
+- The kernel offload (issue 30), when `admin.offload_engine` turns it on: every change to an
+  allocation's permissions, channels or lifetime, and every route change, re-syncs its routes
+  in the kernel, and its end empties them (`offloaded.OffloadedAllocations`).
 
 TURN-TCP has its own engine (`native_tcp`); TURN-TLS and -DTLS stay in Python (TLS and DTLS
 sessions).
@@ -37,6 +40,7 @@ from typing import Any
 from . import native, stun
 from .allocation import Allocation, RelaySocket
 from .counters import ClusterCounters, ListenerCounters
+from .offloaded import OffloadedAllocations
 from .stun import Address
 from .transports import STRANGER_IPS, ListenerSocket, UdpListenerProtocol, UdpTransport
 from .turn import TurnServer
@@ -50,16 +54,29 @@ log = logging.getLogger("stunner.listener")
 STRANGER_QUEUE_SHARE = 128
 
 
+def _unchanged(handle: int) -> None:
+    """No kernel routes to re-sync (TURN-TCP)."""
+
+
 class NativeAllocation:
     """An allocation's relay socket inside the engine, and the mirror of its state."""
 
-    __slots__ = ("engine", "handle", "sockname", "_forget")
+    __slots__ = ("engine", "handle", "sockname", "_forget", "_changed")
 
-    def __init__(self, engine: native.NativeRelay, handle: int, sockname: Any, forget: Any) -> None:
+    def __init__(
+        self,
+        engine: native.NativeRelay,
+        handle: int,
+        sockname: Any,
+        forget: Any,
+        changed: Any = None,
+    ) -> None:
         self.engine = engine
         self.handle = handle
         self.sockname = sockname  # the relay socket's address (as an asyncio transport says)
         self._forget = forget
+        # TURN-UDP: the kernel offload re-syncs the allocation's routes after every change
+        self._changed = changed or _unchanged
 
     def get_extra_info(self, name: str, default: Any = None) -> Any:
         return self.sockname if name == "sockname" else default
@@ -78,18 +95,22 @@ class NativeAllocation:
     # AllocationMirror
     def refreshed(self, expires_at: float) -> None:
         self.engine.refresh_allocation(self.handle, expires_at)
+        self._changed(self.handle)
 
     def permitted(self, ip: str, expires_at: float) -> None:
         self.engine.set_permission(self.handle, ip, expires_at)
+        self._changed(self.handle)
 
     def bound(self, channel: int, peer: Address, expires_at: float) -> None:
         self.engine.bind_channel(self.handle, channel, peer, expires_at)
+        self._changed(self.handle)
 
     def forgotten(self, ips: list[str], channels: list[int]) -> None:
         for ip in ips:
             self.engine.remove_permission(self.handle, ip)
         for channel in channels:
             self.engine.remove_channel(self.handle, channel)
+        self._changed(self.handle)
 
 
 class EngineCounted:
@@ -120,7 +141,9 @@ class NativeUdpTransport(EngineCounted, UdpTransport):
         # today's path, for what is handed up (the engine has spent strangers' tokens)
         self._python = UdpListenerProtocol(server, engine_limits_strangers=True)
         self._allocations: dict[int, Allocation] = {}  # engine handle -> allocation
+        self._offloaded = OffloadedAllocations(server, self._listener_address)
         self._unwatch: Any = None
+        self._unwatch_offload: Any = None
         self._final: native.NativeCounters | None = None  # after stop
 
     async def start(self, port: int) -> None:
@@ -149,6 +172,7 @@ class NativeUdpTransport(EngineCounted, UdpTransport):
         relay.attach(asyncio.get_running_loop(), self._handed_up)
         self.server.scope.relay_path = self
         self._unwatch = self.server.router.watch(relay.clear_verdicts)
+        self._unwatch_offload = self.server.router.watch(self._sync_every_offload)
 
     def _answer_unsigned(self, relay: native.NativeRelay) -> None:
         """Let the engine answer strangers' unsigned Allocates with a stateless 401 (issue 28):
@@ -163,9 +187,11 @@ class NativeUdpTransport(EngineCounted, UdpTransport):
         relay.answer_unsigned(nonces.secret, nonces.lifetime, self.server.name, context.realm)
 
     async def stop(self) -> None:
+        self._offloaded.close()
         relay, self.relay = self.relay, None
         if relay is not None:
             self._unwatch()
+            self._unwatch_offload()
             self._final = relay.counters()
             relay.close()
             # The engine's cluster counters outlive it in the process's, as Python's do.
@@ -193,13 +219,33 @@ class NativeUdpTransport(EngineCounted, UdpTransport):
                 )
         except ValueError as exc:  # this client has an allocation in the engine already
             raise OSError(str(exc)) from None
-        relayed = NativeAllocation(relay, handle, sockname, self._forget)
+        relayed = NativeAllocation(relay, handle, sockname, self._forget, self._sync_offload)
         allocation.mirror = relayed
         self._allocations[handle] = allocation
         return relayed
 
     def _forget(self, handle: int) -> None:
         self._allocations.pop(handle, None)
+        self._offloaded.forget(handle)
+
+    # --- the kernel offload (stunnerd.offloaded) -------------------------------------------------
+
+    def _sync_offload(self, handle: int) -> None:
+        allocation = self._allocations.get(handle)
+        relay = allocation.relay if allocation is not None else None
+        bound = relay.get_extra_info("sockname") if isinstance(relay, NativeAllocation) else None
+        self._offloaded.sync(handle, allocation, (bound[0], bound[1]) if bound else None)
+
+    def _sync_every_offload(self) -> None:
+        """A route or config change: every allocation's routes again (a refused peer's go)."""
+        for handle in list(self._allocations):
+            self._sync_offload(handle)
+
+    def _listener_address(self) -> Address | None:
+        return self._sock.getsockname()[:2] if self._sock is not None else None
+
+    def sweep(self) -> None:
+        self._offloaded.sweep()
 
     # --- packets the engine handed up --------------------------------------------------------
 

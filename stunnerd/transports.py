@@ -457,8 +457,9 @@ class TcpConnectionProtocol(asyncio.Protocol):
         while True:
             try:
                 length = stun.stream_frame_length(buffer)
-            except stun.StunError as exc:
+            except stun.StunError as exc:  # out of step, or garbage: what follows is too
                 log.info("listener %s: closing %s: %s", server.name, downstream.address, exc)
+                server.stats.framing_dropped += 1
                 self.close()
                 return
             if length is None or len(buffer) < length:
@@ -505,6 +506,9 @@ class Transport:
 
     async def stop(self) -> None:
         raise NotImplementedError
+
+    def sweep(self) -> None:
+        """Every second, after the TURN server's sweep (the kernel offload's counters)."""
 
 
 class UdpTransport(Transport):

@@ -37,6 +37,7 @@ from .auth import Authenticator, NonceManager, nonce_binding
 from .counters import ClusterCounters, ListenerCounters
 from .ledger import DRAINING, FULL, GRANTED, LocalQuota, Quota, Reservations
 from .limits import Limits, RateLimiter
+from .offload.engine import KernelOffload
 from .router import Router
 from .stateless import unauthorized
 from .stun import Address, Class, Message, Method
@@ -84,6 +85,8 @@ class ServerContext:
         default_factory=lambda: defaultdict(ClusterCounters)
     )
     limits: Limits = field(default_factory=Limits)
+    # The kernel offload of this process (admin.offload_engine; off by default).
+    offload: KernelOffload = field(default_factory=KernelOffload)
 
     def __post_init__(self) -> None:
         limits = self.limits

@@ -393,7 +393,12 @@ int main(int argc, char **argv) {
             for (int f = 0; f < frames && len + 1400 < sizeof stream_buf; f++) {
                 size_t flen = put_stream_frame(stream_buf + len, sizeof stream_buf - len, &peers[p],
                                                payload, (int)(rnd() % 3));
-                if (rnd() % 6 == 0) {
+                uint8_t *frame = stream_buf + len;
+                if ((frame[0] & 0xC0) == 0x40 && rnd() % 8 == 0) { /* unpadded: out of step */
+                    size_t unpadded = 4 + (size_t)((frame[2] << 8) | frame[3]);
+                    mutated |= unpadded != flen;
+                    flen = unpadded;
+                } else if (rnd() % 6 == 0) {
                     flen = mutate(stream_buf + len, flen, sizeof stream_buf - len);
                     mutated = 1;
                 }

@@ -646,6 +646,18 @@ static PyTypeObject EngineType = {
     .tp_methods = Engine_methods,
 };
 
+/* How the engine frames the start of a TCP stream: (length, why not) as stream.c decides. */
+static PyObject *stream_framing(PyObject *module, PyObject *args) {
+    Py_buffer data;
+    if (!PyArg_ParseTuple(args, "y*", &data)) return NULL;
+    const uint8_t *b = data.buf;
+    size_t len = (size_t)data.len;
+    long length = relay_stream_frame_length(b, len);
+    const char *why = relay_stream_framing_error(b, len);
+    PyBuffer_Release(&data);
+    return Py_BuildValue("(lz)", length, why);
+}
+
 /* --- the engine's nonces, on their own (tests: they match stunnerd.auth.NonceManager's) --- */
 
 static int nonce_key(relay_nonce_key *k, Py_buffer *secret, double lifetime, Py_buffer *name) {
@@ -712,6 +724,8 @@ static PyObject *unsigned_allocate(PyObject *module, PyObject *args) {
 }
 
 static PyMethodDef module_methods[] = {
+    {"stream_framing", stream_framing, METH_VARARGS,
+     "(frame length: 0 until a header, -1 for garbage; why it is garbage, or None)"},
     {"issue_nonce", issue_nonce, METH_VARARGS,
      "issue_nonce(secret, lifetime, name, client, wall) -> the engine's nonce for client."},
     {"nonce_valid", nonce_valid, METH_VARARGS,

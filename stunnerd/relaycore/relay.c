@@ -13,7 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#define COOKIE 0x2112A442u
+#define COOKIE RELAY_COOKIE
 #define FINGERPRINT_XOR 0x5354554Eu
 #define ATTR_MESSAGE_INTEGRITY 0x0008
 #define ATTR_XOR_PEER_ADDRESS 0x0012
@@ -33,20 +33,6 @@ const char *const relay_drop_names[DROP_COUNT] = {
 
 /* --- small helpers ------------------------------------------------------------------------ */
 
-static inline uint16_t be16(const uint8_t *p) { return (uint16_t)((p[0] << 8) | p[1]); }
-static inline uint32_t be32(const uint8_t *p) {
-    return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
-}
-static inline void put16(uint8_t *p, uint16_t v) {
-    p[0] = (uint8_t)(v >> 8);
-    p[1] = (uint8_t)v;
-}
-static inline void put32(uint8_t *p, uint32_t v) {
-    p[0] = (uint8_t)(v >> 24);
-    p[1] = (uint8_t)(v >> 16);
-    p[2] = (uint8_t)(v >> 8);
-    p[3] = (uint8_t)v;
-}
 
 double relay_now(void) {
     struct timespec ts;

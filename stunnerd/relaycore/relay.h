@@ -109,6 +109,7 @@ enum { CL_TX_PACKETS, CL_TX_BYTES, CL_RX_PACKETS, CL_RX_BYTES };               /
 #define RELAY_BATCH 32
 #define RELAY_BUFFER 65536
 #define RELAY_MAX_MESSAGE 4096 /* STUN over UDP, by default (stunnerd.limits.max_udp_message) */
+#define RELAY_COOKIE 0x2112A442u /* STUN's magic cookie (RFC 8489 §5) */
 #define RELAY_MAX_ATTRIBUTES 64 /* stunnerd.limits.max_attributes, by default */
 /* Full batches read in a row from the listener socket after which the engine is behind, by
  * default (at least 32 x 32 datagrams waiting each time): strangers' unsigned messages are then
@@ -124,6 +125,22 @@ enum { CL_TX_PACKETS, CL_TX_BYTES, CL_RX_PACKETS, CL_RX_BYTES };               /
 /* Known clients' and peers' packets, then strangers' requests whose NONCE verifies (issue 28),
  * then the other strangers' packets: relay_drain empties them in this order. */
 enum { RELAY_QUEUE_KNOWN = 0, RELAY_QUEUE_SIGNED = 1, RELAY_QUEUE_STRANGERS = 2, RELAY_QUEUES = 3 };
+
+/* Network byte order, for every file of the engine (relay.c, stream.c, stateless.c). */
+static inline uint16_t be16(const uint8_t *p) { return (uint16_t)((p[0] << 8) | p[1]); }
+static inline uint32_t be32(const uint8_t *p) {
+    return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
+}
+static inline void put16(uint8_t *p, uint16_t v) {
+    p[0] = (uint8_t)(v >> 8);
+    p[1] = (uint8_t)v;
+}
+static inline void put32(uint8_t *p, uint32_t v) {
+    p[0] = (uint8_t)(v >> 24);
+    p[1] = (uint8_t)(v >> 16);
+    p[2] = (uint8_t)(v >> 8);
+    p[3] = (uint8_t)v;
+}
 
 /* One packet handed up: where it came from and its bytes, exactly as received. */
 typedef struct relay_up {
@@ -365,9 +382,12 @@ int relay_stream_send(relay_engine *e, uint64_t handle, const uint8_t *data, siz
 /* Close the stream (what is queued is tried once more); its close event follows. */
 int relay_close_stream(relay_engine *e, uint64_t handle);
 /* The length of the frame that begins `b` (of `len` bytes buffered): 0 until its 4-byte
- * header is there, -1 if it is neither STUN (length a multiple of 4) nor ChannelData
- * (stunnerd.stun.stream_frame_length, byte for byte). */
+ * header is there, -1 if it is neither STUN (length a multiple of 4, the magic cookie once 8
+ * bytes are there) nor ChannelData (padded to 4) (stunnerd.stun.stream_frame_length, byte for
+ * byte: an unpadded ChannelData message puts the stream out of step, found at the next STUN
+ * header). relay_stream_framing_error says why, in stunnerd.stun's words. */
 long relay_stream_frame_length(const uint8_t *b, size_t len);
+const char *relay_stream_framing_error(const uint8_t *b, size_t len);
 /* Bytes read from a stream at `now` (age: how long they waited in the socket, seconds): framed,
  * relayed, handed up. Returns 0, or -1 when the stream must close (s->close_reason). Called
  * by the thread with `lock` held; sends decided go into `sends` (count in *count, at most

@@ -9,7 +9,8 @@ by both paths (tests/stunnerd/test_abuse_strangers.py runs both on them).
 Mutated Send indications and ChannelData are decided by the engine (`reinject`, synchronous)
 and by the Python codec; the engine must relay exactly the datagrams Python would relay, with
 the same payload to the same peer, drop what cannot be STUN or ChannelData on its first bytes
-(which Python drops unanswered too), and hand up the rest.
+(which Python drops unanswered too), and hand up the rest. A TCP stream's start is framed the
+same by both, and refused with the same words (an unpadded ChannelData message among them).
 """
 
 from __future__ import annotations
@@ -137,6 +138,45 @@ def test_channel_data_like_the_python_path(
         assert (outcome, got) == (native.RELAYED, data[4 : 4 + length])
     else:
         assert outcome == (native.DROPPED if _invalid(data) else native.UP)
+
+
+def _stream_starts() -> st.SearchStrategy[bytes]:
+    """What a TCP stream may begin with: anything; a STUN header with or without the cookie;
+    ChannelData, padded or not, followed by a Binding request (out of step when not)."""
+    header = st.builds(
+        lambda first, length, cookie, rest: struct.pack("!BBH", first, 1, length) + cookie + rest,
+        st.integers(0, 255),
+        st.integers(0, 0xFFFF),
+        st.sampled_from([stun.COOKIE_BYTES, b"\x21\x12\xa4\x43", b""]),
+        st.binary(max_size=16),
+    )
+    channel_data = st.builds(
+        lambda payload, pad: (
+            stun.pack_channel_data(CHANNEL, payload, pad=pad)
+            + Message(Method.BINDING, Class.REQUEST).encode()
+        ),
+        st.binary(max_size=9),
+        st.booleans(),
+    )
+    return st.one_of(st.binary(max_size=24), header, channel_data)
+
+
+@settings(max_examples=500, deadline=None)
+@given(data=_stream_starts())
+def test_streams_are_framed_like_the_python_path(data: bytes) -> None:
+    """Issue 28 #11: what the engine (stream.c) and the Python path (stun.stream_frame_length)
+    make of the start of a TCP stream, at every length it is buffered to: the same frame
+    length (0 until a header is there), the same garbage, closed with the same words."""
+    for cut in range(len(data) + 1):
+        buffered = data[:cut]
+        length, why = native.stream_framing(buffered)
+        try:
+            expected = stun.stream_frame_length(buffered)
+        except stun.StunError as exc:
+            assert (length, why) == (-1, str(exc)), buffered
+            assert why in stun.FRAMING_ERRORS
+        else:
+            assert (length, why) == (expected or 0, None), buffered
 
 
 def test_data_indications_match_the_python_encoder(rig: Rig) -> None:

@@ -175,6 +175,8 @@ def test_the_engine_answers_a_stranger_s_unsigned_allocate_itself() -> None:
         assert answer == unauthorized(request, REALM, nonce)  # Python's 401, byte for byte
         binding = nonce_binding(LISTENER, stranger.getsockname())
         assert NonceManager(SECRET).is_valid(nonce, binding)  # Python verifies it
+        # the engine counts its send after the datagram left: the client can be first
+        wait_for(lambda: rig.engine.counters().tx_packets == 1, "the 401 counted")
         counters = rig.engine.counters()
         assert (counters.answered, counters.handed_up) == (1, 0)
         assert (counters.rx_packets, counters.tx_packets) == (1, 1)
