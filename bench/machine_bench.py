@@ -267,9 +267,16 @@ def run_one(
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        description="Machine-wide CPU per relayed packet (/proc/stat, all CPUs): coturn, "
-        "stunnerd offload off and on, and the same load with no relay (direct); medians of "
-        "--repeat runs, servers alternating. Needs root. Tables to stdout, progress to stderr.",
+        description="Machine-wide CPU per relayed packet (/proc/stat, all CPUs), one generator "
+        "(bench/machine_load.c) and one echo peer for every row: direct (no relay: the "
+        "generator's and the peer's own cost, subtracted for the relay's share), coturn (the "
+        "anchor of every ratio), stunnerd (native path, offload_engine None) and stunnerd-ENGINE "
+        "per --engines; each run starts its server afresh, the rows alternate from repeat to "
+        "repeat, the table gives medians. Then one core's maximum rate (--max-*). Needs root; "
+        "runs in a network namespace of its own. Tables to stdout, progress to stderr.",
+        epilog="The full run (about 15 minutes on a quiet 2-CPU machine): sudo "
+        ".venv/bin/python bench/machine_bench.py --engines TC,XDP --json machine.json. "
+        "See bench/README.md.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("--cases", default=",".join(CASES), help=f"of {', '.join(CASES)}")
@@ -303,6 +310,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="run in the host's network namespace, not one of its own",
     )
+    p.add_argument(
+        "--idle-load",
+        type=float,
+        default=1.0,
+        help="wait for the 1-minute load average to drop below this first",
+    )
+    p.add_argument("--idle-wait", type=float, default=30.0, help="... at most this many seconds")
     p.add_argument("--json", help="write every run's figures here")
     return p.parse_args(argv)
 
@@ -351,6 +365,16 @@ def max_rates(args: argparse.Namespace, workdir: Path, generator: Path) -> dict[
     return {"results": results, "raw": raw}
 
 
+def idle_busy_pct(seconds: float = 1.0) -> float:
+    """How busy all CPUs are with nothing of the bench running: the others' share of every
+    figure (this bench cannot subtract it; on a quiet machine it is ~0)."""
+    before = Path("/proc/stat").read_text().splitlines()[0]
+    time.sleep(seconds)
+    after = Path("/proc/stat").read_text().splitlines()[0]
+    busy, total = mf.busy_seconds(before, after, os.sysconf("SC_CLK_TCK"))
+    return 100.0 * busy / total if total > 0 else 0.0
+
+
 def bring_loopback_up() -> None:
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         fcntl.ioctl(s, 0x8914, struct.pack("16sH", b"lo", 0x1))  # SIOCSIFFLAGS, IFF_UP
@@ -375,8 +399,10 @@ def main(argv: list[str] | None = None) -> int:
                 f"machine_bench: skipped, needs {name}'s turnserver (apt-get install coturn)" + "\n"
             )
             return 0
+    turn_bench.wait_idle(args.idle_load, args.idle_wait)
+    idle = idle_busy_pct()
     started = load_average()
-    log(f"load average at start: {started}; {os.cpu_count()} CPUs")
+    log(f"load average at start: {started}; {os.cpu_count()} CPUs; {idle:.0f} % busy idle")
     with tempfile.TemporaryDirectory(prefix="machine-bench-") as tmp, bpf_stats():
         workdir = Path(tmp)
         generator = build_generator(workdir)
@@ -388,7 +414,8 @@ def main(argv: list[str] | None = None) -> int:
     offload_rows = [r for r in relay["rows"] if r.startswith("stunnerd-")]
     out = [
         f"machine_bench: {os.cpu_count()} CPUs, {args.duration:g} s per run, medians of "
-        f"{args.repeat}; load average {started} at start, {ended} at the end",
+        f"{args.repeat}; load average {started} at start, {ended} at the end; the machine "
+        f"was {idle:.0f} % busy before the bench ran anything (1 s, all CPUs: other work)",
         "",
         mf.table(relay["medians"], offload_rows, relay["offload_off"]),
     ]

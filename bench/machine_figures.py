@@ -113,6 +113,13 @@ def fmt(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
+def rtt(value: float | None) -> str:
+    """Milliseconds; the generator's last bucket holds every round trip of a second or more."""
+    if value is None or value < 0:  # no packet came back
+        return "-"
+    return ">=1000" if value >= 1000 else f"{value:.2f}"
+
+
 def times(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}x"
 
@@ -154,7 +161,7 @@ def table(
         )
         lines.append(
             f"| {case} | {name} | {fmt(m['relayed_per_s'], ',.0f')} | {fmt(m['loss_pct'], '.2f')}"
-            f" | {fmt(m['rtt_p50_ms'], '.2f')} / {fmt(m['rtt_p99_ms'], '.2f')}"
+            f" | {rtt(m['rtt_p50_ms'])} / {rtt(m['rtt_p99_ms'])}"
             f" | {fmt(m['machine_busy_pct'], '.0f')} | {fmt(m['machine_us_per_pkt'], '.2f')}"
             f" | {fmt(m['share_us_per_pkt'], '.2f')} | {times(share_x)} | {times(machine_x)}"
             f" | {server} | {fmt(m['bpf_ns_per_run'], '.0f')} ({fmt(m['bpf_ns_per_pkt'], '.0f')})"
@@ -204,7 +211,7 @@ def max_table(results: dict[str, dict[str, Any]]) -> str:
         )
         lines.append(
             f"| {name} | {best['offered']:,.0f} | {f['relayed_per_s']:,.0f} "
-            f"| {f['loss_pct']:.2f} | {fmt(f['rtt_p50_ms'], '.2f')} / {fmt(f['rtt_p99_ms'], '.2f')}"
+            f"| {f['loss_pct']:.2f} | {rtt(f['rtt_p50_ms'])} / {rtt(f['rtt_p99_ms'])}"
             f" | {f['machine_busy_pct']:.0f} | {fmt(f['machine_us_per_pkt'], '.2f')}"
             f" | {times(share)} | {best['stopped_by']} |"
         )
