@@ -293,8 +293,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--no-max-rate", action="store_true", help="skip the one-core maximum rate")
     p.add_argument(
         "--max-rows",
-        default="direct,stunnerd-TC",
-        help="rows of the one-core maximum rate (direct: the kernel's limit)",
+        help="rows of the one-core maximum rate (default: direct, the kernel's limit, and each "
+        "offload row of --engines)",
     )
     p.add_argument("--max-clients", type=int, default=20, help="clients at the maximum rate")
     p.add_argument("--max-start", type=float, default=20000, help="first offered pps (total)")
@@ -318,7 +318,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--idle-wait", type=float, default=30.0, help="... at most this many seconds")
     p.add_argument("--json", help="write every run's figures here")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    unknown = [c for c in args.cases.split(",") if c not in CASES]
+    if unknown:
+        p.error(f"--cases: unknown {', '.join(unknown)} (known: {', '.join(CASES)})")
+    if args.max_rows is None:
+        args.max_rows = ",".join(r for r in rows_of(args) if r == mf.DIRECT or "-" in r)
+    return args
 
 
 def rows_of(args: argparse.Namespace) -> list[str]:
@@ -387,6 +393,8 @@ def main(argv: list[str] | None = None) -> int:
             "machine_bench: skipped, needs root (the offload, kernel.bpf_stats_enabled)" + "\n"
         )
         return 0
+    if not args.host_netns and shutil.which("unshare") is None:
+        log("no unshare (util-linux): running in the host's network namespace")
     if not args.host_netns and os.environ.get(NETNS_MARK) != "1" and shutil.which("unshare"):
         env = {**os.environ, NETNS_MARK: "1"}
         cmd = ["unshare", "--net", sys.executable, __file__, *(argv or sys.argv[1:])]

@@ -126,7 +126,8 @@ def times(value: float | None) -> str:
 
 COLUMNS = (
     "| case | row | relayed pkt/s | loss % | RTT p50 / p99 ms | machine busy % "
-    "| machine µs/pkt | relay's share µs/pkt | share: x cheaper than coturn "
+    "| machine µs/pkt (pkt/CPU-s) | relay's share µs/pkt (pkt/CPU-s) "
+    "| share: x cheaper than coturn "
     "| machine: x cheaper than coturn | server CPU-s (pkt/server CPU-s) "
     "| BPF ns/run (ns/pkt) | targets |"
 )
@@ -163,7 +164,8 @@ def table(
             f"| {case} | {name} | {fmt(m['relayed_per_s'], ',.0f')} | {fmt(m['loss_pct'], '.2f')}"
             f" | {rtt(m['rtt_p50_ms'])} / {rtt(m['rtt_p99_ms'])}"
             f" | {fmt(m['machine_busy_pct'], '.0f')} | {fmt(m['machine_us_per_pkt'], '.2f')}"
-            f" | {fmt(m['share_us_per_pkt'], '.2f')} | {times(share_x)} | {times(machine_x)}"
+            f" ({fmt(m['pkt_per_machine_cpu_s'], ',.0f')}) | {fmt(m['share_us_per_pkt'], '.2f')}"
+            f" ({fmt(m['pkt_per_share_cpu_s'], ',.0f')}) | {times(share_x)} | {times(machine_x)}"
             f" | {server} | {fmt(m['bpf_ns_per_run'], '.0f')} ({fmt(m['bpf_ns_per_pkt'], '.0f')})"
             f" | {target} |"
         )
