@@ -216,8 +216,9 @@ def run_one(
     generator: Path,
     pinned: bool,
 ) -> dict[str, Any]:
-    """Start the row's server (none for direct), allocate, send for --duration, end the
-    allocations, stop the server. Returns the generator's counts and what was read around it."""
+    """Start the row's server (none for direct), allocate, send for --duration, stop the
+    server (its allocations end with it). Returns the generator's counts and what was read
+    around it: the server tree's CPU, its programs' run-time statistics, `offload off`."""
     payload, clients, pps = case
     server = server_for(row, workdir, args.relay_cpu if pinned else None)
     peer = udp_socket(PEER_HOST)
