@@ -368,7 +368,8 @@ def max_rates(args: argparse.Namespace, workdir: Path, generator: Path) -> dict[
             raw.append({"row": row, "offered": offered, **run, **fig})
             if mf.max_rate(steps, args.max_loss)["stopped_by"] != mf.LAST_STEP:
                 break
-        results[row] = mf.max_rate(steps, args.max_loss)
+        off = any(r.get("offload_off") for r in raw if r["row"] == row)
+        results[f"{row} (offload off)" if off else row] = mf.max_rate(steps, args.max_loss)
     return {"results": results, "raw": raw}
 
 
