@@ -202,11 +202,16 @@ class Server:
         udp_threads: int | None = None,
         abuse_limits: bool = False,
         tls: bool = False,
+        admin: dict[str, Any] | None = None,
+        cpus: str | None = None,
     ) -> None:
         self.name = name
+        self.admin = admin or {}  # more of stunnerd's admin settings (machine_bench: offload)
+        self.cpus = cpus  # run under `taskset -c CPUS` (machine_bench's one-core rate)
         self.port = free_port()
         self.tls_port = free_port() if tls else None  # a TURN-TLS listener there
         self.proc: subprocess.Popen[bytes] | None = None
+        self.log_path: Path | None = None
         self.workdir = workdir
         self.udp_threads = udp_threads  # stunnerd -u; None: its default
         # The throughput cases make every allocation from one source IP, so stunnerd's
@@ -220,7 +225,12 @@ class Server:
             env = {**os.environ, "STUNNER_NATIVE": "0" if self.name == "stunnerd-py" else "1"}
             config = {
                 "version": "v1",
-                "admin": {"name": "bench", "loglevel": "all:WARN", "healthcheck_endpoint": ""},
+                "admin": {
+                    "name": "bench",
+                    "loglevel": "all:WARN",
+                    "healthcheck_endpoint": "",
+                    **self.admin,
+                },
                 "auth": {
                     "type": "static",
                     "realm": REALM,
@@ -264,6 +274,9 @@ class Server:
                 cert, key = self._tls_files()
                 argv.remove("--no-tls")
                 argv += ["--tls-listening-port", str(self.tls_port), "--cert", cert, "--pkey", key]
+        if self.cpus is not None:
+            argv = ["taskset", "-c", self.cpus, *argv]
+        self.log_path = Path(logfile.name)
         self.proc = subprocess.Popen(argv, stdout=logfile, stderr=subprocess.STDOUT, env=env)
         logfile.close()
         self._wait_ready()
