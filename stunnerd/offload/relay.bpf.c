@@ -88,6 +88,11 @@ static long (*bpf_xdp_adjust_head)(struct xdp_md *ctx, int delta) =
 static long (*bpf_fib_lookup)(void *ctx, struct bpf_fib_lookup *params, int plen, __u32 flags) =
     (void *)BPF_FUNC_fib_lookup;
 static long (*bpf_redirect)(__u32 ifindex, __u64 flags) = (void *)BPF_FUNC_redirect;
+static __u64 (*bpf_xdp_get_buff_len)(struct xdp_md *ctx) = (void *)BPF_FUNC_xdp_get_buff_len;
+static long (*bpf_xdp_load_bytes)(struct xdp_md *ctx, __u32 off, void *to, __u32 len) =
+    (void *)BPF_FUNC_xdp_load_bytes;
+static long (*bpf_xdp_store_bytes)(struct xdp_md *ctx, __u32 off, const void *from, __u32 len) =
+    (void *)BPF_FUNC_xdp_store_bytes;
 
 /* The layout below is also stunnerd/offload/layout.py's: change both or neither (the loader
  * checks the sizes against the object's map definitions). */
@@ -258,11 +263,11 @@ INLINE __be16 ethertype(const struct headers *h) {
     return proto;
 }
 
-/* The datagram's facts from its headers (read into `h`: Ethernet, then IPv4 or IPv6 as
- * `ethertype` says, and UDP) and the frame's length, or 0 when it is no UDP datagram the
- * program can rewrite. */
-INLINE int parsed(struct headers *h, __u32 frame_len, struct datagram *d) {
-    if (ethertype(h) == be16(ETH_P_IP)) {
+/* The datagram's facts from its headers (read into `h`: Ethernet, then IPv4 or IPv6 as `v6`
+ * says, the caller's reading of the Ethertype, and UDP) and the frame's length, or 0 when it
+ * is no UDP datagram the program can rewrite. */
+INLINE int parsed(struct headers *h, __u32 frame_len, int v6, struct datagram *d) {
+    if (!v6) {
         struct iphdr *ip = &h->v4.ip;
         if (ip->version != 4 || ip->ihl != 5 || ip->protocol != IPPROTO_UDP) return 0;
         if (ip->frag_off & be16(0x3fff)) return 0; /* a fragment */
@@ -413,15 +418,17 @@ INLINE int new_headers(struct headers *h, struct datagram *d, const struct route
     return 0;
 }
 
+/* Counts a relayed datagram. Every field gets its add, 0 or not: a branch per direction would
+ * let clang pick the field's offset per path, which the verifier refuses without CAP_PERFMON. */
 INLINE void account(const struct route *r, int to_peer, __u32 data_len) {
     __u32 key = r->allocation;
     struct usage *u = bpf_map_lookup_elem(&usage, &key);
-    if (u && to_peer) {
-        __sync_fetch_and_add(&u->to_peer_packets, 1);
-        __sync_fetch_and_add(&u->to_peer_bytes, data_len);
-    } else if (u) {
-        __sync_fetch_and_add(&u->to_client_packets, 1);
-        __sync_fetch_and_add(&u->to_client_bytes, data_len);
+    __u64 peer = to_peer ? 1 : 0, client = 1 - peer;
+    if (u) {
+        __sync_fetch_and_add(&u->to_peer_packets, peer);
+        __sync_fetch_and_add(&u->to_peer_bytes, peer * data_len);
+        __sync_fetch_and_add(&u->to_client_packets, client);
+        __sync_fetch_and_add(&u->to_client_bytes, client * data_len);
     }
     count(to_peer ? RELAYED_TO_PEER : RELAYED_TO_CLIENT);
 }
@@ -433,14 +440,17 @@ INLINE int parse_skb(struct __sk_buff *skb, struct headers *h, struct datagram *
     if (skb->gso_size || skb->vlan_present || bpf_skb_load_bytes(skb, 0, h, ETH_LEN) < 0)
         return 0;
     __be16 proto = ethertype(h);
+    int v6;
     if (proto == be16(ETH_P_IP)) {
         if (bpf_skb_load_bytes(skb, ETH_LEN, &h->v4, IPV4_UDP_LEN) < 0) return 0;
+        v6 = 0;
     } else if (proto == be16(ETH_P_IPV6)) {
         if (bpf_skb_load_bytes(skb, ETH_LEN, &h->v6, IPV6_UDP_LEN) < 0) return 0;
+        v6 = 1;
     } else {
         return 0;
     }
-    if (!parsed(h, skb->len, d)) return 0;
+    if (!parsed(h, skb->len, v6, d)) return 0;
     /* The payload's first 4 bytes, when it has them: maybe a ChannelData header. */
     if (d->payload_len >= CHANNEL_HEADER &&
         bpf_skb_load_bytes(skb, d->payload_offset, d->channel_header, CHANNEL_HEADER) < 0)
@@ -527,26 +537,26 @@ int relay(struct __sk_buff *skb) {
 
 /* --- XDP ----------------------------------------------------------------------------------- */
 
+/* Bytes are read and written through helpers, as TC's are: without CAP_PERFMON the verifier
+ * refuses a packet pointer moved by a variable offset, and the frame's length is no number
+ * there (a pointer difference); bpf_xdp_get_buff_len says it. */
 INLINE int parse_xdp(struct xdp_md *ctx, struct headers *h, struct datagram *d) {
-    __u8 *data = (void *)(long)ctx->data, *end = (void *)(long)ctx->data_end;
-    if (data + ETH_LEN > end) return 0;
-    __builtin_memcpy(h->eth, data, ETH_LEN);
+    if (bpf_xdp_load_bytes(ctx, 0, h, ETH_LEN) < 0) return 0;
     __be16 proto = ethertype(h);
+    int v6;
     if (proto == be16(ETH_P_IP)) {
-        if (data + ETH_LEN + IPV4_UDP_LEN > end) return 0;
-        __builtin_memcpy(&h->v4, data + ETH_LEN, IPV4_UDP_LEN);
+        if (bpf_xdp_load_bytes(ctx, ETH_LEN, &h->v4, IPV4_UDP_LEN) < 0) return 0;
+        v6 = 0;
     } else if (proto == be16(ETH_P_IPV6)) {
-        if (data + ETH_LEN + IPV6_UDP_LEN > end) return 0;
-        __builtin_memcpy(&h->v6, data + ETH_LEN, IPV6_UDP_LEN);
+        if (bpf_xdp_load_bytes(ctx, ETH_LEN, &h->v6, IPV6_UDP_LEN) < 0) return 0;
+        v6 = 1;
     } else {
         return 0;
     }
-    if (!parsed(h, (__u32)(end - data), d)) return 0;
-    if (d->payload_len >= CHANNEL_HEADER) {
-        __u8 *c = data + (d->v6 ? ETH_LEN + IPV6_UDP_LEN : ETH_LEN + IPV4_UDP_LEN);
-        if (c + CHANNEL_HEADER > end) return 0;
-        __builtin_memcpy(d->channel_header, c, CHANNEL_HEADER);
-    }
+    if (!parsed(h, (__u32)bpf_xdp_get_buff_len(ctx), v6, d)) return 0;
+    if (d->payload_len >= CHANNEL_HEADER &&
+        bpf_xdp_load_bytes(ctx, d->payload_offset, d->channel_header, CHANNEL_HEADER) < 0)
+        return 0;
     return 1;
 }
 
@@ -647,30 +657,24 @@ int relay_xdp(struct xdp_md *ctx) {
     }
     if (bpf_xdp_adjust_head(ctx, peer_bound ? CHANNEL_HEADER : -CHANNEL_HEADER) < 0)
         return XDP_PASS; /* the frame as it came */
-    __u8 *data = (void *)(long)ctx->data, *end = (void *)(long)ctx->data_end;
-    if (data + ETH_LEN + IPV4_UDP_LEN > end) goto failed;
-    __builtin_memcpy(data, h.eth, ETH_LEN);
+    long stored = bpf_xdp_store_bytes(ctx, 0, h.eth, ETH_LEN);
     if (d.v6) {
-        if (data + ETH_LEN + IPV6_UDP_LEN > end) goto failed;
-        __builtin_memcpy(data + ETH_LEN, &h.v6.ip, sizeof(h.v6.ip));
-        __builtin_memcpy(data + ETH_LEN + sizeof(h.v6.ip), &d.udp, UDP_LEN);
-        if (!peer_bound) {
-            if (data + ETH_LEN + IPV6_UDP_LEN + CHANNEL_HEADER > end) goto failed;
-            __builtin_memcpy(data + ETH_LEN + IPV6_UDP_LEN, &added, CHANNEL_HEADER);
-        }
+        stored |= bpf_xdp_store_bytes(ctx, ETH_LEN, &h.v6.ip, sizeof(h.v6.ip));
+        stored |= bpf_xdp_store_bytes(ctx, ETH_LEN + sizeof(h.v6.ip), &d.udp, UDP_LEN);
+        if (!peer_bound)
+            stored |= bpf_xdp_store_bytes(ctx, ETH_LEN + IPV6_UDP_LEN, &added, CHANNEL_HEADER);
     } else {
-        __builtin_memcpy(data + ETH_LEN, &h.v4.ip, sizeof(h.v4.ip));
-        __builtin_memcpy(data + ETH_LEN + sizeof(h.v4.ip), &d.udp, UDP_LEN);
-        if (!peer_bound) {
-            if (data + ETH_LEN + IPV4_UDP_LEN + CHANNEL_HEADER > end) goto failed;
-            __builtin_memcpy(data + ETH_LEN + IPV4_UDP_LEN, &added, CHANNEL_HEADER);
-        }
+        stored |= bpf_xdp_store_bytes(ctx, ETH_LEN, &h.v4.ip, sizeof(h.v4.ip));
+        stored |= bpf_xdp_store_bytes(ctx, ETH_LEN + sizeof(h.v4.ip), &d.udp, UDP_LEN);
+        if (!peer_bound)
+            stored |= bpf_xdp_store_bytes(ctx, ETH_LEN + IPV4_UDP_LEN, &added, CHANNEL_HEADER);
+    }
+    if (stored < 0) { /* unreachable: the frame held these headers and more before it moved */
+        count(DROPPED_FAILED);
+        return XDP_DROP;
     }
     account(r, peer_bound, data_len);
     return r->ifindex != 0 ? (int)bpf_redirect(fib->ifindex, 0) : XDP_PASS;
-failed: /* unreachable: the frame held these headers and more before it moved */
-    count(DROPPED_FAILED);
-    return XDP_DROP;
 }
 
 char program_license[] SEC("license") = "Dual MIT/GPL";
