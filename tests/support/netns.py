@@ -103,7 +103,11 @@ def veth_pair(here: dict[str, str], there: dict[str, str | list[str]]) -> VethPa
     namespace), addressed as given ({"v4": "10.30.0.1/24", "v6": "fd30::1/64"}, the other end's
     values lists), both up, the other end's loopback too. The other end computes its UDP
     checksums itself (tx offload off), as a frame from the wire has them."""
-    holder = subprocess.Popen(["unshare", "--net", "sleep", "infinity"])
+    holder = subprocess.Popen(
+        ["unshare", "--net", "sleep", "infinity"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,  # the test's output ends when the test does
+    )
     namespace = f"/proc/{holder.pid}/ns/net"
     own = os.readlink("/proc/self/ns/net")
     while os.readlink(namespace) == own:  # until unshare(2) has run in the holder
