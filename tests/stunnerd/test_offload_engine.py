@@ -180,7 +180,7 @@ def test_without_a_capability_one_warning_names_it(caps: str, expected: str | No
     assert "[Errno" not in warnings[0]
     if caps == "-all,+net_admin":
         assert warnings[0] == (
-            "WARNING offload off, relaying in user space: bpf map create: Operation not "
+            "WARNING offload off, relaying in user space: TC: bpf map create: Operation not "
             "permitted: stunnerd needs CAP_BPF and CAP_NET_ADMIN"
         )
 

@@ -46,7 +46,7 @@ LOOPBACK = 1
 TIMEOUT = 5.0  # a bound on waiting for what must arrive, never a pause
 
 SERVER = {"v4": "10.30.0.1/24", "v6": "fd30::1/64"}
-CLIENT_SIDE = {
+CLIENT_SIDE: dict[str, str | list[str]] = {
     "v4": ["10.30.0.2/24", "10.30.0.3/24", "10.30.0.4/24", "10.30.0.5/24"],
     "v6": ["fd30::2/64", "fd30::3/64"],
 }
@@ -559,7 +559,7 @@ def auto_and_busy() -> None:
     from stunnerd.offload.engine import KernelOffload
 
     pair = setup()
-    seen = {}
+    seen: dict[str, Any] = {}
     offload = KernelOffload()
     offload.configure("Auto", ["xs"])
     seen["auto"] = (offload.engine, offload.modes)

@@ -13,7 +13,7 @@ import socket
 import struct
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -98,7 +98,7 @@ class VethPair:
         self.holder.wait()
 
 
-def veth_pair(here: dict[str, str], there: dict[str, str | list[str]]) -> VethPair:
+def veth_pair(here: Mapping[str, str], there: Mapping[str, str | list[str]]) -> VethPair:
     """Inside a namespace of the test's own: a veth pair `xs` (here) - `xc` (in a second
     namespace), addressed as given ({"v4": "10.30.0.1/24", "v6": "fd30::1/64"}, the other end's
     values lists), both up, the other end's loopback too. The other end computes its UDP
