@@ -173,7 +173,13 @@ def test_the_same_session_gives_the_same_datagrams_and_counters_with_the_offload
     off, on = runs["None"], runs["TC"]
     assert off["offload"] == "off: admin.offload_engine is None"
     assert on["offload"] == "on"
-    assert on["state"] == {"on": True, "engine": "TC", "interfaces": ["lo"]}
+    assert on["state"] == {
+        "on": True,
+        "engine": "TC",
+        "interfaces": ["lo"],
+        "modes": {"lo": "tcx"},
+        "code": "tc",
+    }
     assert off["state"] == {
         "on": False,
         "reason": "admin.offload_engine is None",
