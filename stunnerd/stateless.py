@@ -39,6 +39,7 @@ _REALM = 0x0014
 _NONCE = 0x0015
 _FINGERPRINT = 0x8028
 _ATTRIBUTE = struct.Struct("!HH")
+STRANGER_IPS = 65536  # source IPs whose unauthenticated-STUN budget is tracked at a time
 
 
 def unsigned_allocate(data: bytes, max_attributes: int) -> bool:
@@ -120,9 +121,15 @@ class UnsignedBudget:
         self._clock = clock
 
     def admit(self, address: tuple[Any, ...]) -> bool:
+        return self.admit_source(address) and self.admit_total()
+
+    def admit_source(self, address: tuple[Any, ...]) -> bool:
+        """A token of the source IP's bucket (always, with no per-source limit)."""
         per_ip = self.per_ip
-        if per_ip.rate > 0 and not per_ip.allow(address[0]):
-            return False
+        return per_ip.rate <= 0 or per_ip.allow(address[0])
+
+    def admit_total(self) -> bool:
+        """A token of the bucket for every source together."""
         if not self._interval:
             return True
         now = self._clock()

@@ -1,6 +1,6 @@
 """A flood of unauthenticated Allocates from many source addresses, for tests (issue 28 #6).
 
-    python -m tests.support.flood PORT RATE SECONDS [SOURCES]
+    python -m tests.support.flood PORT RATE SECONDS [SOURCES [KIND]]
 
 Sends 28-byte unsigned Allocate requests (REQUESTED-TRANSPORT UDP, a fresh transaction id each)
 to 127.0.0.1:PORT, each from the next of SOURCES source IPs (127.64.0.0 on; default 20,000),
@@ -9,6 +9,8 @@ datagrams sent, answers received. The source IP of each datagram is set with IP_
 socket (no privilege: the whole of 127/8 is on lo), so the server sees as many sources as a
 spoofed flood shows it, and their answers come back to this one socket, where they are counted.
 Loopback only. `start()` runs it as a child process (its own CPU, not the test's event loop).
+KIND `client-hello` sends the same DTLS ClientHello without a cookie instead (a TURN-DTLS
+listener's flood); SOURCES 1 is a flood from one source.
 """
 
 from __future__ import annotations
@@ -49,7 +51,24 @@ def burst(port: int, count: int) -> socket.socket:
     return sock
 
 
-def flood(port: int, rate: float, seconds: float, sources: int) -> dict[str, int]:
+def client_hello() -> bytes:
+    """A first DTLS ClientHello of pyOpenSSL's client, without a cookie."""
+    from OpenSSL import SSL
+
+    conn = SSL.Connection(SSL.Context(SSL.DTLS_METHOD))
+    conn.set_connect_state()
+    try:
+        conn.do_handshake()
+    except SSL.WantReadError:
+        pass
+    hello: bytes = conn.bio_read(65536)
+    return hello
+
+
+def flood(
+    port: int, rate: float, seconds: float, sources: int, kind: str = "allocate"
+) -> dict[str, int]:
+    hello = client_hello() if kind == "client-hello" else None
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     sock.bind(("0.0.0.0", 0))
     sock.setblocking(False)
@@ -66,7 +85,8 @@ def flood(port: int, rate: float, seconds: float, sources: int) -> dict[str, int
             told = True
         for _ in range(BATCH):
             try:
-                sock.sendmsg([head + os.urandom(12) + tail], ancillary[sent % sources], 0, target)
+                datagram = hello or head + os.urandom(12) + tail
+                sock.sendmsg([datagram], ancillary[sent % sources], 0, target)
             except (BlockingIOError, ConnectionRefusedError):
                 continue
             sent += 1
@@ -83,12 +103,14 @@ def flood(port: int, rate: float, seconds: float, sources: int) -> dict[str, int
     return {"sent": sent, "answers": answers}
 
 
-def start(port: int, rate: float, seconds: float, sources: int = 20000) -> subprocess.Popen[str]:
+def start(
+    port: int, rate: float, seconds: float, sources: int = 20000, kind: str = "allocate"
+) -> subprocess.Popen[str]:
     """The flood as a child process, once it has sent UNDER_WAY datagrams (stop it with
     `.terminate()`; it stops by itself after `seconds`)."""
     process = subprocess.Popen(
         [sys.executable, "-m", "tests.support.flood", str(port), str(rate), str(seconds),
-         str(sources)],
+         str(sources), kind],
         stdout=subprocess.PIPE,
         text=True,
     )  # fmt: skip
@@ -102,4 +124,5 @@ def start(port: int, rate: float, seconds: float, sources: int = 20000) -> subpr
 if __name__ == "__main__":
     port, rate, seconds = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3])
     count = int(sys.argv[4]) if len(sys.argv) > 4 else 20000
-    sys.stdout.write(json.dumps(flood(port, rate, min(seconds, 120.0), count)) + "\n")
+    kind = sys.argv[5] if len(sys.argv) > 5 else "allocate"
+    sys.stdout.write(json.dumps(flood(port, rate, min(seconds, 120.0), count, kind)) + "\n")
