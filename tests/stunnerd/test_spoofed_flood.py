@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import re
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -172,3 +173,41 @@ def test_the_python_path_sheds_strangers_unsigned_requests_while_it_is_behind(
             client.close()
 
     run(scenario, Limits(error_rate_total=0))
+
+
+@pytest.mark.usefixtures("relay_path")  # both relay paths: conftest.py
+def test_unauthenticated_rate_total_is_the_whole_stunnerds(
+    stunnerd: StartStunnerd, tmp_path: Path
+) -> None:
+    """--unauthenticated-rate-total bounds the whole stunnerd, not each process (red team
+    finding C: with -u 2 a burst from 1,000 sources drew twice the answers the flag allows).
+    Each of the two UDP processes (native engines) keeps a bucket of half the rate: a burst of
+    unsigned Allocates from as many source IPs (each within its own budget) draws at most the
+    flag's burst (2R) plus what the buckets refill (R per second) until the last answer."""
+    rate = 20
+    port = free_port()
+    config = tmp_path / "stunnerd.json"
+    config.write_text(make_config(port, [f"{HOST}/32"], protocols=("TURN-UDP",)).to_json())
+    server = stunnerd(
+        "-c", str(config), "-u", "2", "--unauthenticated-rate-total", str(rate), "-l", "all:INFO"
+    )  # fmt: skip
+    assert binding_answered(port), server.stop()
+    while "started 1 UDP worker" not in server.stderr:  # both processes read their sockets
+        assert server.running(), server.stderr
+        time.sleep(0.05)
+    start = time.monotonic()
+    sock = flood.burst(port, 1000)
+    answers, last = 0, start
+    try:
+        sock.settimeout(2.0)  # the end of the answers: two seconds without one
+        while True:
+            try:
+                sock.recv(2048)
+            except TimeoutError:
+                break
+            answers, last = answers + 1, time.monotonic()
+    finally:
+        sock.close()
+        server.stop(at_once=True)
+    allowed = 2 * rate + rate * (last - start) + 2  # +2: the readiness Bindings' tokens
+    assert 0 < answers <= allowed, (answers, allowed)
