@@ -71,7 +71,7 @@ def test_client_hello_flood_leaves_honest_handshakes_through(
                 flooding = flooder.poll() is None  # the handshakes ended within the flood
             finally:
                 flooder.terminate()
-                flooder.wait()
+                flooder.communicate()
             stats = protocol.server.stats
             assert flooding, "the flood ended first: it did not overlap the handshakes"
             assert done == [True] * HONEST, f"{done}, {stats.rate_limited} ClientHellos shed"

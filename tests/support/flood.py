@@ -10,7 +10,9 @@ socket (no privilege: the whole of 127/8 is on lo), so the server sees as many s
 spoofed flood shows it, and their answers come back to this one socket, where they are counted.
 Loopback only. `start()` runs it as a child process (its own CPU, not the test's event loop).
 KIND `client-hello` sends the same DTLS ClientHello without a cookie instead (a TURN-DTLS
-listener's flood); SOURCES 1 is a flood from one source.
+listener's flood); SOURCES 1 is a flood from one source. KIND `connect` opens TCP connections
+instead (RATE a second, SOURCES source IPs in turn, each bound as the source), each closed
+unread once HOLD more have opened after it: a connect flood on a server's listen queue.
 """
 
 from __future__ import annotations
@@ -103,6 +105,42 @@ def flood(
     return {"sent": sent, "answers": answers}
 
 
+HOLD = 512  # `connect`: connections the flood keeps open at once (past a per-source cap of 256)
+
+
+def connect_flood(port: int, rate: float, seconds: float, sources: int) -> dict[str, int]:
+    import collections
+
+    held: collections.deque[socket.socket] = collections.deque()
+    sent = 0
+    told = False
+    start = time.monotonic()
+    while (now := time.monotonic()) < start + seconds:
+        if not told and sent >= UNDER_WAY // 10:
+            sys.stdout.write("flooding\n")
+            sys.stdout.flush()
+            told = True
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setblocking(False)
+        try:
+            sock.bind((socket.inet_ntoa(struct.pack("!I", BASE + sent % sources)), 0))
+            sock.connect_ex(("127.0.0.1", port))
+        except OSError:
+            sock.close()
+            time.sleep(0.001)  # out of ports or descriptors for a moment
+            continue
+        held.append(sock)
+        if len(held) > HOLD:
+            held.popleft().close()
+        sent += 1
+        ahead = start + sent / rate - now
+        if ahead > 0:
+            time.sleep(ahead)
+    for sock in held:
+        sock.close()
+    return {"sent": sent, "answers": 0}
+
+
 def start(
     port: int, rate: float, seconds: float, sources: int = 20000, kind: str = "allocate"
 ) -> subprocess.Popen[str]:
@@ -125,4 +163,9 @@ if __name__ == "__main__":
     port, rate, seconds = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3])
     count = int(sys.argv[4]) if len(sys.argv) > 4 else 20000
     kind = sys.argv[5] if len(sys.argv) > 5 else "allocate"
-    sys.stdout.write(json.dumps(flood(port, rate, min(seconds, 120.0), count, kind)) + "\n")
+    seconds = min(seconds, 120.0)
+    if kind == "connect":
+        outcome = connect_flood(port, rate, seconds, count)
+    else:
+        outcome = flood(port, rate, seconds, count, kind)
+    sys.stdout.write(json.dumps(outcome) + "\n")
