@@ -14,6 +14,7 @@ anchor for the handshake time.
 
     .venv/bin/python bench/dtls_flood_bench.py                         # both floods, 12 s each
     .venv/bin/python bench/dtls_flood_bench.py --floods one-source --clients 4 --json out.json
+    .venv/bin/python bench/dtls_flood_bench.py --stunnerd-tree /tmp/main   # another checkout
 
 Needs coturn's `turnserver` and the `openssl` CLI. Loopback only.
 """
@@ -109,8 +110,11 @@ def flood(kind: str, port: int, rate: int, seconds: float, sources: int) -> None
 class Server:
     """stunnerd with one TURN-DTLS listener, or coturn with DTLS alone (no UDP/TCP/TLS)."""
 
-    def __init__(self, name: str, workdir: Path, cert: str, key: str) -> None:
+    def __init__(
+        self, name: str, workdir: Path, cert: str, key: str, tree: Path | None = None
+    ) -> None:
         self.name, self.workdir, self.cert, self.key = name, workdir, cert, key
+        self.tree = tree  # stunnerd's code from this checkout (PYTHONPATH), else this one's
         self.port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -145,7 +149,10 @@ class Server:
                 "--no-stdout-log", "--log-file", "/dev/null", "--simple-log",
                 "--pidfile", str(self.workdir / "turnserver.pid"),
             ]  # fmt: skip
-        self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+        env = None
+        if self.tree is not None:
+            env = {**os.environ, "PYTHONPATH": str(self.tree), "PYTHONDONTWRITEBYTECODE": "1"}
+        self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
         log.close()
         # Ready when a handshake completes (DTLS has no connect to probe).
         ca = str(self.workdir / "ca.pem")
@@ -238,6 +245,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", type=int, default=4, help="honest handshakes per flood")
     parser.add_argument("--timeout", type=float, default=8.0, help="seconds per handshake")
     parser.add_argument("--json", help="write the rows here too")
+    parser.add_argument(
+        "--stunnerd-tree", type=Path, help="run stunnerd from this checkout (e.g. main's)"
+    )
     args = parser.parse_args(argv)
     for tool in ("turnserver", "openssl"):
         if shutil.which(tool) is None:
@@ -252,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
         (workdir / "ca.pem").write_bytes(base64.b64decode(cert))
         for kind in args.floods.split(","):
             for name in args.servers.split(","):
-                server = Server(name, workdir, cert, key)
+                server = Server(name, workdir, cert, key, args.stunnerd_tree)
                 server.start()
                 try:
                     rows.append(asyncio.run(measure(server, kind, args)))
