@@ -74,6 +74,25 @@ def unsigned_allocate(data: bytes, max_attributes: int) -> bool:
     return True
 
 
+def signed_nonce(data: bytes) -> str | None:
+    """The NONCE of a STUN message that carries MESSAGE-INTEGRITY (attribute headers walked by
+    their lengths, nothing verified), or None: no MESSAGE-INTEGRITY, no NONCE before it, or
+    one that is not ASCII. A stranger's signed request whose nonce does not verify (one HMAC,
+    `auth.NonceManager.is_valid`) is judged as an unsigned one (red team finding D: a flood
+    of forged MESSAGE-INTEGRITY was parsed in full on the Python path)."""
+    offset, end = stun.HEADER_LENGTH, len(data)
+    nonce = None
+    while offset + 4 <= end:
+        kind, length = _ATTRIBUTE.unpack_from(data, offset)
+        if kind == _MESSAGE_INTEGRITY:
+            return nonce
+        if kind == _NONCE:
+            value = data[offset + 4 : offset + 4 + length]
+            nonce = value.decode("ascii", "replace") if value.isascii() else None
+        offset += 4 + length + (-length % 4)
+    return None
+
+
 def _attribute(kind: int, value: bytes) -> bytes:
     return _ATTRIBUTE.pack(kind, len(value)) + value + bytes(-len(value) % 4)
 

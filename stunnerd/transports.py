@@ -20,8 +20,9 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from . import stun
 from .allocation import Downstream
+from .auth import nonce_binding
 from .stateless import STRANGER_IPS as STRANGER_IPS  # native_udp takes it from here
-from .stateless import UnsignedBudget, unsigned_allocate
+from .stateless import UnsignedBudget, signed_nonce, unsigned_allocate
 from .turn import TurnServer
 
 if TYPE_CHECKING:
@@ -113,10 +114,20 @@ class UdpListenerProtocol(asyncio.DatagramProtocol):
             self.server.stats.dropped += 1
         elif self.server.context.error_answers.exhausted(addr):
             self.server.stats.rate_limited += 1  # a stranger over its error budget (turn.py)
-        elif self.unsigned is not None and not has_integrity(data):
+        elif self.unsigned is not None and not self._nonce_verifies(data, addr):
             self._unsigned(data, addr)
         else:
             self.server.handle(data, self._downstream(addr))
+
+    def _nonce_verifies(self, data: bytes, addr: Any) -> bool:
+        """Whether a stranger's message is signed with a nonce of ours for its address: one
+        HMAC, before the MESSAGE-INTEGRITY's (which needs the parse and the user's key). One
+        that is not (unsigned, or a forged or stale nonce) spends the unsigned budgets."""
+        nonce = signed_nonce(data)
+        if nonce is None:
+            return False
+        server = self.server
+        return server.context.nonces.is_valid(nonce, nonce_binding(server.name, (addr[0], addr[1])))
 
     def _unsigned(self, data: bytes, addr: Any) -> None:
         """A stranger's STUN without MESSAGE-INTEGRITY (the Python path): dropped while the

@@ -24,6 +24,7 @@ import struct
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 
 IP_PKTINFO = 8  # linux/in.h (the socket module does not name it)
 BASE = 0x7F400000  # 127.64.0.0
@@ -40,15 +41,16 @@ _HEAD = struct.pack("!HHI", 0x0003, 8, 0x2112A442)
 _TAIL = struct.pack("!HHI", 0x0019, 4, 17 << 24)
 
 
-def burst(port: int, count: int) -> socket.socket:
-    """`count` unsigned Allocates to 127.0.0.1:PORT at once, each from a source IP of its own
-    (127.64.0.0 on); the socket their answers come back to (the caller closes it)."""
+def burst(port: int, count: int, datagram: Callable[[], bytes] | None = None) -> socket.socket:
+    """`count` unsigned Allocates (or what `datagram` makes) to 127.0.0.1:PORT at once, each
+    from a source IP of its own (127.64.0.0 on); the socket their answers come back to (the
+    caller closes it)."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)  # room for every answer
     sock.bind(("0.0.0.0", 0))
     for index in range(count):
-        datagram = _HEAD + os.urandom(12) + _TAIL
-        sock.sendmsg([datagram], _pktinfo(index), 0, ("127.0.0.1", port))
+        data = datagram() if datagram is not None else _HEAD + os.urandom(12) + _TAIL
+        sock.sendmsg([data], _pktinfo(index), 0, ("127.0.0.1", port))
     sock.setblocking(False)
     return sock
 
