@@ -166,8 +166,9 @@ LIMIT_FLAGS: dict[str, tuple[str, str]] = {
     ),
     "unauthenticated_rate_total": (
         "PER_S",
-        "UDP: the same from all client IPs together, per process; within it an unsigned "
-        "Allocate gets a stateless 401, past it they are dropped unparsed; 0: no limit",
+        "UDP: the same from all client IPs together, in the whole stunnerd (each of the -u "
+        "processes keeps an even share); within it an unsigned Allocate gets a stateless 401, "
+        "past it they are dropped unparsed; 0: no limit",
     ),
 }
 
@@ -261,10 +262,11 @@ async def run(args: argparse.Namespace, stunner: Stunner) -> int:
     return await serve(stunner, config, None, args.grace_period, source)
 
 
-def udp_workers(args: argparse.Namespace, override: str | None) -> WorkerPool | None:
+def udp_workers(
+    args: argparse.Namespace, override: str | None, limits: Limits
+) -> WorkerPool | None:
     """The worker pool -u asks for (processes beyond this one), or None for one process."""
-    cpus = usable_cpus()
-    processes = udp_process_count(args.udp_thread_num, cpus)
+    processes = udp_process_count(args.udp_thread_num, usable_cpus())
     if args.udp_thread_num is not None and args.udp_thread_num > processes:
         log.info(
             "--udp-thread-num=%d: using %d process(es), one per usable CPU",
@@ -276,11 +278,11 @@ def udp_workers(args: argparse.Namespace, override: str | None) -> WorkerPool | 
     return WorkerPool(
         processes - 1,
         secret=os.urandom(32),
-        users=LocalQuota(limits_from(args).max_allocations),
+        users=LocalQuota(limits.max_allocations),
         log_spec=override or logs.DEFAULT_LEVEL_SPEC,
         log_format=args.log_format,
         log_override=override is not None,
-        limits=limits_from(args),
+        limits=limits,
     )
 
 
@@ -307,13 +309,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 async def _main(args: argparse.Namespace, override: str | None) -> int:
-    workers = udp_workers(args, override)
+    # Each process (native engine) reading a UDP listener keeps its share of the whole
+    # stunnerd's --unauthenticated-rate-total.
+    limits = limits_from(args).shared_by(udp_process_count(args.udp_thread_num, usable_cpus()))
+    workers = udp_workers(args, override, limits)
     stunner = Stunner(
         nonces=NonceManager(workers.secret) if workers is not None else None,
         log_override=override,
         force_ready=args.force_ready_status,
         workers=workers,
-        limits=limits_from(args),
+        limits=limits,
         health_address=args.health_address,
         metrics_address=args.metrics_address,
         relay_discovery=relay_discovery_from_env(os.environ),
