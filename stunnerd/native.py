@@ -173,6 +173,11 @@ class NativeCounters:
     handed_up: int = 0
     stranger_ips: int = 0  # source IPs whose unauthenticated-STUN bucket is tracked
     bucket_resets: int = 0  # times that table was full of live buckets and started afresh
+    # the engine thread's syscalls (bench/README.md: packets per wakeup and per call): epoll
+    # returns with events, recvmmsg calls, sendmmsg calls
+    wakeups: int = 0
+    recv_calls: int = 0
+    send_calls: int = 0
 
     def listener(self) -> ListenerCounters:
         """As the listener's counters (Python's path counts the same events in these fields)."""
@@ -200,7 +205,8 @@ class NativeCounters:
         total = cls()
         for counted in each:
             for name in ("rx_packets", "rx_bytes", "tx_packets", "tx_bytes", "handed_up",
-                         "stranger_ips", "bucket_resets"):  # fmt: skip
+                         "stranger_ips", "bucket_resets", "wakeups", "recv_calls",
+                         "send_calls"):  # fmt: skip
                 setattr(total, name, getattr(total, name) + getattr(counted, name))
             for cluster, values in counted.clusters.items():
                 mine = total.clusters.setdefault(cluster, [0] * len(values))
@@ -406,4 +412,7 @@ class NativeRelay:
             handed_up=raw["handed_up"],
             stranger_ips=raw["stranger_ips"],
             bucket_resets=raw["bucket_resets"],
+            wakeups=raw["wakeups"],
+            recv_calls=raw["recv_calls"],
+            send_calls=raw["send_calls"],
         )

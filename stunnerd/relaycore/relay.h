@@ -159,6 +159,9 @@ typedef struct relay_engine {
     uint32_t nclusters;
     uint64_t drops[DROP_COUNT];
     uint64_t handed_up;
+    /* the thread's syscalls, for the bench (relayed packets per wakeup and per call): epoll
+     * returns with events, recvmmsg and sendmmsg calls */
+    uint64_t wakeups, recv_calls, send_calls;
     uint32_t max_message; /* a client's STUN message above this is dropped (DROP_INVALID) */
     relay_alloc *graveyard;
     uint64_t rng[2];
@@ -183,7 +186,10 @@ typedef struct relay_engine {
     pthread_t thread;
     int running;  /* set by relay_start/relay_stop (which runs without the GIL): atomic */
     int stopping;
-    /* batch buffers (the thread's own) */
+    /* batch buffers (the thread's own): one wakeup's reads from every ready socket fill them
+     * in turn (`batched` of RELAY_BATCH used, `pending` sends decided), and are sent together
+     * once the wakeup is served or they are full (relay_flush_pending) */
+    int batched, pending;
     uint8_t *buffers;
     struct mmsghdr *msgs;
     struct iovec *iovs;
@@ -237,6 +243,8 @@ relay_alloc *relay_alloc_of_client(relay_engine *e, const relay_addr *client);
 int relay_drop(relay_engine *e, int cause);
 int relay_epoll_set(relay_engine *e, int fd, uint64_t tag, uint32_t events, int op);
 void relay_flush(relay_engine *e, relay_send *sends, int count, struct mmsghdr *scratch);
+/* The thread's decided sends of this wakeup (e->sends), sent and the batch buffers freed. */
+void relay_flush_pending(relay_engine *e);
 /* A payload Python parsed from a client's message (a Send indication of another shape) for
  * the allocation's peer: decided and counted as relay_process would (lock held). */
 int relay_payload_to_peer(relay_engine *e, uint64_t handle, const relay_addr *peer,
