@@ -47,7 +47,7 @@ def address_family(ip: str) -> int:
 class Downstream:
     """The client side of one 5-tuple: where replies and relayed data to that client go."""
 
-    __slots__ = ("remote", "address", "send", "relay", "stream")
+    __slots__ = ("remote", "address", "send", "relay", "stream", "engine")
 
     def __init__(
         self,
@@ -55,6 +55,7 @@ class Downstream:
         send: Callable[[bytes], None],
         stream: bool,
         relay: Callable[[bytes], bool | None] | None = None,
+        engine: int = 0,
     ) -> None:
         self.remote = remote  # the address as the socket reports it: the allocation key
         self.address = canonical_address(remote)  # what XOR-MAPPED-ADDRESS reports
@@ -63,6 +64,9 @@ class Downstream:
         # (a TCP/TLS client past --stream-latency-bound, issue 21), else sent like an answer.
         self.relay: Callable[[bytes], bool | None] = relay or send
         self.stream = stream
+        # TURN-UDP on the native path: which of the listener's engines (one per socket of its
+        # SO_REUSEPORT group) the kernel steers this 5-tuple to; its allocation lives there.
+        self.engine = engine
 
 
 class PeerPolicy(Protocol):
