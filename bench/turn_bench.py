@@ -396,6 +396,7 @@ def run_uclient(
     samples: list[tuple[float, int, int]] = []  # (monotonic, sent, received), ~1/s
     lines: list[str] = []
     user0, system0 = cpu_times(server.pid)
+    setup_cpu: float | None = None  # the server's CPU until uclient starts sending
     start = time.monotonic()
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     timer = threading.Timer(timeout, proc.kill)
@@ -409,6 +410,8 @@ def run_uclient(
             match = _PROGRESS.search(line)
             if match:
                 samples.append((time.monotonic(), int(match[1]), int(match[2])))
+                if setup_cpu is None and int(match[1]) > 0:
+                    setup_cpu = cpu_seconds(server.pid) - user0 - system0
                 if probe is None and probe_peer is not None and int(match[1]) > 0:
                     # the load is sending: the probe's call runs through most of its window
                     probe = start_probe(case, server, probe_peer, max(1.0, 0.75 * duration))
@@ -427,13 +430,14 @@ def run_uclient(
     result: dict[str, Any] = {
         "server": server.name, "case": case.name, "cpu_s": cpu,
         "sys_pct": 100.0 * (system1 - system0) / cpu if cpu > 0 else None,
+        "setup_cpu_s": setup_cpu,
         "wall_s": end - start, "messages_per_client": count, "load1": os.getloadavg()[0],
         "timed_out": total is None,
         **{f"probe_{k}": v for k, v in probed.items()},
     }  # fmt: skip
     if total is None:
         for key in ("sent", "received", "sent_pps", "peak_sent_pps", "recv_pps", "loss_pct",
-                    "rtt_ms", "relayed_per_cpu_s"):  # fmt: skip
+                    "rtt_ms", "relayed_per_cpu_s", "sending_relayed_per_cpu_s"):  # fmt: skip
             result[key] = None
         return result
     sent, received = int(total[1]), int(total[2])
@@ -464,6 +468,12 @@ def run_uclient(
         loss_pct=float(lost[2]) if lost else 100.0 * (sent - received) / max(sent, 1),
         rtt_ms=float(rtt[1]) if rtt else None,
         relayed_per_cpu_s=2 * received / cpu if cpu > 0 else None,
+        # the same from the first packet sent on: the relaying, without the allocations
+        sending_relayed_per_cpu_s=(
+            2 * received / (cpu - setup_cpu)
+            if setup_cpu is not None and cpu - setup_cpu > 0
+            else None
+        ),
         progress=[(round(t - start, 2), s, r) for t, s, r in samples],
     )
     return result
@@ -674,10 +684,12 @@ def summary_table(rows: list[dict[str, Any]], cases: list[Case]) -> str:
     (`is_target`) which targets are met."""
     out = [
         "| case | server | runs | loss % | probe p50 ms | probe p99 ms | probe max ms "
-        "| relayed pkt/CPU-s | ratio to coturn | targets |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| relayed pkt/CPU-s | ratio to coturn | targets | set-up CPU-s "
+        "| sending pkt/CPU-s | sending ratio |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|",
     ]
-    keys = ("loss_pct", "probe_p50_ms", "probe_p99_ms", "probe_max_ms", "relayed_per_cpu_s")
+    keys = ("loss_pct", "probe_p50_ms", "probe_p99_ms", "probe_max_ms", "relayed_per_cpu_s",
+            "setup_cpu_s", "sending_relayed_per_cpu_s")  # fmt: skip
     for case in cases:
         medians: dict[str, dict[str, float | None]] = {}
         runs: dict[str, int] = {}
@@ -689,6 +701,8 @@ def summary_table(rows: list[dict[str, Any]], cases: list[Case]) -> str:
         anchor = medians.get("coturn")
         for name, m in medians.items():
             r = ratio(m["relayed_per_cpu_s"], anchor["relayed_per_cpu_s"]) if anchor else None
+            sending = m["sending_relayed_per_cpu_s"]
+            rs = ratio(sending, anchor["sending_relayed_per_cpu_s"]) if anchor else None
             verdict = ""
             if name in STUNNERDS and anchor and is_target(case):
                 misses = target_misses(case, m, anchor)
@@ -697,7 +711,9 @@ def summary_table(rows: list[dict[str, Any]], cases: list[Case]) -> str:
                 f"| {case.name} | {name} | {runs[name]} | {fmt(m['loss_pct'], '.2f')} "
                 f"| {fmt(m['probe_p50_ms'], '.1f')} | {fmt(m['probe_p99_ms'], '.1f')} "
                 f"| {fmt(m['probe_max_ms'], '.1f')} | {fmt(m['relayed_per_cpu_s'], '.0f')} "
-                f"| {fmt(r, '.2f') + 'x' if r and name != 'coturn' else ''} | {verdict} |"
+                f"| {fmt(r, '.2f') + 'x' if r and name != 'coturn' else ''} | {verdict} "
+                f"| {fmt(m['setup_cpu_s'], '.2f')} | {fmt(sending, '.0f')} "
+                f"| {fmt(rs, '.2f') + 'x' if rs and name != 'coturn' else ''} |"
             )
     return "\n".join(out)
 

@@ -2,8 +2,11 @@
 the protocol.
 
 `NativeUdpTransport` is the TURN-UDP transport when `stunnerd.native` is available (built, and
-STUNNER_NATIVE is not 0). Its engine (`native.NativeRelay`) owns the receive path of the
-listener socket and of every allocation's relay socket, in its own thread:
+STUNNER_NATIVE is not 0). The listener binds one socket per usable CPU (`-u`) in one
+SO_REUSEPORT group, and an engine (`native.NativeRelay`) on each, all in this process (issue
+30: one interpreter answers every request; a relay thread per CPU carries the media). An engine
+owns the receive path of its listener socket and of the relay sockets of the allocations whose
+clients the kernel steers to that socket (`Downstream.engine`), in its own thread:
 
 - it relays ChannelData and plain Send indications from clients, and peers' datagrams back as
   ChannelData or Data indications, deciding each packet from tables this module mirrors into
