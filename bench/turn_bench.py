@@ -53,8 +53,9 @@ USER = "user"
 PASSWORD = "pass"
 REALM = "stunner.l7mp.io"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
-SERVERS = ("stunnerd", "stunnerd-py", "coturn")
-STUNNERDS = ("stunnerd", "stunnerd-py")  # the native relay path (STUNNER_NATIVE=1), and Python
+SERVERS = ("stunnerd", "stunnerd-base", "stunnerd-py", "coturn")
+# the native relay path (STUNNER_NATIVE=1), the same from another checkout (--baseline), Python
+STUNNERDS = ("stunnerd", "stunnerd-base", "stunnerd-py")
 DEFAULT_SERVERS = "stunnerd,coturn"
 
 
@@ -202,8 +203,10 @@ class Server:
         udp_threads: int | None = None,
         abuse_limits: bool = False,
         tls: bool = False,
+        baseline: Path | None = None,
     ) -> None:
         self.name = name
+        self.baseline = baseline  # stunnerd-base: the checkout its stunnerd package comes from
         self.port = free_port()
         self.tls_port = free_port() if tls else None  # a TURN-TLS listener there
         self.proc: subprocess.Popen[bytes] | None = None
@@ -218,6 +221,10 @@ class Server:
         env = None
         if self.name in STUNNERDS:
             env = {**os.environ, "STUNNER_NATIVE": "0" if self.name == "stunnerd-py" else "1"}
+            if self.name == "stunnerd-base":
+                if self.baseline is None:
+                    raise RuntimeError("stunnerd-base needs --baseline DIR")
+                env["PYTHONPATH"] = str(self.baseline)
             config = {
                 "version": "v1",
                 "admin": {"name": "bench", "loglevel": "all:WARN", "healthcheck_endpoint": ""},
@@ -316,12 +323,16 @@ class Server:
 
 @contextlib.contextmanager
 def running(
-    names: tuple[str, ...], workdir: Path, udp_threads: int | None, tls: bool = False
+    names: tuple[str, ...],
+    workdir: Path,
+    udp_threads: int | None,
+    tls: bool = False,
+    baseline: Path | None = None,
 ) -> Iterator[dict[str, Server]]:
     servers: dict[str, Server] = {}
     try:
         for name in names:
-            servers[name] = Server(name, workdir, udp_threads, tls=tls)
+            servers[name] = Server(name, workdir, udp_threads, tls=tls, baseline=baseline)
             servers[name].start()
         yield servers
     finally:
@@ -833,15 +844,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--servers",
         default=DEFAULT_SERVERS,
-        help="comma-separated subset of stunnerd (the native relay path), stunnerd-py "
-        "(STUNNER_NATIVE=0: the pure-Python path) and coturn (default stunnerd,coturn)",
+        help="comma-separated subset of stunnerd (the native relay path), stunnerd-base "
+        "(the same from --baseline), stunnerd-py (STUNNER_NATIVE=0: the pure-Python path) and "
+        "coturn (default stunnerd,coturn)",
+    )
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="another checkout (its extension built in place) whose stunnerd runs as "
+        "stunnerd-base, through PYTHONPATH, in the same run (added to --servers)",
     )
     parser.add_argument(
         "--udp-threads",
         type=int,
         default=None,
         metavar="N",
-        help="stunnerd --udp-thread-num (default: stunnerd's own, one process per usable CPU)",
+        help="stunnerd --udp-thread-num (default: stunnerd's own, one per usable CPU)",
     )
     parser.add_argument(
         "--repeat",
@@ -896,7 +916,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.list:
         sys.stdout.write("".join(f"{c.name}\n" for c in cases))
         return 0
-    names = tuple(n for n in SERVERS if n in args.servers.split(","))
+    wanted = args.servers.split(",") + (["stunnerd-base"] if args.baseline else [])
+    names = tuple(n for n in SERVERS if n in wanted)
     for tool in ("turnutils_uclient", "turnutils_peer", "turnserver"):
         if shutil.which(tool) is None:
             log(f"{tool} not found: install coturn")
@@ -910,7 +931,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="turn-bench-") as tmp:
         workdir = Path(tmp)
         if args.allocations > 0:
-            with running(names, workdir, args.udp_threads) as servers:
+            with running(names, workdir, args.udp_threads, baseline=args.baseline) as servers:
                 for name in names:
                     log(f"allocations: {args.allocations} against {name}...")
                     alloc_rows.append(
@@ -928,7 +949,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             tls = any(case.transport == "tls" for case in cases)
             with (
-                running(names, workdir, args.udp_threads, tls) as servers,
+                running(names, workdir, args.udp_threads, tls, args.baseline) as servers,
                 contention(args.contend),
             ):
                 for i, case in enumerate(cases):

@@ -779,6 +779,8 @@ def _bound_udp(host: str, port: int) -> socket.socket | None:
 
 
 def _is_v4_mapped(ip: str) -> bool:
+    if ":" not in ip:
+        return False  # an IPv4 address (every peer of an IPv4 allocation): no parse
     try:
         address = ipaddress.ip_address(ip)
     except ValueError:
