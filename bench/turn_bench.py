@@ -342,7 +342,7 @@ def running(
 
 # --- one uclient run -------------------------------------------------------------------------
 
-_PROGRESS = re.compile(r"msz=\d+, tot_send_msgs=(\d+), tot_recv_msgs=(\d+)")
+UCLIENT_PROGRESS = re.compile(r"msz=\d+, tot_send_msgs=(\d+), tot_recv_msgs=(\d+)")
 _TOTAL = re.compile(r"start_mclient: tot_send_msgs=(\d+), tot_recv_msgs=(\d+)")
 _LOST = re.compile(r"Total lost packets (\d+) \(([\d.]+)%\)")
 _RTT = re.compile(r"Average round trip delay ([\d.]+) ms")
@@ -418,7 +418,7 @@ def run_uclient(
         for raw in proc.stdout:
             line = raw.decode(errors="replace")
             lines.append(line)
-            match = _PROGRESS.search(line)
+            match = UCLIENT_PROGRESS.search(line)
             if match:
                 samples.append((time.monotonic(), int(match[1]), int(match[2])))
                 if setup_cpu is None and int(match[1]) > 0:
