@@ -41,24 +41,26 @@ EVENTS = ("context-switches", "task-clock", "raw_syscalls:sys_enter") + tuple(
 )
 
 
-def threads(pid: int) -> dict[int, str]:
-    """Every thread of `pid` and its descendants: tid -> name."""
+def threads(pid: int) -> dict[int, tuple[int, str]]:
+    """Every thread of `pid` and its descendants: tid -> (its process, its name)."""
     out = {}
     for p in [pid, *tb.descendants(pid)]:
         try:
             for tid in os.listdir(f"/proc/{p}/task"):
                 stat = Path(f"/proc/{p}/task/{tid}/stat").read_text()
-                out[int(tid)] = stat[stat.index("(") + 1 : stat.rindex(")")]
+                out[int(tid)] = (p, stat[stat.index("(") + 1 : stat.rindex(")")])
         except OSError:
             continue
     return out
 
 
-def thread_cpu(tids: dict[int, str]) -> dict[int, float]:
+def thread_cpu(tids: dict[int, tuple[int, str]]) -> dict[int, float]:
+    """Each thread's own utime + stime (/proc/PID/task/TID/stat: /proc/TID/stat of a process's
+    first thread is the whole process's)."""
     out = {}
-    for tid in tids:
+    for tid, (pid, _) in tids.items():
         try:
-            stat = Path(f"/proc/{tid}/stat").read_text()
+            stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
         except OSError:
             continue
         fields = stat[stat.rindex(")") + 2 :].split()
@@ -138,7 +140,7 @@ def measure(server: tb.Server, peer_port: int, args: argparse.Namespace) -> dict
             counts[fields[2]] = float(fields[0])
     cpu = sum(cpu1.get(t, 0.0) - cpu0.get(t, 0.0) for t in tids)
     by_name: dict[str, float] = {}
-    for tid, name in tids.items():
+    for tid, (_, name) in tids.items():
         by_name[name] = by_name.get(name, 0.0) + cpu1.get(tid, 0.0) - cpu0.get(tid, 0.0)
     per = {key: value / relayed for key, value in counts.items()} if relayed else {}
     return {

@@ -143,11 +143,6 @@ class NativeUdpTransport(EngineCounted, UdpTransport):
         self._unwatch: list[Any] = []
         self._final: native.NativeCounters | None = None  # after stop
 
-    @property
-    def relay(self) -> native.NativeRelay | None:
-        """The first engine (the only one of a one-socket listener), None once stopped."""
-        return self.relays[0] if self.relays else None
-
     async def start(self, port: int) -> None:
         socks = [self.listener_socket(port), *self.worker_sockets]
         self.worker_sockets = []  # every socket of the group is served here, by its engine
