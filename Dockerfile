@@ -7,9 +7,10 @@
 # (gunicorn 'webhook:create_app()'), the operator CLI and auth service (stunner) and stunnerd; the
 # dataplane image carries stunnerd and what it imports, nothing else (no Flask, gunicorn, gevent
 # or Kubernetes client), as Go STUNner ships stunnerd apart from its operator. charts/stunner runs
-# both. The builder compiles the native pieces (our C relay extension, and the wheels that need
-# building); the runtime images get only a virtualenv at /opt/stunner, with no compiler, no pip,
-# stripped shared objects, and run as an unprivileged user on a read-only root file system.
+# both. The builder compiles the native pieces (our C relay extension, the kernel offload program
+# with clang's BPF target, and the wheels that need building); the runtime images get only a
+# virtualenv at /opt/stunner, with no compiler, no pip, stripped shared objects, and run as an
+# unprivileged user on a read-only root file system.
 #
 # Every build stage ends with `hack/image_venv.py check`, run from / so that nothing but the venv
 # can be imported: each command the image has must load, with gunicorn's worker class and the C
@@ -20,7 +21,7 @@ ARG PYTHON=python:3.11-slim-bookworm
 
 FROM ${PYTHON} AS build
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends gcc libc6-dev binutils \
+    && apt-get install -y --no-install-recommends gcc libc6-dev libssl-dev binutils clang \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 # setup.py* : the C extension's build (when present); one COPY so that a glob matching nothing

@@ -19,6 +19,13 @@ With `--uclient`, coturn's own test client also runs during each flood, from 127
 issue-20 red team did): `turnutils_uclient` relays 100 messages through the server to a
 `turnutils_peer`; the row says whether it got through within UCLIENT_TIMEOUT and its loss.
 
+`spoofed` (issue 28 #6, not in the default set: it needs root or CAP_NET_RAW) is the same
+unsigned Allocate flood from `--sources` source addresses in turn (200,000 by default, 127.64.0.0
+on, one port each), written as whole IPv4 packets on a raw socket by bench/spoof_flood.c
+(compiled into the run's temporary directory); its answers go to the spoofed addresses, where a
+filtered raw socket of the flooder counts them (the reflection). `--new-clients N` spreads N new
+allocations evenly over each flood instead of one every 0.25 s.
+
 Needs coturn's `turnserver` (`apt-get install -y coturn`). Loopback only; the flood lasts
 `--duration` seconds at most `--rate` datagrams per second.
 """
@@ -53,7 +60,8 @@ from stunnerd.stun import Class, Message, Method  # noqa: E402
 
 USER, PASSWORD = "user", "pass"
 KEY = long_term_key(USER, REALM, PASSWORD)
-FLOODS = ("garbage", "allocate", "allocate-ports")
+FLOODS = ("garbage", "allocate", "allocate-ports", "spoofed")
+SPOOFED_SOURCES = 200_000  # `spoofed`: source addresses of the flood, 127.64.0.0 on (issue 28 #6)
 FLOOD_IP = "127.0.0.2"  # the flooder's source IP; the honest clients' are others
 SESSION_IP = "127.0.0.3"
 FLOOD_PORTS = 256  # source ports of `allocate-ports`
@@ -63,6 +71,7 @@ ALLOCATION_TIMEOUT = 3.0
 CHANNEL = 0x4000
 UCLIENT_IP = "127.0.0.4"
 UCLIENT_TIMEOUT = 25.0
+HERE = Path(__file__).resolve().parent
 
 
 # --- the flooder (a separate process) --------------------------------------------------------
@@ -208,10 +217,12 @@ async def allocate(port: int, ip: str, limit: float = ALLOCATION_TIMEOUT) -> End
     return client
 
 
-async def session(port: int, duration: float, flood_started: asyncio.Event) -> dict[str, Any]:
+async def session(
+    port: int, duration: float, flood_started: asyncio.Event, new_clients: int | None = None
+) -> dict[str, Any]:
     """An allocation made before the flood relays ChannelData to an echo peer while it lasts and
     sends a signed Refresh or ChannelBind (in turn); new allocations are tried as often, every
-    ALLOCATION_INTERVAL."""
+    ALLOCATION_INTERVAL (or `new_clients` of them, spread evenly over the flood)."""
     loop = asyncio.get_running_loop()
     _, peer = await loop.create_datagram_endpoint(Echo, local_addr=("127.0.0.1", 0))
     assert peer.transport is not None
@@ -273,16 +284,17 @@ async def session(port: int, duration: float, flood_started: asyncio.Event) -> d
     await flood_started.wait()
     start = time.monotonic()
     next_allocation = start
+    interval = ALLOCATION_INTERVAL if new_clients is None else duration / new_clients
     assert client.transport is not None
     while (now := time.monotonic()) < start + duration:
         payload = struct.pack("!d", now) + bytes(92)
         client.transport.sendto(struct.pack("!HH", CHANNEL, len(payload)) + payload)
         sent += 1
-        if now >= next_allocation:
+        if now >= next_allocation and (new_clients is None or len(attempts) < new_clients):
             ip = f"127.0.0.{10 + len(attempts) % 240}"  # a new source IP each time
             attempts.append(loop.create_task(allocate(port, ip)))
             requests.append(loop.create_task(request(len(requests))))
-            next_allocation += ALLOCATION_INTERVAL
+            next_allocation += interval
         await asyncio.sleep(SEND_INTERVAL)
     results = await asyncio.gather(*attempts)
     answered = [t for t in await asyncio.gather(*requests) if t is not None]
@@ -343,26 +355,26 @@ def run(
     duration: float,
     flooders: int = 1,
     uclient_peer: int | None = None,
+    new_clients: int | None = None,
+    spoofer: Path | None = None,
+    sources: int = SPOOFED_SOURCES,
 ) -> dict[str, Any]:
     async def main() -> dict[str, Any]:
         started = asyncio.Event()
-        measuring = asyncio.get_running_loop().create_task(session(server.port, duration, started))
+        measuring = asyncio.get_running_loop().create_task(
+            session(server.port, duration, started, new_clients)
+        )
         await asyncio.sleep(1.0)  # the session is set up before the flood
         cpu0 = cpu_seconds(server.pid)
+        if kind == "spoofed":
+            assert spoofer is not None
+            argv = [str(spoofer), str(server.port), str(rate // flooders), str(duration),
+                    str(sources)]  # fmt: skip
+        else:
+            argv = [sys.executable, __file__, "--flood-worker", kind, "--port", str(server.port),
+                    "--rate", str(rate // flooders), "--duration", str(duration)]  # fmt: skip
         processes = [
-            await asyncio.create_subprocess_exec(
-                sys.executable,
-                __file__,
-                "--flood-worker",
-                kind,
-                "--port",
-                str(server.port),
-                "--rate",
-                str(rate // flooders),
-                "--duration",
-                str(duration),
-                stdout=asyncio.subprocess.PIPE,
-            )  # fmt: skip
+            await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.PIPE)
             for _ in range(flooders)
         ]
         started.set()
@@ -420,13 +432,27 @@ def table(rows: list[dict[str, Any]]) -> str:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "--floods", default=",".join(FLOODS), help="garbage,allocate,allocate-ports"
+        "--floods",
+        default=",".join(FLOODS[:3]),
+        help="garbage,allocate,allocate-ports,spoofed (spoofed: needs root or CAP_NET_RAW)",
+    )
+    parser.add_argument(
+        "--sources",
+        type=int,
+        default=SPOOFED_SOURCES,
+        help="source addresses of the spoofed flood (127.64.0.0 on, one port each)",
+    )
+    parser.add_argument(
+        "--new-clients",
+        type=int,
+        help="new allocations tried during each flood, spread evenly over it (default: one "
+        "every 0.25 s)",
     )
     parser.add_argument(
         "--servers",
         default="stunnerd,stunnerd-py,stunnerd-py-u1,coturn",
-        help="stunnerd (native relay path), stunnerd-py (STUNNER_NATIVE=0), a -u1 suffix for one "
-        "UDP process, coturn",
+        help="stunnerd (native relay path), stunnerd-py (STUNNER_NATIVE=0), a -uN suffix for N "
+        "UDP processes (-u1: one), coturn",
     )
     parser.add_argument("--rate", type=int, default=160000, help="flood datagrams/s at most")
     parser.add_argument("--duration", type=float, default=4.0, help="seconds of flood per run")
@@ -443,7 +469,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="also run coturn's turnutils_uclient (to a turnutils_peer) during each flood",
     )
     parser.add_argument("--json", type=Path, help="write the rows here too")
-    parser.add_argument("--flood-worker", choices=FLOODS, help=argparse.SUPPRESS)
+    parser.add_argument("--flood-worker", choices=FLOODS[:3], help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
@@ -469,10 +495,18 @@ def main(argv: list[str] | None = None) -> int:
             stderr=subprocess.DEVNULL,
         )
     with tempfile.TemporaryDirectory(prefix="flood-bench-") as tmp:
+        spoofer = None
+        if "spoofed" in args.floods.split(","):
+            spoofer = Path(tmp) / "spoof_flood"
+            subprocess.run(
+                ["gcc", "-O2", "-std=gnu11", str(HERE / "spoof_flood.c"), "-o", str(spoofer)],
+                check=True,
+            )
         for kind in args.floods.split(","):
             for label in servers:
-                name = label.removesuffix("-u1")
-                udp_threads = 1 if label.endswith("-u1") else None
+                suffix = re.search(r"-u(\d+)$", label)
+                name = label.removesuffix(suffix.group(0)) if suffix else label
+                udp_threads = int(suffix.group(1)) if suffix else None
                 server = Server(name, Path(tmp), udp_threads, abuse_limits=True)
                 server.start()
                 try:
@@ -485,6 +519,9 @@ def main(argv: list[str] | None = None) -> int:
                             args.duration,
                             args.flooders,
                             peer_port,
+                            args.new_clients,
+                            spoofer,
+                            args.sources,
                         )  # fmt: skip
                     )
                 finally:

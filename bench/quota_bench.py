@@ -8,9 +8,10 @@
    counted on pod A to pod B counting it among its others. "idle": the change comes after a
    quiet period (sent at once); "busy": right after the previous change (the report waits for
    REPORT_INTERVAL).
-2. The CDS's work per report (reconciler.cds_quota.UsageBoard.report, what the event loop does
-   for each report frame besides parsing it): `--pods` reporting pods of one Gateway, each with
-   `--users` users.
+2. The CDS's work (reconciler.cds_quota.UsageBoard): per report (`report`, what the event loop
+   does for each report frame besides parsing it: the running totals, O(the report)), and per
+   flush (`flush`, at most once per REPORT_INTERVAL a config: every reporter's others), for
+   `--pods` reporting pods of one Gateway, each with `--users` users.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import timeit
 from reconciler.cds import cds_app, serve
 from reconciler.cds_quota import UsageBoard
 from reconciler.cds_store import ConfigStore
+from stunner_api.cds import REPORT_INTERVAL
 from stunner_api.dataplane import validate_config
 from stunnerd.ledger import LocalQuota
 from stunnerd.sources import CdsSource
@@ -79,15 +81,27 @@ async def window(trials: int) -> dict[str, list[float]]:
     return out
 
 
-def board_cost(pods: int, users: int) -> float:
-    board: UsageBoard[int] = UsageBoard()
+def board_cost(pods: int, users: int) -> tuple[float, float]:
+    """(seconds a report of one changed count costs, seconds a flush of every pod costs)."""
+    board: UsageBoard[int, int] = UsageBoard()
+    board.set_quota(ID, 1 << 20)
     counts = {f"user-{u:06d}": 1 + u % 3 for u in range(users)}
     for pod in range(pods):
-        board.report(ID, pod, counts)
-    changed = dict(counts, **{"user-000000": 7})
-    number = 20
-    seconds = timeit.timeit(lambda: board.report(ID, 0, changed), number=number)
-    return seconds / number
+        board.report(ID, pod, pod, counts)
+    board.flush(ID)
+    number, step = 20, [0]
+
+    def report() -> None:
+        step[0] += 1
+        board.report(ID, 0, 0, dict(counts, **{"user-000000": 7 + step[0] % 2}))
+
+    report_cost = timeit.timeit(report, number=number) / number
+
+    def flush() -> None:
+        report()
+        board.flush(ID)
+
+    return report_cost, timeit.timeit(flush, number=number) / number - report_cost
 
 
 def _ms(values: list[float]) -> str:
@@ -108,9 +122,10 @@ def main() -> None:
     result = asyncio.run(window(args.trials))
     for case, values in result.items():
         print(f"window, {case}: {_ms(values)} ({len(values)} trials)")  # noqa: T201
-    cost = board_cost(args.pods, args.users)
+    report, flush = board_cost(args.pods, args.users)
     print(  # noqa: T201
-        f"CDS work per report, {args.pods} pods x {args.users} users: {1000 * cost:.2f} ms"
+        f"CDS work, {args.pods} pods x {args.users} users: {1000 * report:.2f} ms a report, "
+        f"{1000 * flush:.2f} ms a flush (at most 1 / {REPORT_INTERVAL} s)"
     )
 
 

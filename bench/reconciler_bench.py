@@ -2,10 +2,10 @@
 Gateways:
 
 0. the first pass: from the reconciler's start until every Gateway has its Deployment, its
-   Service and its status, and every UDPRoute its status, written (target: 60 s at 1,000
-   Gateways); meanwhile `/healthz` is probed every second with a 1 s timeout (the kubelet's
-   default), and its latency (p50/p99/max) and failures are reported (target: every probe
-   answered, within 100 ms).
+   Service, its ServiceAccount and its status, and every UDPRoute its status, written (target:
+   60 s at 1,000 Gateways); meanwhile `/healthz` is probed every second with a 1 s timeout
+   (the kubelet's default), and its latency (p50/p99/max) and failures are reported (target:
+   every probe answered, within 100 ms).
 1. edit -> watcher: a backend edit (the StaticService of one Gateway's UDPRoute) made in the
    API server reaches a stunnerd-style CDS watcher of that Gateway: watch event -> render of
    the parts of the snapshot that changed -> publish -> WebSocket. Target: p99 <= 1 s. Edits
@@ -114,19 +114,21 @@ def rss(pid: int) -> str:
     return f"VmRSS {int(found['VmRSS']) / 1024:.0f} MiB, VmHWM {int(found['VmHWM']) / 1024:.0f} MiB"
 
 
-CREATED = re.compile(r"^/apis?/(?:[^/]+/)?[^/]+/namespaces/[^/]+/(deployments|services)$")
+CREATED = re.compile(
+    r"^/apis?/(?:[^/]+/)?[^/]+/namespaces/[^/]+/(deployments|services|serviceaccounts)$"
+)
 STATUS = re.compile(r"^/apis/[^/]+/[^/]+/namespaces/[^/]+/(gateways|udproutes)/([^/]+)/status$")
 
 
 class FirstPass:
-    """Follows the fake API server's write log: done when every Gateway has its Deployment and
-    Service created (the bench seeds none) and its status written, and every UDPRoute its
-    status."""
+    """Follows the fake API server's write log: done when every Gateway has its Deployment,
+    Service and ServiceAccount created (the bench seeds none) and its status written, and every
+    UDPRoute its status."""
 
     def __init__(self, fake: FakeApiServer, gateways: int) -> None:
         self.fake, self.gateways = fake, gateways
         self.seen = 0
-        self.created = {"deployments": 0, "services": 0}
+        self.created = {"deployments": 0, "services": 0, "serviceaccounts": 0}
         self.status: dict[str, set[str]] = {"gateways": set(), "udproutes": set()}
 
     def done(self) -> bool:
@@ -283,7 +285,7 @@ async def run(args: argparse.Namespace) -> int:
             slow: list[str] = []  # edits slower than 0.5 s: when, for the curious
             url = f"ws://127.0.0.1:{cds_port}/api/v1/configs/{NS}/gw-0?watch=true"
             # As gw-0's stunnerd: its pod's projected token (the CDS requires one).
-            token = fake.issue_token(NS, "default", (CDS_TOKEN_AUDIENCE,))
+            token = fake.issue_token(NS, "gw-0-stunnerd", (CDS_TOKEN_AUDIENCE,))
             headers = {"Authorization": f"Bearer {token}"}
             async with (
                 aiohttp.ClientSession() as session,

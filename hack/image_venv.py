@@ -91,6 +91,11 @@ def check(native: bool) -> list[str]:
         importlib.import_module("stunnerd._relay")
         _inside_venv("stunnerd._relay")
         checked.append("stunnerd._relay")
+        # The kernel offload's program, compiled by the build (clang's BPF target).
+        program = importlib.import_module("stunnerd.offload.program")
+        program.read_object()
+        _inside_venv("stunnerd.offload.program")
+        checked.append(f"stunnerd/offload/{program.OBJECT.name}")
     if not checked:
         raise SystemExit("nothing to check: the venv has no command of ours")
     return checked
@@ -101,7 +106,11 @@ def main() -> None:
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("prune-dataplane", help="leave only stunnerd and what it imports")
     checker = sub.add_parser("check", help="every installed command of ours loads from the venv")
-    checker.add_argument("--native", action="store_true", help="the C relay extension must load")
+    checker.add_argument(
+        "--native",
+        action="store_true",
+        help="the C relay extension and the offload program must load",
+    )
     args = parser.parse_args()
     if args.command == "prune-dataplane":
         lines = prune_dataplane()

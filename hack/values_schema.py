@@ -77,6 +77,7 @@ CONSTRAINTS: dict[str, dict[str, Any]] = {
     "dataplane.spec.terminationGracePeriodSeconds": {"type": "integer", "minimum": 0},
     "dataplane.maxAllocations": {"type": "integer", "minimum": 0},
     "dataplane.spec.enableMetricsEndpoint": {"type": ["boolean", "null"]},
+    "dataplane.spec.offloadEngine": {"type": "string", "enum": ["None", "TC", "XDP", "Auto"]},
     "observability.allocationAlertRatio": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
     "test.timeoutSeconds": {"type": "integer", "minimum": 1},
     "test.echoPort": {"type": "integer", "minimum": 1024, "maximum": 65535},  # non-root pod
@@ -103,6 +104,7 @@ ITEMS: dict[str, dict[str, Any]] = {
     "dataplane.spec.command": {"type": "string"},
     "dataplane.spec.args": {"type": "string"},
     "dataplane.spec.env": K8S_OBJECT,
+    "dataplane.spec.offloadInterfaces": {"type": "string", "minLength": 1},
     "test.gateways": {"type": "string", "pattern": "^[a-z0-9][-a-z0-9]*/[a-z0-9][-.a-z0-9]*$"},
     "cdsAuth.extraReaders": {
         "type": "string",

@@ -13,10 +13,14 @@ writes that differ, nothing else: a second pass over an unchanged cluster return
 - The spec fields render decides on a Service (`SERVICE_OWNED_SPEC`) are removed when the plan no
   longer sets them (an `externalTrafficPolicy` whose annotation went away), and so are
   `stunner.l7mp.io/*` annotations the plan no longer carries (as Go does).
-- A Deployment, DaemonSet or Service labelled as ours whose Gateway is one of ours but has none
-  of its kind in the plan (the Gateway became invalid, `disable-managed-dataplane` is set, or its
-  Dataplane switched between Deployment and DaemonSet) is deleted. A Gateway that
-  is gone is left to the garbage collector (every object carries its owner reference).
+- A ServiceAccount is never taken over: one of the planned name that is not the Gateway's
+  (`owned_by`: neither labelled as its nor owned by it, a user's own) counts as absent, so its
+  create is refused (409 AlreadyExists, retried with back-off) until it is renamed or deleted.
+- A Deployment, DaemonSet, Service or ServiceAccount labelled as ours whose Gateway is one of
+  ours but has none of its kind in the plan (the Gateway became invalid,
+  `disable-managed-dataplane` is set, its Dataplane switched between Deployment and DaemonSet
+  or names a ServiceAccount) is deleted. A Gateway that is gone is left to the garbage
+  collector (every object carries its owner reference).
 - Status goes to the `/status` subresource, only when it differs from the cached status.
   Conditions of types render does not write (another controller's) are kept; at most
   `MAX_CONDITIONS` are written.
@@ -58,6 +62,8 @@ DAEMON_SET = ("apps/v1", "DaemonSet")
 # whole: merged with the stored one it could hold both, which the API server refuses.
 ONE_OF = frozenset({"value", "valueFrom"})
 SERVICE = ("v1", "Service")
+SERVICE_ACCOUNT = ("v1", "ServiceAccount")
+NOT_ADOPTED = frozenset({SERVICE_ACCOUNT[1]})  # kinds whose namesakes are never taken over
 
 # (apiVersion, kind, namespace, name) -> the cached object, None if there is none.
 Current = Callable[[str, str, str, str], Object | None]
@@ -252,6 +258,16 @@ def _owner_gateway(obj: Object) -> str | None:
     return f"{namespace}/{name}" if name and namespace else None
 
 
+def owned_by(have: Object, want: Mapping[str, Any], gw_id: str) -> bool:
+    """Whether a live object is Gateway `gw_id`'s own: labelled as its, or owned by the Gateway
+    (the uid the planned manifest `want` names)."""
+    uids = {r.get("uid") for r in (want.get("metadata") or {}).get("ownerReferences") or []}
+    owners = meta(have).get("ownerReferences") or []
+    return _owner_gateway(have) == gw_id or any(
+        isinstance(r, Mapping) and r.get("uid") in uids for r in owners
+    )
+
+
 def owner_present(want: Mapping[str, Any], current: Current) -> bool:
     """Whether every Gateway a manifest names as its owner is cached, with the uid it names.
     Writes follow the last plan, and a deleted workload (the garbage collector's, once its
@@ -291,6 +307,8 @@ def manifest_writes(
         want = wanted[gw_id]
         namespace, name = want["metadata"]["namespace"], want["metadata"]["name"]
         have = current(api_version, kind_name, namespace, name)
+        if have is not None and kind_name in NOT_ADOPTED and not owned_by(have, want, gw_id):
+            have = None  # not ours: never updated, and its create says why it is refused
         key = (kind_name, namespace, name)
         version = meta(have or {}).get("resourceVersion")
         if memo is not None and have is not None and memo.get(key) == (version, want):
@@ -365,11 +383,13 @@ def plan_writes(
     services: Iterable[Object] = (),
     memo: Memo | None = None,
     daemonsets: Iterable[Object] = (),
+    service_accounts: Iterable[Object] = (),
 ) -> list[Write]:
-    """Every write that makes the cluster hold `plan`, in order: Services, the stunnerd
-    workloads (Deployments, DaemonSets), status. `ours`: the ids of every Gateway of our
-    GatewayClasses; `deployments`, `daemonsets` and `services`: the cached ones labelled as ours
-    (candidates for deletion). A Gateway's workload in the plan is of one kind: its namesake of
+    """Every write that makes the cluster hold `plan`, in order: ServiceAccounts (before the pods
+    that run as them), Services, the stunnerd workloads (Deployments, DaemonSets), status.
+    `ours`: the ids of every Gateway of our GatewayClasses; `deployments`, `daemonsets`,
+    `services` and `service_accounts`: the cached ones labelled as ours (candidates for
+    deletion). A Gateway's workload in the plan is of one kind: its namesake of
     the other kind is deleted (the Dataplane switched `dataplaneResource`)."""
     workloads = {
         kind: {
@@ -379,7 +399,9 @@ def plan_writes(
         }
         for kind in (DEPLOYMENT, DAEMON_SET)
     }
+    accounts = plan.service_accounts
     return [
+        *manifest_writes(SERVICE_ACCOUNT, accounts, service_accounts, current, ours, memo),
         *manifest_writes(SERVICE, plan.services, services, current, ours, memo),
         *manifest_writes(DEPLOYMENT, workloads[DEPLOYMENT], deployments, current, ours, memo),
         *manifest_writes(DAEMON_SET, workloads[DAEMON_SET], daemonsets, current, ours, memo),

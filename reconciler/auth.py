@@ -43,8 +43,9 @@ auth_log = logging.getLogger("stunner.auth-service")
 log = logging.getLogger("stunner.auth")
 
 # Connections (stunner_http.server): the auth service answers an application server's short
-# requests.
-AUTH_LIMITS = ServerLimits(max_connections=1024)
+# requests; one source IP (an application server's pool of keep-alive connections) holds at most
+# a quarter of them, so one client cannot shut the others out.
+AUTH_LIMITS = ServerLimits(max_connections=1024, connections_per_source=256)
 
 Builder = Callable[
     [Mapping[str, StunnerConfig], IceQuery, int, str, Mapping[str, Sequence[str]]],

@@ -8,9 +8,12 @@ GET `/api/v1/configs[/{namespace}[/{name}]]`, and the same with `?watch=true` ov
 id is a 404 `{code, message}` (a watch on it is accepted and waits: stunnerd may start before
 its Gateway renders). The server pings every watcher and drops one that does not answer. A
 watcher sends its keepalive and nothing else, or, on a watch of one config, usage reports of
-cluster-wide user quotas (reconciler.cds_quota: it is then sent the other reporting pods' counts;
-a watcher that never reports gets configs only). One past WATCH_BUDGET frames is closed with 1008,
-as is a frame that is not a valid report; an unmasked frame with 1002 (stunner_http.websocket).
+cluster-wide user quotas (reconciler.cds_usage: a Gateway's own pod, on a config with a quota,
+is then sent the other reporting pods' counts; a report of anyone else counts nothing and is not
+parsed; a watcher that never reports gets configs only). One past WATCH_BUDGET frames is closed
+with 1008, as is a frame that is not a valid report and a watch whose token is revoked (one whose
+token expires with 1000: reconciler.cds_access, `LAPSED_KEY`); an unmasked frame with 1002
+(stunner_http.websocket). Per-watcher log lines come at a bounded rate (LOG_PERIOD).
 
 Relay address discovery (Go's node patcher): a request's `node` parameter names the requesting
 stunnerd's Node; every listener `address` that is the node placeholder is replaced, in what
@@ -23,9 +26,13 @@ addresses and, per Gateway with a stunnerd on every node, those of the Nodes it 
 auth service's per-node ICE URIs: `node_local`, set from render's plan).
 
 `serve` runs an app with the connection discipline of every server of ours
-(stunner_http.server): a request deadline, a cap on connections (CDS_LIMITS, the auth service's
-AUTH_LIMITS in reconciler.auth, an admin endpoint's otherwise), accept errors logged at a bounded
-rate.
+(stunner_http.server): a request deadline, caps on connections in total and per source IP
+(CDS_LIMITS, the auth service's AUTH_LIMITS in reconciler.auth, an admin endpoint's otherwise),
+accept errors logged at a bounded rate. With access control (`access`), a connection whose
+request passed it (a valid token) is proven and never evicted; the CDS, when full, evicts the
+oldest unproven connection for a new one rather than refusing it (issue 28 #5), and a request
+refused as unauthenticated (401) has its connection closed after the answer: connections without
+a valid token cannot shut out the ones with one.
 
 Every watcher has its own bounded queue: at most one pending config per id, a newer one replacing
 an older one that was not sent yet (latest config wins). Publishing never waits for a watcher; a
@@ -62,15 +69,24 @@ from stunner_api.cds import (
     WATCH_PARAM,
     WRITE_TIMEOUT,
     UsageError,
+    encode_usage,
     has_node_placeholder,
     parse_usage,
 )
-from stunner_http.server import LIMITS_KEY, NAME_KEY, RateLimitedLog, Served, ServerLimits
+from stunner_http.server import (
+    LIMITS_KEY,
+    NAME_KEY,
+    RateLimitedLog,
+    Served,
+    ServerLimits,
+    prove,
+)
 from stunner_http.server import serve as serve_http
 from stunner_http.websocket import FrameBudget, WebSocketGuard
 
-from .cds_access import ALLOWED_KEY
+from .cds_access import ALLOWED_KEY, LAPSED_KEY, REPORTER_KEY, Lapsed
 from .cds_store import ConfigStore, Selector, Watcher
+from .cds_usage import LOG_PERIOD
 
 log = logging.getLogger("stunner.cds-server")
 
@@ -85,10 +101,12 @@ WATCH_BUDGET = FrameBudget(burst=16, rate=8.0)
 MAX_CLIENT_MESSAGE = 4096  # a close frame's reason is at most 123 bytes
 # A usage report (stunner_api.cds) is at most MAX_USAGE_BYTES; a larger frame is closed (1009).
 MAX_WATCH_MESSAGE = MAX_USAGE_BYTES + 1024
-_BAD_REPORT = RateLimitedLog(log, 10.0)
+NO_USAGE = encode_usage(USAGE_REPORT_KEY, {})[0]  # an empty report
 # Connections per server (stunner_http.server): every stunnerd replica holds one CDS watch
-# (1,000 Gateways with a few replicas each fit).
-CDS_LIMITS = ServerLimits(max_connections=8192)
+# (1,000 Gateways with a few replicas each fit); per source IP as stunnerd's TCP listeners (a node
+# with a hundred host-network stunnerd pods fits; so do the CLI's reads through the API server's
+# service proxy, which all come from its address).
+CDS_LIMITS = ServerLimits(max_connections=8192, connections_per_source=256)
 
 
 STORE_KEY = web.AppKey("store", ConfigStore)
@@ -108,6 +126,23 @@ async def json_errors(request: web.Request, handler: Handler) -> web.StreamRespo
         if exc.status < 400:
             raise
         return json_error(HTTPStatus(exc.status), f"{exc.reason}: {request.method} {request.path}")
+
+
+@web.middleware
+async def unauthenticated_closed(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Outside access control: a connection refused as unauthenticated is not kept alive."""
+    response = await handler(request)
+    if response.status == HTTPStatus.UNAUTHORIZED and isinstance(response, web.Response):
+        response.force_close()
+    return response
+
+
+@web.middleware
+async def proven(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Inside access control, so reached only with a valid token: the connection is proven
+    (stunner_http.server.prove), never evicted to make room."""
+    prove(request)
+    return await handler(request)
 
 
 def _selector(request: web.Request) -> Selector:
@@ -130,6 +165,10 @@ class CdsHandlers:
         self.sockets: set[web.WebSocketResponse] = set()
         rate = max(WATCH_BUDGET.rate, 4 / heartbeat) if heartbeat else WATCH_BUDGET.rate
         self.guard = WebSocketGuard(dataclasses.replace(WATCH_BUDGET, rate=rate))
+        # Lines about one watcher (anyone may make many): each kind at most once per LOG_PERIOD.
+        self.bad_report_log = RateLimitedLog(log, LOG_PERIOD)
+        self.dropped_log = RateLimitedLog(log, LOG_PERIOD)
+        self.no_public_address_log = RateLimitedLog(log, LOG_PERIOD)
 
     async def get(self, request: web.Request) -> web.StreamResponse:
         selector = _selector(request)
@@ -170,7 +209,11 @@ class CdsHandlers:
         )
         await ws.prepare(request)
         watcher = Watcher(
-            selector, peer=request.remote or "?", node=request.query.get(NODE_PARAM, "")
+            selector,
+            peer=request.remote or "?",
+            node=request.query.get(NODE_PARAM, ""),
+            authenticated=REPORTER_KEY in request,  # cds_access checked its token
+            pod=request.get(REPORTER_KEY),
         )
         # No await from here to the registration: no change can slip in between.
         for id, text in self.store.select(selector, watcher.node).items():
@@ -186,7 +229,8 @@ class CdsHandlers:
                 if has_node_placeholder(self.store.text(id) or "")
             ]
             if discovering:
-                log.info(
+                self.no_public_address_log.event(
+                    logging.INFO,
                     "watcher %s on Node %s: the Node has no public address (ExternalIP or "
                     "ExternalDNS), so %s hand clients the pod's own address",
                     watcher.peer,
@@ -194,6 +238,8 @@ class CdsHandlers:
                     ", ".join(discovering),
                 )
         sender = asyncio.create_task(self._send(ws, watcher, request))
+        lapsed = request.get(LAPSED_KEY)
+        guard = asyncio.create_task(self._close_when(ws, lapsed)) if lapsed else None
         try:
             # Control frames are handled inside; a client sending more (the guard's budget) or
             # an unmasked frame is closed there. A text frame is a usage report.
@@ -202,7 +248,7 @@ class CdsHandlers:
                     break
                 problem = self._on_frame(watcher, message)
                 if problem is not None:
-                    _BAD_REPORT.event(
+                    self.bad_report_log.event(
                         logging.WARNING, "watcher %s closed: %s", watcher.peer, problem
                     )
                     await ws.close(
@@ -214,11 +260,20 @@ class CdsHandlers:
         finally:
             self.store.forget(watcher)
             self.sockets.discard(ws)
-            sender.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await sender
+            for task in (sender, guard):
+                if task is not None:
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
             log.debug("watcher %s for %s disconnected", watcher.peer, selector)
         return ws
+
+    @staticmethod
+    async def _close_when(ws: web.WebSocketResponse, lapsed: Lapsed) -> None:
+        """Close the watch (with the code and reason given) once its token no longer
+        authenticates."""
+        code, reason = await lapsed()
+        await ws.close(code=code, message=reason.encode()[:120])
 
     def _on_frame(self, watcher: Watcher, message: WSMessage) -> str | None:
         """A client frame: a usage report is recorded; anything else is a problem (returned)."""
@@ -226,11 +281,18 @@ class CdsHandlers:
             return f"unexpected {message.type.name} frame"
         if not watcher.selector.name:
             return "a usage report needs a watch of one config"
+        refusal = self.store.usage.refusal(watcher)
+        if refusal is not None:  # counts nothing: not worth a parse
+            if message.data == NO_USAGE:  # nothing to count (stunnerd's last, quota gone)
+                self.store.usage.forget(watcher)
+            else:
+                self.store.usage.refuse(watcher, refusal)
+            return None
         try:
             counts = parse_usage(message.data, USAGE_REPORT_KEY)
         except UsageError as exc:
             return str(exc)
-        self.store.report_usage(watcher, counts)
+        self.store.usage.report(watcher, counts)
         return None
 
     async def _send(
@@ -244,7 +306,8 @@ class CdsHandlers:
                     # RuntimeError: aiohttp's "cannot write to closing transport"
                     self.store.forget(watcher)
                     self.store.dropped_watchers += 1
-                    log.warning(
+                    self.dropped_log.event(
+                        logging.WARNING,
                         "dropping watcher %s for %s: %s",
                         watcher.peer,
                         watcher.selector,
@@ -277,13 +340,11 @@ def cds_app(
     """The CDS as an aiohttp application over `store`; `access`: a middleware that decides
     who reads what (`reconciler.cds_access.Access.middleware`), None: everyone reads all."""
     handlers = CdsHandlers(store, write_timeout=write_timeout, heartbeat=heartbeat)
-    app = web.Application(
-        middlewares=[json_errors, *([access] if access else [])],
-        client_max_size=MAX_CLIENT_MESSAGE,
-    )
+    guarded = [unauthenticated_closed, access, proven] if access else []
+    app = web.Application(middlewares=[json_errors, *guarded], client_max_size=MAX_CLIENT_MESSAGE)
     app[STORE_KEY] = store
     app[HANDLERS_KEY] = handlers
-    app[LIMITS_KEY] = CDS_LIMITS
+    app[LIMITS_KEY] = dataclasses.replace(CDS_LIMITS, evict_unproven=access is not None)
     app[NAME_KEY] = "CDS"
     for path in (CONFIGS_PATH, NAMESPACE_PATH, CONFIG_PATH):
         app.router.add_get(path, handlers.get, allow_head=False)

@@ -6,12 +6,19 @@ service proxy, which strips Authorization, in `X-Stunner-Authorization: Bearer �
 verified with a TokenReview asking for that audience only (`TokenVerifier`), so a token minted
 for the API server is refused here and ours is refused by the API server.
 
-A caller `system:serviceaccount:NS:SA` may read config `NS/GW` iff SA is the ServiceAccount of
-the Gateway's rendered Deployment (`account_of`, "default" when none is rendered), or is one of
-the readers (`--cds-readers NS/SA,…`: the auth service, the CLI's reader account) who may read
-every config. The decision is taken again for every config sent, so a watcher never receives a
-config its account stops (or has not yet started) being allowed to read. The lists
-(`/api/v1/configs`, `/api/v1/configs/NS`) hold only what the caller may read.
+A caller `system:serviceaccount:NS:SA` may read config `NS/GW` iff SA is the ServiceAccount the
+Gateway's dataplane runs as (`account_of`: the one rendered for the Gateway, `GW-stunnerd`,
+unless its Dataplane names one; issue 28 #3), or is one of the readers (`--cds-readers NS/SA,…`:
+the auth service, the CLI's reader account) who may read every config. The decision is taken
+again for every config sent, so a watcher never receives a config its account stops (or has not
+yet started) being allowed to read. The lists (`/api/v1/configs`, `/api/v1/configs/NS`) hold
+only what the caller may read.
+
+A projected (bound) token names its pod: the TokenReview answers its name and uid in
+`status.user.extra` (reconciler.cds_quota.PodClaim), kept as the account's `pod`. Usage
+reports of cluster-wide user quotas count only from a pod of the Gateway (reconciler.cds_store):
+the middleware leaves the pod a caller may report as under REPORTER_KEY, None for a reader (who
+never reports) or a token bound to no pod.
 
 Answers: no or unverifiable token 401 (with `WWW-Authenticate: Bearer`); a config the caller may
 not read 403 (decided from the id and the caller alone, whether the config exists or not); the
@@ -25,6 +32,16 @@ authenticated one until min(the token's `exp`, `MAX_TTL` seconds), a refused one
 `NEGATIVE_TTL` seconds, an API failure not at all. Concurrent requests with the same token share
 one review, at most `CONCURRENCY` reviews run at once (a flood of made-up tokens cannot swamp
 the API server), the cache holds at most `MAX_ENTRIES` tokens, and every review runs in a thread.
+
+A token stops reading within `MAX_TTL` seconds of the API server refusing it (issue 28 #8: its
+pod or ServiceAccount deleted, or expired), and so does a watch: the watch handler awaits
+`LAPSED_KEY`'s callable, which asks again each time the token's cached answer runs out
+(`until_lapsed`) and returns once the token no longer authenticates; the watch is then closed
+and counted: `revoked` with 1008 (policy violation, the reason in the close frame), `expired`
+with 1000 (the routine end of a projected token, which the kubelet has rotated by then:
+stunnerd reconnects at once with the new one). That is one TokenReview
+per `MAX_TTL` per watching token, however many requests show it. While the API server cannot
+answer, a watch is kept and asked about again `MAX_TTL` later (new requests get 503).
 """
 
 from __future__ import annotations
@@ -38,21 +55,26 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from http import HTTPStatus
 from typing import Any
 
-from aiohttp import web
+from aiohttp import WSCloseCode, web
 from prometheus_client import CollectorRegistry, Counter
 
 from stunner_api.cds import InvalidId, config_id, split_id
 from stunner_api.vocabulary import CDS_AUTH_HEADERS, CDS_SERVICE_NAME, CDS_TOKEN_AUDIENCE
 from stunner_http.server import RateLimitedLog
 
+from .cds_quota import PodClaim
+
 log = logging.getLogger("stunner.cds-server")
 
-MAX_TTL = 300.0  # seconds an authenticated answer is trusted (a deleted pod's token dies)
+# Seconds an authenticated answer is trusted: a revoked token reads no more, and its watch is
+# closed, within this long after the API server refuses it (which itself trusts a token it
+# authenticated for as long: kube-apiserver's --token-auth cache, TokenSuccessCacheTTL 10 s).
+MAX_TTL = 10.0
 NEGATIVE_TTL = 10.0  # seconds a refused token stays refused without asking again
 MAX_ENTRIES = 10_000
 CONCURRENCY = 4
@@ -62,6 +84,11 @@ SERVICE_ACCOUNT_PREFIX = "system:serviceaccount:"
 Allowed = Callable[[str], bool]
 # The request key under which the middleware leaves the caller's "may read this id" predicate.
 ALLOWED_KEY: web.RequestKey[Allowed] = web.RequestKey("stunner.cds.allowed")
+# An awaitable that returns only once the caller's token no longer authenticates: the close code
+# and reason for its watch.
+Lapsed = Callable[[], Awaitable[tuple[int, str]]]
+# The request key under which the middleware leaves it, for a watch to close on.
+LAPSED_KEY: web.RequestKey[Lapsed] = web.RequestKey("stunner.cds.lapsed")
 Review = Callable[[str], Mapping[str, Any]]  # blocking: a token -> its TokenReview status
 
 
@@ -70,16 +97,25 @@ class AuthMode(StrEnum):
     OFF = "off"
 
 
+class Lapse(StrEnum):
+    """Why a token that authenticated no longer does."""
+
+    REVOKED = "revoked"  # the API server refuses it: its pod or ServiceAccount is gone
+    EXPIRED = "expired"  # past its `exp`
+
+
 class ReviewUnavailable(Exception):
     """The TokenReview could not be asked (the message says why; it never holds the token)."""
 
 
 @dataclass(frozen=True)
 class Account:
-    """A ServiceAccount: `namespace/name`."""
+    """A ServiceAccount: `namespace/name`; `pod`: the pod its token is bound to (not part of
+    the account's identity: compared and hashed without it)."""
 
     namespace: str
     name: str
+    pod: PodClaim | None = field(default=None, compare=False)
 
     def __str__(self) -> str:
         return f"{self.namespace}/{self.name}"
@@ -91,6 +127,11 @@ class Account:
             return None
         namespace, sep, name = username.removeprefix(SERVICE_ACCOUNT_PREFIX).partition(":")
         return cls(namespace, name) if sep and namespace and name and ":" not in name else None
+
+
+# The request key under which the middleware leaves the pod the caller may report usage as (the
+# pod its token is bound to), None when it may not (a reader, a token bound to no pod).
+REPORTER_KEY: web.RequestKey[PodClaim | None] = web.RequestKey("stunner.cds.reporter")
 
 
 def parse_readers(text: str) -> frozenset[Account]:
@@ -154,6 +195,7 @@ class TokenVerifier:
         concurrency: int = CONCURRENCY,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,  # on `clock`
     ) -> None:
         self.review = review
         self.audience = audience
@@ -162,6 +204,7 @@ class TokenVerifier:
         self.max_entries = max_entries
         self.clock = clock
         self.wall_clock = wall_clock
+        self.sleep = sleep
         self.reviews = 0  # TokenReviews asked
         self._cache: OrderedDict[bytes, tuple[float, Account | None]] = OrderedDict()
         self._pending: dict[bytes, asyncio.Future[Account | None]] = {}
@@ -172,7 +215,7 @@ class TokenVerifier:
         ReviewUnavailable if the API server cannot tell now."""
         if len(token) > MAX_TOKEN:
             return None
-        key = hashlib.sha256(token.encode()).digest()
+        key = _key(token)
         cached = self._cache.get(key)
         if cached is not None and cached[0] > self.clock():
             self._cache.move_to_end(key)
@@ -208,6 +251,26 @@ class TokenVerifier:
         future.set_result(account)
         return account
 
+    def cached_for(self, token: str) -> float:
+        """Seconds the cached answer about `token` is still trusted (0: none is)."""
+        cached = self._cache.get(_key(token))
+        return max(0.0, cached[0] - self.clock()) if cached is not None else 0.0
+
+    async def until_lapsed(self, token: str, account: Account) -> Lapse:
+        """Returns only once `token`, which authenticated as `account`, no longer does (see the
+        module's docstring): asked again whenever its cached answer runs out, so at most
+        `max_ttl` seconds after the API server refuses it."""
+        while True:
+            await self.sleep(self.cached_for(token) or self.max_ttl)
+            try:
+                now = await self.account(token)
+            except ReviewUnavailable:
+                continue  # the API server cannot tell now: keep it, ask again later
+            if now != account:
+                expiry = token_expiry(token)
+                expired = expiry is not None and expiry <= self.wall_clock()
+                return Lapse.EXPIRED if expired else Lapse.REVOKED
+
     def _remember(self, key: bytes, account: Account | None, ttl: float) -> None:
         self._cache[key] = (self.clock() + ttl, account)
         self._cache.move_to_end(key)
@@ -222,7 +285,15 @@ class TokenVerifier:
             return None
         user = status.get("user")
         username = user.get("username") if isinstance(user, Mapping) else None
-        return Account.of_user(username) if isinstance(username, str) else None
+        account = Account.of_user(username) if isinstance(username, str) else None
+        if account is None or not isinstance(user, Mapping):
+            return None
+        return replace(account, pod=PodClaim.of_user(user))
+
+
+def _key(token: str) -> bytes:
+    """A token's key in the cache (the token itself is not kept there)."""
+    return hashlib.sha256(token.encode()).digest()
 
 
 class RefusalLog:
@@ -237,7 +308,8 @@ class RefusalLog:
     ) -> None:
         self.counter = Counter(
             "stunner_reconciler_cds_refusals",
-            "CDS requests refused, by reason (unauthenticated, forbidden, unavailable)",
+            "CDS requests refused, by reason (unauthenticated, forbidden, unavailable; watches "
+            "closed: revoked, expired)",
             ("reason",),
             registry=registry,
         )
@@ -245,8 +317,11 @@ class RefusalLog:
         self.clock = clock
         self._logs: dict[str, RateLimitedLog] = {}
 
-    def refused(self, reason: str, message: str) -> None:
+    def refused(self, reason: str, message: str, level: int = logging.WARNING) -> None:
         self.counter.labels(reason).inc()
+        if level < logging.WARNING:  # routine: every time, where asked for
+            log.log(level, "CDS request refused (%s): %s", reason, message)
+            return
         if reason not in self._logs:
             self._logs[reason] = RateLimitedLog(log, self.period, self.clock)
         self._logs[reason].event(logging.WARNING, "CDS request refused (%s): %s", reason, message)
@@ -272,7 +347,7 @@ class Access:
         verifier: TokenVerifier,
         *,
         readers: Iterable[Account] = (),
-        account_of: Callable[[str], str],
+        account_of: Callable[[str], str | None],
         registry: CollectorRegistry | None = None,
     ) -> None:
         self.verifier = verifier
@@ -335,4 +410,18 @@ class Access:
                 f"ServiceAccount {account} may not read config {config_id(namespace, name)}",
             )
         request[ALLOWED_KEY] = lambda id: self.may_read(account, id)
+        request[LAPSED_KEY] = lambda: self._lapsed(request, token, account)
+        request[REPORTER_KEY] = None if account in self.readers else account.pod
         return await handler(request)
+
+    async def _lapsed(self, request: web.Request, token: str, account: Account) -> tuple[int, str]:
+        """The watch's `LAPSED_KEY`: returns once its token no longer authenticates (counted,
+        and logged: at DEBUG when it merely expired), with the close code and reason."""
+        lapse = await self.verifier.until_lapsed(token, account)
+        expired = lapse == Lapse.EXPIRED
+        message = f"the token of ServiceAccount {account} " + (
+            "expired" if expired else "no longer authenticates"
+        )
+        where = f"{request.remote or '?'} {request.path}: watch closed: {message}"
+        self.refusals.refused(lapse, where, logging.DEBUG if expired else logging.WARNING)
+        return (WSCloseCode.OK if expired else WSCloseCode.POLICY_VIOLATION), message

@@ -1,6 +1,7 @@
 """The config discovery service's store: the rendered dataplane configs by id
-(`<namespace>/<gateway>`), the watchers of each, the Nodes' public addresses, and the usage
-boards of cluster-wide user quotas; the HTTP and WebSocket side that serves it is reconciler.cds.
+(`<namespace>/<gateway>`), the watchers of each, the Nodes' public addresses, the Gateways'
+dataplane pods, and the usage board of cluster-wide user quotas; the HTTP and WebSocket side
+that serves it is reconciler.cds.
 
 `ConfigStore.publish(configs)` makes the store hold exactly `configs` (level-based): a changed
 config is offered to its watchers, a removed one as the zero config (so its stunnerd drains) and
@@ -14,22 +15,25 @@ replaced with its Node's address (`patched`), else with `$STUNNER_ADDR`, and a w
 offered its config again when its Node's address changes. `node_local` is render's per-Gateway
 list of the public addresses of the Nodes it runs on (the auth service's per-node ICE URIs).
 
+Cluster-wide user quotas: `usage` (reconciler.cds_usage) takes the watchers' usage reports and
+tells them the others'; the store keeps it told of each config's quota.
+
 Secrets are in the configs and nowhere else: logs name ids, never content.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import socket
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
 
 from stunner_api.cds import (
     POD_ADDRESS,
-    USAGE_OTHERS_KEY,
+    REPORT_INTERVAL,
     config_id,
-    encode_usage,
     has_node_placeholder,
     patch_node_address,
 )
@@ -37,11 +41,20 @@ from stunner_api.dataplane import StunnerConfig, zero_config
 from stunner_api.endpoints import is_ip
 
 from .cds_access import Allowed
-from .cds_quota import UsageBoard
+from .cds_quota import PodClaim
+from .cds_usage import UsageDesk
 
 log = logging.getLogger("stunner.cds-server")
 
-USAGE_FRAME = ""  # a watcher's pending frame of usage (config ids are never empty)
+
+def _user_quota(text: str) -> int:
+    """The `admin.user_quota` of a config's JSON, 0 when it has none (or is no config)."""
+    try:
+        admin = json.loads(text).get("admin")
+        quota = admin.get("user_quota") if isinstance(admin, dict) else 0
+    except (ValueError, AttributeError):
+        return 0
+    return quota if type(quota) is int and quota > 0 else 0
 
 
 @dataclass(frozen=True)
@@ -73,8 +86,27 @@ class Watcher:
     selector: Selector
     peer: str
     node: str = ""  # the `node` parameter: whose public address the placeholder becomes
+    # Where the CDS checks tokens (reconciler.cds_access): the pod the watcher may report usage
+    # as (its token's), None when it may not; where it checks none, every watcher reports.
+    authenticated: bool = False
+    pod: PodClaim | None = None
     pending: dict[str, str] = field(default_factory=dict)
     ready: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def config(self) -> str:
+        """The one config it watches (a usage report needs one)."""
+        return str(self.selector)
+
+    @property
+    def may_report(self) -> bool:
+        return not self.authenticated or self.pod is not None
+
+    def reporter(self) -> Hashable:
+        """Whom its reports count for: its pod (one report per pod), else itself."""
+        if self.pod is None:
+            return self
+        return (self.config, self.pod.name, self.pod.uid)
 
     def offer(self, id: str, text: str) -> None:
         self.pending.pop(id, None)  # re-insert: frames go out in the order of their last change
@@ -93,13 +125,13 @@ class Watcher:
 class ConfigStore:
     """The published configs (as Go's JSON) and the watchers to tell about changes."""
 
-    def __init__(self) -> None:
+    def __init__(self, usage_interval: float = REPORT_INTERVAL) -> None:
         self._configs: dict[str, StunnerConfig] = {}
         self._texts: dict[str, str] = {}
         self.watchers: set[Watcher] = set()
         self.dropped_watchers = 0
         # Cluster-wide user quotas: the reports of the watchers that send them.
-        self.usage: UsageBoard[Watcher] = UsageBoard()
+        self.usage = UsageDesk(usage_interval)
         # Relay address discovery: Node name -> its public address as given (ExternalIP or
         # ExternalDNS), and the IP address each resolves to (an IP resolves to itself).
         self._node_names: dict[str, str] = {}
@@ -198,17 +230,19 @@ class ConfigStore:
 
     def set(self, id: str, config: StunnerConfig) -> bool:
         """Store the config of `id`; push it to its watchers if it changed. True if it did."""
-        changed = self.set_json(id, config.to_json())
+        changed = self.set_json(id, config.to_json(), config.admin.user_quota)
         self._configs[id] = config
         return changed
 
-    def set_json(self, id: str, text: str) -> bool:
+    def set_json(self, id: str, text: str, user_quota: int | None = None) -> bool:
         """Serve `text` as the config of `id`, as is (a config rendered elsewhere; the auth
-        endpoints see only configs stored with `set`); push it to its watchers if it changed."""
+        endpoints see only configs stored with `set`); push it to its watchers if it changed.
+        `user_quota`: its `admin.user_quota` (None: read from `text`)."""
         old = self._texts.get(id)
         if old == text:
             return False
         self._configs.pop(id, None)
+        self.usage.set_quota(id, _user_quota(text) if user_quota is None else user_quota)
         self._texts[id] = text
         self._notify(id, text)
         log.info("config %s %s", id, "added" if old is None else "updated")
@@ -219,6 +253,7 @@ class ConfigStore:
         if self._texts.pop(id, None) is None:
             return False
         self._configs.pop(id, None)
+        self.usage.config_gone(id)
         self._notify(id, zero_config(id).to_json())
         log.info("config %s deleted: its watchers get the zero config", id)
         return True
@@ -231,29 +266,10 @@ class ConfigStore:
 
     # --- cluster-wide user quotas -----------------------------------------------------------
 
-    def report_usage(self, watcher: Watcher, counts: Mapping[str, int]) -> None:
-        """`watcher`'s allocation counts per user of the one config it watches; the reporting
-        watchers of that config whose others changed are sent them."""
-        id = str(watcher.selector)
-        first = watcher not in self.usage
-        self._tell(self.usage.report(id, watcher, counts))
-        if first:
-            log.info(
-                "watcher %s reports its user quota usage for %s (%d reporting)",
-                watcher.peer,
-                id,
-                self.usage.reporters(id),
-            )
-
     def forget(self, watcher: Watcher) -> None:
         """`watcher` is gone: no more configs to it, and its counts no longer count."""
         self.watchers.discard(watcher)
-        self._tell(self.usage.drop(watcher))
-
-    def _tell(self, changes: list[tuple[Watcher, dict[str, int]]]) -> None:
-        for watcher, others in changes:
-            text, _ = encode_usage(USAGE_OTHERS_KEY, others)
-            watcher.offer(USAGE_FRAME, text)
+        self.usage.forget(watcher)
 
     def _notify(self, id: str, text: str) -> None:
         for watcher in self.watchers:

@@ -43,16 +43,18 @@ from typing import Any
 from stunner_api.cds import DEFAULT_PORT as DEFAULT_CDS_PORT
 from stunner_api.vocabulary import (
     CDS_TOKEN_AUDIENCE,
-    DEFAULT_SERVICE_ACCOUNT,
     ENDPOINT_SLICE,
     OWNED_BY_LABEL,
+    POD,
     SYSTEM_NAMESPACE,
+    WRITTEN_KINDS,
 )
 
 from . import events
-from .apply import Memo, Write, plan_writes
+from .apply import Memo, Write, owned_by, plan_writes
 from .cds import HANDLERS_KEY, cds_app, serve
-from .cds_access import Access, Account, AuthMode, ReviewUnavailable, TokenVerifier
+from .cds_access import MAX_TTL, Access, Account, AuthMode, ReviewUnavailable, TokenVerifier
+from .cds_quota import dataplane_pod
 from .cds_store import ConfigStore
 from .kube.api import Api, ConfigUnavailable, describe, load_client, refusal
 from .kube.informer import BACKOFF_INITIAL, BACKOFF_MAX, NOT_SERVED_RETRY, WATCH_TIMEOUT, Informer
@@ -69,7 +71,7 @@ from .loop import THROTTLE, Reconciler
 from .metrics import Metrics, ServedInThread, health_app, metrics_app
 from .relevance import References
 from .render import Plan, Renderer, RenderSettings
-from .render.deployment import service_account_of
+from .render.account import account_name
 from .render.finalize import finalized
 from .render.tracked import same_kinds
 from .store import STALE_AFTER, WATCHED, Cache, Kind, Object, Snapshot, labels_of
@@ -105,6 +107,9 @@ DEFAULT_HEALTH_PORT = 8081  # Go's --health-probe-bind-address
 GC_REFREEZE = 600.0
 LOOP_STALL = 30.0  # seconds without a turn of the event loop after which /healthz fails
 HEARTBEAT = 1.0  # seconds between two beats of the event loop
+# Written and never read by render (our Deployments, DaemonSets, ServiceAccounts): a change of
+# one is diffed against the last plan, with no render.
+WRITTEN_ONLY = frozenset(k.kind for k in WRITTEN_KINDS if not k.rendered)
 
 
 class ClusterUnavailable(Exception):
@@ -150,6 +155,8 @@ class ClusterSettings:
     # "off", anyone who reaches the port reads every config (Go's behaviour).
     cds_auth: AuthMode = AuthMode.REQUIRED
     cds_readers: frozenset[Account] = frozenset()  # --cds-readers: may read every config
+    # Seconds a token's authentication is trusted, and between two checks of a watching one.
+    cds_token_ttl: float = MAX_TTL
 
 
 @dataclass
@@ -232,7 +239,7 @@ class ClusterMode:
         self.access: Access | None = None
         if settings.cds_auth == AuthMode.REQUIRED:
             self.access = Access(
-                TokenVerifier(self._review_token),
+                TokenVerifier(self._review_token, max_ttl=settings.cds_token_ttl),
                 readers=settings.cds_readers,
                 account_of=self._account_of,
                 registry=self.metrics.registry,
@@ -286,11 +293,19 @@ class ClusterMode:
         except Exception as exc:
             raise ReviewUnavailable(describe(exc)) from None
 
-    def _account_of(self, id: str) -> str:
-        """The ServiceAccount of the pods the last render gave config `id`."""
+    def _account_of(self, id: str) -> str | None:
+        """The ServiceAccount whose pods may read config `id` (the last render's, and for a
+        config not rendered the one it would render); None when the rendered account's name is
+        held by an account that is not the Gateway's (never taken over: no pod reads it)."""
         plan = self.reconciler.last_plan
-        deployment = plan.deployments.get(id) if isinstance(plan, Plan) else None
-        return DEFAULT_SERVICE_ACCOUNT if deployment is None else service_account_of(deployment)
+        plan = plan if isinstance(plan, Plan) else Plan({}, {}, {}, (), ())
+        namespace, _, name = id.partition("/")
+        account = plan.dataplane_accounts.get(id) or account_name(name)
+        want = plan.service_accounts.get(id)
+        if want is None:
+            return account  # the Dataplane's own choice, or a config not rendered
+        have = self.cache.get("v1", "ServiceAccount", namespace, account)
+        return account if have is not None and owned_by(have, want, id) else None
 
     # --- watching and rendering ----------------------------------------------------------------
 
@@ -299,14 +314,28 @@ class ClusterMode:
 
     def _on_change(self, new: Object | None, old: Object | None) -> None:
         """From a watch thread: consider the change on the loop."""
+        obj = new if new is not None else old
+        if obj is not None and obj.get("kind") == POD.kind:
+            self._loop.call_soon_threadsafe(self._pod_changed, new, old)
+            return
         self._loop.call_soon_threadsafe(self._consider, new, old)
+
+    def _pod_changed(self, new: Object | None, old: Object | None) -> None:
+        """A Gateway's dataplane pod seen or gone: who may report usage (cds_usage)."""
+        was = dataplane_pod(old) if old is not None else None
+        now = dataplane_pod(new) if new is not None else None
+        if was is not None and was != now:
+            self.store.usage.pod_gone(*was)
+        if now is not None:
+            self.store.usage.pod_seen(*now)
 
     def _consider(self, new: Object | None, old: Object | None) -> None:
         if not self.rendered_once or not self.references.wants(new, old):
             return
-        if _is_workload(new if new is not None else old):
-            # Render reads no Deployment or DaemonSet: one of ours edited or deleted (or our own
-            # write's echo) only needs the diff against the last plan, which writes it back.
+        if _is_written_only(new if new is not None else old):
+            # Render reads no Deployment, DaemonSet or ServiceAccount: one of ours edited or
+            # deleted (or our own write's echo) only needs the diff against the last plan, which
+            # writes it back.
             self._apply_wanted.set()
             return
         self.reconciler.trigger()
@@ -381,6 +410,7 @@ class ClusterMode:
             services=services,
             memo=self.memo,
             daemonsets=self.cache.all_of("DaemonSet"),
+            service_accounts=self.cache.all_of("ServiceAccount"),
         )
 
     def _diff_and_send(self, plan: Plan, now: float) -> list[WriteResult]:
@@ -392,11 +422,17 @@ class ClusterMode:
         def send(write: Write) -> WriteResult | None:
             return self.writer.send(write) if self.leading else None
 
-        if len(writes) <= 1:
-            answered = [send(w) for w in writes]
-        else:  # each write is one object's: they may go in any order, WRITERS at a time
+        # The ServiceAccounts go first and are answered before the rest is sent: a Deployment
+        # naming an account not yet made has its pods refused until the account exists.
+        first = [w for w in writes if w.kind == "ServiceAccount"]
+        answered: list[WriteResult | None] = []
+        for phase in (first, [w for w in writes if w.kind != "ServiceAccount"]):
+            if len(phase) <= 1:
+                answered += [send(w) for w in phase]
+                continue
+            # each write is one object's: within a phase they go in any order, WRITERS at a time
             with concurrent.futures.ThreadPoolExecutor(WRITERS, "reconciler-writer") as pool:
-                answered = list(pool.map(send, writes))
+                answered += pool.map(send, phase)
         return [result for result in answered if result is not None]
 
     def _send_until(self, writes: Sequence[Write], deadline: float) -> list[WriteResult]:
@@ -433,6 +469,9 @@ class ClusterMode:
         now = time.monotonic()
         worth: list[events.EventSpec] = []
         for result in results:
+            if result.skipped:
+                log.info("%s not sent: %s", result.write, result.skipped)
+                continue
             self.writes_sent += 1
             key = self._write_key(result.write)
             label = "ok" if result.ok else str(result.code)
@@ -564,8 +603,8 @@ async def run_cluster(settings: ClusterSettings) -> AsyncIterator[Running]:
             gc.unfreeze()
 
 
-def _is_workload(obj: Object | None) -> bool:
-    return obj is not None and obj.get("kind") in ("Deployment", "DaemonSet")
+def _is_written_only(obj: Object | None) -> bool:
+    return obj is not None and obj.get("kind") in WRITTEN_ONLY
 
 
 def _join_all(informers: Sequence[Informer]) -> None:

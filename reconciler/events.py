@@ -11,7 +11,8 @@ Recorded, by the leader only and only for writes that happened:
 - a Gateway becoming valid (Normal `Valid`) or invalid (Warning `Invalid`, with the reason its
   status gives): a status write whose `Accepted`/`Programmed` verdict differs from the stored one
   (a first status counts);
-- a Gateway's Deployment or Service created (Normal `Created`) or deleted (Normal `Deleted`);
+- a Gateway's Deployment, Service or ServiceAccount created (Normal `Created`) or deleted
+  (Normal `Deleted`);
 - a write refused `FAILED_WRITE_EVENT_AFTER` times in a row (Warning `WriteFailed`): once per
   streak, with the HTTP status and reason only (never the server's message, which may quote the
   object; the log has it).
@@ -47,7 +48,7 @@ FAILED_WRITE_EVENT_AFTER = 3  # consecutive refusals of one write before a Write
 DEDUPE_WINDOW = 600.0  # seconds an identical event is not recorded again
 NOTE_LIMIT = 1024  # the API server's limit on `note`
 CLUSTER_SCOPED_NAMESPACE = "default"  # where events about cluster-scoped objects go
-MANAGED_KINDS = ("Deployment", "DaemonSet", "Service")
+MANAGED_KINDS = ("Deployment", "DaemonSet", "Service", "ServiceAccount")
 
 NORMAL, WARNING = "Normal", "Warning"
 

@@ -15,12 +15,14 @@ once with file and line (`errors`, and the log) and changes nothing: the last go
 that file stay until it is fixed. A deleted file takes its objects with it. An object defined
 twice (same kind, namespace and name) is reported and the first one (in file order) wins. A scan
 that fails as a whole (the directory gone, no file descriptor left) is logged once and retried
-at the next poll, the objects staying as they were; the watcher never dies of its input.
+at the next poll, the objects staying as they were; the watcher never dies of its input. Such a
+report quotes no value of the file but a kind STUNner reads and names that are DNS names
+(`described`): a `kind` or a name is free text (issue 28 #10).
 
-The bounds, per file, the same for `stunner render/check -f` (`read_manifest`, `manifest_paths`):
+The bounds, per file, the same for `stunner render/check/explain -f` (`read_text`, `documents`,
+`read_manifest`, `manifest_paths`):
 - at most `MAX_FILE_BYTES` (4 MiB; the API server takes requests of up to ~3 MiB), refused
   before it is read;
-- at most `MAX_DOCUMENTS` (1,000) documents;
 - nesting at most `MAX_DEPTH` (100) levels deep: deeper than any Kubernetes object, and what
   keeps the YAML composer (recursive) and every later walk of the objects within Python's
   recursion limit (100,000 `[` used to raise RecursionError);
@@ -31,6 +33,10 @@ The bounds, per file, the same for `stunner render/check -f` (`read_manifest`, `
   9 aliases, 387 million nodes expanded) is refused within milliseconds, where refusing aliases
   altogether would refuse files kubectl applies. An alias inside the node it names (a recursive
   structure, which no JSON object can be) is refused.
+Documents have no bound of their own (it was 1,000, which refused 1,000 Gateways and their
+GatewayClass in one 564 KB file): each is at least one node, so these two bound them too. A
+4 MiB file of empty documents (`---` a million times) is refused at its 300,001st in ~2 CPU-s,
+10,000 Gateways in one 2.3 MB file load in ~1 CPU-s.
 
 Symbolic links: a link (to a file or a directory) whose target is outside the directory, or that
 leads nowhere, is not followed and is reported once (a manifest directory holding
@@ -50,12 +56,14 @@ import hashlib
 import logging
 import os
 import stat as stat_module
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from stunner_api.vocabulary import DNS_NAME
 
 from .store import CLUSTER_SCOPED, kind_of, name_of, namespace_of
 from .supervise import what_failed
@@ -65,9 +73,9 @@ log = logging.getLogger("stunner.manifests")
 SUFFIXES = (".yaml", ".yml", ".json")
 POLL_INTERVAL = 0.1
 MAX_FILE_BYTES = 4 * 1024 * 1024
-MAX_DOCUMENTS = 1000
 MAX_DEPTH = 100
 MAX_NODES = 300_000
+MAX_NAME = 253  # a DNS subdomain, the longest Kubernetes name
 
 Object = dict[str, Any]
 Key = tuple[str, str, str]  # (kind, namespace, name)
@@ -114,8 +122,29 @@ def key_of(obj: Mapping[str, Any]) -> Key:
     return (what, namespace, name_of(obj))
 
 
+def _kind_word(obj: Mapping[str, Any]) -> str:
+    """An object's kind as a log line says it: the word of our vocabulary when STUNner reads
+    that kind, else "an object" (a `kind` value is free text: issue 28 #10)."""
+    return str(obj["kind"]) if kind_of(obj) is not None else "an object"
+
+
+def described(obj: Mapping[str, Any]) -> str:
+    """How a log line names an object read from a file: its kind word (`_kind_word`) and its
+    namespace/name when they are DNS names (what Kubernetes names are), else a placeholder: no
+    other value of the file reaches a log line (a secret pasted in the wrong field, control
+    characters, a megabyte); the file and line say where it is."""
+    kind = kind_of(obj)
+    names = [n for n in ("" if kind in CLUSTER_SCOPED else namespace_of(obj), name_of(obj)) if n]
+    if not names:
+        return _kind_word(obj)
+    if all(len(n) <= MAX_NAME and DNS_NAME.match(n) for n in names):
+        return f"{_kind_word(obj)} {'/'.join(names)}"
+    return f"{_kind_word(obj)} (named with something that is not a DNS name)"
+
+
 def _check_object(data: Any) -> str | None:
-    """Why `data` is not a Kubernetes object, or None."""
+    """Why `data` is not a Kubernetes object, or None. No value of `data` is quoted
+    (`described`)."""
     if not isinstance(data, dict):
         return f"a document must be a mapping (a Kubernetes object), got {type(data).__name__}"
     for field in ("apiVersion", "kind"):
@@ -123,10 +152,10 @@ def _check_object(data: Any) -> str | None:
             return f"missing {field}"
     meta = data.get("metadata")
     if not isinstance(meta, dict) or not isinstance(meta.get("name"), str) or not meta["name"]:
-        return f"{data['kind']} without metadata.name"
+        return f"{_kind_word(data)} without metadata.name"
     namespace = meta.get("namespace")
     if namespace is not None and not isinstance(namespace, str):
-        return f"{data['kind']} {meta['name']}: metadata.namespace must be a string"
+        return f"{_kind_word(data)}: metadata.namespace must be a string"
     return None
 
 
@@ -209,6 +238,18 @@ def parse_manifest(path: Path, text: str | bytes) -> list[tuple[int, Object]]:
     """Every object of a YAML (or JSON) file with the line it starts on (1-based); the first
     problem, or a bound passed (the module's docstring), raises `ManifestError` with file and
     line."""
+    objects: list[tuple[int, Object]] = []
+    for line, data in documents(path, text):
+        problem = _check_object(data)
+        if problem is not None:
+            raise ManifestError(path, line, problem)
+        objects.append((line, data))
+    return objects
+
+
+def documents(path: Path, text: str | bytes) -> Iterator[tuple[int, Any]]:
+    """Every non-empty YAML (or JSON) document of a file, whatever it holds, with the line it
+    starts on, within the bounds; the first problem raises `ManifestError` (file and line)."""
     size = (
         len(text)
         if isinstance(text, bytes) or len(text) > MAX_FILE_BYTES
@@ -217,30 +258,16 @@ def parse_manifest(path: Path, text: str | bytes) -> list[tuple[int, Object]]:
     if size > MAX_FILE_BYTES:
         raise _too_large(path, size)
     if isinstance(text, bytes):
-        try:
-            text = text.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise ManifestError(path, 0, f"not UTF-8: {exc}") from None
+        text = _decoded(path, text)
     loader = _BoundedLoader(path, text)
-    objects: list[tuple[int, Object]] = []
-    documents = 0
     try:
         while loader.check_node():
-            documents += 1
-            if documents > MAX_DOCUMENTS:
-                mark: Any = getattr(loader.peek_event(), "start_mark", None)
-                raise loader.refuse(mark, f"more than {MAX_DOCUMENTS} documents in one file")
             node = loader.get_node()
             if node is None:
                 continue
-            line = node.start_mark.line + 1
             data = loader.construct_document(node)
-            if data is None:
-                continue
-            problem = _check_object(data)
-            if problem is not None:
-                raise ManifestError(path, line, problem)
-            objects.append((line, data))
+            if data is not None:
+                yield node.start_mark.line + 1, data
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark is not None else 1
@@ -253,7 +280,13 @@ def parse_manifest(path: Path, text: str | bytes) -> list[tuple[int, Object]]:
         raise ManifestError(path, 1, f"invalid YAML: {exc}") from None
     finally:
         loader.dispose()
-    return objects
+
+
+def _decoded(path: Path, data: bytes) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ManifestError(path, 0, f"not UTF-8: {exc}") from None
 
 
 def compose_documents(path: Path, text: str) -> list[yaml.Node]:
@@ -306,15 +339,21 @@ def _read(path: Path) -> tuple[bytes, os.stat_result, os.stat_result]:
         os.close(fd)
 
 
-def read_manifest(path: Path) -> tuple[str, list[tuple[int, Object]]]:
-    """A file's text and objects, within the bounds; ManifestError (file and line) otherwise,
-    or when it cannot be read."""
+def read_text(path: Path) -> str:
+    """A file's text, at most MAX_FILE_BYTES (refused unread past it) of UTF-8; ManifestError
+    otherwise, or when it cannot be read. Every reader of a user's file goes through here."""
     try:
         data = _read(path)[0]
     except OSError as exc:
         raise ManifestError(path, 0, f"cannot read: {exc.strerror or what_failed(exc)}") from None
-    objects = parse_manifest(path, data)
-    return data.decode("utf-8"), objects
+    return _decoded(path, data)
+
+
+def read_manifest(path: Path) -> tuple[str, list[tuple[int, Object]]]:
+    """A file's text and objects, within the bounds; ManifestError (file and line) otherwise,
+    or when it cannot be read."""
+    text = read_text(path)
+    return text, parse_manifest(path, text)
 
 
 def manifest_paths(root: Path) -> tuple[list[tuple[Path, Path]], dict[Path, str]]:
@@ -486,8 +525,8 @@ class ManifestDir:
                     duplicate = ManifestError(
                         path,
                         line,
-                        f"{obj['kind']} {'/'.join(filter(None, key[1:]))} is already defined at "
-                        f"{first}:{first_line}; ignoring this one",
+                        f"{described(obj)} is already defined at {first}:{first_line}; "
+                        "ignoring this one",
                     )
                     self.duplicates.append(duplicate)
                     log.error("%s", duplicate)

@@ -13,7 +13,8 @@ share counters):
   replica holds the Lease), `stunner_reconciler_cache_fresh`;
 - per server (`server`: "cds"), its connection discipline (stunner_http):
   `stunner_reconciler_http_connections` (open), `stunner_reconciler_http_refused_total` (past
-  the cap), `stunner_reconciler_http_accept_errors_total` (EMFILE and the like), and
+  a cap), `stunner_reconciler_http_evicted_total` (without a valid token, closed to make room
+  for a new connection), `stunner_reconciler_http_accept_errors_total` (EMFILE and the like), and
   `stunner_reconciler_websocket_closed_total{reason}` (reason: "flooding", 1008, or
   "unmasked", 1002).
 
@@ -49,7 +50,12 @@ class _Servers(Collector):
             prefix + "http_connections", "Open connections", labels=["server"]
         )
         refused = CounterMetricFamily(
-            prefix + "http_refused", "Connections closed at once: past the cap", labels=["server"]
+            prefix + "http_refused", "Connections closed at once: past a cap", labels=["server"]
+        )
+        evicted = CounterMetricFamily(
+            prefix + "http_evicted",
+            "Connections without a valid token closed to make room for a new one",
+            labels=["server"],
         )
         errors = CounterMetricFamily(
             prefix + "http_accept_errors", "Failed accepts (EMFILE...)", labels=["server"]
@@ -62,11 +68,12 @@ class _Servers(Collector):
         for name, (stats, guard) in sorted(self.servers.items()):
             open_.add_metric([name], stats.open)
             refused.add_metric([name], stats.refused)
+            evicted.add_metric([name], stats.evicted)
             errors.add_metric([name], stats.accept_errors)
             if guard is not None:
                 closed.add_metric([name, "flooding"], guard.flooding)
                 closed.add_metric([name, "unmasked"], guard.unmasked)
-        yield from (open_, refused, errors, closed)
+        yield from (open_, refused, evicted, errors, closed)
 
 
 class Metrics:

@@ -13,8 +13,8 @@ objects of our GatewayClasses matter:
 - a Namespace when its labels change (allowedRoutes selectors), a Node when what render reads of
   it changes: its addresses, its relay-address annotation (relay address discovery) or its
   taints (which Nodes a node-local DaemonSet runs on); its heartbeats are ignored;
-- a Deployment or DaemonSet we own (someone edited or deleted it: write it back; render reads no
-  Deployment, so cluster mode only diffs the last plan against it).
+- a Deployment, DaemonSet or ServiceAccount we own (someone edited or deleted it: write it back;
+  render reads none of them, so cluster mode only diffs the last plan against it).
 """
 
 from __future__ import annotations
@@ -107,6 +107,7 @@ class References:
         if _labels(obj).get(OWNED_BY_LABEL) == OWNED_BY_VALUE and obj.get("kind") in (
             "Deployment",
             "DaemonSet",
+            "ServiceAccount",
         ):
             return _changed(new, old, status=False)
         kind = kind_of(obj)

@@ -320,11 +320,12 @@ class Watched:
 
     @property
     def label_selector(self) -> str:
-        return f"{OWNED_BY_LABEL}={OWNED_BY_VALUE}" if self.info.owned_only else ""
+        return f"{OWNED_BY_LABEL}={OWNED_BY_VALUE}" if self.info.owned_only else self.info.selector
 
     @property
     def rendered(self) -> bool:
-        """Handed to render (the Deployments are only compared with the plan)."""
+        """Handed to render (the Deployments are only compared with the plan, the Pods tell
+        the CDS who may report usage)."""
         return self.info.rendered
 
     @property

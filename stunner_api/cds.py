@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import os
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Collection, Iterable, Mapping
 from pathlib import Path
 
 from .vocabulary import CDS_TOKEN_FILE_ENV, NODE_ADDRESS_PLACEHOLDER
@@ -127,34 +127,61 @@ def bearer_headers(path: Path) -> dict[str, str]:
 # only), on every (re)connect and when the counts change, at most every REPORT_INTERVAL
 # seconds. The CDS answers a watcher that has reported (and only one that has: a Go stunnerd,
 # which sends nothing, gets configs only) with the sum of the OTHER reporting pods' counts per
-# user of that config, whenever it changes. Both frames are JSON objects with one key no
-# StunnerConfig has. Each is bounded: at most MAX_USAGE_USERS users and MAX_USAGE_BYTES bytes;
-# past that the users with the fewest allocations are left out (counted on their own pod only).
+# user of that config, whenever it changes (at most every REPORT_INTERVAL seconds per config).
+# Both frames are JSON objects with one key no StunnerConfig has. Each is bounded: at most
+# MAX_USAGE_USERS users and MAX_USAGE_BYTES bytes, each count at most MAX_USAGE_COUNT; past that
+# the users with the fewest allocations are left out (counted on their own pod only).
 USAGE_REPORT_KEY = "quotaUsageReport"  # stunnerd -> CDS: this pod's counts
 USAGE_OTHERS_KEY = "quotaUsageOthers"  # CDS -> stunnerd: the other pods' counts, summed
 REPORT_INTERVAL = 0.2
 MAX_USAGE_USERS = 1024
 MAX_USAGE_BYTES = 16 * 1024
-_MAX_COUNT = 1 << 31
+MAX_USAGE_COUNT = (1 << 31) - 1
 
 
 class UsageError(ValueError):
     """A usage frame that is not `{key: {user id: count > 0, ...}}` within the bounds."""
 
 
-def encode_usage(key: str, counts: Mapping[str, int]) -> tuple[str, int]:
-    """(the frame `{key: {user: count}}`, how many users were left out to fit the bounds). The
-    users with the most allocations come first: they are the ones nearest their quota."""
-    ranked = sorted(((n, u) for u, n in counts.items() if n > 0), key=lambda e: (-e[0], e[1]))
+def usage_entry(user: str, count: int) -> str:
+    """One user's `"user":count` of a usage frame (`usage_frame`)."""
+    return f"{json.dumps(user)}:{count}"
+
+
+def usage_frame(key: str, entries: Iterable[str]) -> tuple[str, int]:
+    """(the frame `{key: {...}}` of `entries` (`usage_entry`, in the order given) as far as they
+    fit the bounds, how many went in)."""
     parts: list[str] = []
     size = len(key) + 8  # {"key":{}}
-    for count, user in ranked[:MAX_USAGE_USERS]:
-        part = f"{json.dumps(user)}:{count}"
-        if size + len(part) + 1 > MAX_USAGE_BYTES:
+    for part in entries:
+        if len(parts) == MAX_USAGE_USERS or size + len(part) + 1 > MAX_USAGE_BYTES:
             break
         parts.append(part)
         size += len(part) + 1
-    return f'{{"{key}":{{{",".join(parts)}}}}}', len(ranked) - len(parts)
+    return usage_text(key, ",".join(parts)), len(parts)
+
+
+def usage_fits(key: str, users: int, body: str) -> bool:
+    """Whether `users` entries joined into `body` make a frame within the bounds."""
+    return users <= MAX_USAGE_USERS and len(key) + 8 + len(body) <= MAX_USAGE_BYTES
+
+
+def usage_text(key: str, body: str) -> str:
+    """The frame `{key: {body}}` of entries already joined (`usage_fits` says if it may go)."""
+    return f'{{"{key}":{{{body}}}}}'
+
+
+def encode_usage(
+    key: str, counts: Mapping[str, int], first: Collection[str] = ()
+) -> tuple[str, int]:
+    """(the frame `{key: {user: count}}`, how many users were left out to fit the bounds). The
+    users in `first` come first (those the receiving pod holds: the ones it may admit again),
+    then those with the most allocations: they are the ones nearest their quota."""
+    ranked = sorted(
+        ((n, u) for u, n in counts.items() if n > 0), key=lambda e: (e[1] not in first, -e[0], e[1])
+    )
+    text, taken = usage_frame(key, (usage_entry(u, n) for n, u in ranked))
+    return text, len(ranked) - taken
 
 
 def usage_key(text: str | bytes) -> str | None:
@@ -182,6 +209,6 @@ def parse_usage(text: str | bytes, key: str) -> dict[str, int]:
     if len(counts) > MAX_USAGE_USERS:
         raise UsageError(f"usage frame of {len(counts)} users, more than {MAX_USAGE_USERS}")
     for count in counts.values():
-        if type(count) is not int or not 0 < count < _MAX_COUNT:
+        if type(count) is not int or not 0 < count <= MAX_USAGE_COUNT:
             raise UsageError(f"usage frame count {count!r} is not a positive integer")
     return counts

@@ -326,6 +326,11 @@ class AuthConfig(_GoStruct):
         return "auth:{" + ",".join(status) + "}"
 
 
+def uri_host_port(host: str, port: int) -> str:
+    """`host:port` as a URI's authority: an IPv6 literal in brackets (RFC 3986 §3.2.2)."""
+    return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
+
+
 class ListenerConfig(_GoStruct):
     """`listeners[]`: a TURN server socket and the clusters its clients may reach."""
 
@@ -393,14 +398,17 @@ class ListenerConfig(_GoStruct):
     def uri(self, rfc7065: bool = True) -> str:
         """The client URI (GetListenerURI): `turn:<addr>:<port>?transport=udp` and the like.
 
-        The public address and port win over `address` and `port`. As in Go, an IPv6 address
-        is not bracketed. With `rfc7065=False` the scheme is followed by "://".
+        The public address and port win over `address` and `port`. An IPv6 address is
+        bracketed (`turn:[2001:db8::1]:3478`, RFC 7065's host is RFC 3986's, whose IPv6
+        literal is in brackets; Go writes it bare, which browsers refuse). With
+        `rfc7065=False` the scheme is followed by "://".
         """
         facts = self.facts
         address = self.public_address or self.address
         port = self.public_port or self.port
         separator = ":" if rfc7065 else "://"
-        return f"{facts.scheme}{separator}{address}:{port}?transport={facts.uri_transport}"
+        authority = uri_host_port(address, port)
+        return f"{facts.scheme}{separator}{authority}?transport={facts.uri_transport}"
 
     def to_dict(self) -> dict[str, Any]:
         """Go JSON form (`omitempty` everywhere)."""

@@ -41,7 +41,7 @@ from http import HTTPStatus
 from typing import Any
 
 from .cds import listener_parts
-from .dataplane import AuthConfig, ListenerConfig, StunnerConfig
+from .dataplane import AuthConfig, ListenerConfig, StunnerConfig, uri_host_port
 from .vocabulary import NODE_ADDRESS_PLACEHOLDER
 
 DEFAULT_TTL = 86400  # seconds: one day, as the Go auth service
@@ -191,7 +191,7 @@ def _per_node(listener: ListenerConfig, query: IceQuery, public_address: str) ->
 
 def _uri(config: StunnerConfig, listener: ListenerConfig, address: str, port: int) -> str:
     if config.auth.stun_only:
-        return f"stun:{address}:{port}"
+        return f"stun:{uri_host_port(address, port)}"
     return listener.model_copy(update={"public_address": address, "public_port": port}).uri()
 
 

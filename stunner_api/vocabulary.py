@@ -21,6 +21,18 @@ STUNNER_GROUP = "stunner.l7mp.io"
 GATEWAY_API_GROUP = "gateway.networking.k8s.io"
 
 
+# The labels render gives what it makes: our Deployments, DaemonSets and Services (OWNED_BY) and
+# the Gateway they are of (RELATED_GATEWAY_*), and the pods of a Gateway's dataplane (APP).
+OWNED_BY_LABEL = "stunner.l7mp.io/owned-by"
+OWNED_BY_VALUE = "stunner"
+RELATED_GATEWAY_NAME = "stunner.l7mp.io/related-gateway-name"
+RELATED_GATEWAY_NAMESPACE = "stunner.l7mp.io/related-gateway-namespace"
+APP_LABEL = "app"
+APP_VALUE = "stunner"
+# The dataplane pods of every Gateway (cluster-wide user quotas: only they report usage).
+DATAPLANE_POD_SELECTOR = f"{APP_LABEL}={APP_VALUE},{RELATED_GATEWAY_NAME}"
+
+
 @dataclass(frozen=True)
 class KindInfo:
     """One row of the kinds table (`KINDS`): a kind as the API server serves it (served versions,
@@ -36,6 +48,7 @@ class KindInfo:
     # server serves is watched: an optional CRD version is detected, as Go does); () for none.
     watch: tuple[str, ...] = ()
     owned_only: bool = False  # watched only where labelled OWNED_BY_LABEL=OWNED_BY_VALUE
+    selector: str = ""  # else: watched only where this label selector matches ("": all)
     rendered: bool = False  # render reads it: a reconciler Snapshot holds it
     written: bool = False  # the reconciler creates, updates or deletes it (or its status)
 
@@ -171,6 +184,18 @@ DEPLOYMENT = KindInfo(
 DAEMON_SET = KindInfo(
     "apps", "DaemonSet", "daemonsets", ("v1",), watch=("v1",), owned_only=True, written=True
 )
+# Each Gateway's dataplane ServiceAccount (issue 28 #3), watched the same way.
+SERVICE_ACCOUNT = KindInfo(
+    CORE_GROUP,
+    "ServiceAccount",
+    "serviceaccounts",
+    ("v1",),
+    watch=("v1",),
+    owned_only=True,
+    written=True,
+)
+# The Gateways' dataplane pods, watched only to know who may report usage (reconciler.cds_usage).
+POD = KindInfo(CORE_GROUP, "Pod", "pods", ("v1",), watch=("v1",), selector=DATAPLANE_POD_SELECTOR)
 LEASE = KindInfo("coordination.k8s.io", "Lease", "leases", ("v1",))  # leader election
 EVENT = KindInfo("events.k8s.io", "Event", "events", ("v1",))  # what the reconciler did
 # The webhook reads the cluster's service networks from these (Kubernetes 1.33 and later).
@@ -192,6 +217,8 @@ KINDS: tuple[KindInfo, ...] = (
     REFERENCE_GRANT,
     DEPLOYMENT,
     DAEMON_SET,
+    SERVICE_ACCOUNT,
+    POD,
     LEASE,
     EVENT,
     SERVICE_CIDR,
@@ -256,6 +283,8 @@ CHART_DATAPLANE_SPEC: Mapping[str, Any] = MappingProxyType(
         "enableMetricsEndpoint": False,
         "dataplaneResource": DEFAULT_DATAPLANE_RESOURCE,
         "hostNetwork": False,
+        "offloadEngine": "None",  # the kernel offload: off (stunnerd's README section)
+        "offloadInterfaces": [],
     }
 )
 
@@ -289,12 +318,6 @@ RELAY_STUN_SERVER_ENV = "STUNNER_RELAY_STUN_SERVER"
 SERVICE_TYPES = ("ClusterIP", "NodePort", "LoadBalancer")
 DEFAULT_NODE_PORT_RANGE = (30000, 32767)  # Kubernetes' default --service-node-port-range
 
-OWNED_BY_LABEL = "stunner.l7mp.io/owned-by"
-OWNED_BY_VALUE = "stunner"
-RELATED_GATEWAY_NAME = "stunner.l7mp.io/related-gateway-name"
-RELATED_GATEWAY_NAMESPACE = "stunner.l7mp.io/related-gateway-namespace"
-APP_LABEL = "app"
-APP_VALUE = "stunner"
 
 # --- who may read configs from the CDS (issue 20 #5) -------------------------------------------
 # stunnerd (and the auth service) present a projected ServiceAccount token of this audience to

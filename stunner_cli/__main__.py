@@ -14,18 +14,18 @@ Exit codes: 0 done, 1 the cluster or the input has a problem (said on stderr), 2
 `explain`: 0 some listener admits the peer, 1 every listener refuses it.
 Run as a helm plugin it honours HELM_NAMESPACE, HELM_KUBECONTEXT and --kubeconfig.
 
-Here is only the dispatch: the arguments are stunner_cli.parser's, each command's run is in
-stunner_cli.commands (explain: stunner_cli.explain), and what they print in stunner_cli.output.
+Here is only the dispatch: the arguments and each subcommand's runner are stunner_cli.parser's
+(one table), the runs are in stunner_cli.commands (explain's words: stunner_cli.explain), and
+what they print in stunner_cli.output.
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
-from stunner_cli.commands import run_auth_server, run_cluster, run_offline, run_selftest
-from stunner_cli.explain import _explain_target, run_explain_offline
-from stunner_cli.output import FAILED, OK, USAGE, _err
+from stunner_cli.output import FAILED, OK, err
 from stunner_cli.parser import build_parser
 
 
@@ -35,24 +35,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as e:
         return int(e.code or 0)
     try:
-        if args.command in ("render", "check"):
-            return run_offline(args)
-        if args.command == "explain" and _explain_target(args) is None:
-            return USAGE  # before any connection
-        if args.command == "explain" and args.filename is not None:
-            return run_explain_offline(args)
-        if args.command == "selftest":
-            return run_selftest(args)
-        if args.command == "auth-server":
-            return run_auth_server(args)
-        return run_cluster(args)
+        run: Callable[[argparse.Namespace], int] = args.run
+        return run(args)
     except KeyboardInterrupt:
         return OK
     except Exception as e:
         from stunner_cli.kube import ClusterError
 
         if isinstance(e, ClusterError):
-            _err(str(e))
+            err(str(e))
             return FAILED
         raise
 

@@ -1,7 +1,7 @@
-"""Each `stunner` subcommand's run, from its parsed arguments to an exit code: the cluster
-commands (config, status, ice, diff, and explain against the running config), the offline
-render and check, selftest and the auth server. `explain` is in stunner_cli.explain, what they
-print in stunner_cli.output."""
+"""Each `stunner` subcommand's run, from its parsed arguments to an exit code (a `Runner`; the
+parser names each subcommand's runner): the cluster commands (config, status, ice, diff, and
+explain against the running config), the offline render and check, selftest and the auth
+server. What explain says is in stunner_cli.explain, what they all print in stunner_cli.output."""
 
 from __future__ import annotations
 
@@ -9,14 +9,26 @@ import argparse
 import json
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 from stunner_api.cds import listener_parts
 from stunner_api.dataplane import ListenerConfig
 from stunner_api.ice import IceError, IceQuery, ice_config, unaddressed
 from stunner_api.vocabulary import DEFAULT_DATAPLANE
-from stunner_cli.explain import _explain_target, show_explanation
-from stunner_cli.output import FAILED, OK, _err, _out, show_config, show_rendered, status_line
+from stunner_cli.explain import explain_target, run_explain_offline, show_explanation
+from stunner_cli.output import (
+    FAILED,
+    OK,
+    USAGE,
+    err,
+    out,
+    show_config,
+    show_rendered,
+    status_line,
+)
+
+Runner = Callable[[argparse.Namespace], int]
 
 
 def _target(args: argparse.Namespace) -> Any:
@@ -26,65 +38,104 @@ def _target(args: argparse.Namespace) -> Any:
     return Target(args.namespace, ns, name)
 
 
-def run_cluster(args: argparse.Namespace) -> int:
+def on_cluster(run: Callable[[Any, Any, argparse.Namespace], int]) -> Runner:
+    """A cluster command: `run(client, target, args)` with a client connected the usual way
+    (--kubeconfig, --kube-context) and closed after it."""
+
+    def connected(args: argparse.Namespace) -> int:
+        from stunner_cli.kube import Kube
+
+        client = Kube.connect(args.kubeconfig, args.kube_context)
+        try:
+            return run(client, _target(args), args)
+        finally:
+            client.close()
+
+    return connected
+
+
+@on_cluster
+def run_config(client: Any, target: Any, args: argparse.Namespace) -> int:
     from stunner_cli import cluster
-    from stunner_cli.kube import Kube
 
-    client = Kube.connect(args.kubeconfig, args.kube_context)
+    last = show_config(cluster.cds_configs(client, target), args.output, args.show_secrets)
+    out(last)
+    while args.watch:
+        time.sleep(args.interval)
+        now = show_config(cluster.cds_configs(client, target), args.output, args.show_secrets)
+        if now != last:
+            out(now)
+            last = now
+    return OK
+
+
+@on_cluster
+def run_status(client: Any, target: Any, args: argparse.Namespace) -> int:
+    from stunner_cli import cluster
+
+    entries = cluster.dataplane_status(client, target)
+    out("\n".join(status_line(e) for e in entries) or "no stunnerd pods")
+    return OK if all("error" not in e["status"] for e in entries) else FAILED
+
+
+@on_cluster
+def run_ice(client: Any, target: Any, args: argparse.Namespace) -> int:
+    from stunner_cli import cluster
+
+    configs = cluster.cds_configs(client, target)
+    query = IceQuery(
+        username=args.username,
+        ttl=args.ttl,
+        namespace=target.gateway_namespace,
+        gateway=target.gateway,
+    )
+    by_id = {c.admin.name: c for c in configs}
+    nodes = cluster.cds_node_local(client, target)
     try:
-        target = _target(args)
-        if args.command == "diff":
-            from reconciler.files import ManifestError
-            from stunner_cli import offline
-            from stunner_cli.diff import report
+        answer = ice_config(by_id, query, int(time.time()), "", nodes)
+    except IceError as e:
+        raise cluster.ClusterError(e.message) from None
+    missing = unaddressed(by_id, query, "", nodes)
+    if missing:
+        return no_public_address(client, missing)
+    out(json.dumps(answer, indent=2))
+    return OK
 
-            try:
-                objects = offline.load(args.filename, skipped=_err)
-            except ManifestError as e:
-                raise cluster.ClusterError(str(e)) from None
-            _out("\n".join(report(client, target, objects)))
-            return OK
-        if args.command == "status":
-            entries = cluster.dataplane_status(client, target)
-            _out("\n".join(status_line(e) for e in entries) or "no stunnerd pods")
-            return OK if all("error" not in e["status"] for e in entries) else FAILED
-        if args.command == "explain":
-            found = _explain_target(args)
-            assert found is not None  # checked in main
-            configs = cluster.cds_configs(client, target)
-            if not configs:
-                raise cluster.ClusterError(f"no dataplane config for {found[0]}/{found[1]}")
-            return show_explanation(configs[0], found[2], found[3])
-        configs = cluster.cds_configs(client, target)
-        if args.command == "ice":
-            query = IceQuery(
-                username=args.username,
-                ttl=args.ttl,
-                namespace=target.gateway_namespace,
-                gateway=target.gateway,
-            )
-            by_id = {c.admin.name: c for c in configs}
-            nodes = cluster.cds_node_local(client, target)
-            try:
-                answer = ice_config(by_id, query, int(time.time()), "", nodes)
-            except IceError as e:
-                raise cluster.ClusterError(e.message) from None
-            missing = unaddressed(by_id, query, "", nodes)
-            if missing:
-                return no_public_address(client, missing)
-            _out(json.dumps(answer, indent=2))
-            return OK
-        last = show_config(configs, args.output, args.show_secrets)
-        _out(last)
-        while args.watch:
-            time.sleep(args.interval)
-            now = show_config(cluster.cds_configs(client, target), args.output, args.show_secrets)
-            if now != last:
-                _out(now)
-                last = now
-        return OK
-    finally:
-        client.close()
+
+@on_cluster
+def run_diff(client: Any, target: Any, args: argparse.Namespace) -> int:
+    from reconciler.files import ManifestError
+    from stunner_cli import cluster, offline
+    from stunner_cli.diff import report
+
+    try:
+        objects = offline.load(args.filename, skipped=err)
+    except ManifestError as e:
+        raise cluster.ClusterError(str(e)) from None
+    out("\n".join(report(client, target, objects)))
+    return OK
+
+
+@on_cluster
+def _explain_running(client: Any, target: Any, args: argparse.Namespace) -> int:
+    from stunner_cli import cluster
+
+    found = explain_target(args)
+    assert found is not None  # checked by run_explain before connecting
+    configs = cluster.cds_configs(client, target)
+    if not configs:
+        raise cluster.ClusterError(f"no dataplane config for {found[0]}/{found[1]}")
+    return show_explanation(configs[0], found[2], found[3])
+
+
+def run_explain(args: argparse.Namespace) -> int:
+    """`explain`: its arguments checked before any connection, then offline (-f) or against
+    the running config."""
+    if explain_target(args) is None:
+        return USAGE
+    if args.filename is not None:
+        return run_explain_offline(args)
+    return _explain_running(args)
 
 
 def no_public_address(client: Any, missing: list[tuple[str, ListenerConfig]]) -> int:
@@ -100,43 +151,59 @@ def no_public_address(client: Any, missing: list[tuple[str, ListenerConfig]]) ->
         why = why_no_address(client, gw_id)
         for name in names:
             reason = why.get(name) or why.get("") or "the Gateway has no such listener any more"
-            _err(f"{gw_id}: listener {name} has no public address: {reason}")
-    _err(
+            err(f"{gw_id}: listener {name} has no public address: {reason}")
+    err(
         "no ICE configuration printed: its TURN URIs would say 0.0.0.0, which no client can "
         "reach (`helm stunner status` shows each listener's public address or pending)"
     )
     return FAILED
 
 
-def run_offline(args: argparse.Namespace) -> int:
+def _manifests(args: argparse.Namespace) -> list[Any] | None:
+    """The objects of -f DIR|FILE, or None (said on stderr)."""
     from reconciler.files import ManifestError
     from stunner_cli import offline
 
     try:
-        objects = offline.load(args.filename, skipped=_err)
+        return offline.load(args.filename, skipped=err)
     except ManifestError as e:
-        _err(str(e))
+        err(str(e))
+        return None
+
+
+def run_check(args: argparse.Namespace) -> int:
+    from stunner_cli import offline
+
+    objects = _manifests(args)
+    if objects is None:
         return FAILED
-    if args.command == "check":
-        findings = offline.check(objects)
-        for finding in findings:
-            _out(str(finding))
-        errors = sum(1 for f in findings if f.severity == "Error")
-        _err(f"{len(objects)} objects, {errors} errors, {len(findings) - errors} warnings")
-        return FAILED if errors else OK
+    findings = offline.check(objects)
+    for finding in findings:
+        out(str(finding))
+    errors = sum(1 for f in findings if f.severity == "Error")
+    err(f"{len(objects)} objects, {errors} errors, {len(findings) - errors} warnings")
+    return FAILED if errors else OK
+
+
+def run_render(args: argparse.Namespace) -> int:
+    from stunner_cli import offline
+
+    objects = _manifests(args)
+    if objects is None:
+        return FAILED
     if not offline.has_default_dataplane(objects):
-        _err(
+        err(
             f"no Dataplane {DEFAULT_DATAPLANE!r} in {args.filename}: assuming the chart's "
             f"(stunnerd from {offline.chart_image()})"
         )
     plan = offline.plan(objects)
     for skipped in plan.findings:
-        _err(str(skipped))
+        err(str(skipped))
     if args.configs_only:
         configs = [plan.configs[k] for k in sorted(plan.configs)]
-        _out(show_config(configs, args.output, args.show_secrets))
+        out(show_config(configs, args.output, args.show_secrets))
         return OK
-    _out(show_rendered(plan, args.output, args.show_secrets))
+    out(show_rendered(plan, args.output, args.show_secrets))
     return OK
 
 
@@ -160,7 +227,7 @@ def run_auth_server(args: argparse.Namespace) -> int:
     try:
         split_address(args.cds_url)
     except CdsError as e:
-        _err(str(e))
+        err(str(e))
         return FAILED
     asyncio.run(run(args.cds_url, args.address, args.port, public))
     return OK

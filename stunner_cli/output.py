@@ -18,12 +18,12 @@ if TYPE_CHECKING:
 OK, FAILED, USAGE = 0, 1, 2
 
 
-def _out(text: str) -> None:
+def out(text: str) -> None:
     sys.stdout.write(text if text.endswith("\n") else text + "\n")
     sys.stdout.flush()
 
 
-def _err(text: str) -> None:
+def err(text: str) -> None:
     sys.stderr.write(f"stunner: {text}\n")
 
 
@@ -64,14 +64,18 @@ def show_config(configs: list[StunnerConfig], output: str, show_secrets: bool) -
 
 
 def show_rendered(plan: Plan, output: str, show_secrets: bool) -> str:
-    """Each Gateway's dataplane config, Service and Deployment, Gateway by Gateway."""
+    """Each Gateway's dataplane config, Service, ServiceAccount and Deployment, Gateway by
+    Gateway."""
     documents: list[tuple[str, Any]] = []
     for gw_id in sorted({*plan.configs, *plan.services, *plan.deployments}):
         if gw_id in plan.configs:
             config = plan.configs[gw_id]
             shown = config if show_secrets else redacted(config)
-            documents.append((f"dataplane config of {gw_id} (served over CDS)", shown.to_dict()))
-        for manifests in (plan.services, plan.deployments):  # a Deployment or a DaemonSet
+            account = plan.dataplane_accounts.get(gw_id, "")
+            title = f"dataplane config of {gw_id} (served over CDS to ServiceAccount {account})"
+            documents.append((title, shown.to_dict()))
+        # plan.deployments: a Deployment or a DaemonSet
+        for manifests in (plan.services, plan.service_accounts, plan.deployments):
             if gw_id in manifests:
                 documents.append((f"{manifests[gw_id]['kind']} of {gw_id}", manifests[gw_id]))
     if not documents:

@@ -1,5 +1,7 @@
-"""The `stunner` command line: its subcommands, their arguments and flags (argparse). The
-usage summary and the exit codes are in stunner_cli.__main__'s docstring."""
+"""The `stunner` command line: its subcommands, their arguments and flags, and each one's runner
+(argparse `set_defaults(run=...)`: the one command table; a subcommand without a runner cannot
+be parsed). The usage summary and the exit codes are in stunner_cli.__main__'s docstring;
+helm-plugin/plugin.yaml lists every subcommand but the chart's own (`CHART_COMMANDS`)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,10 @@ from pathlib import Path
 
 from stunner_api.ice import DEFAULT_TTL, IceError, parse_ttl
 from stunner_api.vocabulary import SYSTEM_NAMESPACE
+from stunner_cli import commands
+
+# The subcommands the chart runs (helm test, the auth service), not an operator at a prompt.
+CHART_COMMANDS = ("selftest", "auth-server")
 
 
 def _ttl(text: str) -> int:
@@ -32,8 +38,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    def cluster(name: str, help: str) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=help, description=help)
+    def command(
+        name: str, run: commands.Runner, help: str, description: str | None = None
+    ) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help, description=description)
+        p.set_defaults(run=run)
+        return p
+
+    def cluster(name: str, run: commands.Runner, help: str) -> argparse.ArgumentParser:
+        p = command(name, run, help, help)
         p.add_argument("gateway", nargs="?", type=_gateway, metavar="NS[/GW]", help="a Gateway")
         p.add_argument(
             "-n",
@@ -47,13 +60,17 @@ def build_parser() -> argparse.ArgumentParser:
         )
         return p
 
-    config = cluster("config", "the running dataplane configs, from the config discovery service")
+    config = cluster(
+        "config",
+        commands.run_config,
+        "the running dataplane configs, from the config discovery service",
+    )
     config.add_argument("-o", "--output", choices=("summary", "json", "yaml"), default="summary")
     config.add_argument("--show-secrets", action="store_true", help="print credentials in clear")
     config.add_argument("-w", "--watch", action="store_true", help="print each change as it comes")
     config.add_argument("--interval", type=float, default=1.0, help=argparse.SUPPRESS)
-    cluster("status", "each stunnerd pod's /status, one line per pod")
-    ice = cluster("ice", "the ICE servers a browser passes to RTCPeerConnection")
+    cluster("status", commands.run_status, "each stunnerd pod's /status, one line per pod")
+    ice = cluster("ice", commands.run_ice, "the ICE servers a browser passes to RTCPeerConnection")
     ice.add_argument(
         "--ttl",
         type=_ttl,
@@ -61,16 +78,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="ephemeral credentials' lifetime in seconds (1 to 604800, a week)",
     )
     ice.add_argument("--username", default="", help="the user id in ephemeral credentials")
-    for name, help in (
+    for name, run, help in (
         (
             "render",
+            commands.run_render,
             "offline: what the reconciler would produce of manifests: each Gateway's dataplane "
             "config, Service and Deployment (the chart's default Dataplane unless the files "
             "hold a Dataplane named default)",
         ),
-        ("check", "offline: every finding of the admission rules, with file, line and field"),
+        (
+            "check",
+            commands.run_check,
+            "offline: every finding of the admission rules, with file, line and field",
+        ),
     ):
-        p = sub.add_parser(name, help=help, description=help)
+        p = command(name, run, help, help)
         p.add_argument("-f", "--filename", required=True, type=Path, metavar="DIR|FILE")
         if name == "render":
             p.add_argument("-o", "--output", choices=("json", "yaml"), default="yaml")
@@ -82,6 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
             )
     explain = cluster(
         "explain",
+        commands.run_explain,
         "why a peer is admitted or refused: per listener, the route and cluster admitting it, "
         "or the rule refusing it and the setting that would allow it",
     )
@@ -95,12 +118,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     diff = cluster(
         "diff",
+        commands.run_diff,
         "what applying manifests would change in the running dataplanes: each listener "
         "reconciled in place or restarted, and the live allocations a restart drops",
     )
     diff.add_argument("-f", "--filename", required=True, type=Path, metavar="DIR|FILE")
-    selftest = sub.add_parser(
-        "selftest", help="allocate through every Gateway over UDP and TCP (helm test)"
+    selftest = command(
+        "selftest",
+        commands.run_selftest,
+        help="allocate through every Gateway over UDP and TCP (helm test)",
     )
     selftest.add_argument("--cds-url", required=True, help="the config discovery service URL")
     peer = selftest.add_mutually_exclusive_group()
@@ -121,8 +147,10 @@ def build_parser() -> argparse.ArgumentParser:
     selftest.add_argument(
         "--timeout", type=float, default=10.0, help="seconds for the Gateways and routes to be up"
     )
-    auth = sub.add_parser(
-        "auth-server", help="serve GET / and GET /ice (TURN credentials) over the CDS's configs"
+    auth = command(
+        "auth-server",
+        commands.run_auth_server,
+        help="serve GET / and GET /ice (TURN credentials) over the CDS's configs",
     )
     auth.add_argument("--cds-url", required=True, help="the config discovery service URL")
     auth.add_argument("--address", default="0.0.0.0", help="listen address")

@@ -8,9 +8,13 @@
   is).
 - **Bounded requests**: a request line or header field of at most `max_line` bytes, at most
   `max_headers` fields; a malformed or oversized request gets 400, logged at DEBUG in one line.
-- **A cap on concurrent connections**, per server (`max_connections`) and for every server of
-  the process together (the `nofile` soft limit less a reserve for everything else the process
-  opens): a connection past either is closed at once and counted (`ConnectionStats.refused`).
+- **Caps on concurrent connections** (`admission`): per server (`max_connections`), per source
+  IP (`connections_per_source`, as stunnerd's TCP listeners), and for every server of the
+  process together (the `nofile` soft limit less a reserve for everything else the process
+  opens, one source IP holding at most half of it): a connection past any is closed at once
+  and counted (`ConnectionStats.refused`). With `evict_unproven`, the oldest connection the
+  application has not vouched for (`prove`) is closed instead to make room
+  (`ConnectionStats.evicted`).
 - **Our own accept loop.** asyncio's (CPython 3.11) logs `socket.accept() out of system
   resource` with a traceback on EMFILE and goes on accepting up to `backlog` times in the same
   tick, each failure scheduling another retry: hundreds of ERROR lines a second and a busy CPU.
@@ -32,10 +36,12 @@ import socket
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
+
+from .admission import Admission, Holdings
 
 log = logging.getLogger("stunner.http")
 
@@ -53,6 +59,8 @@ class ServerLimits:
 
     request_deadline: float = 10.0  # stunnerd's TCP listeners give a first message 10 s
     max_connections: int = 64
+    connections_per_source: int = 16  # a kubelet's probes and a scraper from one node
+    evict_unproven: bool = False  # the app proves its clients (`prove`): evict the others first
     max_line: int = 8190
     max_headers: int = 64
     backlog: int = 128
@@ -64,7 +72,8 @@ class ConnectionStats:
     """What one server did with its connections."""
 
     accepted: int = 0
-    refused: int = 0  # past the cap: closed at once
+    refused: int = 0  # past a cap: closed at once
+    evicted: int = 0  # unproven, closed to make room for a new connection
     accept_errors: int = 0  # EMFILE and the like
     open: int = 0
 
@@ -100,7 +109,7 @@ class RateLimitedLog:
 class _Process:
     """The client connections every server of this process holds together."""
 
-    open = 0
+    held = Holdings()
 
     @staticmethod
     def cap() -> int:
@@ -130,24 +139,39 @@ class _ServerLog(logging.LoggerAdapter):  # type: ignore[type-arg]
 class _Counted(asyncio.Protocol):
     """aiohttp's protocol for one connection, counted while it is open."""
 
-    __slots__ = ("inner", "stats", "_counted")
+    __slots__ = ("inner", "site", "source", "transport", "_counted")
 
-    def __init__(self, inner: asyncio.Protocol, stats: ConnectionStats) -> None:
+    def __init__(self, inner: asyncio.Protocol, site: GuardedSite, source: str) -> None:
         self.inner = inner
-        self.stats = stats
+        self.site = site
+        self.source = source
+        self.transport: asyncio.Transport | None = None
         self._counted = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
         self._counted = True
-        self.stats.open += 1
-        _Process.open += 1
+        self.site.stats.open += 1
+        self.site.admission.add(self, self.source)
         self.inner.connection_made(transport)
 
-    def connection_lost(self, exc: Exception | None) -> None:
+    def prove(self) -> None:
+        self.site.admission.prove(self)
+
+    def evict(self) -> None:
+        """Closed to make room: uncounted now, its transport aborted (aiohttp sees it lost)."""
+        self._uncount()
+        if self.transport is not None:
+            self.transport.abort()
+
+    def _uncount(self) -> None:
         if self._counted:
             self._counted = False
-            self.stats.open -= 1
-            _Process.open -= 1
+            self.site.stats.open -= 1
+            self.site.admission.remove(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._uncount()
         self.inner.connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
@@ -222,9 +246,19 @@ def _listening_sockets(host: str, port: int, backlog: int) -> list[socket.socket
 
 
 class GuardedSite(web.BaseSite):
-    """A TCP site with our accept loop: the cap, counted refusals, rate-limited accept errors."""
+    """A TCP site with our accept loop: the caps, counted refusals and evictions, rate-limited
+    accept errors."""
 
-    __slots__ = ("_host", "_port", "_limits", "_label", "stats", "_error_log", "_refused_log")
+    __slots__ = (
+        "_host",
+        "_port",
+        "_limits",
+        "_label",
+        "stats",
+        "admission",
+        "_error_log",
+        "_refused_log",
+    )
 
     def __init__(
         self, runner: web.BaseRunner, host: str, port: int, limits: ServerLimits, label: str
@@ -235,6 +269,12 @@ class GuardedSite(web.BaseSite):
         self._limits = limits
         self._label = label
         self.stats = ConnectionStats()
+        self.admission: Admission[_Counted] = Admission(
+            limits.max_connections,
+            limits.connections_per_source,
+            _Process.held,
+            evict_unproven=limits.evict_unproven,
+        )
         self._error_log = RateLimitedLog(log, limits.log_period)
         self._refused_log = RateLimitedLog(log, limits.log_period)
 
@@ -256,19 +296,43 @@ class GuardedSite(web.BaseSite):
             await self._server.wait_stopped()
         await super().stop()  # closes the sockets
 
-    def _admit(self) -> bool:
-        return self.stats.open < self._limits.max_connections and _Process.open < _Process.cap()
+    def _admit(self, source: str) -> bool:
+        """Whether a connection from `source` is served: there is room, or an unproven
+        connection is evicted to make it; else it is refused (counted, logged)."""
+        process_cap = _Process.cap()
+        why = self.admission.no_room(source, process_cap)
+        if why is None:
+            return True
+        victim = self.admission.victim(source, process_cap)
+        if victim is not None:
+            self.stats.evicted += 1
+            victim.evict()
+            return True
+        self.stats.refused += 1
+        self._refused_log.event(
+            logging.WARNING,
+            "%s: connections refused (%s): %d open here (cap %d, %d per source), "
+            "%d in the process (cap %d)",
+            self.name,
+            why,
+            self.stats.open,
+            self._limits.max_connections,
+            self._limits.connections_per_source,
+            _Process.held.open,
+            process_cap,
+        )
+        return False
 
-    def _protocol(self) -> _Counted:
+    def _protocol(self, source: str) -> Callable[[], _Counted]:
         factory = self._runner.server
         assert factory is not None
-        return _Counted(factory(), self.stats)
+        return lambda: _Counted(factory(), self, source)
 
     async def _accept(self, sock: socket.socket) -> None:
         loop = asyncio.get_running_loop()
         while True:
             try:
-                conn, _ = await loop.sock_accept(sock)
+                conn, address = await loop.sock_accept(sock)
             except OSError as exc:
                 if exc.errno in (errno.ECONNABORTED, errno.EPROTO, errno.EINTR):
                     continue  # the client gave up before we accepted
@@ -279,27 +343,18 @@ class GuardedSite(web.BaseSite):
                     self.name,
                     exc.strerror or exc,
                     self.stats.open,
-                    _Process.open,
+                    _Process.held.open,
                 )
                 await asyncio.sleep(ACCEPT_PAUSE)
                 continue
-            if not self._admit():
-                self.stats.refused += 1
-                self._refused_log.event(
-                    logging.WARNING,
-                    "%s: connections refused: %d open (cap %d), %d in the process (cap %d)",
-                    self.name,
-                    self.stats.open,
-                    self._limits.max_connections,
-                    _Process.open,
-                    _Process.cap(),
-                )
+            source = str(address[0])
+            if not self._admit(source):
                 conn.close()
                 continue
             self.stats.accepted += 1
             conn.setblocking(False)
             try:
-                await loop.connect_accepted_socket(self._protocol, conn)
+                await loop.connect_accepted_socket(self._protocol(source), conn)
             except OSError as exc:  # the client reset before its transport was made
                 log.debug("%s: connection lost at accept: %s", self.name, exc)
                 conn.close()
@@ -308,6 +363,15 @@ class GuardedSite(web.BaseSite):
                 self._error_log.event(
                     logging.ERROR, "%s: cannot serve a connection: %r", self.name, exc
                 )
+
+
+def prove(request: web.BaseRequest) -> None:
+    """The application vouches for the connection `request` came on (the CDS: its token is
+    valid): with `evict_unproven`, it is never evicted to make room for another."""
+    transport = request.transport
+    protocol = transport.get_protocol() if transport is not None else None
+    if isinstance(protocol, _Counted):
+        protocol.prove()
 
 
 @dataclass

@@ -4,7 +4,8 @@ Served by aiohttp (GET and HEAD only) with the connection discipline every serve
 (`stunner_http.server`), with bounds a kubelet probe or a Prometheus scrape never reaches: a
 request line or header field of at most 8 KiB, at most 64 header fields, no body,
 HEADER_DEADLINE seconds for a connection to deliver a complete request (a client trickling one
-header line every few seconds is closed at the deadline), MAX_CONNECTIONS connections at once.
+header line every few seconds is closed at the deadline), MAX_CONNECTIONS connections at once
+(stunner_http's default per source IP, 16, from one address).
 Oversized requests get 400 without a traceback in the log.
 
 The handlers read a narrow view of the dataplane (`AdminView`), never the daemon itself.
@@ -180,12 +181,21 @@ def status_of(view: AdminView) -> dict[str, Any]:
     if view.config is not None:
         status = redacted(view.config).to_dict()
         stats: Mapping[str, ListenerCounters] = view.listener_stats()
+        offload = view.listener_offload()
         for listener in status.get("listeners", []):
             s = stats.get(listener["name"])
             if s is not None:
                 listener["stats"] = {
                     "rx": {"pkts": s.rx_packets, "bytes": s.rx_bytes},
                     "tx": {"pkts": s.tx_packets, "bytes": s.tx_bytes},
+                }
+            state = offload.get(listener["name"])
+            if state is not None:
+                listener["offload"] = {k: v for k, v in state.items() if k != "code"}
+            if state is not None and s is not None and state["on"]:
+                listener["offload"]["stats"] = {  # of the listener's stats, the kernel's share
+                    "rx": {"pkts": s.offloaded_rx_packets, "bytes": s.offloaded_rx_bytes},
+                    "tx": {"pkts": s.offloaded_tx_packets, "bytes": s.offloaded_tx_bytes},
                 }
     status["allocationCount"] = view.allocation_count
     status["status"] = view.status

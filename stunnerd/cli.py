@@ -164,6 +164,11 @@ LIMIT_FLAGS: dict[str, tuple[str, str]] = {
         "UDP: STUN without MESSAGE-INTEGRITY per second per client IP with no allocation; "
         "more are dropped unparsed; 0: no limit",
     ),
+    "unauthenticated_rate_total": (
+        "PER_S",
+        "UDP: the same from all client IPs together, per process; within it an unsigned "
+        "Allocate gets a stateless 401, past it they are dropped unparsed; 0: no limit",
+    ),
 }
 
 

@@ -24,6 +24,7 @@ from .counters import ClusterCounters, merge
 from .ledger import Quota, Reservations
 from .limits import Limits
 from .listener import Listener
+from .offload.engine import KernelOffload
 from .router import DnsResolver, Router
 from .turn import ServerContext
 
@@ -68,6 +69,7 @@ class DataplaneCore:
         log_override: bool,
         limits: Limits | None = None,
         relay_ports: mmap.mmap | None = None,
+        offload_log_level: int = logging.WARNING,
     ) -> None:
         self.limits = limits or Limits()
         self.router = Router(relay_ports)
@@ -76,6 +78,8 @@ class DataplaneCore:
         self.reservations = reservations
         self.log_override = log_override  # -l/-v on the command line win over admin.loglevel
         self.context: ServerContext | None = None  # from the first apply on
+        # This process's kernel offload (each UDP worker has its own; it tells at DEBUG).
+        self.offload = KernelOffload(offload_log_level)
         self.listeners: dict[str, Listener] = {}
         self._resolver = DnsResolver(self.router)
 
@@ -100,6 +104,7 @@ class DataplaneCore:
             users=self.users,
             reservations=self.reservations,
             limits=self.limits,
+            offload=self.offload,
         )
         previous = (context.authenticator, context.user_quota)
         context.authenticator = authenticator
@@ -140,6 +145,9 @@ class DataplaneCore:
         # Where the sockets bind when the relay address is not this host's (relay address
         # discovery behind NAT): the pod's own address is stunnerd's too.
         own += [(lst.server.bind_ip, lst.config.port) for lst in self.listeners.values()]
+        # In place, before the routes: the router's update re-syncs every allocation's routes
+        # in the kernel (native_udp), so a route that no longer admits a peer empties them.
+        self.offload.configure(config.admin.offload_engine, list(config.admin.offload_interfaces))
         self.router.update({lc.name: lc.routes for lc in config.listeners}, config.clusters, own)
         self.context = context
         self._resolver.follow()
@@ -170,3 +178,4 @@ class DataplaneCore:
         for listener in self.listeners.values():
             await listener.stop()
         self.listeners.clear()
+        self.offload.close()

@@ -47,6 +47,7 @@ class ListenerCounters(Counters):
     allocations_total: int = 0
     backpressure_dropped: int = 0  # sent to a stream client past its output high-water mark
     latency_dropped: int = 0  # relayed over a stream later than --stream-latency-bound
+    framing_dropped: int = 0  # TCP/TLS streams closed on data that is not a frame (stun.py)
     rate_limited: int = 0  # error answers not sent past --error-rate
     stun_only: int = 0  # TURN messages a STUN-only listener refused (403, or dropped unanswered)
     # Allocates refused, by reason (ALLOCATION_REFUSALS below): over admin.user_quota (486); 508
@@ -55,6 +56,11 @@ class ListenerCounters(Counters):
     refused_full: int = 0
     refused_draining: int = 0
     refused_rate: int = 0
+    # Of rx/tx above, what the kernel offload relayed (stunnerd.offloaded; issue 30).
+    offloaded_rx_packets: int = 0
+    offloaded_rx_bytes: int = 0
+    offloaded_tx_packets: int = 0
+    offloaded_tx_bytes: int = 0
 
     def count_refusal(self, reason: str) -> None:
         """One more Allocate refused for `reason` (one of ALLOCATION_REFUSALS)."""

@@ -9,8 +9,9 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from functools import partial
+from typing import Any
 
 from stunner_api.dataplane import (
     DEFAULT_HEALTHCHECK_PORT,
@@ -158,6 +159,11 @@ class Stunner:
                     stats.add(entry[1])
         return totals
 
+    def listener_offload(self) -> dict[str, dict[str, Any]]:
+        """Per listener, the kernel offload's state in this process (each UDP worker applies
+        the same config with the same privileges)."""
+        return {name: listener.offload_state() for name, listener in self.listeners.items()}
+
     def listener_allocations(self) -> dict[str, int]:
         """Active allocations per listener."""
         counts = {name: len(lst.server.allocations) for name, lst in self.listeners.items()}
@@ -189,7 +195,7 @@ class Stunner:
             patched = config
             if self.relay_discovery is not None:
                 patched = self.relay_discovery.patched(config)
-            await self._apply(patched)
+            await self._apply(patched, {lc.name: lc.address for lc in config.listeners})
             self.wanted = config
         if self.relay_discovery is not None:
             self.relay_discovery.follow(config, self._rediscovered)
@@ -202,8 +208,13 @@ class Stunner:
         except ApplyError as exc:
             log.error("could not apply the discovered relay address: %s", exc)
 
-    async def _apply(self, config: StunnerConfig) -> None:
-        if config == self.config:
+    async def _apply(self, config: StunnerConfig, configured: Mapping[str, str]) -> None:
+        """Run `config`, whose listeners bind their `configured` addresses (by name: the config
+        as given, before relay address discovery's answer replaced the pod's)."""
+        rebind = {
+            n for n, lst in self.listeners.items() if lst.configured_address != configured.get(n)
+        }
+        if config == self.config and not rebind:
             return
         old = self.config
         realm_changed = every_listener_restarts(old.auth if old else None, config.auth)
@@ -211,7 +222,9 @@ class Stunner:
         to_stop = [
             lst
             for name, lst in self.listeners.items()
-            if name not in wanted or restart_needed(lst.config, wanted[name], realm_changed)
+            if name not in wanted
+            or name in rebind
+            or restart_needed(lst.config, wanted[name], realm_changed)
         ]
         stopped_names = {lst.name for lst in to_stop}
         to_start = [
@@ -224,7 +237,10 @@ class Stunner:
                 await workers.sync(old, remaining)
 
         udp_sockets = self._udp_sockets
-        builds = {lc.name: partial(_new_listener, lc, udp_sockets) for lc in to_start}
+        builds = {
+            lc.name: partial(_new_listener, lc, udp_sockets, configured.get(lc.name, lc.address))
+            for lc in to_start
+        }
         await self.core.apply(config, Plan(to_stop, builds, rollback=True, release=release))
         self.config = config
         self._configured = self._configured or not is_zero_config(config)
@@ -317,5 +333,7 @@ class Stunner:
         await self.metrics.stop()
 
 
-def _new_listener(config: ListenerConfig, udp_sockets: int, context: ServerContext) -> Listener:
-    return Listener(config, context, udp_sockets)
+def _new_listener(
+    config: ListenerConfig, udp_sockets: int, configured_address: str, context: ServerContext
+) -> Listener:
+    return Listener(config, context, udp_sockets, configured_address=configured_address)

@@ -73,6 +73,14 @@ class Limits:
     # a burst of 100 lets ~50 browsers behind one NAT start a call in the same second, and is
     # ~1/2000 of the flood that shut stunnerd out. Keyed by IP, not port: ports are free.
     unauthenticated_rate: float = 50.0
+    # The same messages from every source together, per second per process (a burst of twice
+    # that), UDP (issue 28 #6: a flood from 200,000 spoofed sources passes every per-source
+    # budget). Within it a stranger's unsigned Allocate is answered with a stateless 401, in C
+    # on the native path (~2 us each, ~6 MB/s of answers at the default, while any one source
+    # IP still gets at most `unauthenticated_rate` of them); past it they are dropped unparsed.
+    # A new client's first Allocate meets a flood above the budget with odds budget/flood per
+    # try, so the default is above what this 2-CPU machine's flooder reaches (bench/README.md).
+    unauthenticated_rate_total: float = 50000.0
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> Limits:

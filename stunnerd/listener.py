@@ -20,6 +20,7 @@ import logging
 import os
 import socket
 from collections.abc import Callable, Mapping
+from typing import Any
 
 from stunner_api.dataplane import ListenerConfig
 from stunner_api.vocabulary import ListenerProtocol
@@ -66,12 +67,23 @@ class Listener:
         udp_sockets: int = 1,
         sock: socket.socket | None = None,
         generation: int | None = None,
+        configured_address: str | None = None,
     ) -> None:
         self.config = config
         self.server = TurnServer(config.name, config.address, context)
-        # A relay address that is not this host's (relay address discovery: the node's public
-        # address behind NAT) is told to clients; the sockets bind the pod's own address.
-        bind_ip, self._bind_note = local_bind_address(config.address, os.environ.get(POD_ENV))
+        # The sockets bind the local address of the listener's configured address: its relay
+        # address, which clients are told, unless relay address discovery replaced that with
+        # a STUN server's answer, which is only advertised (`configured_address`, the pod's).
+        # A relay address that is not this host's (a node's public address behind NAT) binds
+        # the pod's own address; a worker's listener binds where the primary's socket is.
+        self.configured_address = configured_address or config.address
+        if sock is not None:
+            bind_ip, self._bind_note = sock.getsockname()[0], ""
+        else:
+            pod = os.environ.get(POD_ENV)
+            bind_ip, self._bind_note = local_bind_address(self.configured_address, pod)
+        if self.configured_address != config.address:
+            self._bind_note = f"a STUN server's answer, only advertised: sockets bind {bind_ip} "
         self.server.bind_ip = bind_ip
         self.generation = generation if generation is not None else next(_GENERATIONS)
         self.transport: Transport | None = None
@@ -89,7 +101,12 @@ class Listener:
 
     def replica(self) -> Listener:
         """A new, unstarted listener like this one (a rollback brings a stopped one back)."""
-        return Listener(self.config, self.server.context, self._udp_sockets)
+        return Listener(
+            self.config,
+            self.server.context,
+            self._udp_sockets,
+            configured_address=self.configured_address,
+        )
 
     async def start(self) -> None:
         try:
@@ -143,12 +160,29 @@ class Listener:
         transport = self.transport
         return transport.cluster_counters() if isinstance(transport, EngineCounted) else {}
 
+    def offload_state(self) -> dict[str, Any]:
+        """Whether the kernel offload relays this listener's ChannelData, and if not, why:
+        {"on": bool, "engine", "interfaces"} or {"on": false, "reason", "code"} (the metric's
+        label)."""
+        offload = self.server.context.offload
+        if self.config.protocol != ListenerProtocol.TURN_UDP.value:
+            reason = f"{self.config.protocol}: the offload relays TURN-UDP ChannelData only"
+            return {"on": False, "reason": reason, "code": "protocol"}
+        if not offload.active:
+            return {"on": False, "reason": offload.reason, "code": offload.reason_code}
+        if not isinstance(self.transport, NativeUdpTransport):
+            reason = f"TURN-UDP relays in Python here: {native.unavailable_reason()}"
+            return {"on": False, "reason": reason, "code": "native"}
+        return {"on": True, "engine": "TC", "interfaces": offload.interfaces}
+
     @property
     def _log_level(self) -> int:
         return logging.DEBUG if self._given_socket is not None else logging.INFO
 
     def _sweep(self) -> None:
         self.server.sweep()
+        if self.transport is not None:
+            self.transport.sweep()
         self._sweeper = asyncio.get_running_loop().call_later(SWEEP_INTERVAL, self._sweep)
 
     async def stop(self) -> None:

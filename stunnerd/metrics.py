@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from functools import cache
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .counters import ClusterCounters, Counters, ListenerCounters
 
@@ -39,6 +39,10 @@ class MetricsView(Protocol):
     def listener_stats(self) -> Mapping[str, ListenerCounters]: ...
 
     def listener_allocations(self) -> Mapping[str, int]: ...
+
+    def listener_offload(self) -> Mapping[str, Mapping[str, Any]]:
+        """Per listener: the kernel offload on, or why not (Listener.offload_state)."""
+        ...
 
     def cluster_counters(self) -> Mapping[str, ClusterCounters]: ...
 
@@ -84,6 +88,7 @@ def stunner_families(view: MetricsView) -> Iterator[Metric]:
     for name, counters in stats:
         dropped.add_metric([name, "backpressure"], counters.backpressure_dropped)
         dropped.add_metric([name, "latency"], counters.latency_dropped)
+        dropped.add_metric([name, "framing"], counters.framing_dropped)
         dropped.add_metric([name, "rate_limit"], counters.rate_limited)
         dropped.add_metric([name, "invalid"], counters.dropped)
         dropped.add_metric([name, "forbidden"], counters.forbidden_dropped)
@@ -100,6 +105,29 @@ def stunner_families(view: MetricsView) -> Iterator[Metric]:
             refused.add_metric([name, reason], count)
     yield refused
     yield from _by_direction("listener", "on the listener", stats, ("rx", "tx"))
+    offload = GaugeMetricFamily(
+        "stunner_listener_offload",
+        "1 while the kernel offload relays the listener's TURN-UDP ChannelData, else 0 with "
+        "why: disabled (admin.offload_engine None), protocol (not TURN-UDP), capability (no "
+        "CAP_BPF/CAP_NET_ADMIN), kernel (no tcx: Linux < 6.6), verifier, not_built, native (no "
+        "native engine), engine (XDP), interface, error; the text is in /status.",
+        labels=["name", "reason"],
+    )
+    for name, state in sorted(view.listener_offload().items()):
+        offload.add_metric([name, state.get("code", "")], int(bool(state["on"])))
+    yield offload
+    for unit in ("packets", "bytes"):
+        offloaded = CounterMetricFamily(
+            f"stunner_listener_offloaded_{unit}",
+            f"Number of {unit} on the listener that the kernel offload relayed (of "
+            f"stunner_listener_{unit}_total).",
+            labels=["direction", "name"],
+        )
+        for name, counters in stats:
+            for direction in ("rx", "tx"):
+                value = getattr(counters, f"offloaded_{direction}_{unit}")
+                offloaded.add_metric([direction, name], value)
+        yield offloaded
     clusters = sorted(view.cluster_counters().items())
     yield from _by_direction("cluster", "to and from the cluster", clusters, ("tx", "rx"))
     shared = view.user_quota_shared

@@ -23,8 +23,9 @@ allocations' relay sockets in its own thread, which never takes the GIL: epoll, 
   match the datagram, or is above `max_message` (`Limits.max_udp_message`). Python's path drops
   the same datagrams unanswered (`TurnServer.handle`, `stun.parse_message`).
 - everything else (every STUN request, any other message shape, an expired channel) is handed
-  up untouched through one of two bounded queues: what comes from a peer or from a client with
-  an allocation in the engine goes to a priority queue, the rest (strangers) to another, and
+  up untouched through one of three bounded queues: what comes from a peer or from a client
+  with an allocation in the engine goes to a priority queue, the rest (strangers) to another
+  (and a third for strangers' requests whose nonce verifies, below), and
   `drain()` empties the priority queue first, so a flood of strangers' requests cannot starve
   established clients' Refresh, CreatePermission and ChannelBind. `fileno()` is readable while
   either holds packets (an eventfd for `loop.add_reader`), `drain()` returns them in batches.
@@ -44,6 +45,19 @@ allocations' relay sockets in its own thread, which never takes the GIL: epoll, 
   starts afresh (`bucket_resets`). One source IP holds at most `per_source` places in the
   strangers' queue (dropped as "queue_full" past it), so one flooder cannot fill it. The
   pure-Python UDP path applies the same rule (`transports.UdpListenerProtocol`).
+- strangers' unsigned STUN from everywhere (issue 28, relaycore/stateless.c): past its IP's
+  bucket it spends a token of the engine's own (`unsigned_rate`; "unauthenticated_total" past
+  it: a spoofed flood passes every per-source budget), and while the engine is behind (its
+  listener socket full at `shed_after` reads of 32 in a row, until one empties it) it is
+  dropped first ("shed"),
+  as on the Python path: answers the CPU cannot afford do not delay established clients'
+  packets queued behind them. With `answer_unsigned`, an unsigned
+  Allocate is then answered in the engine with a 401 whose NONCE is `auth.NonceManager`'s, byte
+  for byte (the same secret, lifetime and binding), and never handed up (`answered`); a
+  stranger's request whose NONCE verifies goes up through a third queue, drained after the
+  priority queue and before the strangers': a flood of unsigned or forged requests cannot
+  starve a new client's signed Allocate. The pure-Python UDP path answers the same 401 within
+  the same budgets (`stateless`).
 - expiry is by monotonic timestamps (`time.monotonic()`), checked per packet: no timer per entry.
 - counters (packets and bytes per listener and per cluster, both directions; drops by cause;
   packets handed up) are read under the engine's lock without stopping its thread.
@@ -114,6 +128,7 @@ RELAYED, DROPPED, UP = 0, 1, 2  # what reinject() did
 FORBIDDEN = -1  # the verdict of a peer no routed cluster admits
 DRAIN_BATCH = 256
 MAX_CLUSTERS = 4096
+MAX_ANSWER_REALM = 128  # bytes: the engine answers 401s with a realm up to this (relay.h)
 
 
 def unavailable_reason() -> str | None:
@@ -127,6 +142,14 @@ def unavailable_reason() -> str | None:
 
 def available() -> bool:
     return unavailable_reason() is None
+
+
+def stream_framing(data: bytes) -> tuple[int, str | None]:
+    """How the engine frames a TCP stream that begins with `data`: the first frame's length (0
+    until its header is there, -1 for garbage) and why it is garbage (None when it is not):
+    stunnerd.stun.stream_frame_length's answer and words (tests/stunnerd's differential test)."""
+    assert _relay is not None, unavailable_reason()
+    return _relay.stream_framing(data)
 
 
 class HandedUp(NamedTuple):
@@ -173,6 +196,7 @@ class NativeCounters:
     handed_up: int = 0
     stranger_ips: int = 0  # source IPs whose unauthenticated-STUN bucket is tracked
     bucket_resets: int = 0  # times that table was full of live buckets and started afresh
+    answered: int = 0  # strangers' unsigned Allocates the engine answered with 401 itself
     # the engine thread's syscalls (bench/README.md: packets per wakeup and per call): epoll
     # returns with events, recvmmsg calls, sendmmsg calls
     wakeups: int = 0
@@ -205,8 +229,8 @@ class NativeCounters:
         total = cls()
         for counted in each:
             for name in ("rx_packets", "rx_bytes", "tx_packets", "tx_bytes", "handed_up",
-                         "stranger_ips", "bucket_resets", "wakeups", "recv_calls",
-                         "send_calls"):  # fmt: skip
+                         "stranger_ips", "bucket_resets", "answered", "wakeups",
+                         "recv_calls", "send_calls"):  # fmt: skip
                 setattr(total, name, getattr(total, name) + getattr(counted, name))
             for cluster, values in counted.clusters.items():
                 mine = total.clusters.setdefault(cluster, [0] * len(values))
@@ -218,7 +242,7 @@ class NativeCounters:
 
 # The engine's drop causes counted as rate_limited (the metric's reason="rate_limit"); with the
 # stream ones and forbidden, those not counted as dropped (reason="invalid").
-_RATE_LIMITS = ("rate_limited", "unauthenticated_rate")
+_RATE_LIMITS = ("rate_limited", "unauthenticated_rate", "unauthenticated_total", "shed")
 _NOT_INVALID = (*_RATE_LIMITS, "latency", "backpressure", "forbidden")
 
 
@@ -249,6 +273,9 @@ class NativeRelay:
         stranger_rate: float = 0.0,
         stranger_ips: int = 65536,
         per_source: int = 0,
+        unsigned_rate: float = 0.0,
+        max_attributes: int = 64,
+        shed_after: int = 32,
     ) -> None:
         reason = unavailable_reason()
         if reason is not None:
@@ -263,6 +290,9 @@ class NativeRelay:
             stranger_rate=stranger_rate,
             stranger_ips=stranger_ips,
             per_source=per_source,
+            unsigned_rate=unsigned_rate,
+            max_attributes=max_attributes,
+            shed_after=shed_after,
         )
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -373,6 +403,17 @@ class NativeRelay:
     def clear_verdicts(self) -> None:
         self._engine.clear_verdicts()
 
+    def answer_unsigned(self, secret: bytes, lifetime: float, name: str, realm: str) -> None:
+        """Answer strangers' unsigned Allocates in the engine with a stateless 401 (issue 28):
+        REALM `realm` and a nonce of `auth.NonceManager`'s (its `secret` and `lifetime`) bound
+        to listener `name` and the client's address; and hand a stranger's request whose
+        NONCE verifies up through the signed queue. ValueError for a realm above 128 bytes."""
+        self._engine.answering(True, secret, lifetime, name.encode(), realm.encode())
+
+    def stop_answering(self) -> None:
+        """Hand strangers' unsigned Allocates up to Python again (STUN-only mode)."""
+        self._engine.answering(False)
+
     def mute(self, client: tuple[Any, ...], until: float) -> None:
         """Drop the STUN messages of `client`, a stranger (no allocation in the engine), until
         `until` (`time.monotonic()`), counted as "rate_limited": its error-answer budget is
@@ -412,6 +453,7 @@ class NativeRelay:
             handed_up=raw["handed_up"],
             stranger_ips=raw["stranger_ips"],
             bucket_resets=raw["bucket_resets"],
+            answered=raw["answered"],
             wakeups=raw["wakeups"],
             recv_calls=raw["recv_calls"],
             send_calls=raw["send_calls"],

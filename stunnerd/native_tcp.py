@@ -47,6 +47,7 @@ from typing import Any, cast
 from . import native
 from .allocation import Allocation, Downstream, RelaySocket
 from .native_udp import EngineCounted, NativeAllocation, decide_and_reinject, relayed_peer
+from .stun import FRAMING_ERRORS as STREAM_FRAMING_ERRORS
 from .stun import Address
 from .transports import MAX_STREAM_BUFFER, TcpConnectionProtocol, TcpTransport, _bound_socket
 from .turn import TurnServer
@@ -55,6 +56,9 @@ log = logging.getLogger("stunner.listener")
 
 BACKLOG = 100  # asyncio's create_server default, as on the Python path
 ACCEPTS_PER_WAKEUP = 64
+# The engine's close reasons (stream.c) that are the client's framing: the Python path's words
+# (stun.stream_frame_length), and a frame announced longer than the engine's stream buffer.
+FRAMING_ERRORS = STREAM_FRAMING_ERRORS | {"a frame longer than the stream buffer"}
 ACCEPT_PAUSE = 1.0  # out of descriptors: accept again after this (asyncio's ACCEPT_RETRY_DELAY)
 _OUT_OF_RESOURCES = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 
@@ -295,7 +299,9 @@ class NativeTcpTransport(EngineCounted, TcpTransport):
         if connection is None:
             return
         reason = packet.data.decode(errors="replace")
-        framing = "STUN" in reason or "frame" in reason
+        framing = reason in FRAMING_ERRORS
+        if framing:
+            self.server.stats.framing_dropped += 1
         log.log(
             logging.INFO if framing else logging.DEBUG,
             "listener %s: closing %s: %s",

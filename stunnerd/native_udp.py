@@ -24,6 +24,10 @@ clients the kernel steers to that socket (`Downstream.engine`), in its own threa
   `NativeRelay.send` on the engine's duplicate of the relay socket.
 - Counting: the engine counts the packets it consumes, Python the ones it handles; `counters()`
   gives the engine's share, which `Listener` adds to the TURN server's once.
+- The kernel offload (issue 30), when `admin.offload_engine` turns it on: every change to an
+  allocation's permissions, channels or lifetime, and every route change, re-syncs its routes
+  in the kernel, and its end empties them (`offloaded.OffloadedAllocations`). The process's
+  one program carries every engine's allocations: they share the listener's address.
 
 TURN-TCP has its own engine (`native_tcp`); TURN-TLS and -DTLS stay in Python (TLS and DTLS
 sessions).
@@ -41,8 +45,9 @@ from typing import Any
 from . import native, stun
 from .allocation import Allocation, RelaySocket
 from .counters import ClusterCounters, ListenerCounters
+from .offloaded import OffloadedAllocations
 from .stun import Address
-from .transports import STRANGER_IPS, UdpListenerProtocol, UdpTransport
+from .transports import STRANGER_IPS, ListenerSocket, UdpListenerProtocol, UdpTransport
 from .turn import TurnServer
 
 log = logging.getLogger("stunner.listener")
@@ -54,16 +59,29 @@ log = logging.getLogger("stunner.listener")
 STRANGER_QUEUE_SHARE = 128
 
 
+def _unchanged(handle: int) -> None:
+    """No kernel routes to re-sync (TURN-TCP)."""
+
+
 class NativeAllocation:
     """An allocation's relay socket inside the engine, and the mirror of its state."""
 
-    __slots__ = ("engine", "handle", "sockname", "_forget")
+    __slots__ = ("engine", "handle", "sockname", "_forget", "_changed")
 
-    def __init__(self, engine: native.NativeRelay, handle: int, sockname: Any, forget: Any) -> None:
+    def __init__(
+        self,
+        engine: native.NativeRelay,
+        handle: int,
+        sockname: Any,
+        forget: Any,
+        changed: Any = None,
+    ) -> None:
         self.engine = engine
         self.handle = handle
         self.sockname = sockname  # the relay socket's address (as an asyncio transport says)
         self._forget = forget
+        # TURN-UDP: the kernel offload re-syncs the allocation's routes after every change
+        self._changed = changed or _unchanged
 
     def get_extra_info(self, name: str, default: Any = None) -> Any:
         return self.sockname if name == "sockname" else default
@@ -82,32 +100,22 @@ class NativeAllocation:
     # AllocationMirror
     def refreshed(self, expires_at: float) -> None:
         self.engine.refresh_allocation(self.handle, expires_at)
+        self._changed(self.handle)
 
     def permitted(self, ip: str, expires_at: float) -> None:
         self.engine.set_permission(self.handle, ip, expires_at)
+        self._changed(self.handle)
 
     def bound(self, channel: int, peer: Address, expires_at: float) -> None:
         self.engine.bind_channel(self.handle, channel, peer, expires_at)
+        self._changed(self.handle)
 
     def forgotten(self, ips: list[str], channels: list[int]) -> None:
         for ip in ips:
             self.engine.remove_permission(self.handle, ip)
         for channel in channels:
             self.engine.remove_channel(self.handle, channel)
-
-
-class _ListenerSocket(asyncio.DatagramTransport):
-    """Python's side of the listener socket: it sends answers; the engine reads."""
-
-    def __init__(self, sock: socket.socket) -> None:
-        super().__init__()
-        self._sock = sock
-
-    def sendto(self, data: Any, addr: Any = None) -> None:
-        try:
-            self._sock.sendto(data, addr)
-        except OSError as exc:  # a full buffer or an ICMP error: a UDP answer is lost
-            log.debug("listener socket: %s", exc)
+        self._changed(self.handle)
 
 
 class EngineCounted:
@@ -140,6 +148,8 @@ class NativeUdpTransport(EngineCounted, UdpTransport):
         # today's path, for what each engine hands up (the engine has spent strangers' tokens)
         self._pythons: list[UdpListenerProtocol] = []
         self._allocations: dict[tuple[int, int], Allocation] = {}  # (engine, handle) -> it
+        # the process's one kernel program carries every engine's allocations (issue 30)
+        self._offloaded = OffloadedAllocations(server, self._listener_address)
         self._unwatch: list[Any] = []
         self._final: native.NativeCounters | None = None  # after stop
 
@@ -156,8 +166,11 @@ class NativeUdpTransport(EngineCounted, UdpTransport):
                     stranger_rate=limits.unauthenticated_rate,
                     stranger_ips=STRANGER_IPS,
                     per_source=STRANGER_QUEUE_SHARE,
+                    unsigned_rate=limits.unauthenticated_rate_total,
+                    max_attributes=limits.max_attributes,
                 )
                 relays.append(relay)
+                self._answer_unsigned(relay)
                 relay.watch_relay_ports(self.server.router.relay_ports)
                 relay.start()
         except (OSError, RuntimeError) as exc:
@@ -170,13 +183,27 @@ class NativeUdpTransport(EngineCounted, UdpTransport):
         loop = asyncio.get_running_loop()
         for engine, (sock, relay) in enumerate(zip(socks, relays, strict=True)):
             python = UdpListenerProtocol(self.server, engine_limits_strangers=True, engine=engine)
-            python.connection_made(_ListenerSocket(sock))
+            python.connection_made(ListenerSocket(sock))
             self._pythons.append(python)
             relay.attach(loop, functools.partial(self._handed_up, engine))
             self._unwatch.append(self.server.router.watch(relay.clear_verdicts))
         self.server.scope.relay_path = self
+        self._unwatch.append(self.server.router.watch(self._sync_every_offload))
+
+    def _answer_unsigned(self, relay: native.NativeRelay) -> None:
+        """Let the engine answer strangers' unsigned Allocates with a stateless 401 (issue 28):
+        with this process's nonce key, so the signed retry verifies here, in Python, and in
+        every other process. Not in STUN-only mode (403 there), nor with a realm too long for
+        the engine's answer (Python answers those). A realm or mode change restarts the
+        listener (`stunner_api.restart`), so this holds for the listener's life."""
+        context = self.server.context
+        if context.stun_only or len(context.realm.encode()) > native.MAX_ANSWER_REALM:
+            return
+        nonces = context.nonces
+        relay.answer_unsigned(nonces.secret, nonces.lifetime, self.server.name, context.realm)
 
     async def stop(self) -> None:
+        self._offloaded.close()
         relays, self.relays = self.relays, []
         if relays:
             for unwatch in self._unwatch:
@@ -208,13 +235,40 @@ class NativeUdpTransport(EngineCounted, UdpTransport):
                 )
         except ValueError as exc:  # this client has an allocation in the engine already
             raise OSError(str(exc)) from None
-        relayed = NativeAllocation(relay, handle, sockname, functools.partial(self._forget, engine))
+        relayed = NativeAllocation(
+            relay,
+            handle,
+            sockname,
+            functools.partial(self._forget, engine),
+            functools.partial(self._sync_offload, engine),
+        )
         allocation.mirror = relayed
         self._allocations[(engine, handle)] = allocation
         return relayed
 
     def _forget(self, engine: int, handle: int) -> None:
         self._allocations.pop((engine, handle), None)
+        self._offloaded.forget((engine, handle))
+
+    # --- the kernel offload (stunnerd.offloaded) -------------------------------------------------
+
+    def _sync_offload(self, engine: int, handle: int) -> None:
+        allocation = self._allocations.get((engine, handle))
+        relay = allocation.relay if allocation is not None else None
+        bound = relay.get_extra_info("sockname") if isinstance(relay, NativeAllocation) else None
+        self._offloaded.sync((engine, handle), allocation, (bound[0], bound[1]) if bound else None)
+
+    def _sync_every_offload(self) -> None:
+        """A route or config change: every allocation's routes again (a refused peer's go)."""
+        for engine, handle in list(self._allocations):
+            self._sync_offload(engine, handle)
+
+    def _listener_address(self) -> Address | None:
+        """The address every socket of the listener's group shares (the program's key)."""
+        return self._socks[0].getsockname()[:2] if self._socks else None
+
+    def sweep(self) -> None:
+        self._offloaded.sweep()
 
     # --- packets the engines handed up --------------------------------------------------------
 

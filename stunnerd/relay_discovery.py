@@ -1,29 +1,39 @@
 """Relay address discovery's last resort: ask a STUN server for this node's public address.
 
-The reconciler hands a host-network stunnerd its Node's public address as the relay address
-(the CDS patches the config); a Node with no ExternalIP, ExternalDNS or operator-named address
-gets the pod's own address, `$STUNNER_ADDR`. Where the Gateway names a STUN server (its
-`stunner.l7mp.io/relay-address-stun-server` annotation, rendered into the pod's
-STUNNER_RELAY_STUN_SERVER), stunnerd asks that server, from the address its sockets bind, what
-address it is seen from (XOR-MAPPED-ADDRESS of a Binding request), and hands that out instead:
-on the host network its view of its own public address is the right one.
+A host-network stunnerd whose Node has no public address gets the pod's own, `$STUNNER_ADDR`,
+as its listeners' relay address (the CDS's fallback). Where the Gateway names a STUN server
+(`stunner.l7mp.io/relay-address-stun-server`, the pod's STUNNER_RELAY_STUN_SERVER), stunnerd
+asks it, from the pod address, what address it is seen from (the XOR-MAPPED-ADDRESS of a
+Binding request) and hands that out instead. `daemon.Stunner.apply` passes every config through
+`RelayDiscovery.patched` (the listeners at the pod address get the adopted address) and
+`follow` (which starts asking in the background). The listeners start at once at the pod
+address; when an address is adopted the daemon applies the config again, patched (a listener
+whose relay address changes restarts). The answer is only *advertised*: each listener binds its
+configured address, the pod's (`Listener(configured_address=...)`), never the answer.
 
-One place: `daemon.Stunner.apply` passes every config through `RelayDiscovery.patched` (every
-listener whose address is the pod's own gets the discovered address, when there is one) and
-then `follow`, which starts the question in the background the first time a config needs it.
-The listeners are never held up: they start at the pod address, and when the answer comes the
-daemon applies the same config again, patched (a listener whose relay address changes
-restarts; at start-up it has no allocations yet). A question is a Binding request retransmitted
-with doubling timeouts (`PROBE_TIMEOUTS`, RFC 8489 §6.2.1's schedule, cut short); a failure is
-logged, the pod address stays, and the question is asked again every `RETRY_AFTER` seconds
-(logged once until it is answered). Once answered it is asked again every `RECHECK_AFTER`
-seconds: a node's public address can change under a long-lived host-network pod (a NAT
-gateway's address replaced, a dynamic address), and a new answer is applied as the first was
-(the listeners whose relay address changes restart: allocations at the old address reached no
-one any more). A re-check that fails keeps the address last discovered.
+Nothing in an answer is trusted unchecked (security issue 28, finding 4):
+- The question's socket is *connected* to the server: the kernel drops datagrams from any other
+  address or port. A response must be a Binding success with the request's transaction id.
+- The address must be one a client can be sent to, of the listeners' family (`refusal`, the
+  table `REFUSED`): not unspecified (0.0.0.0/8, ::), loopback, link-local, multicast, broadcast
+  (255.255.255.255, or that of an IPv4 network of this host's), reserved (240.0.0.0/4, IPv6's
+  reserved blocks, site-local), nor IPv4-mapped for IPv6 listeners. Private addresses (RFC 1918,
+  100.64.0.0/10, IPv6 ULAs) are accepted: a STUN server inside a private network (on premises, a
+  test cluster) rightly sees the node's private address, which that network's clients reach.
+- A change, the first address too, needs two agreeing answers: two questions in a row, each with
+  its own socket and transaction id. The second is asked at once after an answer that differs
+  from the address handed out; when it disagrees the address stays, and the next question, on
+  the usual schedule, may confirm the latest.
+Refused and unconfirmed answers change nothing; each kind is logged as a WARNING once, then at
+DEBUG until the server answers well again (confirms the address handed out, or a new one).
 
-Pure parts (`discovery_listeners`, `patch`) and the I/O edge (`mapped_address`, one UDP socket
-per question, plain asyncio: nothing on the packet path).
+A question is a Binding request retransmitted with doubling timeouts (`PROBE_TIMEOUTS`, RFC 8489
+§6.2.1's schedule, cut short). Until an address is adopted, questions come every `RETRY_AFTER`
+seconds (an unanswered one logged once); then every `RECHECK_AFTER` seconds, since a node's
+public address can change (a NAT gateway's replaced, a dynamic address): a failed or refused
+re-check keeps the address. Pure parts (`discovery_listeners`, `patch`, `refusal`), I/O edges
+(`mapped_address`: one connected UDP socket per question, plain asyncio, nothing on the packet
+path; `host_broadcasts`: this host's interfaces through ifaddr).
 """
 
 from __future__ import annotations
@@ -33,7 +43,9 @@ import contextlib
 import ipaddress
 import logging
 import socket
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
+
+import ifaddr
 
 from stunner_api.annotations import Refused, host_port
 from stunner_api.dataplane import StunnerConfig
@@ -47,9 +59,28 @@ log = logging.getLogger("stunner.relay-discovery")
 # Seconds to wait for an answer after each transmission of the Binding request: four tries,
 # 7.5 s in all (RFC 8489's default is 7 tries from an RTO of 500 ms: 39.5 s).
 PROBE_TIMEOUTS: tuple[float, ...] = (0.5, 1.0, 2.0, 4.0)
-RETRY_AFTER = 30.0  # seconds between questions while the server does not answer
-RECHECK_AFTER = 300.0  # seconds between questions once it did
+RETRY_AFTER = 30.0  # seconds between questions while no address is adopted
+RECHECK_AFTER = 300.0  # seconds between questions once one is
 POD_ENV = "STUNNER_ADDR"  # the pod's own address: what the CDS falls back to
+
+Address = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+THIS_NETWORK = ipaddress.IPv4Network("0.0.0.0/8")  # RFC 1122: "this host on this network"
+LIMITED_BROADCAST = ipaddress.IPv4Address("255.255.255.255")
+
+# The answers refused whatever the listeners' family, checked in this order: (the kind, as a
+# log line says it, whether `address` is one, given this host's broadcast addresses).
+REFUSED: tuple[tuple[str, Callable[[Address, Collection[Address]], bool]], ...] = (
+    ("an unspecified address", lambda ip, _b: ip.is_unspecified or ip in THIS_NETWORK),
+    ("a loopback address", lambda ip, _b: ip.is_loopback),
+    ("a link-local address", lambda ip, _b: ip.is_link_local),
+    ("a multicast address", lambda ip, _b: ip.is_multicast),
+    ("a broadcast address", lambda ip, broadcasts: ip == LIMITED_BROADCAST or ip in broadcasts),
+    (
+        "a reserved address",
+        lambda ip, _b: ip.is_reserved or (ip.version == 6 and ip.is_site_local),
+    ),
+)
 
 
 class DiscoveryError(Exception):
@@ -76,6 +107,32 @@ def patch(config: StunnerConfig, pod_address: str, discovered: str) -> StunnerCo
     return config.model_copy(update={"listeners": listeners})
 
 
+def refusal(answer: str, family: int, broadcasts: Collection[Address] = ()) -> str | None:
+    """Why `answer` (an IP address) cannot be the relay address of listeners of IP version
+    `family` (4 or 6), as a log line says it; None when it can. `broadcasts`: this host's
+    IPv4 broadcast addresses (`host_broadcasts`)."""
+    ip = ipaddress.ip_address(answer)
+    mapped = isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None
+    if ip.version != family or mapped:
+        return f"not an IPv{family} address, the listeners' family"
+    for kind, refused in REFUSED:
+        if refused(ip, broadcasts):
+            return kind
+    return None
+
+
+def host_broadcasts() -> frozenset[ipaddress.IPv4Address]:
+    """The broadcast address of each IPv4 network this host has an address in, from its
+    interfaces (ifaddr: getifaddrs(3)); a /31 or /32 has none."""
+    found = set()
+    for adapter in ifaddr.get_adapters():
+        for ip in adapter.ips:
+            if isinstance(ip.ip, str) and ip.network_prefix <= 30:
+                network = ipaddress.IPv4Network(f"{ip.ip}/{ip.network_prefix}", strict=False)
+                found.add(network.broadcast_address)
+    return frozenset(found)
+
+
 class _Answers(asyncio.DatagramProtocol):
     def __init__(self) -> None:
         self.queue: asyncio.Queue[bytes] = asyncio.Queue()
@@ -88,8 +145,9 @@ async def mapped_address(
     server: tuple[str, int], bind_ip: str, timeouts: Sequence[float] = PROBE_TIMEOUTS
 ) -> str:
     """The address a STUN `server` (host, port) sees a Binding request from `bind_ip` (any
-    port) come from: its XOR-MAPPED-ADDRESS (or MAPPED-ADDRESS). DiscoveryError when it does
-    not resolve or answer within the tries of `timeouts`."""
+    port) come from: its XOR-MAPPED-ADDRESS (or MAPPED-ADDRESS), unchecked. The socket is
+    connected to the server: the kernel drops what another source sends. DiscoveryError when
+    the server does not resolve or answer within the tries of `timeouts`."""
     loop = asyncio.get_running_loop()
     family = socket.AF_INET6 if ":" in bind_ip else socket.AF_INET
     host, port = server
@@ -97,17 +155,17 @@ async def mapped_address(
         infos = await loop.getaddrinfo(host, port, family=family, type=socket.SOCK_DGRAM)
     except OSError as exc:
         raise DiscoveryError(f"cannot resolve {host}: {exc}") from None
-    target = infos[0][4][:2]
+    target = (str(infos[0][4][0]), int(infos[0][4][1]))
     request = Message(Method.BINDING, Class.REQUEST)
     try:
         transport, answers = await loop.create_datagram_endpoint(
-            _Answers, local_addr=(bind_ip, 0), family=family
+            _Answers, local_addr=(bind_ip, 0), remote_addr=target, family=family
         )
     except OSError as exc:
         raise DiscoveryError(f"cannot bind {bind_ip}: {exc.strerror or exc}") from None
     try:
         for timeout in timeouts:
-            transport.sendto(request.encode(), target)
+            transport.sendto(request.encode())
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(timeout):
                     while True:
@@ -125,7 +183,11 @@ def _mapped(data: bytes, transaction_id: bytes) -> str | None:
         message = parse_message(data)
     except StunError:
         return None
-    if message.transaction_id != transaction_id or message.message_class != Class.SUCCESS:
+    if (
+        message.transaction_id != transaction_id
+        or message.method != Method.BINDING
+        or message.message_class != Class.SUCCESS
+    ):
         return None
     address = message.attributes.get("XOR-MAPPED-ADDRESS") or message.attributes.get(
         "MAPPED-ADDRESS"
@@ -164,7 +226,8 @@ class RelayDiscovery:
         self.timeouts = tuple(timeouts)
         self.retry_after = retry_after
         self.recheck_after = recheck_after
-        self.discovered: str | None = None
+        self.discovered: str | None = None  # the address adopted (two agreeing answers)
+        self._warned: set[str] = set()  # the kinds of trouble logged as a WARNING
         self._task: asyncio.Task[None] | None = None
 
     def patched(self, config: StunnerConfig) -> StunnerConfig:
@@ -176,8 +239,8 @@ class RelayDiscovery:
 
     def follow(self, config: StunnerConfig, changed: Callable[[], Awaitable[None]]) -> None:
         """Start asking, in the background, if `config` has listeners at the pod address and
-        no question is under way yet; `changed` is awaited on the first answer and on every
-        answer that differs from the last (see the module)."""
+        no question is under way yet; `changed` is awaited whenever an address is adopted
+        (see the module)."""
         if self._task is not None:
             return
         if not discovery_listeners(config, self.pod_address):
@@ -187,58 +250,95 @@ class RelayDiscovery:
 
     async def _ask(self, changed: Callable[[], Awaitable[None]]) -> None:
         bind_ip, _ = local_bind_address(self.pod_address, self.pod_address)
-        failed = False
+        family = ipaddress.ip_address(self.pod_address).version
+        candidate: str | None = None  # an answer that differs from `discovered`, to confirm
         while True:
-            if self.discovered is not None:
-                await asyncio.sleep(self.recheck_after)
-            try:
-                found = await mapped_address(self.server, bind_ip, self.timeouts)
-            except DiscoveryError as exc:
-                if self.discovered is not None:  # a re-check: the last answer stays
-                    log.debug("relay address discovery: re-check failed: %s", exc)
-                    continue
-                if not failed:
-                    log.warning(
-                        "relay address discovery: STUN server %s: %s (from %s); the relay "
-                        "address stays the pod's own, %s (likely private); asking again every "
-                        "%gs",
-                        self.server_text,
-                        exc,
-                        bind_ip,
-                        self.pod_address,
-                        self.retry_after,
-                    )
-                    failed = True
-                await asyncio.sleep(self.retry_after)
-                continue
-            if ipaddress.ip_address(found).version != ipaddress.ip_address(bind_ip).version:
-                log.warning("relay address discovery: ignoring %s (another family)", found)
-                if self.discovered is None:
-                    await asyncio.sleep(self.retry_after)
-                continue
-            if found == self.discovered:
-                continue
-            if self.discovered is None:
-                log.info(
-                    "relay address discovery: STUN server %s sees %s as %s: the relay address "
-                    "of the listeners at %s",
+            answer = await self._answer(bind_ip, family)
+            delay = self.retry_after if self.discovered is None else self.recheck_after
+            if answer is None:  # none, or refused: a change starts over
+                candidate = None
+            elif answer == candidate:
+                self._adopt(answer, bind_ip)
+                candidate, delay = None, self.recheck_after
+                await changed()
+            elif candidate is not None:  # the two disagree
+                self._warn_once(
+                    "unconfirmed",
+                    "relay address discovery: STUN server %s answered %s, then %s: a change "
+                    "needs two agreeing answers, the relay address stays %s",
                     self.server_text,
-                    bind_ip,
-                    found,
-                    self.pod_address,
+                    candidate,
+                    answer,
+                    self.discovered or self.pod_address,
                 )
+                candidate = None if answer == self.discovered else answer
+            elif answer == self.discovered:
+                self._warned.clear()  # a clean confirmation: the server answers well again
             else:
-                log.warning(
-                    "relay address discovery: STUN server %s now sees %s as %s (was %s): the "
-                    "listeners at %s restart with the new relay address",
-                    self.server_text,
-                    bind_ip,
-                    found,
-                    self.discovered,
-                    self.pod_address,
-                )
-            self.discovered = found
-            await changed()
+                candidate, delay = answer, 0.0  # a new address: ask again at once to confirm
+            await asyncio.sleep(delay)
+
+    async def _answer(self, bind_ip: str, family: int) -> str | None:
+        """One question's answer, when the server gave one that can be a relay address; else
+        None (logged)."""
+        try:
+            found = await mapped_address(self.server, bind_ip, self.timeouts)
+        except DiscoveryError as exc:
+            if self.discovered is not None:  # a re-check: the last answer stays
+                log.debug("relay address discovery: re-check failed: %s", exc)
+                return None
+            self._warn_once(
+                "no answer",
+                "relay address discovery: STUN server %s: %s (from %s); the relay address stays "
+                "the pod's own, %s (likely private); asking again every %gs",
+                self.server_text,
+                exc,
+                bind_ip,
+                self.pod_address,
+                self.retry_after,
+            )
+            return None
+        refused = refusal(found, family, host_broadcasts())
+        if refused is not None:
+            self._warn_once(
+                refused,
+                "relay address discovery: STUN server %s answered %s, %s: refused, the relay "
+                "address stays %s",
+                self.server_text,
+                found,
+                refused,
+                self.discovered or self.pod_address,
+            )
+        return found if refused is None else None
+
+    def _adopt(self, address: str, bind_ip: str) -> None:
+        self._warned.clear()
+        if self.discovered is None:
+            log.info(
+                "relay address discovery: STUN server %s sees %s as %s, twice: the relay "
+                "address of the listeners at %s, whose sockets stay there",
+                self.server_text,
+                bind_ip,
+                address,
+                self.pod_address,
+            )
+        else:
+            log.warning(
+                "relay address discovery: STUN server %s now sees %s as %s (was %s), twice: "
+                "the listeners at %s restart with the new relay address",
+                self.server_text,
+                bind_ip,
+                address,
+                self.discovered,
+                self.pod_address,
+            )
+        self.discovered = address
+
+    def _warn_once(self, kind: str, message: str, *args: object) -> None:
+        """Log `message` as a WARNING the first time trouble of this `kind` comes, at DEBUG
+        after that until the server answers well again."""
+        log.log(logging.DEBUG if kind in self._warned else logging.WARNING, message, *args)
+        self._warned.add(kind)
 
     def close(self) -> None:
         if self._task is not None:

@@ -698,18 +698,39 @@ def unpack_channel_data(data: bytes | bytearray | memoryview) -> tuple[int, byte
     return channel, bytes(data[4 : 4 + length])
 
 
+# Why a TCP/TLS stream cannot be framed (`stream_frame_length`); the native engine's stream.c
+# closes a stream with the same words.
+STREAM_NOT_A_FRAME = "stream data is neither STUN nor ChannelData"
+STREAM_UNALIGNED = "STUN message length is not a multiple of 4"
+STREAM_OUT_OF_STEP = (
+    "STUN message without the magic cookie: the stream is out of step "
+    "(ChannelData not padded to a multiple of 4?)"
+)
+FRAMING_ERRORS = frozenset({STREAM_NOT_A_FRAME, STREAM_UNALIGNED, STREAM_OUT_OF_STEP})
+
+
 def stream_frame_length(buf: bytes | bytearray | memoryview) -> int | None:
     """Length of the first frame in a TCP/TLS byte stream (RFC 8656 §12.5, RFC 6062), or None
-    until its 4-byte header is buffered. STUN: 20 + length. ChannelData: 4 + length, padded to
-    a multiple of 4. Anything else is garbage and raises `StunError`."""
+    until its 4-byte header is buffered. STUN: 20 + length, with the magic cookie (checked once
+    8 bytes are buffered). ChannelData: 4 + length, padded to a multiple of 4. Anything else
+    raises `StunError` (one of FRAMING_ERRORS).
+
+    Padding is required, as RFC 8656 §12.5 says (a sender MUST pad over TCP/TLS) and as coturn
+    and pion/turn frame: an unpadded ChannelData message cannot be told from a padded one, so
+    the stream after it is out of step. The cookie check (coturn and pion ask for it on TCP
+    too) finds that at the next STUN frame boundary, where the stream is closed with a reason
+    (coturn waits silently until the client gives up), instead of waiting for a frame that
+    never completes while the client's next request goes unanswered (issue 28 #11)."""
     if len(buf) < 4:
         return None
     length = (buf[2] << 8) | buf[3]
     first = buf[0] & 0xC0
     if first == 0x00:
         if length % 4:
-            raise StunError("STUN message length is not a multiple of 4")
+            raise StunError(STREAM_UNALIGNED)
+        if len(buf) >= 8 and buf[4:8] != COOKIE_BYTES:
+            raise StunError(STREAM_OUT_OF_STEP)
         return HEADER_LENGTH + length
     if first == 0x40:
         return 4 + length + (-length % 4)
-    raise StunError("stream data is neither STUN nor ChannelData")
+    raise StunError(STREAM_NOT_A_FRAME)

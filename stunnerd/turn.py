@@ -33,11 +33,13 @@ from .allocation import (
     ListenerScope,
     address_family,
 )
-from .auth import Authenticator, NonceManager
+from .auth import Authenticator, NonceManager, nonce_binding
 from .counters import ClusterCounters, ListenerCounters
 from .ledger import DRAINING, FULL, GRANTED, LocalQuota, Quota, Reservations
 from .limits import Limits, RateLimiter
+from .offload.engine import KernelOffload
 from .router import Router
+from .stateless import unauthorized
 from .stun import Address, Class, Message, Method
 
 log = logging.getLogger("stunner.turn")
@@ -83,6 +85,8 @@ class ServerContext:
         default_factory=lambda: defaultdict(ClusterCounters)
     )
     limits: Limits = field(default_factory=Limits)
+    # The kernel offload of this process (admin.offload_engine; off by default).
+    offload: KernelOffload = field(default_factory=KernelOffload)
 
     def __post_init__(self) -> None:
         limits = self.limits
@@ -264,6 +268,24 @@ class TurnServer:
         if remote in self._opening:
             self._opening[remote] = False
 
+    def unauthorized_answer(self, data: bytes, remote: Any) -> bytes | None:
+        """The answer to a stranger's unsigned Allocate over UDP (`stateless.unsigned_allocate`,
+        within the budgets of `stateless.UnsignedBudget`), for the transport to send: a 401
+        with a nonce bound to the client's address, built unparsed and without state (issue 28
+        #6), what `handle` answers it with byte for byte, without its per-address error budget
+        (the unsigned budgets bound it). None in STUN-only mode (`handle` answers 403 there)."""
+        context = self.context
+        if context.authenticator.stun_only:
+            return None
+        nonce = context.nonces.issue(nonce_binding(self.name, (remote[0], remote[1])))
+        answer = unauthorized(data, context.realm, nonce)
+        stats = self.stats
+        stats.rx_packets += 1
+        stats.rx_bytes += len(data)
+        stats.tx_packets += 1
+        stats.tx_bytes += len(answer)
+        return answer
+
     def _refuse_turn(self, data: bytes, downstream: Downstream) -> None:
         """STUN-only mode: a request of any method but Binding gets 403 from its header alone,
         and any other message (an indication, ChannelData has no STUN header) is dropped; no
@@ -299,11 +321,9 @@ class TurnServer:
         return False
 
     def _nonce_binding(self, downstream: Downstream) -> bytes:
-        """What a nonce is bound to: this listener (its address, port and protocol) and the
-        client's address and port, i.e. the 5-tuple (issue 15: a captured request replayed
-        from another port gets 438)."""
-        ip, port = downstream.address
-        return f"{self.name}\0{ip}\0{port}".encode()
+        """What a nonce is bound to: this listener and the client's address and port, i.e. the
+        5-tuple (issue 15: a captured request replayed from another port gets 438)."""
+        return nonce_binding(self.name, downstream.address)
 
     def _answer(self, exchange: Exchange, outcome: Message | RequestError) -> None:
         request, downstream, key = exchange.request, exchange.downstream, exchange.key

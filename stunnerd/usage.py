@@ -9,7 +9,9 @@ the CDS on the config watch, and count what the CDS says the other pods hold (RE
   `interval` seconds (the levels, not the changes: a lost report is made good by the next);
   with no quota nothing is sent, so a stunnerd without one speaks the CDS exactly as Go's does;
 - `received(frame)` sets the quota's `others`: an Allocate is admitted while this pod's own
-  count plus the other pods' is below the quota;
+  count plus the other pods' is below the quota. A frame it refuses (malformed, a count past
+  MAX_USAGE_COUNT) clears `others`: the pod counts its own allocations only, `shared` says so
+  (`stunner_user_quota_shared` 0), until the CDS sends a frame it takes;
 - `disconnected()` clears `others`: while the CDS is unreachable, each pod counts its own
   allocations only (it can admit up to the quota on its own), until it reconnects and reports.
 """
@@ -44,13 +46,15 @@ class UsageReporter:
         self.reports_sent = 0
         self._changed = asyncio.Event()
         self._connected = False
+        self._refused = False  # the CDS's last usage frame was refused
         self._omitted = 0
         quota.on_change = self._changed.set
 
     @property
     def shared(self) -> bool | None:
-        """With a quota: whether the other pods' counts are known (the CDS connected)."""
-        return self._connected if self.enabled else None
+        """With a quota: whether the other pods' counts are known (the CDS connected, and its
+        last usage frame taken)."""
+        return self._connected and not self._refused if self.enabled else None
 
     def set_enabled(self, enabled: bool) -> None:
         """Report (or stop: one empty report says so) as the running config has a user quota."""
@@ -77,6 +81,7 @@ class UsageReporter:
         """The reports of one CDS connection: the table at once, then each change, spaced by at
         least `interval` seconds. Nothing until a quota is configured."""
         self._connected = True
+        self._refused = False
         last: str | None = None
         while True:
             self._changed.clear()
@@ -95,8 +100,18 @@ class UsageReporter:
         try:
             others = parse_usage(frame, USAGE_OTHERS_KEY)
         except UsageError as exc:
-            log.warning("ignoring a usage frame from the CDS: %s", exc)
+            if not self._refused:
+                log.warning(
+                    "user quota: refused a usage frame from the CDS (%s); counting this pod's "
+                    "allocations only until it sends one this pod takes",
+                    exc,
+                )
+            self._refused = True
+            self.quota.others = {}
             return
+        if self._refused:
+            log.info("user quota: the CDS's usage frames are taken again")
+        self._refused = False
         if self.enabled:
             self.quota.others = others
 

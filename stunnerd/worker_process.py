@@ -119,7 +119,9 @@ class WorkerDataplane:
         relay_ports: mmap.mmap | None = None,
     ) -> None:
         reservations = reservations if reservations is not None else Reservations()
-        self.core = DataplaneCore(nonces, users, reservations, log_override, limits, relay_ports)
+        self.core = DataplaneCore(
+            nonces, users, reservations, log_override, limits, relay_ports, logging.DEBUG
+        )
         self.handed: dict[tuple[str, int], socket.socket] = {}  # sockets not yet served
 
     @property

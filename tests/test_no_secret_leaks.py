@@ -170,7 +170,7 @@ def test_cluster_mode_logs_statuses_and_metrics_hold_nosecret(
             fake.refuse("PUT", "deployments", 422)  # a refused write is logged
             fake.refuse("POST", "deployments", 422)
             fake.refuse("PATCH", "deployments", 422)
-            token = fake.issue_token(k.NS, "default", (CDS_TOKEN_AUDIENCE,))
+            token = fake.issue_token(k.NS, "gw-stunnerd", (CDS_TOKEN_AUDIENCE,))
             tokens.append(token)
             async with k.reconciler(fake, tmp_path) as running:
                 await k.settled(running, fake)

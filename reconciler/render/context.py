@@ -8,6 +8,7 @@ Render is a row of pure stages, one per output (core.py runs them in order):
     addresses  GatewayPlan -> the public address of each listener
     config     GatewayPlan + the above -> the Gateway's StunnerConfig
     manifests  GatewayPlan -> its Service;  deployment: GatewayPlan -> its Deployment
+    account    GatewayPlan -> the ServiceAccount its dataplane runs as (rendered unless named)
     gateways   GatewayPlan + the above -> the Gateway's status
 
 Each stage is a function of a `Context` (the snapshot, the settings, the clock) and the frozen

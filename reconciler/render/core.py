@@ -6,8 +6,8 @@ its credentials (any error invalidates the class and every Gateway of it). Then 
 the class is planned by the listeners stage (a problem of one listener keeps only that listener
 out, any other error keeps the Gateway out); UDPRoutes attach to the rendered listeners that
 allow them (the routes stage; each attached route becomes one cluster); and each rendered
-Gateway gets its public addresses, its dataplane config, its Service and Deployment, and last
-its status. This module only runs them and puts their results in order.
+Gateway gets its public addresses, its dataplane config, its Service, ServiceAccount and
+Deployment, and last its status. This module only runs them and puts their results in order.
 
 The Gateways and routes render in parts (parts.py: a Gateway with the routes naming it, joined
 through shared routes), each on a snapshot that records what it read (`tracked.Tracked`), and
@@ -28,6 +28,7 @@ from stunner_api.dataplane import StunnerConfig
 
 from ..store import Kind, Object, Snapshot, name_of, namespace_of
 from . import addresses, classes, config, deployment, gateways, listeners, manifests, nodes, routes
+from .account import dataplane_account, service_account_of
 from .clusters import Cluster
 from .context import (
     Attachments,
@@ -71,6 +72,8 @@ class _Run:
     configs: dict[str, StunnerConfig] = field(default_factory=dict)
     deployments: dict[str, dict[str, Any]] = field(default_factory=dict)
     services: dict[str, dict[str, Any]] = field(default_factory=dict)
+    service_accounts: dict[str, dict[str, Any]] = field(default_factory=dict)
+    dataplane_accounts: dict[str, str] = field(default_factory=dict)
 
     def take(self, key: SortKey, staged: Staged[T]) -> T:
         """A stage's findings (keyed `key`) and statuses; its value."""
@@ -99,7 +102,8 @@ def _run_gateway(
     attachments: Attachments,
     backends: Mapping[str, Cluster],
 ) -> None:
-    """The stages of one planned Gateway: addresses, config, Service, Deployment, status."""
+    """The stages of one planned Gateway: addresses, config, Service, ServiceAccount,
+    Deployment, status."""
     tag, gw_id = (4, *plan.key), id_of(plan.gateway)
     if plan.error is not None:
         run.take(tag, gateways.gateway_status(ctx, plan))
@@ -111,6 +115,10 @@ def _run_gateway(
             service = run.take(tag, manifests.service_of(ctx, plan))
             if service is not None:
                 run.services[gw_id] = service
+            run.dataplane_accounts[gw_id] = dataplane_account(plan.gateway, plan.context.dataplane)
+            service_account = run.take(tag, service_account_of(ctx, plan))
+            if service_account is not None:
+                run.service_accounts[gw_id] = service_account
             manifest = run.take(tag, deployment.deployment_of(ctx, plan))
             if manifest is not None:
                 run.deployments[gw_id] = manifest
@@ -162,6 +170,8 @@ class _Rendered:
     configs: list[tuple[GatewayKey, str, StunnerConfig]]
     deployments: list[tuple[GatewayKey, str, dict[str, Any]]]
     services: list[tuple[GatewayKey, str, dict[str, Any]]]
+    service_accounts: list[tuple[GatewayKey, str, dict[str, Any]]]
+    dataplane_accounts: list[tuple[GatewayKey, str, str]]
     findings: list[tuple[SortKey, Finding]]
     statuses: list[tuple[SortKey, StatusUpdate]]
 
@@ -289,6 +299,8 @@ class Renderer:
             configs=configs,
             deployments=by_gateway("deployments"),
             services=by_gateway("services"),
+            service_accounts=by_gateway("service_accounts"),
+            dataplane_accounts=by_gateway("dataplane_accounts"),
             statuses=statuses,
             findings=tuple(ordered([*top.findings, *(f for d in done_parts for f in d.findings)]))
             + nodes.node_findings(snapshot.all(Kind.NODE)),
@@ -320,6 +332,8 @@ class Renderer:
             configs=keyed(run.configs),
             deployments=keyed(run.deployments),
             services=keyed(run.services),
+            service_accounts=keyed(run.service_accounts),
+            dataplane_accounts=keyed(run.dataplane_accounts),
             findings=run.findings,
             statuses=run.statuses,
         )

@@ -33,7 +33,6 @@ from stunner_api.vocabulary import (
     CDS_TOKEN_PATH,
     CDS_TOKEN_VOLUME,
     DEFAULT_DATAPLANE_RESOURCE,
-    DEFAULT_SERVICE_ACCOUNT,
     DEFAULT_TERMINATION_GRACE_PERIOD,
     HOST_NETWORK_DNS_POLICY,
     METRICS_PORT,
@@ -45,6 +44,7 @@ from stunner_api.vocabulary import (
 )
 
 from ..store import Object, meta, name_of, namespace_of
+from .account import dataplane_account
 from .config import stunnerd_ports
 from .context import Context, GatewayPlan, Staged
 from .manifests import _copy, _gateway_id, _map, _metadata, _view, annotation, related_labels
@@ -93,14 +93,6 @@ CDS_TOKEN_SOURCE: Mapping[str, Any] = {
 }
 
 
-def service_account_of(deployment: Mapping[str, Any]) -> str:
-    """The ServiceAccount a rendered Deployment's pods run as (the CDS serves the Gateway's
-    config to it only)."""
-    pod_spec = _view(_view(_view(deployment.get("spec")).get("template")).get("spec"))
-    name = pod_spec.get("serviceAccountName")
-    return name if isinstance(name, str) and name else DEFAULT_SERVICE_ACCOUNT
-
-
 def workload_kind(dataplane: Object) -> str:
     """The kind of a Dataplane's stunnerd workload: its `dataplaneResource` (Deployment or
     DaemonSet; the rule table refuses anything else, which counts as the default here)."""
@@ -111,6 +103,40 @@ def workload_kind(dataplane: Object) -> str:
 def uses_host_network(dataplane: Object | None) -> bool:
     """Whether a Dataplane's pods run in their node's network namespace."""
     return _view(_view(dataplane).get("spec")).get("hostNetwork") is True
+
+
+# The kernel offload (issue 30, admin.offload_engine) needs CAP_BPF and CAP_NET_ADMIN in
+# stunnerd's effective set, and nothing more. Kubernetes gives a container's added capabilities to
+# a process that runs as root only (it sets no ambient capabilities for another user), so with
+# the offload on the container runs as uid 0 with every other capability dropped, without
+# privilege escalation and not privileged. What the Dataplane's own security contexts set stays:
+# a user or runAsNonRoot of its own (pod or container) keeps stunnerd's user, and stunnerd then
+# says which capability it lacks, rather than a pod the kubelet refuses to start.
+OFFLOAD_CAPABILITIES = ("BPF", "NET_ADMIN")
+
+
+def offload_on(dataplane: Object) -> bool:
+    engine = _view(dataplane.get("spec")).get("offloadEngine")
+    return isinstance(engine, str) and engine.lower() not in ("", "none")
+
+
+def offload_security_context(
+    given: Mapping[str, Any], pod: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """`given` (a containerSecurityContext) with what the offload needs, and only that; `pod`:
+    the pod's securityContext."""
+    context = _map(given)
+    capabilities = _map(context.get("capabilities"))
+    added = [c for c in capabilities.get("add") or [] if isinstance(c, str)]
+    capabilities["add"] = added + [c for c in OFFLOAD_CAPABILITIES if c not in added]
+    capabilities.setdefault("drop", ["ALL"])
+    context["capabilities"] = capabilities
+    context.setdefault("allowPrivilegeEscalation", False)
+    context.setdefault("privileged", False)
+    user_keys = ("runAsUser", "runAsNonRoot")
+    if not any(key in scope for scope in (context, _view(pod)) for key in user_keys):
+        context["runAsUser"], context["runAsNonRoot"] = 0, False
+    return context
 
 
 def _container_ports(dataplane: Object, metrics: int | None) -> list[dict[str, Any]]:
@@ -173,6 +199,10 @@ def deployment(
         container["readinessProbe"] = _probe("/ready", READINESS_PROBE_TIMING, ports.health)
     if spec.get("containerSecurityContext"):
         container["securityContext"] = _map(spec["containerSecurityContext"])
+    if offload_on(dataplane):
+        container["securityContext"] = offload_security_context(
+            container.get("securityContext", {}), _view(spec.get("securityContext"))
+        )
     grace = spec.get("terminationGracePeriodSeconds")
     pod_spec: dict[str, Any] = {
         "containers": [container],
@@ -181,13 +211,13 @@ def deployment(
         else DEFAULT_TERMINATION_GRACE_PERIOD,
         "hostNetwork": uses_host_network(dataplane),
         "volumes": [_copy(CDS_TOKEN_SOURCE)],
+        # The Gateway's own account (account.py): the one the CDS serves its config to.
+        "serviceAccountName": dataplane_account(gateway, dataplane),
         # stunnerd never calls the API server: only the CDS token above is mounted.
         "automountServiceAccountToken": False,
     }
     if pod_spec["hostNetwork"]:
         pod_spec["dnsPolicy"] = HOST_NETWORK_DNS_POLICY
-    if isinstance(spec.get("serviceAccountName"), str) and spec["serviceAccountName"]:
-        pod_spec["serviceAccountName"] = spec["serviceAccountName"]
     for key in ("affinity", "securityContext"):
         if spec.get(key):
             pod_spec[key] = _map(spec[key])

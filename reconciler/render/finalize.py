@@ -1,7 +1,8 @@
 """`--enable-finalizer`: the plan a reconciler leaves behind when it shuts down (Go STUNner's
 "finalize" render, ANCHORS §2.8): every GatewayClass and Gateway of ours invalidated with the
-reason, and no Deployment or Service (so `apply.plan_writes` deletes ours). Routes keep their
-status; configs are not touched (stunnerd keeps serving until its Deployment goes)."""
+reason, and no Deployment, Service or ServiceAccount (so `apply.plan_writes` deletes ours).
+Routes keep their status; configs are not touched (stunnerd keeps serving until its Deployment
+goes)."""
 
 from __future__ import annotations
 
@@ -34,4 +35,4 @@ def finalized(plan: Plan, controller: str, now: datetime) -> Plan:
     statuses = tuple(
         _invalidated(update, controller, now) for update in plan.statuses if update.kind in kinds
     )
-    return replace(plan, deployments={}, services={}, statuses=statuses)
+    return replace(plan, deployments={}, services={}, service_accounts={}, statuses=statuses)

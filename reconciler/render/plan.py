@@ -82,6 +82,11 @@ class Plan:
     services: Mapping[str, dict[str, Any]]
     statuses: tuple[StatusUpdate, ...]
     findings: tuple[Finding, ...]
+    # The ServiceAccount rendered for a Gateway's dataplane (none where its Dataplane names one).
+    service_accounts: Mapping[str, dict[str, Any]] = field(default_factory=dict)
+    # Gateway id -> the ServiceAccount (in its namespace) its dataplane runs as: the one the CDS
+    # serves its config to (render/account.py), for every Gateway whose config rendered.
+    dataplane_accounts: Mapping[str, str] = field(default_factory=dict)
     # Node name -> its public address (ExternalIP, else ExternalDNS), for the CDS to patch into
     # the listeners of Gateways with relay address discovery (NODE_ADDRESS_PLACEHOLDER).
     node_addresses: Mapping[str, str] = field(default_factory=dict)

@@ -14,6 +14,7 @@ from stunner_api.rules.base import (
 from stunner_api.vocabulary import (
     DATAPLANE_RESOURCES,
     DEFAULT_DATAPLANE,
+    DEFAULT_SERVICE_ACCOUNT,
     PULL_POLICIES,
     ConditionReason,
 )
@@ -79,6 +80,24 @@ def dataplane_resource(req: Request) -> list[Problem]:
     return []
 
 
+def dataplane_service_account(req: Request) -> list[Problem]:
+    """serviceAccountName is not the namespaces' `default` account: the CDS serves a Gateway's
+    config to the account its pods run as, and every other pod of the namespace runs as
+    `default` unless told otherwise (issue 28 #3)."""
+    if req.spec.get("serviceAccountName") != DEFAULT_SERVICE_ACCOUNT:
+        return []
+    return [
+        warning(
+            "spec.serviceAccountName",
+            f"{DEFAULT_SERVICE_ACCOUNT!r} is the account every pod of a namespace runs as unless "
+            "told otherwise: each of them could read the Gateway's config (its passwords and TLS "
+            "keys) from the config discovery service; leave it unset for an account of the "
+            "Gateway's own",
+            REASON,
+        )
+    ]
+
+
 def dataplane_default_kept(req: Request) -> list[Problem]:
     """The Dataplane named default is never deleted (a DELETE rule)."""
     if req.name == DEFAULT_DATAPLANE:
@@ -98,6 +117,7 @@ RULES = [
     dataplane_image,
     dataplane_counts,
     dataplane_resource,
+    dataplane_service_account,
     dataplane_default_kept,
 ]
 # The rules that judge a DELETE (and only a DELETE).

@@ -9,7 +9,9 @@
  * datagram (a valid ChannelData or Send indication, mutated, or random bytes) in a heap buffer of
  * exactly its size (or a STUN request with random attributes, MESSAGE-INTEGRITY among them,
  * from strangers of many source IPs: their budgets, the bounded bucket table and the
- * per-source share of the strangers' queue, with tiny bounds so that they fill), and either
+ * per-source share of the strangers' queue, with tiny bounds so that they fill; unsigned
+ * Allocates the engine answers itself with a stateless 401, and signed requests carrying a
+ * nonce of the engine's key, valid or mutated, for the signed queue: issue 28), and either
  * decides it directly (relay_process, as a client or a peer
  * packet) or sends it through the real sockets to the thread. The tables change under it
  * meanwhile.
@@ -126,6 +128,43 @@ static size_t put_request(uint8_t *b, size_t cap) {
     }
     size_t length = off - 20;
     b[2] = (uint8_t)(length >> 8), b[3] = (uint8_t)length;
+    return off;
+}
+
+static const uint8_t SECRET[32] = "fuzz-secret-fuzz-secret-fuzz-sec";
+
+/* A stranger's Allocate of the stateless path (stateless.c) from `from`: unsigned (maybe with
+ * a FINGERPRINT), or signed with a NONCE of the engine's key for `from` (or another address)
+ * and a MESSAGE-INTEGRITY of random bytes. */
+static size_t put_stateless(uint8_t *b, relay_nonce_key *key, const relay_addr *from) {
+    b[0] = 0x00, b[1] = 0x03;
+    uint32_t cookie = htonl(0x2112A442);
+    memcpy(b + 4, &cookie, 4);
+    for (int i = 0; i < 12; i++) b[8 + i] = (uint8_t)rnd();
+    size_t off = 20;
+    b[off] = 0x00, b[off + 1] = 0x19, b[off + 2] = 0, b[off + 3] = 4; /* REQUESTED-TRANSPORT */
+    b[off + 4] = 17, b[off + 5] = b[off + 6] = b[off + 7] = 0;
+    off += 8;
+    int signed_ = rnd() % 2;
+    if (signed_) {
+        relay_addr bound = *from;
+        if (rnd() % 4 == 0) bound.port ^= 1; /* another address's nonce */
+        b[off] = 0x00, b[off + 1] = 0x15, b[off + 2] = 0, b[off + 3] = RELAY_NONCE_LEN;
+        relay_nonce_issue(key, &bound, relay_wall() + (rnd() % 8 == 0 ? -7200 : 0),
+                          (char *)b + off + 4);
+        off += 4 + RELAY_NONCE_LEN;
+        b[off] = 0x00, b[off + 1] = 0x08, b[off + 2] = 0, b[off + 3] = 20;
+        for (int i = 0; i < 20; i++) b[off + 4 + i] = (uint8_t)rnd();
+        off += 24;
+    }
+    b[2] = 0, b[3] = (uint8_t)(off - 20 + (!signed_ && rnd() % 2 ? 8 : 0));
+    if (b[3] != off - 20) { /* a FINGERPRINT, last */
+        uint32_t crc = relay_crc32(b, off) ^ 0x5354554Eu;
+        b[off] = 0x80, b[off + 1] = 0x28, b[off + 2] = 0, b[off + 3] = 4;
+        b[off + 4] = (uint8_t)(crc >> 24), b[off + 5] = (uint8_t)(crc >> 16);
+        b[off + 6] = (uint8_t)(crc >> 8), b[off + 7] = (uint8_t)crc;
+        off += 8;
+    }
     return off;
 }
 
@@ -268,6 +307,14 @@ int main(int argc, char **argv) {
     }
     for (int p = 0; p < npeers; p++) relay_set_verdict(e, &peers[p], p);
     relay_strangers(e, 5.0, 4, 2); /* 5/s, burst 10; 4 source IPs; 2 queued per IP */
+    relay_unsigned_budget(e, 200.0); /* all strangers' unsigned STUN: 200/s, burst 400 */
+    relay_nonce_key key; /* the engine's nonce key, for the signed requests built here */
+    if (relay_nonce_init(&key, SECRET, sizeof SECRET, 600, (const uint8_t *)"fuzz", 4) < 0 ||
+        relay_answering(e, 1, SECRET, sizeof SECRET, 600, (const uint8_t *)"fuzz", 4,
+                        (const uint8_t *)"realm", 5) < 0) {
+        perror("relay_answering");
+        return 2;
+    }
     /* TURN-TCP: a listener for real connections, three of them with allocations (the first
      * one's peers' packets are queued toward it), and a stream of the harness's own that only
      * relay_stream_input feeds (never registered: no thread touches it). */
@@ -331,6 +378,10 @@ int main(int argc, char **argv) {
             muted.port ^= (uint16_t)(rnd() % 2);
             relay_mute(e, &muted, t);
         }
+        else if (change == 9) /* the engine stops answering, or starts again */
+            relay_answering(e, (int)(rnd() % 4 != 0), SECRET, sizeof SECRET, 600,
+                            (const uint8_t *)"fuzz", 4, (const uint8_t *)"realm", 5);
+        else if (change == 10) relay_unsigned_budget(e, rnd() % 2 ? 200.0 : 0.0);
         else if (change == 7 && which > 0) { /* replace an allocation */
             relay_remove_allocation(e, handles[which]);
             relay_add_allocation(e, &clients[which], relays[which], relay_now() + 3600, 0, &handles[which]);
@@ -342,7 +393,12 @@ int main(int argc, char **argv) {
             for (int f = 0; f < frames && len + 1400 < sizeof stream_buf; f++) {
                 size_t flen = put_stream_frame(stream_buf + len, sizeof stream_buf - len, &peers[p],
                                                payload, (int)(rnd() % 3));
-                if (rnd() % 6 == 0) {
+                uint8_t *frame = stream_buf + len;
+                if ((frame[0] & 0xC0) == 0x40 && rnd() % 8 == 0) { /* unpadded: out of step */
+                    size_t unpadded = 4 + (size_t)((frame[2] << 8) | frame[3]);
+                    mutated |= unpadded != flen;
+                    flen = unpadded;
+                } else if (rnd() % 6 == 0) {
                     flen = mutate(stream_buf + len, flen, sizeof stream_buf - len);
                     mutated = 1;
                 }
@@ -437,8 +493,13 @@ int main(int argc, char **argv) {
         /* a datagram */
         size_t len, plen = rnd() % 4 ? rnd() % 200 : rnd() % sizeof payload;
         uint32_t kind = rnd() % 8;
-        int stranger_request = rnd() % 4 == 0;
-        if (stranger_request) {
+        int stranger_request = rnd() % 4 == 0, stateless = stranger_request && rnd() % 2;
+        relay_addr stranger = clients[0]; /* a stranger of one of many source IPs */
+        stranger.port = (uint16_t)(stranger.port + 1000 + rnd() % 64);
+        stranger.ip[15] = (uint8_t)(1 + rnd() % 16);
+        if (stateless) {
+            len = put_stateless(scratch, &key, &stranger);
+        } else if (stranger_request) {
             len = put_request(scratch, sizeof scratch);
         } else if (kind < 3) {
             scratch[0] = 0x40, scratch[1] = (uint8_t)(rnd() % 3);
@@ -454,7 +515,7 @@ int main(int argc, char **argv) {
             len = rnd() % 64;
             for (size_t i = 0; i < len; i++) scratch[i] = (uint8_t)rnd();
         }
-        if (rnd() % 4) len = mutate(scratch, len, sizeof scratch);
+        if (rnd() % (stateless ? 8 : 4)) len = mutate(scratch, len, sizeof scratch);
         if (stranger_request && len >= 20 && rnd() % 2) { /* plausible: its length matches */
             len &= ~(size_t)3;
             scratch[2] = (uint8_t)((len - 20) >> 8), scratch[3] = (uint8_t)(len - 20);
@@ -476,11 +537,9 @@ int main(int argc, char **argv) {
             struct sockaddr_storage from;
             relay_addr from_addr = source == RELAY_SRC_CLIENT ? clients[rnd() % ALLOCS] : peers[p];
             if (rnd() % 8 == 0) from_addr.port ^= 1; /* a stranger */
-            if (stranger_request) { /* a stranger of one of many source IPs */
+            if (stranger_request) {
                 source = RELAY_SRC_CLIENT;
-                from_addr = clients[0];
-                from_addr.port = (uint16_t)(from_addr.port + 1000 + rnd() % 64);
-                from_addr.ip[15] = (uint8_t)(1 + rnd() % 16);
+                from_addr = stranger;
             }
             relay_sockaddr_from_addr(&from, rnd() % 2 ? AF_INET6 : AF_INET, &from_addr);
             if (from.ss_family == 0) relay_sockaddr_from_addr(&from, AF_INET6, &from_addr);
@@ -530,6 +589,17 @@ int main(int argc, char **argv) {
         }
     }
     usleep(100000); /* let the thread take what was sent through the sockets */
+    pthread_mutex_lock(&e->lock);
+    uint64_t answered = e->answered;
+    pthread_mutex_unlock(&e->lock);
+    uint32_t signed_up = 0; /* handed up through the signed queue, at the end */
+    relay_up *rest[256];
+    for (uint32_t n; (n = relay_drain(e, rest, 256)) > 0;)
+        for (uint32_t i = 0; i < n; i++) free(rest[i]);
+    pthread_mutex_lock(&e->qlock);
+    signed_up = (uint32_t)e->queues[RELAY_QUEUE_SIGNED].drained;
+    pthread_mutex_unlock(&e->qlock);
+    relay_nonce_free(&key);
     relay_free(e);
     free(e);
     free(own.in);
@@ -538,8 +608,9 @@ int main(int argc, char **argv) {
         close(conn_relay[i]);
     }
     close(tcp_listener);
-    printf("relayed %ld dropped %ld up %ld through-sockets %ld streams %ld closed %ld\n",
+    printf("relayed %ld dropped %ld up %ld through-sockets %ld streams %ld closed %ld "
+           "answered %llu signed %u\n",
            outcomes[RELAY_RELAYED], outcomes[RELAY_DROPPED], outcomes[RELAY_UP], sent, streamed,
-           closed);
+           closed, (unsigned long long)answered, signed_up);
     return 0;
 }

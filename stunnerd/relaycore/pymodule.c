@@ -85,16 +85,18 @@ static PyObject *format_address(const struct sockaddr_storage *ss) {
 }
 
 static int Engine_init(EngineObject *self, PyObject *args, PyObject *kwargs) {
-    static char *names[] = {"listener_fd", "queue_limit",  "queue_bytes", "max_message",
-                            "stranger_rate", "stranger_ips", "per_source", NULL};
+    static char *names[] = {"listener_fd",  "queue_limit",   "queue_bytes",    "max_message",
+                            "stranger_rate", "stranger_ips", "per_source",    "unsigned_rate",
+                            "max_attributes", "shed_after", NULL};
     int fd;
     unsigned int queue_limit = 4096, max_message = RELAY_MAX_MESSAGE;
     unsigned int stranger_ips = RELAY_BUCKET_LIMIT, per_source = 0;
-    double stranger_rate = 0.0;
+    unsigned int max_attributes = RELAY_MAX_ATTRIBUTES, shed_after = RELAY_SHED_AFTER;
+    double stranger_rate = 0.0, unsigned_rate = 0.0;
     Py_ssize_t queue_bytes = 8 << 20;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "i|InIdII", names, &fd, &queue_limit,
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "i|InIdIIdII", names, &fd, &queue_limit,
                                      &queue_bytes, &max_message, &stranger_rate, &stranger_ips,
-                                     &per_source))
+                                     &per_source, &unsigned_rate, &max_attributes, &shed_after))
         return -1;
     if (self->ready) {
         PyErr_SetString(PyExc_RuntimeError, "the relay engine is already initialised");
@@ -109,6 +111,10 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kwargs) {
                         "stranger_rate is a number >= 0 (0: no limit), stranger_ips >= 1");
         return -1;
     }
+    if (!(unsigned_rate >= 0 && unsigned_rate < 1e9)) {
+        PyErr_SetString(PyExc_ValueError, "unsigned_rate is a number >= 0 (0: no limit)");
+        return -1;
+    }
     if (max_message < 20) {
         PyErr_SetString(PyExc_ValueError, "max_message is at least a STUN header (20 bytes)");
         return -1;
@@ -120,7 +126,10 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kwargs) {
         return -1;
     }
     self->engine.max_message = max_message;
+    self->engine.max_attributes = max_attributes;
+    self->engine.shed_after = shed_after ? shed_after : 1;
     relay_strangers(&self->engine, stranger_rate, stranger_ips, per_source);
+    relay_unsigned_budget(&self->engine, unsigned_rate);
     self->ready = 1;
     return 0;
 }
@@ -328,6 +337,35 @@ static PyObject *Engine_mute(EngineObject *self, PyObject *args) {
     return result(relay_mute(&self->engine, &addr, until));
 }
 
+/* Answer strangers' unsigned Allocates in the engine (stateless.c), or stop (answer False). */
+static PyObject *Engine_answering(EngineObject *self, PyObject *args, PyObject *kwargs) {
+    static char *names[] = {"answer", "secret", "lifetime", "name", "realm", NULL};
+    int answer;
+    Py_buffer secret = {0}, name = {0}, realm = {0};
+    double lifetime = 600.0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "p|y*ds*s*", names, &answer, &secret,
+                                     &lifetime, &name, &realm))
+        return NULL;
+    PyObject *ret = NULL;
+    if (engine_check(self) < 0) goto done;
+    if (answer && (!secret.buf || secret.len == 0 || !(lifetime > 0) || !name.buf ||
+                   name.len > RELAY_NAME_MAX || !realm.buf || realm.len > RELAY_REALM_MAX)) {
+        PyErr_Format(PyExc_ValueError,
+                     "answering needs a secret, a lifetime > 0, a name of at most %d bytes and "
+                     "a realm of at most %d bytes",
+                     RELAY_NAME_MAX, RELAY_REALM_MAX);
+        goto done;
+    }
+    int rc = relay_answering(&self->engine, answer, secret.buf, (size_t)secret.len, lifetime,
+                             name.buf, (size_t)name.len, realm.buf, (size_t)realm.len);
+    ret = rc < 0 ? raise_errno(rc) : Py_NewRef(Py_None);
+done:
+    if (secret.obj) PyBuffer_Release(&secret);
+    if (name.obj) PyBuffer_Release(&name);
+    if (realm.obj) PyBuffer_Release(&realm);
+    return ret;
+}
+
 static PyObject *Engine_clear_verdicts(EngineObject *self, PyObject *unused) {
     if (engine_check(self) < 0) return NULL;
     relay_clear_verdicts(&self->engine);
@@ -505,7 +543,7 @@ static PyObject *Engine_streams(EngineObject *self, PyObject *unused) {
 static PyObject *Engine_counters(EngineObject *self, PyObject *unused) {
     if (engine_check(self) < 0) return NULL;
     relay_engine *e = &self->engine;
-    uint64_t listener[4], drops[DROP_COUNT], handed_up, resets, calls[3];
+    uint64_t listener[4], drops[DROP_COUNT], handed_up, resets, answered, calls[3];
     uint32_t n, stranger_ips;
     pthread_mutex_lock(&e->lock);
     /* the thread's own words, read without its lock: a count a batch behind at worst */
@@ -513,6 +551,7 @@ static PyObject *Engine_counters(EngineObject *self, PyObject *unused) {
     calls[1] = __atomic_load_n(&e->recv_calls, __ATOMIC_RELAXED);
     calls[2] = __atomic_load_n(&e->send_calls, __ATOMIC_RELAXED);
     resets = e->bucket_resets;
+    answered = e->answered;
     stranger_ips = e->buckets.used;
     memcpy(listener, e->listener, sizeof listener);
     memcpy(drops, e->drops, sizeof drops);
@@ -544,11 +583,11 @@ static PyObject *Engine_counters(EngineObject *self, PyObject *unused) {
         Py_XDECREF(by_cause);
         return NULL;
     }
-    return Py_BuildValue("{s(KKKK)sNsNsKsIsKsKsKsK}", "listener", listener[0], listener[1],
+    return Py_BuildValue("{s(KKKK)sNsNsKsIsKsKsKsKsK}", "listener", listener[0], listener[1],
                          listener[2], listener[3], "clusters", by_cluster, "drops", by_cause,
                          "handed_up", handed_up, "stranger_ips", stranger_ips, "bucket_resets",
-                         resets, "wakeups", calls[0], "recv_calls", calls[1], "send_calls",
-                         calls[2]);
+                         resets, "answered", answered, "wakeups", calls[0], "recv_calls",
+                         calls[1], "send_calls", calls[2]);
 }
 
 static PyObject *Engine_thread_cpu(EngineObject *self, PyObject *unused) {
@@ -577,6 +616,8 @@ static PyMethodDef Engine_methods[] = {
     {"set_verdict", (PyCFunction)Engine_set_verdict, METH_VARARGS, NULL},
     {"clear_verdicts", (PyCFunction)Engine_clear_verdicts, METH_NOARGS, NULL},
     {"mute", (PyCFunction)Engine_mute, METH_VARARGS, "Drop a stranger's STUN until a time."},
+    {"answering", (PyCFunction)(void (*)(void))Engine_answering, METH_VARARGS | METH_KEYWORDS,
+     "Answer strangers' unsigned Allocates here with a stateless 401 (or stop)."},
     {"watch_relay_ports", (PyCFunction)Engine_watch_relay_ports, METH_VARARGS,
      "Check own-address verdicts against this relay-port map per packet."},
     {"inject", (PyCFunction)Engine_inject, METH_VARARGS, "Decide a handed-up packet again."},
@@ -610,9 +651,98 @@ static PyTypeObject EngineType = {
     .tp_methods = Engine_methods,
 };
 
+/* How the engine frames the start of a TCP stream: (length, why not) as stream.c decides. */
+static PyObject *stream_framing(PyObject *module, PyObject *args) {
+    Py_buffer data;
+    if (!PyArg_ParseTuple(args, "y*", &data)) return NULL;
+    const uint8_t *b = data.buf;
+    size_t len = (size_t)data.len;
+    long length = relay_stream_frame_length(b, len);
+    const char *why = relay_stream_framing_error(b, len);
+    PyBuffer_Release(&data);
+    return Py_BuildValue("(lz)", length, why);
+}
+
+/* --- the engine's nonces, on their own (tests: they match stunnerd.auth.NonceManager's) --- */
+
+static int nonce_key(relay_nonce_key *k, Py_buffer *secret, double lifetime, Py_buffer *name) {
+    int rc = relay_nonce_init(k, secret->buf, (size_t)secret->len, lifetime, name->buf,
+                              (size_t)name->len);
+    if (rc == -EINVAL)
+        PyErr_Format(PyExc_ValueError,
+                     "a nonce key needs a secret, a lifetime > 0 and a name of at most %d bytes",
+                     RELAY_NAME_MAX);
+    else if (rc < 0)
+        raise_errno(rc);
+    return rc;
+}
+
+static PyObject *issue_nonce(PyObject *module, PyObject *args) {
+    Py_buffer secret, name;
+    double lifetime, wall;
+    PyObject *client, *ret = NULL;
+    if (!PyArg_ParseTuple(args, "y*ds*O!d", &secret, &lifetime, &name, &PyTuple_Type, &client,
+                          &wall))
+        return NULL;
+    struct sockaddr_storage ss;
+    relay_addr addr;
+    relay_nonce_key k;
+    if (parse_address(client, &ss, &addr) == 0 && nonce_key(&k, &secret, lifetime, &name) == 0) {
+        char out[RELAY_NONCE_LEN];
+        relay_nonce_issue(&k, &addr, wall, out);
+        relay_nonce_free(&k);
+        ret = PyUnicode_FromStringAndSize(out, RELAY_NONCE_LEN);
+    }
+    PyBuffer_Release(&secret);
+    PyBuffer_Release(&name);
+    return ret;
+}
+
+static PyObject *nonce_valid(PyObject *module, PyObject *args) {
+    Py_buffer secret, name, nonce;
+    double lifetime, wall;
+    PyObject *client, *ret = NULL;
+    if (!PyArg_ParseTuple(args, "y*ds*O!s*d", &secret, &lifetime, &name, &PyTuple_Type, &client,
+                          &nonce, &wall))
+        return NULL;
+    struct sockaddr_storage ss;
+    relay_addr addr;
+    relay_nonce_key k;
+    if (parse_address(client, &ss, &addr) == 0 && nonce_key(&k, &secret, lifetime, &name) == 0) {
+        int valid = relay_nonce_valid(&k, nonce.buf, (size_t)nonce.len, &addr, wall);
+        relay_nonce_free(&k);
+        ret = PyBool_FromLong(valid);
+    }
+    PyBuffer_Release(&secret);
+    PyBuffer_Release(&name);
+    PyBuffer_Release(&nonce);
+    return ret;
+}
+
+static PyObject *unsigned_allocate(PyObject *module, PyObject *args) {
+    Py_buffer data;
+    unsigned int max_attributes = RELAY_MAX_ATTRIBUTES;
+    if (!PyArg_ParseTuple(args, "y*|I", &data, &max_attributes)) return NULL;
+    int yes = relay_unsigned_allocate(data.buf, (size_t)data.len, max_attributes);
+    PyBuffer_Release(&data);
+    return PyBool_FromLong(yes);
+}
+
+static PyMethodDef module_methods[] = {
+    {"stream_framing", stream_framing, METH_VARARGS,
+     "(frame length: 0 until a header, -1 for garbage; why it is garbage, or None)"},
+    {"issue_nonce", issue_nonce, METH_VARARGS,
+     "issue_nonce(secret, lifetime, name, client, wall) -> the engine's nonce for client."},
+    {"nonce_valid", nonce_valid, METH_VARARGS,
+     "nonce_valid(secret, lifetime, name, client, nonce, wall) -> whether it verifies."},
+    {"unsigned_allocate", unsigned_allocate, METH_VARARGS,
+     "unsigned_allocate(data, max_attributes=64) -> whether the engine answers it with 401."},
+    {NULL, NULL, 0, NULL},
+};
+
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "stunnerd._relay", "The native TURN-UDP relay core (relay.c).", -1,
-    NULL,
+    module_methods,
 };
 
 PyMODINIT_FUNC PyInit__relay(void) {

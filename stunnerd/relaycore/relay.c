@@ -13,7 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#define COOKIE 0x2112A442u
+#define COOKIE RELAY_COOKIE
 #define FINGERPRINT_XOR 0x5354554Eu
 #define ATTR_MESSAGE_INTEGRITY 0x0008
 #define ATTR_XOR_PEER_ADDRESS 0x0012
@@ -27,25 +27,12 @@
 
 const char *const relay_drop_names[DROP_COUNT] = {
     "no_permission", "forbidden", "expired", "too_big", "send_error", "queue_full", "invalid",
-    "rate_limited", "unauthenticated_rate", "latency", "backpressure",
+    "rate_limited", "unauthenticated_rate", "unauthenticated_total", "shed", "latency",
+    "backpressure",
 };
 
 /* --- small helpers ------------------------------------------------------------------------ */
 
-static inline uint16_t be16(const uint8_t *p) { return (uint16_t)((p[0] << 8) | p[1]); }
-static inline uint32_t be32(const uint8_t *p) {
-    return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
-}
-static inline void put16(uint8_t *p, uint16_t v) {
-    p[0] = (uint8_t)(v >> 8);
-    p[1] = (uint8_t)v;
-}
-static inline void put32(uint8_t *p, uint32_t v) {
-    p[0] = (uint8_t)(v >> 24);
-    p[1] = (uint8_t)(v >> 16);
-    p[2] = (uint8_t)(v >> 8);
-    p[3] = (uint8_t)v;
-}
 
 double relay_now(void) {
     struct timespec ts;
@@ -236,6 +223,8 @@ int relay_new(relay_engine *e, int listen_fd, uint32_t queue_limit, size_t queue
     e->stream_buffer = RELAY_STREAM_BUFFER;
     e->qbytes_limit = queue_bytes;
     e->max_message = RELAY_MAX_MESSAGE;
+    e->max_attributes = RELAY_MAX_ATTRIBUTES;
+    e->shed_after = RELAY_SHED_AFTER;
     e->bucket_limit = RELAY_BUCKET_LIMIT;
     for (int q = 0; q < RELAY_QUEUES; q++) {
         e->queues[q].cap = queue_limit ? queue_limit : 1;
@@ -247,9 +236,9 @@ int relay_new(relay_engine *e, int listen_fd, uint32_t queue_limit, size_t queue
     e->names = calloc(RELAY_BATCH, sizeof *e->names);
     e->sends = calloc(RELAY_BATCH, sizeof *e->sends);
     e->out = calloc(RELAY_BATCH, sizeof *e->out);
-    if (!e->queues[0].items || !e->queues[1].items || !e->buffers || !e->msgs || !e->iovs ||
-        !e->names || !e->sends || !e->out)
-        return -ENOMEM;
+    for (int q = 0; q < RELAY_QUEUES; q++)
+        if (!e->queues[q].items) return -ENOMEM;
+    if (!e->buffers || !e->msgs || !e->iovs || !e->names || !e->sends || !e->out) return -ENOMEM;
     if (getrandom(e->rng, sizeof e->rng, 0) != sizeof e->rng) e->rng[0] = (uint64_t)time(NULL);
     e->rng[1] |= 1;
     if (listen_fd >= 0 && (e->listen_fd = fcntl(listen_fd, F_DUPFD_CLOEXEC, 3)) < 0) return -errno;
@@ -312,6 +301,7 @@ void relay_free(relay_engine *e) {
     table_free(&e->muted);
     table_free(&e->buckets);
     table_free(&e->queued);
+    relay_nonce_free(&e->nonce);
     free(e->clusters);
     for (int q = 0; q < RELAY_QUEUES; q++) {
         relay_queue *queue = &e->queues[q];
@@ -822,9 +812,20 @@ int relay_process(relay_engine *e, int source, uint64_t handle, const struct soc
     if (!a) { /* a stranger's STUN message: Python's, unless its error budget is spent */
         relay_entry *m = e->muted.used ? table_find(&e->muted, &addr) : NULL;
         if (m && m->expiry > now) return drop(e, DROP_RATE_LIMITED);
-        if (e->stranger_rate > 0 && !relay_has_integrity(data, len) &&
-            !stranger_admitted(e, &addr, now))
+        if (relay_has_integrity(data, len)) return RELAY_UP;
+        /* Unsigned: dropped while the engine is behind, then its source IP's budget, then the
+         * engine's (a spoofed flood comes from everywhere), then an Allocate is answered here
+         * without state (stateless.c). */
+        if (e->behind) return drop(e, DROP_SHED);
+        if (e->stranger_rate > 0 && !stranger_admitted(e, &addr, now))
             return drop(e, DROP_UNAUTHENTICATED);
+        if (e->unsigned_rate > 0 && !relay_unsigned_admitted(e, now))
+            return drop(e, DROP_UNAUTHENTICATED_TOTAL);
+        if (e->answering && relay_unsigned_allocate(data, len, e->max_attributes)) {
+            e->listener[CTR_RX_PACKETS]++;
+            e->listener[CTR_RX_BYTES] += len;
+            return relay_unauthorized(e, from, &addr, data, len, out);
+        }
         return RELAY_UP;
     }
     return relay_client_frame(e, a, data, len, now, out);
@@ -871,9 +872,15 @@ int relay_hand_up_room(relay_engine *e, const struct sockaddr *from, size_t len)
     return room;
 }
 
+static uint32_t queued_total(const relay_engine *e) {
+    uint32_t n = 0;
+    for (int q = 0; q < RELAY_QUEUES; q++) n += e->queues[q].len;
+    return n;
+}
+
 void relay_hand_up(relay_engine *e, int source, uint64_t handle, const struct sockaddr *from,
                    socklen_t fromlen, const uint8_t *data, size_t len) {
-    int known = source == RELAY_SRC_PEER;
+    int known = source == RELAY_SRC_PEER, which = RELAY_QUEUE_KNOWN;
     relay_addr key;
     memset(&key, 0, sizeof key);
     if (!known) {
@@ -881,8 +888,14 @@ void relay_hand_up(relay_engine *e, int source, uint64_t handle, const struct so
         relay_addr_from_sockaddr(&client, from);
         known = table_find(&e->by_client, &client) != NULL;
         key = ip_key(&client);
+        /* A stranger's request with a NONCE that verifies has a queue of its own (issue 28):
+         * an unsigned flood filling the strangers' queue cannot starve it. */
+        if (!known)
+            which = source == RELAY_SRC_CLIENT && relay_signed(e, data, len, &client)
+                        ? RELAY_QUEUE_SIGNED
+                        : RELAY_QUEUE_STRANGERS;
     }
-    relay_queue *queue = &e->queues[known ? RELAY_QUEUE_KNOWN : RELAY_QUEUE_STRANGERS];
+    relay_queue *queue = &e->queues[which];
     pthread_mutex_lock(&e->qlock);
     relay_up *up = NULL;
     /* A stranger's source IP holds at most per_source places in its queue: one source cannot
@@ -913,8 +926,7 @@ void relay_hand_up(relay_engine *e, int source, uint64_t handle, const struct so
     queue->items[(queue->head + queue->len) % queue->cap] = up;
     queue->bytes += len;
     queue->len++;
-    if (e->queues[RELAY_QUEUE_KNOWN].len + e->queues[RELAY_QUEUE_STRANGERS].len == 1 &&
-        !e->closed_head) {
+    if (queued_total(e) == 1 && !e->closed_head) {
         uint64_t one = 1;
         if (write(e->up_fd, &one, sizeof one) < 0) { /* already readable */
         }
@@ -926,7 +938,10 @@ void relay_hand_up(relay_engine *e, int source, uint64_t handle, const struct so
 /* A stream's close event is due once everything handed up before it was drained. */
 static int close_due(relay_engine *e) {
     relay_up *c = e->closed_head;
-    return c && e->queues[0].drained >= c->after[0] && e->queues[1].drained >= c->after[1];
+    if (!c) return 0;
+    for (int q = 0; q < RELAY_QUEUES; q++)
+        if (e->queues[q].drained < c->after[q]) return 0;
+    return 1;
 }
 
 void relay_push_closed(relay_engine *e, relay_stream *s) {
@@ -942,7 +957,7 @@ void relay_push_closed(relay_engine *e, relay_stream *s) {
     up->len = (uint32_t)len;
     memcpy(up->data, reason, len);
     pthread_mutex_lock(&e->qlock);
-    int was_empty = e->queues[0].len + e->queues[1].len == 0 && !e->closed_head;
+    int was_empty = queued_total(e) == 0 && !e->closed_head;
     for (int q = 0; q < RELAY_QUEUES; q++) up->after[q] = e->queues[q].drained + e->queues[q].len;
     if (e->closed_tail)
         e->closed_tail->next = up;
@@ -960,7 +975,7 @@ void relay_push_closed(relay_engine *e, relay_stream *s) {
 uint32_t relay_drain(relay_engine *e, relay_up **out, uint32_t max) {
     pthread_mutex_lock(&e->qlock);
     uint32_t n = 0;
-    for (int q = 0; q < RELAY_QUEUES; q++) { /* the known clients' and peers' first */
+    for (int q = 0; q < RELAY_QUEUES; q++) { /* known clients' and peers', signed, strangers' */
         relay_queue *queue = &e->queues[q];
         while (n < max && (queue->len > 0 || close_due(e))) {
             if (close_due(e)) {
@@ -990,8 +1005,7 @@ uint32_t relay_drain(relay_engine *e, relay_up **out, uint32_t max) {
         if (!e->closed_head) e->closed_tail = NULL;
     }
     if (n > 0 && __atomic_load_n(&e->stalled, __ATOMIC_RELAXED)) wake(e); /* room for them */
-    if (e->queues[RELAY_QUEUE_KNOWN].len + e->queues[RELAY_QUEUE_STRANGERS].len == 0 &&
-        !e->closed_head) {
+    if (queued_total(e) == 0 && !e->closed_head) {
         uint64_t value;
         if (read(e->up_fd, &value, sizeof value) < 0) { /* not signalled */
         }
@@ -1090,10 +1104,13 @@ static int serve_batch(relay_engine *e, int fd, int source, uint64_t handle) {
     }
     int n = recvmmsg(fd, e->msgs + base, (unsigned)room, MSG_DONTWAIT, NULL);
     __atomic_fetch_add(&e->recv_calls, 1, __ATOMIC_RELAXED);
+    int listener = source == RELAY_SRC_CLIENT;
+    if (listener && n < room) e->full_reads = 0; /* the socket is empty: caught up */
     if (n <= 0) return 0;
     e->batched += n;
     double now = relay_now();
     pthread_mutex_lock(&e->lock);
+    if (listener) e->behind = e->full_reads >= (uint32_t)e->shed_after * RELAY_BATCH;
     for (int i = base; i < base + n; i++) {
         uint8_t *data = e->iovs[i].iov_base;
         size_t len = e->msgs[i].msg_len;
@@ -1107,6 +1124,9 @@ static int serve_batch(relay_engine *e, int fd, int source, uint64_t handle) {
             relay_hand_up(e, source, handle, from, e->msgs[i].msg_hdr.msg_namelen, data, len);
     }
     pthread_mutex_unlock(&e->lock);
+    /* A read shares the wakeup's batch with the other ready sockets, so it may have had less
+     * than a batch of room: what counts is datagrams read since the socket was last empty. */
+    if (listener && n == room) e->full_reads += (uint32_t)n;
     return n == room;
 }
 

@@ -3,8 +3,8 @@
  * One engine owns the packet path of one TURN-UDP listener socket and the relay sockets of its
  * allocations. Its thread (relay_start) waits in epoll, reads batches with recvmmsg, decides
  * every packet from tables the Python server fills (allocations, permissions, channels, peer
- * verdicts), writes with sendmmsg, and hands every packet it does not own up through one of two
- * bounded queues (relay_drain; up_fd is readable while either holds packets).
+ * verdicts), writes with sendmmsg, and hands every packet it does not own up through one of
+ * three bounded queues (relay_drain; up_fd is readable while any holds packets).
  *
  * Under a flood (issue 15): a client datagram that cannot be a STUN message or ChannelData is
  * dropped on its first bytes, before any copy (counted as DROP_INVALID), and what is handed up
@@ -13,6 +13,13 @@
  * clients' requests. A stranger's STUN message without MESSAGE-INTEGRITY spends a token of its
  * source IP's bucket first (issue 20, relay_strangers), and is dropped (DROP_UNAUTHENTICATED)
  * past it; one source IP holds at most a share of the strangers' queue.
+ *
+ * Under a spoofed-source flood (issue 28 #6, stateless.c): a stranger's unsigned message then
+ * spends a token of the engine's own bucket (relay_unsigned_budget; DROP_UNAUTHENTICATED_TOTAL
+ * past it), and an unsigned Allocate is answered here with a 401 whose NONCE is an HMAC over
+ * its expiry and the client's address (no state), which Python and every other engine of the
+ * stunnerd verify with the same secret; a stranger's request whose NONCE verifies goes up
+ * through a queue of its own (RELAY_QUEUE_SIGNED), drained before the strangers' queue.
  *
  * Locking: `lock` guards the tables and counters; the thread holds it only while deciding a
  * batch (never during a syscall). `qlock` guards the hand-up queues and nests inside `lock`.
@@ -81,6 +88,8 @@ enum relay_drop {
     DROP_INVALID,      /* cannot be STUN or ChannelData, or a stranger's ChannelData */
     DROP_RATE_LIMITED, /* a stranger over its error-answer budget (relay_mute) */
     DROP_UNAUTHENTICATED, /* a stranger's STUN without MESSAGE-INTEGRITY past its IP's budget */
+    DROP_UNAUTHENTICATED_TOTAL, /* ... past the engine's budget for all of them (stateless.c) */
+    DROP_SHED, /* ... while the engine is behind (shed_after full reads in a row) */
     DROP_LATENCY,      /* TURN-TCP: older than the latency bound (stream.c) */
     DROP_BACKPRESSURE, /* TURN-TCP: past the high-water mark of the client's output queue */
     DROP_COUNT
@@ -100,6 +109,38 @@ enum { CL_TX_PACKETS, CL_TX_BYTES, CL_RX_PACKETS, CL_RX_BYTES };               /
 #define RELAY_BATCH 32
 #define RELAY_BUFFER 65536
 #define RELAY_MAX_MESSAGE 4096 /* STUN over UDP, by default (stunnerd.limits.max_udp_message) */
+#define RELAY_COOKIE 0x2112A442u /* STUN's magic cookie (RFC 8489 §5) */
+#define RELAY_MAX_ATTRIBUTES 64 /* stunnerd.limits.max_attributes, by default */
+/* Batches' worth of datagrams read from the listener socket with it never found empty, after
+ * which the engine is behind, by default (32 x 32): strangers' unsigned messages are then
+ * dropped (DROP_SHED) until a read finds the socket empty, as the Python path sheds them
+ * (stunnerd.transports.SHED_AFTER), so a flood the thread cannot answer in full costs a read
+ * each and established clients' packets behind it are not kept waiting. */
+#define RELAY_SHED_AFTER 32
+#define RELAY_ANSWER_MAX 256    /* a 401 the engine answers itself (stateless.c) */
+#define RELAY_REALM_MAX 128     /* the longest realm the engine answers with (else Python does) */
+#define RELAY_NAME_MAX 512      /* the longest listener name a nonce binds */
+#define RELAY_NONCE_LEN 48      /* hex: 16 of the expiry in ms, 32 of the truncated HMAC */
+
+/* Known clients' and peers' packets, then strangers' requests whose NONCE verifies (issue 28),
+ * then the other strangers' packets: relay_drain empties them in this order. */
+enum { RELAY_QUEUE_KNOWN = 0, RELAY_QUEUE_SIGNED = 1, RELAY_QUEUE_STRANGERS = 2, RELAY_QUEUES = 3 };
+
+/* Network byte order, for every file of the engine (relay.c, stream.c, stateless.c). */
+static inline uint16_t be16(const uint8_t *p) { return (uint16_t)((p[0] << 8) | p[1]); }
+static inline uint32_t be32(const uint8_t *p) {
+    return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
+}
+static inline void put16(uint8_t *p, uint16_t v) {
+    p[0] = (uint8_t)(v >> 8);
+    p[1] = (uint8_t)v;
+}
+static inline void put32(uint8_t *p, uint32_t v) {
+    p[0] = (uint8_t)(v >> 24);
+    p[1] = (uint8_t)(v >> 16);
+    p[2] = (uint8_t)(v >> 8);
+    p[3] = (uint8_t)v;
+}
 
 /* One packet handed up: where it came from and its bytes, exactly as received. */
 typedef struct relay_up {
@@ -109,7 +150,7 @@ typedef struct relay_up {
     socklen_t fromlen;
     uint32_t len;
     int counted; /* counted in `queued` (a stranger's packet) */
-    uint64_t after[2]; /* a close event: delivered once this many of each queue were drained */
+    uint64_t after[RELAY_QUEUES]; /* a close event: due once this many of each were drained */
     struct relay_up *next; /* in the list of close events */
     uint8_t data[];
 } relay_up;
@@ -122,7 +163,15 @@ typedef struct {
     uint64_t drained; /* items taken out so far (close events wait for their turn) */
 } relay_queue;
 
-enum { RELAY_QUEUE_KNOWN = 0, RELAY_QUEUE_STRANGERS = 1, RELAY_QUEUES = 2 };
+/* The key of the engine's stateless nonces (stateless.c): HMAC-SHA256 with the stunnerd's
+ * secret, as stunnerd.auth.NonceManager computes it, bound to one listener (its name) and one
+ * client address. The digest states are OpenSSL's (opaque here); NULL: no key. */
+typedef struct {
+    void *inner, *outer, *scratch; /* EVP_MD_CTX: after the key's ipad and opad blocks */
+    double lifetime;               /* seconds */
+    uint8_t name[RELAY_NAME_MAX];
+    size_t name_len;
+} relay_nonce_key;
 
 /* One send decided for a received packet. */
 typedef struct {
@@ -132,6 +181,7 @@ typedef struct {
     struct iovec iov[3];
     int iovcnt;
     uint8_t header[48];
+    uint8_t answer[RELAY_ANSWER_MAX]; /* a 401 answered in the engine (stateless.c) */
     int cluster;      /* the cluster counted, or -1 */
     int to_client;    /* 1: peer -> client, counted on the listener's tx */
     uint32_t payload; /* bytes counted on the cluster */
@@ -153,6 +203,22 @@ typedef struct relay_engine {
     double stranger_rate;  /* 0: no limit */
     uint32_t bucket_limit;
     uint64_t bucket_resets; /* times the table was full of live buckets and started afresh */
+    /* Strangers' unsigned STUN in total (issue 28, stateless.c): `unsigned_rate` per second, a
+     * burst of twice that (GCRA's arrival time in unsigned_tat; 0: no limit); with `answering`,
+     * an unsigned Allocate among them is answered here (a 401 with `realm` and a nonce of
+     * `nonce`'s), and a stranger's request whose NONCE verifies goes to RELAY_QUEUE_SIGNED. */
+    double unsigned_rate, unsigned_tat;
+    int answering;
+    relay_nonce_key nonce;
+    uint8_t realm[RELAY_REALM_MAX];
+    size_t realm_len;
+    uint64_t answered; /* 401s sent by the engine */
+    /* datagrams read from the listener by reads that filled their room, since a read last
+     * found it empty (a read shares the wakeup's batch with the other ready sockets, so its
+     * room may be less than a batch); the thread's own */
+    uint32_t full_reads;
+    uint32_t shed_after; /* RELAY_SHED_AFTER, or what Python set (tests) */
+    int behind; /* full_reads reached shed_after batches: unsigned strangers are shed */
     const volatile uint8_t *relay_ports; /* 65536 bytes or NULL (Python keeps it alive) */
     uint64_t listener[4];
     uint64_t (*clusters)[4];
@@ -163,6 +229,7 @@ typedef struct relay_engine {
      * returns with events, recvmmsg and sendmmsg calls */
     uint64_t wakeups, recv_calls, send_calls;
     uint32_t max_message; /* a client's STUN message above this is dropped (DROP_INVALID) */
+    uint32_t max_attributes; /* an unsigned Allocate with more is not answered here (0: any) */
     relay_alloc *graveyard;
     uint64_t rng[2];
     /* the hand-up queues: known clients' and peers' packets, then strangers' (each bounded) */
@@ -199,7 +266,7 @@ typedef struct relay_engine {
 } relay_engine;
 
 /* Lifecycle. relay_new duplicates listen_fd; 0 on success, else -errno. queue_limit and
- * queue_bytes bound each of the two hand-up queues. */
+ * queue_bytes bound each of the three hand-up queues. */
 int relay_new(relay_engine *e, int listen_fd, uint32_t queue_limit, size_t queue_bytes);
 int relay_start(relay_engine *e);
 void relay_stop(relay_engine *e);
@@ -254,12 +321,13 @@ int relay_payload_to_peer(relay_engine *e, uint64_t handle, const relay_addr *pe
  * waits for room instead of dropping (only the thread queues, so the answer holds). */
 int relay_hand_up_room(relay_engine *e, const struct sockaddr *from, size_t len);
 /* Hand one packet up: to the priority queue when it comes from a peer or from a client with an
- * allocation, else to the strangers' queue; dropped (counted) when that queue is full. Call
- * with `lock` held. */
+ * allocation, to the signed queue when a stranger's request carries a NONCE that verifies
+ * (relay_signed), else to the strangers' queue; dropped (counted) when that queue is full.
+ * Call with `lock` held. */
 void relay_hand_up(relay_engine *e, int source, uint64_t handle, const struct sockaddr *from,
                    socklen_t fromlen, const uint8_t *data, size_t len);
-/* Up to `max` queued packets, the priority queue's first, each queue oldest first; the caller
- * frees each. Returns the count. */
+/* Up to `max` queued packets, the priority queue's first, then the signed queue's, each queue
+ * oldest first; the caller frees each. Returns the count. */
 uint32_t relay_drain(relay_engine *e, relay_up **out, uint32_t max);
 
 /* --- TURN-TCP streams (stream.c) ------------------------------------------------------------
@@ -325,9 +393,12 @@ int relay_stream_send(relay_engine *e, uint64_t handle, const uint8_t *data, siz
 /* Close the stream (what is queued is tried once more); its close event follows. */
 int relay_close_stream(relay_engine *e, uint64_t handle);
 /* The length of the frame that begins `b` (of `len` bytes buffered): 0 until its 4-byte
- * header is there, -1 if it is neither STUN (length a multiple of 4) nor ChannelData
- * (stunnerd.stun.stream_frame_length, byte for byte). */
+ * header is there, -1 if it is neither STUN (length a multiple of 4, the magic cookie once 8
+ * bytes are there) nor ChannelData (padded to 4) (stunnerd.stun.stream_frame_length, byte for
+ * byte: an unpadded ChannelData message puts the stream out of step, found at the next STUN
+ * header). relay_stream_framing_error says why, in stunnerd.stun's words. */
 long relay_stream_frame_length(const uint8_t *b, size_t len);
+const char *relay_stream_framing_error(const uint8_t *b, size_t len);
 /* Bytes read from a stream at `now` (age: how long they waited in the socket, seconds): framed,
  * relayed, handed up. Returns 0, or -1 when the stream must close (s->close_reason). Called
  * by the thread with `lock` held; sends decided go into `sends` (count in *count, at most
@@ -373,5 +444,46 @@ uint32_t relay_crc32(const uint8_t *b, size_t len);
 /* Whether a STUN message carries MESSAGE-INTEGRITY: its attributes walked by their lengths
  * (padded to 4) from the header on, while a whole attribute header fits; nothing is verified. */
 int relay_has_integrity(const uint8_t *b, size_t len);
+
+/* --- strangers' unsigned STUN, answered without state (stateless.c, issue 28 #6) ------------
+ *
+ * relay_process takes a stranger's message without MESSAGE-INTEGRITY past its source IP's
+ * bucket and then the engine's (relay_unsigned_admitted); if it is an Allocate request of the
+ * shape Python would answer with 401 (relay_unsigned_allocate) and the engine answers
+ * (relay_answering), it builds the 401 (relay_unauthorized) and sends it on the listener
+ * socket: nothing is stored, nothing goes up. relay_hand_up puts a stranger's request whose
+ * NONCE verifies (relay_signed) in RELAY_QUEUE_SIGNED. */
+double relay_wall(void); /* CLOCK_REALTIME (time.time()): nonces carry a wall-clock expiry */
+/* Set the key (a copy of `secret`), the lifetime of its nonces and the listener's name; 0 or
+ * -errno (-EINVAL: empty secret or a name above RELAY_NAME_MAX; -ENOMEM). */
+int relay_nonce_init(relay_nonce_key *k, const uint8_t *secret, size_t secret_len,
+                     double lifetime, const uint8_t *name, size_t name_len);
+void relay_nonce_free(relay_nonce_key *k);
+/* A nonce for `client` at wall-clock time `wall`: RELAY_NONCE_LEN characters (no NUL). */
+void relay_nonce_issue(relay_nonce_key *k, const relay_addr *client, double wall, char *out);
+/* Whether `nonce` (`len` bytes) was issued with this key for `client` and has not expired. */
+int relay_nonce_valid(relay_nonce_key *k, const uint8_t *nonce, size_t len,
+                      const relay_addr *client, double wall);
+/* Answer strangers' unsigned Allocates in the engine with `realm` and this key (answer 0:
+ * stop: they go up to Python, as in STUN-only mode); 0 or -errno. Takes the lock. */
+int relay_answering(relay_engine *e, int answer, const uint8_t *secret, size_t secret_len,
+                    double lifetime, const uint8_t *name, size_t name_len, const uint8_t *realm,
+                    size_t realm_len);
+/* The engine's budget for strangers' unsigned STUN: `rate` per second, a burst of twice that
+ * (0: no limit). Takes the lock. */
+void relay_unsigned_budget(relay_engine *e, double rate);
+/* Whether the engine's budget has a token, spending it (lock held). */
+int relay_unsigned_admitted(relay_engine *e, double now);
+/* Whether `b` is an Allocate request Python answers with 401 at once: no MESSAGE-INTEGRITY,
+ * attributes that tile the message exactly, at most `max_attributes` of them (0: any number),
+ * FINGERPRINT (if any) last and matching (stunnerd.unsigned.unsigned_allocate, byte for byte). */
+int relay_unsigned_allocate(const uint8_t *b, size_t len, uint32_t max_attributes);
+/* Build the 401 to the Allocate `request` from `from` into out->answer, and address it (lock
+ * held): RELAY_RELAYED, or RELAY_UP when the engine does not answer. */
+int relay_unauthorized(relay_engine *e, const struct sockaddr *from, const relay_addr *client,
+                       const uint8_t *request, size_t len, relay_send *out);
+/* Whether a stranger's message carries a NONCE (before any MESSAGE-INTEGRITY) that verifies for
+ * `client` with the engine's key (lock held). */
+int relay_signed(relay_engine *e, const uint8_t *b, size_t len, const relay_addr *client);
 
 #endif

@@ -26,7 +26,6 @@
 #define MAX_FRAME (4 + 0xFFFF + 3) /* ChannelData padded; STUN is 20 + 0xFFFC at most */
 #define WRITE_IOV 64
 
-static inline uint16_t be16(const uint8_t *p) { return (uint16_t)((p[0] << 8) | p[1]); }
 
 static uint64_t handle_of(const relay_stream *s) { return ((uint64_t)s->gen << 32) | s->slot; }
 
@@ -54,12 +53,29 @@ void relay_stream_limits(relay_engine *e, double latency_bound, size_t high_wate
     pthread_mutex_unlock(&e->lock);
 }
 
+static int has_cookie(const uint8_t *b) {
+    return ((uint32_t)b[4] << 24 | (uint32_t)b[5] << 16 | (uint32_t)b[6] << 8 | b[7]) ==
+           RELAY_COOKIE;
+}
+
 long relay_stream_frame_length(const uint8_t *b, size_t len) {
     if (len < 4) return 0;
     size_t length = be16(b + 2);
-    if ((b[0] & 0xC0) == 0x00) return length % 4 ? -1 : (long)(20 + length);
+    if ((b[0] & 0xC0) == 0x00)
+        return length % 4 || (len >= 8 && !has_cookie(b)) ? -1 : (long)(20 + length);
     if ((b[0] & 0xC0) == 0x40) return (long)(4 + length + (4 - length % 4) % 4);
     return -1;
+}
+
+const char *relay_stream_framing_error(const uint8_t *b, size_t len) {
+    if (len < 4) return NULL;
+    if ((b[0] & 0xC0) == 0x40) return NULL;
+    if ((b[0] & 0xC0) != 0x00) return "stream data is neither STUN nor ChannelData";
+    if (be16(b + 2) % 4) return "STUN message length is not a multiple of 4";
+    if (len >= 8 && !has_cookie(b))
+        return "STUN message without the magic cookie: the stream is out of step "
+               "(ChannelData not padded to a multiple of 4?)";
+    return NULL;
 }
 
 static void wake_thread(relay_engine *e) {
@@ -449,8 +465,7 @@ int relay_stream_input(relay_engine *e, relay_stream *s, const uint8_t *data, si
         size_t avail = s->in_len - s->in_off;
         long flen = relay_stream_frame_length(b, avail);
         if (flen < 0) {
-            s->close_reason = (b[0] & 0xC0) == 0 ? "STUN message length is not a multiple of 4"
-                                                 : "stream data is neither STUN nor ChannelData";
+            s->close_reason = relay_stream_framing_error(b, avail);
             return -1;
         }
         if (flen > (long)e->stream_buffer) {

@@ -5,8 +5,9 @@ config; the auth service and `helm test` run as that account with the same proje
 reconciler renders into every stunnerd pod (one audience, one path: the chart's copy and
 stunner_api's words agree); the reader account has no RBAC and mounts no API-server token;
 NetworkPolicies admit only stunnerd pods, the auth service and `helm test` to the CDS port
-(plus `networkPolicy.cds.extraFrom`) and the selected namespaces to the auth service; and
-`cdsAuth.mode=off` / `networkPolicy.enabled=false` take all of it away.
+(plus `networkPolicy.cds.extraFrom`) and the selected namespaces to the auth service;
+`cdsAuth.mode=off` / `networkPolicy.enabled=false` take all of it away; and the chart's default
+Dataplane leaves every Gateway the account rendered for it (issue 28 #3).
 """
 
 from __future__ import annotations
@@ -121,3 +122,27 @@ def test_cds_auth_off_is_gos_open_cds(helm: Path) -> None:
     ] == []
     auth = pod_spec(named(manifests, "Deployment", "-auth"))
     assert "serviceAccountName" not in auth and "volumes" not in auth
+
+
+def test_the_charts_dataplane_leaves_each_gateway_its_own_account(
+    default_manifests: list[dict[str, Any]],
+) -> None:
+    """Issue 28 #3: the chart's default Dataplane names no serviceAccountName, so every Gateway's
+    pods run as the account rendered for it, and the namespace's `default` reads nothing; the
+    reconciler's ClusterRole lets it manage those accounts."""
+    from datetime import UTC, datetime
+
+    from reconciler.render import RenderSettings, render
+    from reconciler.store import Snapshot
+    from tests.reconciler import clusterkit as k
+
+    (installed,) = of_kind(default_manifests, "Dataplane")
+    assert "serviceAccountName" not in installed["spec"]
+    world = [k.gateway_class(), k.gateway_config(), installed, k.gateway(uid="u")]
+    plan = render(Snapshot.from_objects(world), RenderSettings(), datetime.now(UTC))
+    pod = plan.deployments["stunner/gw"]["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "gw-stunnerd" == plan.dataplane_accounts["stunner/gw"]
+    assert plan.service_accounts["stunner/gw"]["metadata"]["ownerReferences"][0]["uid"] == "u"
+    rules = named(default_manifests, "ClusterRole", "-reconciler")["rules"]
+    (accounts,) = [r for r in rules if "serviceaccounts" in r["resources"]]
+    assert set(accounts["verbs"]) == {"get", "list", "watch", "create", "update", "delete"}

@@ -41,3 +41,24 @@ def test_the_chart_installs_a_node_local_dataplane_that_renders_a_daemonset(helm
     workload = plan.deployments[f"{k.NS}/gw"]
     assert workload["kind"] == "DaemonSet" and "replicas" not in workload["spec"]
     assert workload["spec"]["template"]["spec"]["hostNetwork"] is True
+
+
+def test_the_charts_dataplane_turns_the_offload_on_with_only_its_capabilities(helm: Path) -> None:
+    """`dataplane.spec.offloadEngine=TC`: the chart's Dataplane carries it, render puts it in
+    the config and gives stunnerd CAP_BPF and CAP_NET_ADMIN, and nothing else; without it,
+    no capability and no security context at all."""
+    for engine, expected in (("None", None), ("TC", ["BPF", "NET_ADMIN"])):
+        manifests = render(helm, f"dataplane.spec.offloadEngine={engine}")
+        (installed,) = of_kind(manifests, "Dataplane")
+        assert installed["spec"]["offloadEngine"] == engine
+        world = [k.gateway_class(), k.gateway_config(), installed, k.gateway(uid="u")]
+        plan = render_plan(Snapshot.from_objects(world), RenderSettings(), datetime.now(UTC))
+        assert plan.configs[f"{k.NS}/gw"].admin.offload_engine == engine
+        workload = plan.deployments[f"{k.NS}/gw"]
+        (container,) = workload["spec"]["template"]["spec"]["containers"]
+        context = container.get("securityContext")
+        if expected is None:
+            assert context is None
+            continue
+        assert context["capabilities"] == {"add": expected, "drop": ["ALL"]}
+        assert context["privileged"] is False and context["allowPrivilegeEscalation"] is False

@@ -140,7 +140,7 @@ def running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]
         )
         # What the kubelet writes for t/gw's stunnerd pod: the CDS requires its token.
         token = tmp / "token"
-        token.write_text(api.issue_token("t", "default", (CDS_TOKEN_AUDIENCE,)))
+        token.write_text(api.issue_token("t", "gw-stunnerd", (CDS_TOKEN_AUDIENCE,)))
         try:
             yield {
                 "stunnerd": f"http://127.0.0.1:{metrics}/metrics",

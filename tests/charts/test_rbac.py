@@ -129,9 +129,10 @@ def test_reconciler_roles_grant_exactly_what_cluster_mode_asks(
 ) -> None:
     """Cluster mode through every kind of request it makes: the first pass (creates, status),
     a Dataplane edit (an update), a conflict (a re-read), a switch to a DaemonSet (created, the
-    Deployment deleted) and an edit of it, a Gateway API UDPRoute's status, the
-    disable-managed-dataplane annotation (the DaemonSet deleted), an invalid Gateway (its Service
-    deleted), the Events these record, and the Lease."""
+    Deployment deleted) and an edit of it, a Gateway API UDPRoute's status, an edit of the
+    Gateway's ServiceAccount (written back), the disable-managed-dataplane annotation (the
+    DaemonSet deleted), an invalid Gateway (its Service and ServiceAccount deleted), the Events
+    these record, and the Lease."""
     from tests.reconciler import clusterkit as k
 
     gw_route = k.route(name="gw-route") | {"apiVersion": "gateway.networking.k8s.io/v1"}
@@ -158,14 +159,17 @@ def test_reconciler_roles_grant_exactly_what_cluster_mode_asks(
             await k.eventually(lambda: _asked(api, ("apps", "daemonsets", "update")))
             k.update(api, GW, "Gateway", "gw", _second_listener)
             await k.eventually(lambda: _asked(api, ("", "services", "update")))
+            k.update(api, "v1", "ServiceAccount", "gw-stunnerd", _mount_api_token)
+            await k.eventually(lambda: _asked(api, ("", "serviceaccounts", "update")))
             k.update(api, GW, "Gateway", "gw", _unmanaged)
             await k.eventually(lambda: _asked(api, ("apps", "daemonsets", "delete")))
             k.delete(api, "stunner.l7mp.io/v1", "GatewayConfig", "config")
             await k.eventually(lambda: _asked(api, ("", "services", "delete")))
+            await k.eventually(lambda: _asked(api, ("", "serviceaccounts", "delete")))
             await k.eventually(lambda: _asked(api, ("coordination.k8s.io", "leases", "update")))
             await k.eventually(lambda: _asked(api, ("events.k8s.io", "events", "create")))
             # A stunnerd's CDS request: its token is checked with a TokenReview.
-            token = api.issue_token(k.NS, "default", (CDS_TOKEN_AUDIENCE,))
+            token = api.issue_token(k.NS, "gw-stunnerd", (CDS_TOKEN_AUDIENCE,))
             url = f"{r.cds_address}/api/v1/configs/{k.NS}/gw"
             request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
             try:
@@ -208,6 +212,10 @@ def _pull_never(dataplane: dict[str, Any]) -> None:
 
 def _second_listener(gateway: dict[str, Any]) -> None:
     gateway["spec"]["listeners"].append({"name": "udp2", "port": 3479, "protocol": "TURN-UDP"})
+
+
+def _mount_api_token(account: dict[str, Any]) -> None:
+    account["automountServiceAccountToken"] = True
 
 
 def _unmanaged(gateway: dict[str, Any]) -> None:

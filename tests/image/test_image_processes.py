@@ -176,9 +176,11 @@ def test_the_build_checks_pass_from_slash_and_cover_every_command(image_venvs: I
         assert f"check: {command} -> " in controlplane
     assert "check: gunicorn worker_class webhook.serving.DeadlineWorker" in controlplane
     assert "check: stunnerd._relay" in controlplane
+    assert "check: stunnerd/offload/relay.bpf.o" in controlplane
     dataplane = image_venvs.checks["venv-dataplane"]
     assert re.findall(r"check: (\S+) -> ", dataplane) == ["stunnerd"]
     assert "check: stunnerd._relay" in dataplane
+    assert "check: stunnerd/offload/relay.bpf.o" in dataplane
 
 
 def image_check(image_venvs: ImageVenvs, image: str, pythonpath: Path) -> str:

@@ -8,6 +8,7 @@ counted while an honest watcher still gets its update; an unmasked client frame 
 1002, also when it comes with the upgrade request or after a byte-by-byte frame with a 16-bit
 length; watchers that ping and hang up, or are torn down while a config is being written to
 them, leave no ERROR and no traceback in the log, and connections come and go at DEBUG only;
+many watchers dropped for not reading make one WARNING line, not one each (issue 28 #9);
 when the process is out of
 file descriptors the accept error is logged once, not once per try, and the server accepts
 again once descriptors are free.
@@ -254,6 +255,35 @@ def test_watchers_torn_down_mid_write_log_no_error_and_come_and_go_at_debug(
     assert not [
         r for r in caplog.records if r.levelno == logging.INFO and "watcher" in r.getMessage()
     ]
+
+
+def test_many_watchers_dropped_for_not_reading_make_one_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Issue 28 #9: 300 watchers dropped in one run were 300 WARNING lines. Lines about one
+    watcher come at most once per 10 s, with the count since the last."""
+    stuck = 12
+
+    async def main() -> None:
+        async with cds(write_timeout=0.5, heartbeat=None) as (store, served, _app):
+            big = make_config(ID, endpoints=5000)  # ~80 kB that do not compress
+            store.set(ID, big)
+            sockets = [await upgraded(served) for _ in range(stuck)]  # never read
+            version = 0
+            while store.dropped_watchers < stuck:
+                version += 1
+                auth = big.auth.model_copy(update={"realm": f"v{version}"})
+                store.set(ID, big.model_copy(update={"auth": auth}))
+                await asyncio.sleep(0.05)  # a config a watcher cannot take, every 50 ms
+                assert version < 2000, store.dropped_watchers
+            for _, writer in sockets:
+                writer.close()
+
+    with caplog.at_level(logging.INFO):
+        run(main)
+    dropped = [r.getMessage() for r in caplog.records if "dropping watcher" in r.getMessage()]
+    assert dropped and len(dropped) < stuck, dropped
+    assert "[1 since the last such line]" in dropped[0]
 
 
 def test_out_of_file_descriptors_the_accept_error_is_logged_once_and_accepting_resumes(

@@ -47,11 +47,12 @@ def test_first_pass_writes_everything_and_a_second_pass_nothing(tmp_path: Path) 
                 await k.settled(running, fake)
                 writes = fake.writes()  # and the Events (this fake serves none: one try)
                 assert sorted(m for m, _ in k.object_writes(fake)) == [
-                    *("PATCH", "PATCH", "PATCH", "POST", "POST")
+                    *("PATCH", "PATCH", "PATCH", "POST", "POST", "POST")
                 ]
                 gateway = k.get(fake, GW, "Gateway", "gw")
                 assert gateway is not None
-                for obj in (deployment(fake), service(fake)):
+                account = k.get(fake, "v1", "ServiceAccount", "gw-stunnerd")
+                for obj in (deployment(fake), service(fake), account):
                     assert obj is not None
                     (owner,) = obj["metadata"]["ownerReferences"]
                     assert owner["uid"] == gateway["metadata"]["uid"] and owner["controller"]

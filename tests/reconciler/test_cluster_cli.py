@@ -69,7 +69,7 @@ def test_cluster_mode_process_leads_and_releases_on_sigterm(tmp_path: Path) -> N
                 urllib.request.urlopen(url, timeout=5)
             assert refused.value.code == 401
             refused.value.close()
-            token = fake.issue_token(k.NS, "default", (CDS_TOKEN_AUDIENCE,))
+            token = fake.issue_token(k.NS, "gw-stunnerd", (CDS_TOKEN_AUDIENCE,))
             request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
             with urllib.request.urlopen(request, timeout=5) as response:
                 assert response.status == 200

@@ -52,11 +52,12 @@ def test_events_follow_what_the_reconciler_did_and_a_steady_state_records_none(
             k.world(fake)
             async with k.reconciler(fake, tmp_path) as running:
                 await k.settled(running, fake)
-                await k.eventually(lambda: len(k.recorded_events(fake)) == 3)
+                await k.eventually(lambda: len(k.recorded_events(fake)) == 4)
                 first = k.recorded_events(fake)
                 assert sorted(summary(first)) == [
                     ("Normal", "Created", "Gateway/gw", "Deployment"),
                     ("Normal", "Created", "Gateway/gw", "Service"),
+                    ("Normal", "Created", "Gateway/gw", "ServiceAccount"),
                     ("Normal", "Valid", "Gateway/gw", ""),
                 ]
                 gateway = k.get(fake, GW, "Gateway", "gw")
@@ -75,19 +76,20 @@ def test_events_follow_what_the_reconciler_did_and_a_steady_state_records_none(
                 assert fake.writes() == writes
                 # The Gateway becomes invalid: it says why; its objects are deleted.
                 k.delete(fake, "stunner.l7mp.io/v1", "GatewayConfig", "config")
-                await k.eventually(lambda: len(k.recorded_events(fake)) == 6)
-                invalid = k.recorded_events(fake)[3:]
+                await k.eventually(lambda: len(k.recorded_events(fake)) == 8)
+                invalid = k.recorded_events(fake)[4:]
                 assert sorted(summary(invalid)) == [
                     ("Normal", "Deleted", "Gateway/gw", "Deployment"),
                     ("Normal", "Deleted", "Gateway/gw", "Service"),
+                    ("Normal", "Deleted", "Gateway/gw", "ServiceAccount"),
                     ("Warning", "Invalid", "Gateway/gw", ""),
                 ]
                 (why,) = [e["note"] for e in invalid if e["reason"] == "Invalid"]
                 assert "No GatewayConfig found" in why
                 # Fixed: valid again, told as it happens (a change back is no repeat).
                 fake.seed(k.gateway_config())
-                await k.eventually(lambda: len(k.recorded_events(fake)) == 9)
-                assert sorted(summary(k.recorded_events(fake)[6:])) == sorted(summary(first))
+                await k.eventually(lambda: len(k.recorded_events(fake)) == 12)
+                assert sorted(summary(k.recorded_events(fake)[8:])) == sorted(summary(first))
                 await k.settled(running, fake)
                 assert running.mode.recorder.dropped == 0
                 # Someone deletes the Deployment: re-created, told once; again: not told again.
@@ -96,7 +98,7 @@ def test_events_follow_what_the_reconciler_did_and_a_steady_state_records_none(
                     await k.eventually(lambda: k.get(fake, "apps/v1", "Deployment", "gw"))
                     await k.settled(running, fake)
                 assert running.mode.recorder.dropped == 2
-                assert len(k.recorded_events(fake)) == 9
+                assert len(k.recorded_events(fake)) == 12
             notes = [str(e) for e in k.recorded_events(fake)]
             assert not [n for n in notes if PASSWORD in n]
 

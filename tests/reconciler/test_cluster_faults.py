@@ -36,6 +36,16 @@ async def http_get(url: str) -> tuple[int, str]:
     return await asyncio.to_thread(_http_get, url)
 
 
+def listed(fake: FakeApiServer, tmp_path: Path) -> tuple[Api, Cache]:
+    """An API client of `fake` and a cache holding every watched kind as listed now."""
+    cache = Cache()
+    api = Api(load_client(str(fake.write_kubeconfig(tmp_path / "kubeconfig"))))
+    for watched in cache.watched:
+        items, version = api.list(watched, watched.versions[0])
+        cache.replace(watched, items, version)
+    return api, cache
+
+
 @pytest.mark.parametrize("code", [422, 403, 409])
 def test_a_refused_write_is_logged_retried_and_blocks_nothing_else(
     tmp_path: Path, code: int, caplog: pytest.LogCaptureFixture
@@ -74,12 +84,8 @@ def test_a_refused_write_is_logged_retried_and_blocks_nothing_else(
 def test_a_conflict_rereads_the_object_and_the_next_write_succeeds(tmp_path: Path) -> None:
     with FakeApiServer() as fake:
         k.world(fake)
-        cache = Cache()
-        api = Api(load_client(str(fake.write_kubeconfig(tmp_path / "kubeconfig"))))
+        api, cache = listed(fake, tmp_path)
         try:
-            for watched in cache.watched:
-                items, version = api.list(watched, watched.versions[0])
-                cache.replace(watched, items, version)
             writer = Writer(api, cache)
             settings = RenderSettings()
 
@@ -108,6 +114,38 @@ def test_a_conflict_rereads_the_object_and_the_next_write_succeeds(tmp_path: Pat
             stored = k.get(fake, "v1", "Service", "gw")
             assert stored is not None and len(stored["spec"]["ports"]) == 2
             assert stored["metadata"]["labels"]["t"] == "x"
+        finally:
+            api.close()
+
+
+def test_a_create_for_a_gateway_the_api_server_no_longer_has_is_not_sent(
+    tmp_path: Path,
+) -> None:
+    """The cache still holds the Gateway (its watch has not delivered the deletion yet, while the
+    collector's deletions of what it owned came first): its Service and Deployment are not
+    created again; nor for a Gateway deleted and created again under the same name (a new
+    uid), whose own render makes its own objects."""
+    with FakeApiServer() as fake:
+        k.world(fake)
+        api, cache = listed(fake, tmp_path)
+        try:
+            writer = Writer(api, cache)
+            snapshot = Snapshot.from_objects(cache.rendered_objects())
+            plan = render(snapshot, RenderSettings(), datetime.now(UTC))
+            creates = [
+                w for w in plan_writes(plan, cache.get, {"stunner/gw"}) if w.verb == "create"
+            ]
+            assert {w.kind for w in creates} >= {"Service", "Deployment"}
+            before = len(fake.writes())
+            k.delete(fake, GW, "Gateway", "gw")
+            results = [writer.send(w) for w in creates]
+            assert all(r.ok and "is gone" in r.skipped for r in results), results
+            assert [m for m, _ in fake.writes()[before:] if m == "POST"] == []
+            assert k.get(fake, "v1", "Service", "gw") is None
+            fake.seed(k.gateway())  # the same name again, another uid
+            again = [writer.send(w) for w in creates]
+            assert all("another one" in r.skipped for r in again), again
+            assert k.get(fake, "apps/v1", "Deployment", "gw") is None
         finally:
             api.close()
 

@@ -147,7 +147,7 @@ def test_a_render_runs_off_the_loop_which_serves_the_cds_meanwhile(tmp_path: Pat
                     # Held mid-render: the loop answers a CDS request, the probes answer.
                     cds = f"{running.cds_address}/api/v1/configs/{k.NS}/gw"
                     # as the Gateway's stunnerd asks: with its pod's projected token
-                    token = fake.issue_token(k.NS, "default", (CDS_TOKEN_AUDIENCE,))
+                    token = fake.issue_token(k.NS, "gw-stunnerd", (CDS_TOKEN_AUDIENCE,))
                     assert (await asyncio.to_thread(_get, cds, token))[0] == 200
                     assert (await asyncio.to_thread(_get, running.health_address + "/healthz"))[
                         0

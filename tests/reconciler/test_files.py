@@ -90,6 +90,35 @@ def test_a_malformed_file_is_reported_with_file_and_line(
     assert str(info.value).startswith(f"{path}:{line}: ")
 
 
+def test_no_free_value_of_a_file_reaches_a_log_line(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 28 #10: a `kind` (or a name) is free text, and was quoted in ERROR lines
+    (`TopSecretKindQQQ without metadata.name`); a log line names a kind STUNner reads, and
+    names that are DNS names, nothing else: file and line say where."""
+    secret = "TopSecretKindQQQ"
+    (tmp_path / "a.yaml").write_text(f"apiVersion: v1\nkind: {secret}\nmetadata: {{}}\n")
+    (tmp_path / "b.yaml").write_text(
+        f"apiVersion: v1\nkind: Secret\nmetadata:\n  name: {secret.lower()}\n  namespace: [x]\n"
+    )
+    twice = f"apiVersion: x/v1\nkind: {secret}\nmetadata: {{name: '{secret} pass'}}\n"
+    (tmp_path / "c.yaml").write_text(twice + "---\n" + twice)
+    (tmp_path / "d.yaml").write_text(ROUTE + "---\n" + ROUTE)  # names that are names
+    directory = ManifestDir(tmp_path)
+    with caplog.at_level(logging.DEBUG, logger="stunner.manifests"):
+        directory.scan()
+    assert secret.lower() not in caplog.text.lower()
+    for error in (*directory.errors, *directory.duplicates):
+        assert secret.lower() not in str(error).lower()
+    assert f"{tmp_path / 'a.yaml'}:1: an object without metadata.name" in caplog.text
+    assert f"{tmp_path / 'b.yaml'}:1: Secret: metadata.namespace must be a string" in caplog.text
+    assert (
+        f"{tmp_path / 'c.yaml'}:5: an object (named with something that is not a DNS name) is "
+        f"already defined at {tmp_path / 'c.yaml'}:1" in caplog.text
+    )
+    assert f"{tmp_path / 'd.yaml'}:9: UDPRoute stunner/route is already defined" in caplog.text
+
+
 def test_a_malformed_edit_changes_nothing(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     path = tmp_path / "gateway.yaml"
     path.write_text(GATEWAY.format(name="gw") + "---\n" + ROUTE)
@@ -198,8 +227,9 @@ def alias_bomb(comment: str = "") -> str:
     return "\n".join(lines) + "\n"
 
 
-def too_many_documents() -> str:
-    return "".join(f"---\n{GATEWAY.format(name=f'gw{n}')}" for n in range(1001))
+def empty_documents() -> str:
+    """4 MiB (at the cap, not past it) of empty documents: a million `---`."""
+    return "---\n" * (1024 * 1024)
 
 
 def oversized() -> str:
@@ -213,7 +243,7 @@ BOMBS = {
     "block sequences": (lambda: "- " * 3000 + "x\n", 1, "nested more than 100 levels deep"),
     "alias bomb": (alias_bomb, 11, "more than 300000 nodes, each alias counted as what it names"),
     "recursive alias": (lambda: "a: &a [b, *a]\n", 1, "alias *a is inside the node it names"),
-    "documents": (too_many_documents, 12001, "more than 1000 documents in one file"),
+    "empty documents": (empty_documents, 300_002, "more than 300000 nodes"),
     "oversized": (oversized, 0, f"{len(oversized())} bytes, more than the 4 MiB a file may have"),
 }
 
@@ -246,6 +276,17 @@ def test_a_hostile_file_is_refused_once_and_keeps_the_last_good_objects(
     with pytest.raises(ManifestError) as info:
         read_manifest(path)
     assert str(info.value) == str(error)
+
+
+def test_thousands_of_gateways_in_one_file_are_read(tmp_path: Path) -> None:
+    """Issue 28: 1,000 documents per file refused 1,000 Gateways and their GatewayClass in
+    one 564 KB file; documents are bounded by the node and size bounds now."""
+    path = tmp_path / "gateways.yaml"
+    path.write_text("---\n".join(GATEWAY.format(name=f"gw{n}") for n in range(5000)))
+    directory = ManifestDir(tmp_path)
+    assert directory.scan() is True and directory.errors == []
+    assert len(directory.objects()) == 5000
+    assert len(read_manifest(path)[1]) == 5000
 
 
 def test_an_alias_bomb_rewritten_is_refused_and_logged_once(

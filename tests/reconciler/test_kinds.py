@@ -11,13 +11,16 @@ from reconciler.kube.api import WRITTEN, resource_path
 from reconciler.store import CLUSTER_SCOPED, WATCHED, Cache, Kind, Snapshot, kind_of
 from stunner_api.vocabulary import (
     DAEMON_SET,
+    DATAPLANE_POD_SELECTOR,
     DEPLOYMENT,
     GATEWAY_CLASS,
     KINDS,
     OWNED_BY_LABEL,
     OWNED_BY_VALUE,
+    POD,
     RENDERED_KINDS,
     SECRET,
+    SERVICE_ACCOUNT,
     WATCHED_KINDS,
     WRITTEN_KINDS,
     KindInfo,
@@ -41,9 +44,14 @@ def test_every_row_is_one_kind_and_the_lists_are_its_columns() -> None:
     assert set(WRITTEN.values()) == set(WRITTEN_KINDS)
     assert set(RENDERED_KINDS) <= set(WATCHED_KINDS)  # render reads only what is watched
     assert [w.label_selector for w in WATCHED if w.label_selector] == [
-        f"{OWNED_BY_LABEL}={OWNED_BY_VALUE}"  # our Deployments and DaemonSets, by label
-    ] * 2
-    assert [w.info for w in WATCHED if not w.rendered] == [DEPLOYMENT, DAEMON_SET]
+        f"{OWNED_BY_LABEL}={OWNED_BY_VALUE}"  # our Deployments, DaemonSets, accounts, by label
+    ] * 3 + [DATAPLANE_POD_SELECTOR]  # the Gateways' dataplane pods (who may report usage)
+    assert [w.info for w in WATCHED if not w.rendered] == [
+        DEPLOYMENT,
+        DAEMON_SET,
+        SERVICE_ACCOUNT,
+        POD,
+    ]
 
 
 def test_a_snapshot_keeps_every_version_of_the_rendered_kinds_and_ignores_the_rest() -> None:
@@ -58,6 +66,8 @@ def test_a_snapshot_keeps_every_version_of_the_rendered_kinds_and_ignores_the_re
     assert [(i.kind, i.reason) for i in snapshot.ignored] == [
         ("Deployment", "not a kind the operator reads"),
         ("DaemonSet", "not a kind the operator reads"),
+        ("ServiceAccount", "not a kind the operator reads"),
+        ("Pod", "not a kind the operator reads"),
     ]
     assert snapshot.gateway_class("x") is not None and snapshot.secret("ns", "x") is not None
 

@@ -78,7 +78,7 @@ def test_only_the_leader_writes_and_a_dead_leaders_successor_changes_no_config(
                 assert a.mode.writes_sent >= len(k.object_writes(fake)) > 0
                 assert lease(fake)["spec"]["holderIdentity"] == "a"
                 watcher = CdsWatcher()
-                token = fake.issue_token(k.NS, "default", (CDS_TOKEN_AUDIENCE,))
+                token = fake.issue_token(k.NS, "gw-stunnerd", (CDS_TOKEN_AUDIENCE,))
                 watcher.task = asyncio.create_task(watcher.run(b.cds_address, "stunner/gw", token))
                 await k.eventually(lambda: watcher.frames, what="the first config")
                 # The leader dies: its tasks stop, the Lease is not released.
@@ -122,7 +122,7 @@ def test_sigterm_releases_the_lease_stops_writing_and_keeps_serving_cds(tmp_path
     async def main() -> None:
         with FakeApiServer() as fake:
             k.world(fake)
-            token = fake.issue_token(k.NS, "default", (CDS_TOKEN_AUDIENCE,))
+            token = fake.issue_token(k.NS, "gw-stunnerd", (CDS_TOKEN_AUDIENCE,))
             async with replica(fake, tmp_path, "a") as a:
                 await k.eventually(lambda: a.mode.leading, what="a leads")
                 async with replica(fake, tmp_path, "b") as b:

@@ -1,12 +1,12 @@
 """Local mode's watcher against hostile manifest files, in the real `stunner-reconciler` process.
 
 We test, with the bundled example in a directory the reconciler watches: a nesting bomb, block
-nesting, an alias bomb written and rewritten, an oversized file, a file of 1,001 documents and a
-symlink to a Gateway outside the directory are each refused and logged once with the file,
-while the process stays up and later edits of the Gateway still reach the CDS (the linked
-Gateway never does); and, with the running process's descriptor limit lowered below what it holds
-(from outside, as running out of descriptors does), the scan's `EMFILE` is logged once, the
-objects stay, and once the limit is raised the edit made meanwhile is applied.
+nesting, an alias bomb written and rewritten, an oversized file, a file of a million empty
+documents and a symlink to a Gateway outside the directory are each refused and logged once with
+the file, while the process stays up and later edits of the Gateway still reach the CDS (the
+linked Gateway never does); and, with the running process's descriptor limit lowered below what
+it holds (from outside, as running out of descriptors does), the scan's `EMFILE` is logged once,
+the objects stay, and once the limit is raised the edit made meanwhile is applied.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from reconciler.demo import prepare
-from tests.reconciler.test_files import alias_bomb, nesting_bomb, too_many_documents
+from tests.reconciler.test_files import alias_bomb, empty_documents, nesting_bomb
 from tests.support.ports import free_port
 
 HOST = "127.0.0.1"
@@ -57,11 +57,13 @@ def until(condition: Callable[[], bool], proc: subprocess.Popen[bytes], what: st
 
 
 @contextmanager
-def reconciler(manifests: Path, log: Path, cds_port: int) -> Iterator[subprocess.Popen[bytes]]:
+def reconciler(
+    manifests: Path, log: Path, cds_port: int, auth_port: int = 0
+) -> Iterator[subprocess.Popen[bytes]]:
     with log.open("wb") as output:
         proc = subprocess.Popen(
             [sys.executable, "-m", "reconciler", "--manifests", str(manifests)]
-            + ["--cds-port", str(cds_port), "--auth-port", "0", "--address", HOST],
+            + ["--cds-port", str(cds_port), "--auth-port", str(auth_port), "--address", HOST],
             stdout=output,
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -101,7 +103,7 @@ def test_hostile_files_are_refused_once_and_edits_still_apply(tmp_path: Path) ->
             "deep.yaml": "".join(f"{' ' * n}k:\n" for n in range(1500)) + " " * 1500 + "v\n",
             "lol.yaml": alias_bomb("first"),
             "big.yaml": gateway.read_text() + "#" * (4 * 1024 * 1024) + "\n",
-            "docs.yaml": too_many_documents(),
+            "docs.yaml": empty_documents(),
         }
         for name, text in hostile.items():
             (manifests / name).write_text(text)

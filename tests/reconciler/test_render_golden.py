@@ -3,7 +3,8 @@
 Every case is a directory of tests/data/render/: `common.yaml` (the spec's GatewayClass,
 GatewayConfig and Dataplane, the auth Secret, the namespaces) plus the case's `objects.yaml`.
 Its goldens, under `golden/`, are one dataplane config per Gateway (`<ns>_<name>.json`, as CDS
-serves it, indented) and `plan.yaml` (Deployments, Services, statuses, findings).
+serves it, indented) and `plan.yaml` (Deployments, Services, ServiceAccounts, the account each
+config is served to, statuses, findings).
 
 Regenerate the goldens after an intended change, then review the diff line by line:
 
@@ -52,6 +53,8 @@ def plan_document(plan: Plan) -> dict[str, Any]:
     return {
         "deployments": dict(plan.deployments),
         "services": dict(plan.services),
+        "service_accounts": dict(plan.service_accounts),
+        "dataplane_accounts": dict(plan.dataplane_accounts),
         "statuses": [asdict(s) for s in plan.statuses],
         "findings": [str(f) for f in plan.findings],
     }

@@ -15,7 +15,6 @@ from typing import Any
 import pytest
 
 from reconciler.render import Plan, RenderSettings, addresses, render
-from reconciler.render.deployment import service_account_of
 from reconciler.store import Snapshot
 from stunnerd.certificates import self_signed_certificate
 from tests.reconciler import clusterkit as k
@@ -824,6 +823,78 @@ def test_the_hinted_address_wins() -> None:
 # --- Deployment (§2.4) ------------------------------------------------------------------------
 
 
+OFFLOAD_SECURITY = {
+    "capabilities": {"add": ["BPF", "NET_ADMIN"], "drop": ["ALL"]},
+    "runAsUser": 0,
+    "runAsNonRoot": False,
+    "allowPrivilegeEscalation": False,
+    "privileged": False,
+}
+
+
+def stunnerd_container(plan: Plan) -> dict[str, Any]:
+    container: dict[str, Any] = plan.deployments["stunner/gw"]["spec"]["template"]["spec"][
+        "containers"
+    ][0]
+    return container
+
+
+@pytest.mark.parametrize("engine", [None, "None", "none"])
+def test_without_the_offload_stunnerd_gets_no_capability(engine: str | None) -> None:
+    spec = {} if engine is None else {"offloadEngine": engine}
+    plan = plan_of(dataplane(**spec))
+    assert "securityContext" not in stunnerd_container(plan)
+    assert plan.configs["stunner/gw"].admin.offload_engine == "None"
+
+
+@pytest.mark.parametrize("engine", ["TC", "Auto", "XDP"])
+def test_the_offload_adds_cap_bpf_and_cap_net_admin_and_only_them(engine: str) -> None:
+    plan = plan_of(dataplane(offloadEngine=engine, offloadInterfaces=["eth0"]))
+    assert stunnerd_container(plan)["securityContext"] == OFFLOAD_SECURITY
+    admin = plan.configs["stunner/gw"].admin
+    assert (admin.offload_engine, admin.offload_interfaces) == (engine, ["eth0"])
+
+
+def test_the_offload_keeps_what_the_dataplane_sets_itself() -> None:
+    own = {"readOnlyRootFilesystem": True, "capabilities": {"add": ["NET_BIND_SERVICE"]}}
+    plan = plan_of(dataplane(offloadEngine="TC", containerSecurityContext=own))
+    assert stunnerd_container(plan)["securityContext"] == {
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"add": ["NET_BIND_SERVICE", "BPF", "NET_ADMIN"], "drop": ["ALL"]},
+        "runAsUser": 0,
+        "runAsNonRoot": False,
+        "allowPrivilegeEscalation": False,
+        "privileged": False,
+    }
+
+
+@pytest.mark.parametrize(
+    ("container", "pod"),
+    [
+        ({"runAsNonRoot": True}, None),
+        ({"runAsUser": 10001}, None),
+        (None, {"runAsNonRoot": True}),
+        (None, {"runAsUser": 10001}),
+    ],
+)
+def test_the_offload_keeps_a_user_the_dataplane_chose(
+    container: dict[str, Any] | None, pod: dict[str, Any] | None
+) -> None:
+    """A non-root user of the Dataplane's own stays: stunnerd then warns that it lacks the
+    capabilities, instead of a pod the kubelet refuses (runAsNonRoot with uid 0)."""
+    spec: dict[str, Any] = {"offloadEngine": "TC"}
+    if container is not None:
+        spec["containerSecurityContext"] = container
+    if pod is not None:
+        spec["securityContext"] = pod
+    context = stunnerd_container(plan_of(dataplane(**spec)))["securityContext"]
+    assert context["capabilities"] == {"add": ["BPF", "NET_ADMIN"], "drop": ["ALL"]}
+    assert {k: context.get(k) for k in ("runAsUser", "runAsNonRoot")} == {
+        "runAsUser": (container or {}).get("runAsUser"),
+        "runAsNonRoot": (container or {}).get("runAsNonRoot"),
+    }
+
+
 def test_the_deployment() -> None:
     gw = gateway(
         uid="1234",
@@ -910,11 +981,11 @@ def test_the_deployment() -> None:
 
 def test_the_deployment_carries_a_cds_token_of_the_cds_audience_only() -> None:
     """stunnerd's credential for the CDS (issue 20 #5): a projected token bound to the CDS's
-    audience, mounted read-only where STUNNER_CDS_TOKEN_FILE says; no API-server token; the
-    Dataplane's serviceAccountName is the pod's (and the one the CDS serves the config to)."""
+    audience, mounted read-only where STUNNER_CDS_TOKEN_FILE says; no API-server token; the pod
+    runs as the Gateway's own account (tests/reconciler/test_render_account.py)."""
     pod = plan_of(dataplane()).deployments["stunner/gw"]["spec"]["template"]["spec"]
     assert pod["automountServiceAccountToken"] is False
-    assert "serviceAccountName" not in pod
+    assert pod["serviceAccountName"] == "gw-stunnerd"
     assert pod["volumes"] == [
         {
             "name": "stunner-cds-token",
@@ -941,11 +1012,6 @@ def test_the_deployment_carries_a_cds_token_of_the_cds_audience_only() -> None:
     ]
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["STUNNER_CDS_TOKEN_FILE"] == "/var/run/secrets/stunner.l7mp.io/cds/token"
-    deployment = plan_of(dataplane()).deployments["stunner/gw"]
-    assert service_account_of(deployment) == "default"
-    own = plan_of(dataplane(serviceAccountName="stunnerd")).deployments["stunner/gw"]
-    assert own["spec"]["template"]["spec"]["serviceAccountName"] == "stunnerd"
-    assert service_account_of(own) == "stunnerd"
 
 
 def test_deployment_defaults_and_switches() -> None:

@@ -660,7 +660,7 @@ def test_dns_endpoints(endpoint: str, valid: bool) -> None:
             "turn:1.2.3.4:30478?transport=udp",
         ),
         ({"address": "10.0.0.1", "public_port": 30478}, "turn:10.0.0.1:30478?transport=udp"),
-        ({"address": "2001:db8::1"}, "turn:2001:db8::1:3478?transport=udp"),  # Go: no brackets
+        ({"address": "2001:db8::1"}, "turn:[2001:db8::1]:3478?transport=udp"),  # RFC 7065; Go: bare
     ],
 )
 def test_listener_uri(fields: dict[str, Any], uri: str) -> None:
@@ -834,3 +834,31 @@ def test_an_unset_stunner_addr_is_named() -> None:
 def test_a_dollar_in_a_password_is_not_a_variable() -> None:
     auth = {"credentials": {"username": "u", "password": "pa$$word$SECRET"}}
     assert load_config_checked(json.dumps(config_with(auth=auth)), env={})[1] == []
+
+
+def test_ice_uris_bracket_ipv6_for_turn_stun_and_per_node_addresses() -> None:
+    """RFC 7065 (turn:) and RFC 7064 (stun:) take RFC 3986's host: an IPv6 literal in brackets,
+    the only form a browser's RTCPeerConnection parses (Go writes it bare)."""
+    from stunner_api.ice import IceQuery, listener_uris
+    from stunner_api.vocabulary import NODE_ADDRESS_PLACEHOLDER
+
+    named = {"name": "ns/gw/udp", "port": 3478}
+    turn = load_dict(config_with(listeners=[listener(address="2001:db8::1", **named)]))
+    assert listener_uris(turn, IceQuery()) == ["turn:[2001:db8::1]:3478?transport=udp"]
+    assert listener_uris(turn, IceQuery(public_address="2001:db8::7")) == [
+        "turn:[2001:db8::7]:3478?transport=udp"
+    ]
+    stun = load_dict(
+        config_with(auth={"type": "none"}, listeners=[listener(address="2001:db8::1", **named)])
+    )
+    assert stun.auth.stun_only
+    assert listener_uris(stun, IceQuery()) == ["stun:[2001:db8::1]:3478"]
+    per_node = load_dict(
+        config_with(listeners=[listener(address=NODE_ADDRESS_PLACEHOLDER, **named)])
+    )
+    assert listener_uris(per_node, IceQuery(), node_addresses=["2001:db8::a", "10.0.0.2"]) == [
+        "turn:[2001:db8::a]:3478?transport=udp",
+        "turn:10.0.0.2:3478?transport=udp",
+    ]
+    v4 = load_dict(config_with(listeners=[listener(address="10.0.0.1", **named)]))
+    assert listener_uris(v4, IceQuery()) == ["turn:10.0.0.1:3478?transport=udp"]

@@ -48,6 +48,7 @@ from stunner_api.rules.dataplane import (
     dataplane_image,
     dataplane_resource,
     dataplane_schema,
+    dataplane_service_account,
 )
 from stunner_api.rules.gateway import (
     gateway_addresses,
@@ -498,6 +499,7 @@ CASES: list[tuple[Rule, dict[str, Any], list[str]]] = [
     (dataplane_counts, dataplane(terminationGracePeriodSeconds=-5), ["GracePeriodSeconds: must"]),
     (dataplane_resource, dataplane(dataplaneResource="DaemonSet", hostNetwork=True), []),
     (dataplane_resource, dataplane(dataplaneResource="StatefulSet"), ["Deployment, DaemonSet"]),
+    (dataplane_service_account, dataplane(serviceAccountName="media-relay"), []),
     (
         gateway_host_ports,
         host_gateway(listener("udp", 3479), listener("tcp", 3478, "TURN-TCP")),
@@ -584,6 +586,11 @@ CASES: list[tuple[Rule, dict[str, Any], list[str]]] = [
 
 # (rule, object, substring of the one expected warning); none of these is an error
 WARNINGS: list[tuple[Rule, dict[str, Any], str]] = [
+    (
+        dataplane_service_account,
+        dataplane(serviceAccountName="default"),
+        "spec.serviceAccountName: 'default' is the account every pod of a namespace runs as",
+    ),
     (
         gateway_daemon_ports,
         gateway(annotations={HEALTH_CHECK_PORT: "9086"}, gatewayClassName="host-class"),

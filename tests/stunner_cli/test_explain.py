@@ -95,6 +95,25 @@ def test_a_dataplane_config_file_is_explained(
     assert code == 1 and "is the config of ns/gw, not ns/other" in err
 
 
+def test_a_file_is_read_within_the_bounds_of_check_and_render(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """Issue 28 #7: `explain -f FILE` read a file whole, whatever its size (100 MB: 1.13 GB
+    of RSS after 60 s), and took a dataplane config of any size; now the reader of `check -f`
+    and `render -f` (reconciler.files) refuses it unread, and an alias bomb in a few bytes."""
+    big = tmp_path / "stunnerd.json"
+    big.write_text(json.dumps(dataplane_config()) + "\n" * (4 * 1024 * 1024))
+    code, out, err = run(capsys, "ns/gw", "10.1.2.3:5000", "-f", str(big))
+    assert code == 1 and out == ""
+    assert f"{big}: {big.stat().st_size} bytes, more than the 4 MiB a file may have" in err
+    bomb = tmp_path / "bomb.yaml"
+    levels = ["a0: &a0 [x, x, x, x, x, x, x, x, x]"]
+    levels += [f"a{n}: &a{n} [{', '.join([f'*a{n - 1}'] * 9)}]" for n in range(1, 9)]
+    bomb.write_text("\n".join(levels) + "\n")
+    code, out, err = run(capsys, "ns/gw", "10.1.2.3", "-f", str(bomb))
+    assert code == 1 and out == "" and "an alias bomb?" in err
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

@@ -54,6 +54,9 @@ class DataplaneView:
     def listener_stats(self) -> dict[str, Any]:
         return {}
 
+    def listener_offload(self) -> dict[str, Any]:
+        return {}
+
 
 async def stunner(kubeconfig: Path, *args: str) -> tuple[int, str, str]:
     proc = await asyncio.create_subprocess_exec(

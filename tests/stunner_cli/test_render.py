@@ -24,9 +24,13 @@ def test_the_cluster_example_renders_with_the_charts_default_dataplane(
     out, err = capsys.readouterr()
     assert "no Dataplane 'default'" in err and chart_image() in err
     documents = list(yaml.safe_load_all(out))
-    assert [d.get("kind") for d in documents] == [None, "Service", "Deployment"]
-    config, service, deployment = documents
+    assert [d.get("kind") for d in documents] == [None, "Service", "ServiceAccount", "Deployment"]
+    config, service, account, deployment = documents
     assert config["admin"]["name"] == "stunner/udp-gateway"
+    # The account the config is served to, the one the pods run as.
+    assert "served over CDS to ServiceAccount udp-gateway-stunnerd" in out
+    assert account["metadata"]["name"] == "udp-gateway-stunnerd"
+    assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == "udp-gateway-stunnerd"
     assert [p["name"] for p in service["spec"]["ports"]] == ["udp-listener", "tcp-listener"]
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
     assert container["image"] == chart_image()
@@ -48,8 +52,9 @@ def test_a_dataplane_in_the_files_is_the_one_used(
     assert main(["render", "-f", str(tmp_path), "-o", "json"]) == 0
     out, err = capsys.readouterr()
     assert "no Dataplane" not in err
-    config, service, deployment = json.loads(out)
+    config, service, account, deployment = json.loads(out)
     assert service["kind"] == "Service" and deployment["kind"] == "Deployment"
+    assert account["kind"] == "ServiceAccount"
     assert deployment["spec"]["replicas"] == 3
     assert deployment["spec"]["template"]["spec"]["containers"][0]["image"] == (
         "example.com/stunnerd:1.2"

@@ -76,6 +76,13 @@ def test_health_ready_and_status_redacted() -> None:
             assert report["auth"]["credentials"]["password"] == "<SECRET>"
             udp = next(lst for lst in report["listeners"] if lst["protocol"] == "TURN-UDP")
             assert udp["stats"]["rx"]["pkts"] >= 2 and udp["stats"]["tx"]["pkts"] >= 2
+            # The kernel offload per listener: off by default, and why.
+            assert udp["offload"] == {"on": False, "reason": "admin.offload_engine is None"}
+            tcp = next(lst for lst in report["listeners"] if lst["protocol"] == "TURN-TCP")
+            assert tcp["offload"] == {
+                "on": False,
+                "reason": "TURN-TCP: the offload relays TURN-UDP ChannelData only",
+            }
             stunner.terminating = True
             status, body = await get(f"{base}/ready")
             assert (status, json.loads(body)["message"]) == (503, "stunnerd not ready")
@@ -135,6 +142,8 @@ def test_metrics_use_go_stunner_names() -> None:
             assert samples[f'stunner_cluster_packets_total{{direction="tx",{cluster}}}'] == "3"
             assert samples[f'stunner_cluster_packets_total{{direction="rx",{cluster}}}'] == "3"
             assert samples[f'stunner_cluster_bytes_total{{direction="rx",{cluster}}}'] == "24"
+            udp = 'name="testns/gw/turn-udp"'
+            assert samples[f'stunner_listener_offload{{{udp},reason="disabled"}}'] == "0"
             client.close()
         peer.close()
 
@@ -261,6 +270,12 @@ class FakeCounts:
     def listener_allocations(self) -> dict[str, int]:
         return {"ns/gw/udp": 3}
 
+    def listener_offload(self) -> dict[str, dict[str, object]]:
+        return {
+            "ns/gw/udp": {"on": True, "engine": "TC", "interfaces": ["eth0"]},
+            "ns/gw/tcp": {"on": False, "reason": "TURN-TCP: ...", "code": "protocol"},
+        }
+
     def cluster_counters(self) -> dict[str, ClusterCounters]:
         return {'ns/"odd"\\name': ClusterCounters(tx_packets=123_456_789, rx_bytes=9_876_543)}
 
@@ -288,6 +303,14 @@ def test_metrics_are_exact() -> None:
     cluster = ("stunner_cluster_packets_total", (("direction", "tx"), ("name", 'ns/"odd"\\name')))
     assert samples[cluster] == 123_456_789
     assert samples[("stunner_allocations_active", ())] == 3
+    offload = "stunner_listener_offload"
+    assert samples[(offload, (("name", "ns/gw/udp"), ("reason", "")))] == 1
+    assert samples[(offload, (("name", "ns/gw/tcp"), ("reason", "protocol")))] == 0
+    offloaded = (
+        "stunner_listener_offloaded_packets_total",
+        (("direction", "rx"), ("name", "ns/gw/udp")),
+    )
+    assert samples[offloaded] == 0
     # The start time has every digit: it equals prometheus_client's own reading.
     own = {s.name: s.value for f in ProcessCollector(registry=None).collect() for s in f.samples}
     assert samples[("process_start_time_seconds", ())] == own["process_start_time_seconds"]

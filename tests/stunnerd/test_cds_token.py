@@ -8,7 +8,9 @@ We test: with STUNNER_CDS_TOKEN_FILE a one-shot load and a watch get the config;
 (a stunnerd of the previous release) the CDS refuses with 401 and the error says so; the file is
 read again at every reconnect (the kubelet rotates it); a real stunnerd whose watch is refused
 keeps serving its running config, and takes the newer one once its token is good again (it
-retried with back-off meanwhile); the token is never logged.
+retried with back-off meanwhile); a stunnerd whose token is revoked (its pod or ServiceAccount
+deleted, issue 28 #8) has its live watch closed by the CDS within the TTL and keeps relaying with
+the config it has; the token is never logged.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from reconciler.cds_access import Access, TokenVerifier
+from reconciler.cds_access import MAX_TTL, Access, TokenVerifier
 from reconciler.kube.api import Api
 from stunner_api.vocabulary import CDS_TOKEN_AUDIENCE
 from stunnerd.sources import CdsSource, SourceError
@@ -35,12 +37,12 @@ ID = "testns/gw"
 
 
 @contextlib.asynccontextmanager
-async def guarded_cds(fake: FakeApiServer) -> AsyncIterator[CdsServer]:
+async def guarded_cds(fake: FakeApiServer, ttl: float = MAX_TTL) -> AsyncIterator[CdsServer]:
     """The CDS as cluster mode runs it: testns/gw's pods run as `default`, the others' as
-    `elsewhere`."""
+    `elsewhere`; answers trusted `ttl` seconds."""
     api = Api(fake.api_client())
     access = Access(
-        TokenVerifier(lambda token: api.review_token(token, (CDS_TOKEN_AUDIENCE,))),
+        TokenVerifier(lambda token: api.review_token(token, (CDS_TOKEN_AUDIENCE,)), max_ttl=ttl),
         account_of=lambda id: "default" if id == ID else "elsewhere",
     )
     try:
@@ -116,6 +118,40 @@ def test_a_refused_stunnerd_keeps_serving_and_recovers(
                 log = await asyncio.to_thread(process.stop, at_once=True)
                 assert good not in log and bad not in log
                 assert log.count("refused the watch") == 1  # then quieter, while backing off
+
+    asyncio.run(main())
+
+
+def test_a_revoked_stunnerds_watch_is_closed_and_it_keeps_relaying(
+    tmp_path: Path, stunnerd: StartStunnerd
+) -> None:
+    """The CDS closes the live watch of a token the API server no longer accepts (answers
+    trusted 0.3 s here, 10 s by default) with 1008 and why; stunnerd logs it, its reconnects are
+    refused, and it keeps serving its running config; a good token again (its replacement
+    pod's) and it takes the newer one."""
+
+    async def main() -> None:
+        with FakeApiServer() as fake:
+            async with guarded_cds(fake, ttl=0.3) as cds:
+                port, new_port = free_port(), free_port()
+                token = fake.issue_token("testns", "default", (CDS_TOKEN_AUDIENCE,))
+                path = token_file(tmp_path, token)
+                env = NO_NODE_NAME | {"STUNNER_CDS_TOKEN_FILE": str(path)}
+                process = stunnerd(*WATCH, "-c", cds.address, "-i", ID, env=env)
+                cds.set_config(ID, make_config(port, [f"{HOST}/32"]))
+                await wait_for(lambda: allocates(port))
+                fake.revoke_token(token)  # nobody disconnects it but the CDS
+                # Closed with 1008 and the reason, which stunnerd logs; its reconnects are 401.
+                await wait_for(_logged(process, "1008 (policy violation) the token of"))
+                assert "ServiceAccount testns/default no longer authenticates" in process.stderr
+                cds.set_config(ID, make_config(new_port, [f"{HOST}/32"]))
+                assert await allocates(port)  # the running config keeps serving
+                assert process.running()
+                fresh = fake.issue_token("testns", "default", (CDS_TOKEN_AUDIENCE,))
+                path.write_text(fresh)
+                await wait_for(lambda: allocates(new_port), timeout=25)
+                log = await asyncio.to_thread(process.stop, at_once=True)
+                assert token not in log and fresh not in log
 
     asyncio.run(main())
 

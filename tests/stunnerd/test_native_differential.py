@@ -1,17 +1,21 @@
 """The native engine parses exactly what the Python path parses (stunnerd.stun, turn.py).
 
 A stranger's STUN past its budget (issue 20): the engine drops as unauthenticated exactly
-what the Python path (`transports.has_integrity`) rate-limits. Zero-length payloads are relayed
+what the Python path (`transports.has_integrity`) rate-limits; and it answers a stranger's
+unsigned Allocate itself exactly when the Python path answers it without state (issue 28,
+`stateless.unsigned_allocate`). Zero-length payloads are relayed
 by both paths (tests/stunnerd/test_abuse_strangers.py runs both on them).
 
 Mutated Send indications and ChannelData are decided by the engine (`reinject`, synchronous)
 and by the Python codec; the engine must relay exactly the datagrams Python would relay, with
 the same payload to the same peer, drop what cannot be STUN or ChannelData on its first bytes
-(which Python drops unanswered too), and hand up the rest.
+(which Python drops unanswered too), and hand up the rest. A TCP stream's start is framed the
+same by both, and refused with the same words (an unpadded ChannelData message among them).
 """
 
 from __future__ import annotations
 
+import binascii
 import struct
 from collections.abc import Iterator
 
@@ -136,6 +140,45 @@ def test_channel_data_like_the_python_path(
         assert outcome == (native.DROPPED if _invalid(data) else native.UP)
 
 
+def _stream_starts() -> st.SearchStrategy[bytes]:
+    """What a TCP stream may begin with: anything; a STUN header with or without the cookie;
+    ChannelData, padded or not, followed by a Binding request (out of step when not)."""
+    header = st.builds(
+        lambda first, length, cookie, rest: struct.pack("!BBH", first, 1, length) + cookie + rest,
+        st.integers(0, 255),
+        st.integers(0, 0xFFFF),
+        st.sampled_from([stun.COOKIE_BYTES, b"\x21\x12\xa4\x43", b""]),
+        st.binary(max_size=16),
+    )
+    channel_data = st.builds(
+        lambda payload, pad: (
+            stun.pack_channel_data(CHANNEL, payload, pad=pad)
+            + Message(Method.BINDING, Class.REQUEST).encode()
+        ),
+        st.binary(max_size=9),
+        st.booleans(),
+    )
+    return st.one_of(st.binary(max_size=24), header, channel_data)
+
+
+@settings(max_examples=500, deadline=None)
+@given(data=_stream_starts())
+def test_streams_are_framed_like_the_python_path(data: bytes) -> None:
+    """Issue 28 #11: what the engine (stream.c) and the Python path (stun.stream_frame_length)
+    make of the start of a TCP stream, at every length it is buffered to: the same frame
+    length (0 until a header is there), the same garbage, closed with the same words."""
+    for cut in range(len(data) + 1):
+        buffered = data[:cut]
+        length, why = native.stream_framing(buffered)
+        try:
+            expected = stun.stream_frame_length(buffered)
+        except stun.StunError as exc:
+            assert (length, why) == (-1, str(exc)), buffered
+            assert why in stun.FRAMING_ERRORS
+        else:
+            assert (length, why) == (expected or 0, None), buffered
+
+
 def test_data_indications_match_the_python_encoder(rig: Rig) -> None:
     rig.engine.remove_channel(rig.handle, CHANNEL)
     try:
@@ -204,3 +247,43 @@ def test_message_integrity_is_found_as_the_python_path_finds_it(
         assert (outcome, dropped) == (native.UP, 0)
     else:
         assert (outcome, dropped) == (native.DROPPED, 1)
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    attributes=st.lists(
+        st.tuples(
+            st.sampled_from([0x0006, 0x0008, 0x0014, 0x0015, 0x8022, 0x0019, 0x8028]),
+            st.binary(max_size=30),
+        ),
+        max_size=5,
+    ),
+    fingerprint=st.booleans(),
+    mutations=_mutations(),
+    cut=st.none() | st.integers(0, 100),
+)
+def test_unsigned_allocates_are_answered_as_the_python_path_answers_them(
+    attributes: list[tuple[int, bytes]],
+    fingerprint: bool,
+    mutations: list[tuple[int, int]],
+    cut: int | None,
+) -> None:
+    """Issue 28: the engine answers a stranger's unsigned Allocate itself (a stateless 401)
+    exactly when the Python path does (stateless.unsigned_allocate), whatever the attributes,
+    FINGERPRINT right or wrong, headers that lie about their lengths."""
+    from stunnerd import _relay
+    from stunnerd.stateless import unsigned_allocate
+
+    body = b"".join(
+        struct.pack("!HH", kind, len(value)) + value + bytes(-len(value) % 4)
+        for kind, value in attributes
+    )
+    header = Message(Method.ALLOCATE, Class.REQUEST).encode(fingerprint=False)[:20]
+    data = header[:2] + struct.pack("!H", len(body)) + header[4:] + body
+    if fingerprint:
+        data = data[:2] + struct.pack("!H", len(body) + 8) + data[4:]
+        crc = binascii.crc32(data) ^ stun.FINGERPRINT_XOR
+        data += struct.pack("!HHI", 0x8028, 4, crc)
+    data = _apply(data, mutations, cut)
+    for limit in (64, 2):
+        assert _relay.unsigned_allocate(data, limit) == unsigned_allocate(data, limit), data

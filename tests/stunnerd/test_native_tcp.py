@@ -3,8 +3,9 @@ connections to an in-process stunnerd.
 
 We test, on both relay paths (pure Python and the native engine, stunnerd/native_tcp.py): a
 stream of a STUN request, ChannelData and a Send indication split at every byte boundary (and
-sent a byte at a time) is framed the same as in one piece; garbage closes the connection; a
-client's EOF deletes its allocation and frees its admission. On the native path: a frame
+sent a byte at a time) is framed the same as in one piece; garbage closes the connection, and
+so does ChannelData sent unpadded (the stream out of step), logged and counted; a client's EOF
+deletes its allocation and frees its admission. On the native path: a frame
 announced longer than the stream buffer closes the connection at its header; toward a client
 that stops reading, frames older than --stream-latency-bound are dropped and counted
 ("latency") instead of queued, while every frame that reaches it is whole; and relayed frames
@@ -15,6 +16,7 @@ while the STUN request among them is answered. Counters, not durations, are asse
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 import struct
 import time
@@ -25,6 +27,7 @@ import pytest
 from stunnerd import native, stun
 from stunnerd.daemon import Stunner
 from stunnerd.limits import Limits
+from stunnerd.metrics import render_metrics
 from stunnerd.native_tcp import NativeTcpTransport
 from stunnerd.stun import Class, Message, Method
 from tests.support.turnclient import HOST, Peer, free_port, start_peer
@@ -135,6 +138,45 @@ def test_garbage_closes_and_eof_deletes_the_allocation() -> None:
                 assert transport.relays and transport.streams() == []
 
     asyncio.run(main())
+
+
+@pytest.mark.usefixtures("relay_path")
+def test_unpadded_channel_data_closes_the_stream_with_a_counted_reason(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Issue 28 #11: over TCP, ChannelData MUST be padded to 4 (RFC 8656 §12.5), as coturn and
+    pion/turn frame it; one that is not puts the stream out of step: the padding taken from
+    the next message, the Binding request after it was never answered and the connection
+    waited for a frame that never completed. Both paths now find it at that STUN header (no
+    magic cookie where it must be), close the connection, log why and count it."""
+    caplog.set_level(logging.INFO, logger="stunner.listener")
+
+    async def main() -> None:
+        peer = await start_peer(echo=False)
+        port = free_port()
+        async with tcp_stunner(port, Limits(), [f"{HOST}/32"]) as stunner:
+            reader, writer = await tcp_allocation(port, (HOST, peer.port))
+            writer.write(stun.pack_channel_data(0x4000, b"padded", pad=True))
+            assert await until(lambda: len(peer.received) == 1)  # in step: relayed
+            for payload in (b"odd", b"x"):  # one and three bytes of padding missing
+                binding = Message(Method.BINDING, Class.REQUEST)
+                writer.write(stun.pack_channel_data(0x4000, payload) + binding.encode())
+                assert await closed_within(reader, 5.0)  # the request deadline is 10 s
+                writer.close()
+                reader, writer = await tcp_allocation(port, (HOST, peer.port))
+            writer.close()
+            assert stunner.listeners[TCP].stats().framing_dropped == 2
+            assert f'dropped_packets_total{{name="{TCP}",reason="framing"}} 2' in (
+                render_metrics(stunner)
+            )
+        peer.close()
+
+    asyncio.run(main())
+    closes = [r.getMessage() for r in caplog.records if "closing" in r.msg]
+    # Out of step by one byte the next header's length is odd, by three its cookie is missing.
+    assert len(closes) == 2, closes
+    assert closes[0].endswith(stun.STREAM_UNALIGNED)
+    assert closes[1].endswith(stun.STREAM_OUT_OF_STEP)
 
 
 @needs_native

@@ -777,6 +777,11 @@ def test_stream_frame_length(buffer: bytes, length: int | None) -> None:
     assert stun.stream_frame_length(memoryview(buffer)) == length
 
 
+# A fixed transaction id: the bytes name a test below, and every pytest-xdist worker must
+# collect the same names (a random id made `-n 2` refuse the whole run).
+BINDING = Message(Method.BINDING, Class.REQUEST, bytes(range(12))).encode()
+
+
 @pytest.mark.parametrize(
     ("buffer", "error"),
     [
@@ -784,7 +789,16 @@ def test_stream_frame_length(buffer: bytes, length: int | None) -> None:
         (b"\xc0\x01\x00\x04", "stream data is neither STUN nor ChannelData"),
         (b"\xde\xad\xbe\xef", "stream data is neither STUN nor ChannelData"),
         (b"\x00\x01\x00\x05", "STUN message length is not a multiple of 4"),
+        (b"\x00\x01\x00\x00\x21\x12\xa4\x43", stun.STREAM_OUT_OF_STEP),
+        # ChannelData of 5 bytes unpadded, then a Binding request: 3 of its bytes taken for
+        # padding, the next "header" has no cookie.
+        (
+            (stun.pack_channel_data(0x4000, b"12345") + BINDING)[12:],
+            stun.STREAM_OUT_OF_STEP,
+        ),
     ],
+    # BINDING's transaction id is random: ids the xdist workers agree on
+    ids=["reserved", "channel-0x4001", "garbage", "unaligned", "no-cookie", "unpadded-channel"],
 )
 def test_stream_frame_length_garbage(buffer: bytes, error: str) -> None:
     with pytest.raises(StunError) as info:

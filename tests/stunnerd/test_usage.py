@@ -5,8 +5,9 @@ tests/stunnerd/test_cluster_quota.py.
 We test: an Allocate is admitted while own + others < quota, and the CDS gone (others cleared)
 each pod counts its own only; every count change is signalled; the reporter sends nothing
 without a quota, the whole table at once on a connection, the levels after a change, one empty
-report when the quota is removed; a usage frame sets others, a malformed one is ignored (logged)
-and others are cleared on disconnect. Over real sockets with the real CDS: the reports travel on
+report when the quota is removed; a usage frame sets others, one it refuses (malformed, a count
+past the bound) clears them and turns `shared` off until a good one (logged once), and others
+are cleared on disconnect. Over real sockets with the real CDS: the reports travel on
 stunnerd's CDS watch, another pod's counts arrive and count, a dropped connection clears them and
 the table is sent again at once on reconnect, usage frames are never taken for configs, and
 stopping the watch is not logged as the CDS being unreachable.
@@ -88,24 +89,35 @@ def test_the_reporter_sends_levels_only_with_a_quota() -> None:
     asyncio.run(main())
 
 
-def test_a_malformed_frame_is_ignored_and_a_disconnect_clears_others(
+def test_a_refused_frame_makes_the_pod_count_alone_and_a_disconnect_clears_others(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
+    """Issue 28 #2: a sum past what a frame may hold (two reports of 2^31-1 summed) was refused
+    and the old others kept, so a user stayed refused after the reports were gone. A refused
+    frame now clears others (the pod counts its own only) and says so, until a good frame."""
+
     async def main() -> None:
         quota = LocalQuota()
         reporter = UsageReporter(quota, interval=0.0)
         reporter.set_enabled(True)
         await anext(reporter.frames())  # connected
         reporter.received(_others({"alice": 2}))
-        reporter.received('{"quotaUsageOthers":{"alice":-1}}')
-        assert quota.others == {"alice": 2}
+        assert quota.others == {"alice": 2} and reporter.shared is True
+        for refused in ('{"quotaUsageOthers":{"alice":-1}}', _others({"alice": 2**32 - 2})):
+            reporter.received(refused)
+            assert quota.others == {} and reporter.shared is False
+            assert quota.try_acquire("alice", 2) == GRANTED  # its own count only
+            quota.release("alice")
+        reporter.received(_others({"alice": 1}))  # a frame it takes: shared again
+        assert quota.others == {"alice": 1} and reporter.shared is True
         reporter.disconnected()
-        assert quota.others == {}
+        assert quota.others == {} and reporter.shared is False
         reporter.disconnected()  # each failed retry: logged once, above
 
     asyncio.run(main())
     messages = [r.getMessage() for r in caplog.records]
-    assert any("ignoring a usage frame" in m and "positive integer" in m for m in messages)
+    refusals = [m for m in messages if "refused a usage frame from the CDS" in m]
+    assert len(refusals) == 1 and "positive integer" in refusals[0]  # once, not per frame
     assert sum("the CDS is unreachable" in m for m in messages) == 1
 
 

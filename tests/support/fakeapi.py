@@ -54,9 +54,18 @@ What it does:
   least 600 s, default 3600 s) and :meth:`FakeApiServer.issue_token` (what the kubelet does for a
   projected volume) issue JWT-shaped tokens with ``aud``, ``exp`` and ``sub``; ``POST
   /apis/authentication.k8s.io/v1/tokenreviews`` answers authenticated only for a token this
-  server issued, not expired and not revoked (:meth:`FakeApiServer.revoke_token`), with one of
+  server issued, not expired and not revoked (:meth:`FakeApiServer.revoke_token`), whose
+  ServiceAccount, when the fake held it at issue, is still there with the same uid (deleted or
+  made anew, its tokens no longer authenticate, as kube-apiserver's token validator checks; the
+  namespaces' ``default`` accounts, made by kube-controller-manager, are not modelled), with one of
   the audiences asked (none asked: the API server's own), ``status.audiences`` the ones in
   common, as kube-apiserver does; the reviews are counted in :attr:`FakeApiServer.token_reviews`.
+  A token bound to a pod (``issue_token(..., pod=NAME)``, as the kubelet's projected volume
+  holds, or a TokenRequest with ``boundObjectRef`` kind Pod) carries the pod's claims, and its
+  review answers them in ``status.user.extra`` (``authentication.kubernetes.io/pod-name``,
+  ``pod-uid``, ``credential-id``, and ``node-name`` once the pod is scheduled), as kube-apiserver
+  1.30+ does; it stops authenticating once its pod is gone (deleted, or replaced by another of
+  that name).
   The Service proxy passes the request's headers on except ``Authorization``, which the real
   one strips (kubernetes/kubernetes#38775).
 
@@ -233,6 +242,10 @@ class IssuedToken:
     username: str
     audiences: tuple[str, ...]
     expires: float  # epoch seconds
+    account_uid: str = ""  # of the ServiceAccount when issued ("": one the fake does not hold)
+    pod: tuple[str, str] | None = None  # (name, uid) of the pod it is bound to
+    node: str = ""  # that pod's node
+    jti: str = ""  # the token's id (its review's credential-id)
 
 
 PROXY_PATH = re.compile(
@@ -637,22 +650,57 @@ class FakeApiServer:
         account: str,
         audiences: tuple[str, ...] = (API_AUDIENCE,),
         seconds: int = 3600,
+        pod: str = "",
     ) -> str:
-        """A token of `namespace/account` for `audiences`, as a projected volume holds it."""
+        """A token of `namespace/account` for `audiences`, as a projected volume holds it;
+        `pod`: the name of the pod (of `namespace`, stored here) it is bound to."""
         username = f"system:serviceaccount:{namespace}:{account}"
+        held = self.get_object("v1", "ServiceAccount", namespace, account)
+        account_uid = str(held["metadata"]["uid"]) if held else ""
         now = time.time()
+        kubernetes: JSON = {
+            "namespace": namespace,
+            "serviceaccount": {"name": account} | ({"uid": account_uid} if held else {}),
+        }
+        bound: tuple[str, str] | None = None
+        node = ""
+        if pod:
+            stored = self.get_object("v1", "Pod", namespace, pod)
+            if stored is None:
+                raise ApiError(404, "NotFound", f'pods "{pod}" not found')
+            bound = (pod, str(stored["metadata"]["uid"]))
+            node = str((stored.get("spec") or {}).get("nodeName") or "")
+            kubernetes["pod"] = {"name": bound[0], "uid": bound[1]}
+            if node:
+                kubernetes["node"] = {"name": node}
         claims = {
             "aud": list(audiences),
             "exp": int(now + seconds),
             "iat": int(now),
             "iss": API_AUDIENCE,
+            "jti": str(uuid.uuid4()),
             "sub": username,
-            "kubernetes.io": {"namespace": namespace, "serviceaccount": {"name": account}},
+            "kubernetes.io": kubernetes,
         }
         header = _b64(json.dumps({"alg": "RS256", "kid": "fake"}).encode())
         token = f"{header}.{_b64(json.dumps(claims).encode())}.{_b64(secrets.token_bytes(32))}"
-        self.tokens[token] = IssuedToken(username, tuple(audiences), now + seconds)
+        self.tokens[token] = IssuedToken(
+            username,
+            tuple(audiences),
+            now + seconds,
+            account_uid=account_uid,
+            pod=bound,
+            node=node,
+            jti=str(claims["jti"]),
+        )
         return token
+
+    def _pod_alive(self, issued: IssuedToken) -> bool:
+        """Whether the pod a token is bound to is still the one it was issued for."""
+        assert issued.pod is not None
+        namespace = issued.username.split(":")[2]
+        stored = self.get_object("v1", "Pod", namespace, issued.pod[0])
+        return stored is not None and stored["metadata"]["uid"] == issued.pod[1]
 
     def revoke_token(self, token: str) -> None:
         """The token's pod is gone: it no longer authenticates."""
@@ -682,7 +730,11 @@ class FakeApiServer:
                 f"{seconds}: may not specify a duration less than 10 minutes",
             )
         audiences = tuple(spec.get("audiences") or (API_AUDIENCE,))
-        token = self.issue_token(namespace, account, audiences, seconds)
+        bound = spec.get("boundObjectRef") or {}
+        if bound and bound.get("kind") != "Pod":
+            raise ApiError(422, "Invalid", "this fake binds tokens to Pods only")
+        pod = str(bound.get("name") or "")
+        token = self.issue_token(namespace, account, audiences, seconds, pod)
         expires = datetime.fromtimestamp(self.tokens[token].expires, UTC)
         return {
             "apiVersion": "authentication.k8s.io/v1",
@@ -710,20 +762,31 @@ class FakeApiServer:
             )
         elif not (common := [a for a in asked if a in issued.audiences]):
             status["error"] = "[invalid bearer token, token audiences is invalid]"
+        elif gone := self._account_gone(issued):
+            status["error"] = f"[invalid bearer token, {gone}]"
+        elif issued.pod is not None and not self._pod_alive(issued):
+            status["error"] = (
+                f'[invalid bearer token, pod "{issued.pod[0]}" is not found or was recreated]'
+            )
         else:
             namespace, account = issued.username.split(":")[2:]
-            status = {
-                "authenticated": True,
-                "user": {
-                    "username": issued.username,
-                    "groups": [
-                        "system:serviceaccounts",
-                        f"system:serviceaccounts:{namespace}",
-                        "system:authenticated",
-                    ],
-                },
-                "audiences": common,
+            user: JSON = {
+                "username": issued.username,
+                "groups": [
+                    "system:serviceaccounts",
+                    f"system:serviceaccounts:{namespace}",
+                    "system:authenticated",
+                ],
             }
+            if issued.pod is not None:
+                prefix = "authentication.kubernetes.io/"
+                user["extra"] = {
+                    prefix + "credential-id": [f"JTI={issued.jti}"],
+                    **({prefix + "node-name": [issued.node]} if issued.node else {}),
+                    prefix + "pod-name": [issued.pod[0]],
+                    prefix + "pod-uid": [issued.pod[1]],
+                }
+            status = {"authenticated": True, "user": user, "audiences": common}
         return {
             "apiVersion": "authentication.k8s.io/v1",
             "kind": "TokenReview",
@@ -731,6 +794,21 @@ class FakeApiServer:
             "spec": {"audiences": list(spec.get("audiences") or [])},  # the token is not echoed
             "status": status,
         }
+
+    def _account_gone(self, issued: IssuedToken) -> str:
+        """Why a token's ServiceAccount no longer backs it ("" while it does)."""
+        if not issued.account_uid:
+            return ""
+        namespace, account = issued.username.split(":")[2:]
+        held = self.get_object("v1", "ServiceAccount", namespace, account)
+        if held is None:
+            return f'serviceaccounts "{account}" not found'
+        if held["metadata"]["uid"] != issued.account_uid:
+            return (
+                f"service account UID ({held['metadata']['uid']}) does not match claim "
+                f"({issued.account_uid})"
+            )
+        return ""
 
     # --- direct state access for tests (no HTTP) -----------------------------------------------
 

@@ -8,10 +8,14 @@ process's outgoing connection or relay socket, which the kernel places there at 
 server's bind then fails (the likely cause of a helm-test run beside other tests whose TURN
 listener's port refused connections for 60 s). Where the ephemeral range leaves too little room
 below it, the ports come from the kernel's ephemeral choice as before.
+
+Under pytest-xdist (`-n N`), each worker takes the ports of its own residue modulo N, so two
+workers never hand out the same port (each one's memory of ports handed out is its own).
 """
 
 from __future__ import annotations
 
+import os
 import random
 import socket
 from pathlib import Path
@@ -47,6 +51,15 @@ def _free_for_both(port: int) -> bool:
     return True
 
 
+def _worker_share() -> tuple[int, int]:
+    """(this xdist worker's index, the number of workers); (0, 1) outside xdist."""
+    name = os.environ.get("PYTEST_XDIST_WORKER", "")
+    count = os.environ.get("PYTEST_XDIST_WORKER_COUNT", "")
+    if name.startswith("gw") and name[2:].isdigit() and count.isdigit() and int(count) > 0:
+        return int(name[2:]) % int(count), int(count)
+    return 0, 1
+
+
 def _kernel_choice() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
         udp.bind(("0.0.0.0", 0))
@@ -60,8 +73,13 @@ def free_port() -> int:
     port, and a test that moves a listener from one to the other then moves it nowhere."""
     low = ephemeral_range()[0]
     below = low - LOWEST >= ROOM
+    mine, workers = _worker_share()
     for _ in range(200):
         port = _RANDOM.randrange(LOWEST, low) if below else _kernel_choice()
+        if below:
+            port -= (port - mine) % workers
+        if port < LOWEST or port % workers != mine % workers:
+            continue
         if port not in _HANDED_OUT and _free_for_both(port):
             _HANDED_OUT.add(port)
             return port
