@@ -166,6 +166,45 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
+def socket_drops(pids: list[int]) -> int:
+    """Datagrams the kernel dropped at the UDP sockets `pids` hold, their receive buffers full
+    (the `drops` column of /proc/net/udp and udp6, by the sockets' inodes): where a run's loss
+    happened, the server's sockets or the peer's."""
+    inodes: set[str] = set()
+    for p in pids:
+        with contextlib.suppress(OSError):
+            for fd in Path(f"/proc/{p}/fd").iterdir():
+                with contextlib.suppress(OSError):
+                    target = os.readlink(fd)
+                    if target.startswith("socket:["):
+                        inodes.add(target[8:-1])
+    total = 0
+    for table in ("/proc/net/udp", "/proc/net/udp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                fields = line.split()
+                if len(fields) >= 13 and fields[9] in inodes:
+                    total += int(fields[12])
+    return total
+
+
+def udp_rcvbuf_errors() -> int:
+    """The network namespace's UDP receive-buffer drops (RcvbufErrors of /proc/net/snmp's Udp
+    and /proc/net/snmp6's Udp6): every socket's, the generator's included."""
+    total = 0
+    with contextlib.suppress(OSError):
+        lines = [line.split() for line in Path("/proc/net/snmp").read_text().splitlines()]
+        for names, values in zip(lines, lines[1:], strict=False):
+            if names[0] == "Udp:" and values[0] == "Udp:" and "RcvbufErrors" in names:
+                total += int(values[names.index("RcvbufErrors")])
+                break
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/net/snmp6").read_text().splitlines():
+            if line.startswith("Udp6RcvbufErrors"):
+                total += int(line.split()[1])
+    return total
+
+
 def rss_kib(pid: int) -> int:
     """VmRSS of `pid` and its live descendants, KiB."""
     total = 0
@@ -386,7 +425,12 @@ def probe_result(proc: subprocess.Popen[bytes] | None, timeout: float) -> dict[s
 
 
 def run_uclient(
-    case: Case, server: Server, peer_port: int, duration: float, probe_peer: int | None = None
+    case: Case,
+    server: Server,
+    peer_port: int,
+    duration: float,
+    probe_peer: int | None = None,
+    peer_pid: int | None = None,
 ) -> dict[str, Any]:
     interval = max(1, round(1000 / case.pps))
     count = max(10, round(duration * 1000 / interval))
@@ -407,6 +451,12 @@ def run_uclient(
     samples: list[tuple[float, int, int]] = []  # (monotonic, sent, received), ~1/s
     lines: list[str] = []
     user0, system0 = cpu_times(server.pid)
+    server_pids = [server.pid, *descendants(server.pid)]
+    drops0 = (
+        socket_drops(server_pids),
+        socket_drops([peer_pid] if peer_pid else []),
+        udp_rcvbuf_errors(),
+    )
     setup_cpu: float | None = None  # the server's CPU until uclient starts sending
     start = time.monotonic()
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -436,6 +486,12 @@ def run_uclient(
     probed = probe_result(probe, timeout=duration + 15) if probe_peer is not None else {}
     user1, system1 = cpu_times(server.pid)
     cpu = (user1 - user0) + (system1 - system0)
+    server_pids = [server.pid, *descendants(server.pid)]
+    drops1 = (
+        socket_drops(server_pids),
+        socket_drops([peer_pid] if peer_pid else []),
+        udp_rcvbuf_errors(),
+    )
     text = "".join(lines)
     total = _TOTAL.search(text)
     result: dict[str, Any] = {
@@ -444,6 +500,10 @@ def run_uclient(
         "setup_cpu_s": setup_cpu,
         "wall_s": end - start, "messages_per_client": count, "load1": os.getloadavg()[0],
         "timed_out": total is None,
+        # receive-buffer drops during the run: the server's sockets, the echo peer's, and the
+        # whole namespace's (the generator's sockets and anyone else's on the machine too)
+        "server_drops": drops1[0] - drops0[0], "peer_drops": drops1[1] - drops0[1],
+        "udp_rcvbuf_errors": drops1[2] - drops0[2],
         **{f"probe_{k}": v for k, v in probed.items()},
     }  # fmt: skip
     if total is None:
@@ -733,8 +793,8 @@ def relay_table(rows: list[dict[str, Any]]) -> str:
     out = [
         "| case | server | sent/s | peak sent/s | recv/s | loss % | RTT ms "
         "| probe p50 / p99 / max ms | probe loss % | CPU-s | sys % "
-        "| relayed pkt/CPU-s | ratio to coturn |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| relayed pkt/CPU-s | ratio to coturn | drops server / peer / all |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     by_case: dict[str, dict[str, dict[str, Any]]] = {}
     for row in rows:
@@ -754,7 +814,9 @@ def relay_table(rows: list[dict[str, Any]]) -> str:
                 f"| {fmt(row['rtt_ms'], '.3f')} | {probe_cell(row)} "
                 f"| {fmt(row.get('probe_loss_pct'), '.1f')} | {fmt(row['cpu_s'], '.2f')} "
                 f"| {fmt(row['sys_pct'], '.0f')} | {fmt(row['relayed_per_cpu_s'], '.0f')} "
-                f"| {fmt(r, '.2f') + 'x' if r else ''} |"
+                f"| {fmt(r, '.2f') + 'x' if r else ''} "
+                f"| {row.get('server_drops', '-')} / {row.get('peer_drops', '-')} "
+                f"/ {row.get('udp_rcvbuf_errors', '-')} |"
             )
     return "\n".join(out)
 
@@ -961,8 +1023,9 @@ def main(argv: list[str] | None = None) -> int:
                                 f"{f' (run {repeat}/{args.repeat})' if args.repeat > 1 else ''}"
                                 f" (load {os.getloadavg()[0]:.2f})...")  # fmt: skip
                             row = run_uclient(
-                                case, servers[name], peer_port, args.duration, probe_peer_port
-                            )
+                                case, servers[name], peer_port, args.duration, probe_peer_port,
+                                peers[0].pid,
+                            )  # fmt: skip
                             if args.repeat > 1:
                                 row["repeat"] = repeat
                             relay_rows.append(row)
