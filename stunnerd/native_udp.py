@@ -253,6 +253,8 @@ class NativeUdpTransport(EngineCounted, UdpTransport):
     # --- the kernel offload (stunnerd.offloaded) -------------------------------------------------
 
     def _sync_offload(self, engine: int, handle: int) -> None:
+        if self._offloaded.idle((engine, handle)):
+            return
         allocation = self._allocations.get((engine, handle))
         relay = allocation.relay if allocation is not None else None
         bound = relay.get_extra_info("sockname") if isinstance(relay, NativeAllocation) else None

@@ -36,6 +36,11 @@ class OffloadedAllocations:
         self._listener_address = listener_address  # the listener socket's, while it runs
         self._routes: dict[Key, AllocationRoutes] = {}
 
+    def idle(self, key: Key) -> bool:
+        """Nothing to sync for `key`: the offload is off and it has no routes in the kernel
+        (every request's change asks; issue 30: the allocations' set-up is Python's work)."""
+        return not self.server.context.offload.active and key not in self._routes
+
     def sync(self, key: Key, allocation: Allocation | None, relay: Address | None) -> None:
         """Make the allocation's routes in the kernel what stunnerd decides now."""
         offload = self.server.context.offload
