@@ -1,7 +1,7 @@
 """What the envtest layer installs on a real control plane, read from where it is declared: the
 CRDs (ours and Gateway API's), the webhook's ClusterRole (the README's), its registration (the
 kinds and versions of stunner_api.vocabulary), and the spec's examples (the YAML blocks of
-``shared/spec/*.md``)."""
+tests/data/spec/*.md, the spec's documents kept as test data)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 
 from stunner_api.vocabulary import JUDGED_KINDS, STUNNER_GROUP, KindInfo
-from tests.support.shared import ROOT, shared
+from tests.support.shared import ROOT, SPEC
 
 OUR_CRDS = ROOT / "charts" / "stunner" / "crds"
 
@@ -44,13 +44,12 @@ class Example:
 
 
 def spec_examples() -> list[Example]:
-    """Every Kubernetes object in a ```yaml block of shared/spec/*.md, in document order.
+    """Every Kubernetes object in a ```yaml block of the spec (tests/data/spec/*.md), in order.
 
     A block with elided lines ("...") illustrates a status and is no example; an "EOF" line,
     the end of a shell here-document a block was cut from, is dropped."""
-    spec = shared("spec")
     out: list[Example] = []
-    for path in sorted(spec.glob("*.md")) if spec else ():
+    for path in sorted(SPEC.glob("*.md")):
         for number, block in enumerate(YAML_BLOCK.findall(path.read_text()), 1):
             lines = [line for line in block.splitlines() if line.strip() != "EOF"]
             if any(line.strip() == "..." for line in lines):

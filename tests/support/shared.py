@@ -1,5 +1,7 @@
-"""The steering repository's shared/ folder (specs, Gateway API CRDs): beside the repository in
-CI, above the worktree on a developer's machine."""
+"""What the tests read of the specification and the Gateway API, from the repository itself: the
+Gateway API CRDs the chart ships (charts/stunner/gateway-api) and the spec's documents kept as
+test data (tests/data/spec). The steering repository's shared/ folder, where one is beside the
+repository, is only compared with those copies (tests/support/test_shared_copies.py)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,8 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 GATEWAY_API = "gateway-api-v1.6.1"
+CHART_GATEWAY_API = ROOT / "charts" / "stunner" / "gateway-api"
+SPEC = ROOT / "tests" / "data" / "spec"
 
 
 def shared(name: str) -> Path | None:
@@ -23,11 +27,9 @@ def shared(name: str) -> Path | None:
 
 
 def gateway_api_crds(channel: str = "standard") -> list[Path]:
-    """The Gateway API v1.6.1 CRD files of a channel ([] when shared/ is not there); the
-    experimental channel's UDPRoute replaces the standard one (it also serves v1alpha2)."""
-    base = shared(GATEWAY_API)
-    if base is None:
-        return []
+    """The Gateway API v1.6.1 CRD files of a channel, as the chart ships them; the experimental
+    channel's UDPRoute replaces the standard one (it also serves v1alpha2)."""
+    base = CHART_GATEWAY_API
     files = {p.name: p for p in sorted((base / "standard").glob("*.yaml"))}
     if channel == "experimental":
         files.update({p.name: p for p in sorted((base / "experimental").glob("*.yaml"))})
