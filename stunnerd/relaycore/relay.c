@@ -1110,7 +1110,7 @@ static int serve_batch(relay_engine *e, int fd, int source, uint64_t handle) {
     e->batched += n;
     double now = relay_now();
     pthread_mutex_lock(&e->lock);
-    if (listener) e->behind = e->full_reads >= (uint32_t)e->shed_after * RELAY_BATCH;
+    if (listener) e->behind = e->full_reads >= (uint64_t)e->shed_after * RELAY_BATCH;
     for (int i = base; i < base + n; i++) {
         uint8_t *data = e->iovs[i].iov_base;
         size_t len = e->msgs[i].msg_len;
@@ -1126,7 +1126,7 @@ static int serve_batch(relay_engine *e, int fd, int source, uint64_t handle) {
     pthread_mutex_unlock(&e->lock);
     /* A read shares the wakeup's batch with the other ready sockets, so it may have had less
      * than a batch of room: what counts is datagrams read since the socket was last empty. */
-    if (listener && n == room) e->full_reads += (uint32_t)n;
+    if (listener && n == room) e->full_reads += (uint64_t)n;
     return n == room;
 }
 

@@ -216,7 +216,7 @@ typedef struct relay_engine {
     /* datagrams read from the listener by reads that filled their room, since a read last
      * found it empty (a read shares the wakeup's batch with the other ready sockets, so its
      * room may be less than a batch); the thread's own */
-    uint32_t full_reads;
+    uint64_t full_reads;
     uint32_t shed_after; /* RELAY_SHED_AFTER, or what Python set (tests) */
     int behind; /* full_reads reached shed_after batches: unsigned strangers are shed */
     const volatile uint8_t *relay_ports; /* 65536 bytes or NULL (Python keeps it alive) */
