@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from stunner_api.dataplane import ConfigError, StunnerConfig, redacted, zero_config
 from stunner_api.turn_uri import config_from_uri
 
-from . import logs
+from . import logs, native
 from .admin import parse_address
 from .auth import NonceManager
 from .daemon import Stunner
@@ -262,18 +262,26 @@ async def run(args: argparse.Namespace, stunner: Stunner) -> int:
     return await serve(stunner, config, None, args.grace_period, source)
 
 
-def udp_workers(
-    args: argparse.Namespace, override: str | None, limits: Limits
-) -> WorkerPool | None:
-    """The worker pool -u asks for (processes beyond this one), or None for one process."""
-    processes = udp_process_count(args.udp_thread_num, usable_cpus())
+def udp_processes(args: argparse.Namespace) -> int:
+    """Engines (native path) or processes (Python path) per UDP listener that -u asks for."""
+    cpus = usable_cpus()
+    processes = udp_process_count(args.udp_thread_num, cpus)
     if args.udp_thread_num is not None and args.udp_thread_num > processes:
         log.info(
-            "--udp-thread-num=%d: using %d process(es), one per usable CPU",
+            "--udp-thread-num=%d: using %d %s, one per usable CPU",
             args.udp_thread_num,
             processes,
+            "engine thread(s)" if native.unavailable_reason() is None else "process(es)",
         )
-    if processes <= 1 or args.dry_run:
+    return processes
+
+
+def udp_workers(
+    args: argparse.Namespace, override: str | None, processes: int, limits: Limits
+) -> WorkerPool | None:
+    """The worker pool of the Python relay path (processes beyond this one), or None: on the
+    native path this process runs one engine thread per socket itself (issue 30)."""
+    if processes <= 1 or args.dry_run or native.unavailable_reason() is None:
         return None
     return WorkerPool(
         processes - 1,
@@ -309,15 +317,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 async def _main(args: argparse.Namespace, override: str | None) -> int:
-    # Each process (native engine) reading a UDP listener keeps its share of the whole
-    # stunnerd's --unauthenticated-rate-total.
-    limits = limits_from(args).shared_by(udp_process_count(args.udp_thread_num, usable_cpus()))
-    workers = udp_workers(args, override, limits)
+    processes = udp_processes(args)
+    # Each process (Python path) or engine thread (native path) reading a UDP listener keeps
+    # its share of the whole stunnerd's --unauthenticated-rate-total.
+    limits = limits_from(args).shared_by(processes)
+    workers = udp_workers(args, override, processes, limits)
     stunner = Stunner(
         nonces=NonceManager(workers.secret) if workers is not None else None,
         log_override=override,
         force_ready=args.force_ready_status,
         workers=workers,
+        udp_engines=processes if workers is None else 1,
         limits=limits,
         health_address=args.health_address,
         metrics_address=args.metrics_address,

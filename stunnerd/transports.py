@@ -66,8 +66,11 @@ def has_integrity(data: bytes) -> bool:
 
 
 class UdpListenerProtocol(asyncio.DatagramProtocol):
-    def __init__(self, server: TurnServer, engine_limits_strangers: bool = False) -> None:
+    def __init__(
+        self, server: TurnServer, engine_limits_strangers: bool = False, engine: int = 0
+    ) -> None:
         self.server = server
+        self.engine = engine  # the native engine whose socket this is (Downstream.engine)
         self.transport: asyncio.DatagramTransport | None = None
         self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.pins: ClientPins | None = None  # one process per listener: see ClientPins
@@ -154,7 +157,7 @@ class UdpListenerProtocol(asyncio.DatagramProtocol):
         def send(data: bytes) -> None:
             transport.sendto(data, addr)
 
-        return Downstream(addr, send, stream=False)
+        return Downstream(addr, send, stream=False, engine=self.engine)
 
     def error_received(self, exc: Exception) -> None:
         log.debug("listener %s: %s", self.server.name, exc)
