@@ -45,14 +45,14 @@ from tests.cluster.test_quickstart_cluster import (
     RELEASE,
     AllocationGone,
     Release,
-    _allocation,
     _command,
-    _condition,
     _echo_once,
-    _permitted,
     echo_peer,
     images,
+    permitted,
+    pod_condition,
     release,
+    turn_allocation,
 )
 from tests.support.turnclient import RawClient, error_code
 
@@ -232,7 +232,7 @@ def test_a_node_local_gateway_runs_a_daemonset_in_the_node_network(
     def ready_pod() -> dict[str, Any] | None:
         pods = kube.get("pods", "-n", GATEWAY_NS, "-l", f"{RELATED_GATEWAY_NAME}={NODE_LOCAL}")
         for pod in pods["items"]:
-            condition = _condition(pod, "Ready")
+            condition = pod_condition(pod, "Ready")
             if condition and condition["status"] == "True":
                 return dict(pod)
         return None
@@ -269,8 +269,8 @@ def _bound(server: tuple[str, int]) -> bool:
 
 
 async def _node_local_echo(server: tuple[str, int], peer: tuple[str, int]) -> dict[str, Any]:
-    async with _allocation(server) as (client, allocated):
-        waited = await _permitted(client, peer, within=30)
+    async with turn_allocation(server) as (client, allocated):
+        waited = await permitted(client, peer, within=30)
         return {
             "relayed": allocated.attributes["XOR-RELAYED-ADDRESS"],
             "echo": await _echo_once(client, peer, b"node-local"),
@@ -370,7 +370,7 @@ def test_a_rollout_on_the_host_network_serves_again_after_the_old_pod_drained(
     seen: dict[str, Any] = {}
 
     async def while_draining() -> None:
-        async with _allocation(server) as (client, _):
+        async with turn_allocation(server) as (client, _):
             patch = {"spec": {"annotations": {"stunner.l7mp.io/test-rollout": str(time.time())}}}
             kube.ok("patch", "dataplane", "node-local", "--type=merge", "-p", json.dumps(patch))
 
@@ -384,7 +384,7 @@ def test_a_rollout_on_the_host_network_serves_again_after_the_old_pod_drained(
             refreshed = await client.refresh(600)
             seen["refresh while draining"] = refreshed.message_class == Class.SUCCESS
             seen["pods while draining"] = [
-                (p["metadata"]["name"], p["status"].get("phase"), _condition(p, "Ready"))
+                (p["metadata"]["name"], p["status"].get("phase"), pod_condition(p, "Ready"))
                 for p in _node_local_pods(kube)
             ]
         seen["released"] = time.monotonic()
@@ -395,7 +395,7 @@ def test_a_rollout_on_the_host_network_serves_again_after_the_old_pod_drained(
     def new_pod_serves() -> bool:
         pods = _node_local_pods(kube)
         fresh = [p for p in pods if p["metadata"]["uid"] != old["metadata"]["uid"]]
-        ready = [p for p in fresh if (_condition(p, "Ready") or {}).get("status") == "True"]
+        ready = [p for p in fresh if (pod_condition(p, "Ready") or {}).get("status") == "True"]
         return bool(ready) and len(pods) == 1 and _bound(server)
 
     wait_for("the new pod Ready and serving on the node", new_pod_serves, within=90)
@@ -536,7 +536,7 @@ def test_a_user_quota_holds_across_the_gateways_pods(installed: Release) -> None
         ips = [
             p["status"]["podIP"]
             for p in pods
-            if (_condition(p, "Ready") or {}).get("status") == "True"
+            if (pod_condition(p, "Ready") or {}).get("status") == "True"
             and not p["metadata"].get("deletionTimestamp")
         ]
         return ips if len(ips) == 2 else None
