@@ -1,6 +1,7 @@
-"""The kernel offload program's own cost: nanoseconds per packet under the kernel's test-run
-facility (BPF_PROG_TEST_RUN), per direction, family and payload size, beside the cost of a
-datagram it leaves alone (the price every other UDP packet on the interface pays).
+"""The kernel offload programs' own cost, TC's and XDP's side by side: nanoseconds per packet
+under the kernel's test-run facility (BPF_PROG_TEST_RUN), per direction, family and payload
+size, beside the cost of a datagram it leaves alone (the price every other UDP packet on the
+interface pays).
 
     .venv/bin/python bench/offload_bench.py              # 200000 runs per row
     .venv/bin/python bench/offload_bench.py --repeat 1000000 --rounds 5
@@ -40,23 +41,29 @@ def channel_data(data: bytes) -> bytes:
     return CHANNEL.to_bytes(2, "big") + len(data).to_bytes(2, "big") + data
 
 
-def measure(fd: int, frame: bytes, repeat: int, calls: int) -> tuple[float, float, float, int]:
+VERDICTS = {
+    "TC": {0: "TC_ACT_OK", -1: "TCX_NEXT", 7: "REDIRECT"},
+    "XDP": {2: "XDP_PASS", 4: "XDP_REDIRECT"},
+}
+
+
+def measure(
+    fd: int, frame: bytes, repeat: int, calls: int, xdp: bool
+) -> tuple[float, float, float, int]:
     """(median, 10th, 90th percentile) ns per run, and the last run's verdict."""
-    runs = [bpf.prog_test_run(fd, frame, repeat, ingress_ifindex=LOOPBACK) for _ in range(calls)]
+    runs = [
+        bpf.prog_test_run(fd, frame, repeat, ingress_ifindex=LOOPBACK, xdp=xdp)
+        for _ in range(calls)
+    ]
     ns = sorted(r.duration_ns for r in runs)
     tenth, ninetieth = ns[len(ns) // 10], ns[len(ns) * 9 // 10]
     return statistics.median(ns), tenth, ninetieth, runs[-1].retval
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--samples", type=int, default=20_000, help="one-run calls per relaying row"
-    )
-    parser.add_argument("--repeat", type=int, default=200_000, help="runs per call, untouched rows")
-    parser.add_argument("--rounds", type=int, default=5, help="calls per untouched row")
-    args = parser.parse_args()
-    loaded = program.load()
+def measure_hook(
+    hook: str, samples: int, repeat: int, rounds: int
+) -> list[tuple[str, str, int, str, float, float, float, int]]:
+    loaded = program.load(hook=hook)
     expires = time.monotonic_ns() + 3600 * 10**9
     rows = []
     try:
@@ -85,22 +92,40 @@ def main() -> None:
                 }
                 for name, frame in cases.items():
                     untouched = name == "not ours (passed up untouched)"
-                    repeat, calls = (args.repeat, args.rounds) if untouched else (1, args.samples)
-                    median, low, high, retval = measure(loaded.fd, frame, repeat, calls)
-                    rows.append((family, size, name, median, low, high, retval))
+                    times, calls = (repeat, rounds) if untouched else (1, samples)
+                    median, low, high, retval = measure(
+                        loaded.fd, frame, times, calls, hook == "XDP"
+                    )
+                    rows.append((hook, family, size, name, median, low, high, retval))
     finally:
         loaded.close()
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--samples", type=int, default=20_000, help="one-run calls per relaying row"
+    )
+    parser.add_argument("--repeat", type=int, default=200_000, help="runs per call, untouched rows")
+    parser.add_argument("--rounds", type=int, default=5, help="calls per untouched row")
+    args = parser.parse_args()
+    rows = []
+    for hook in ("TC", "XDP"):
+        rows += measure_hook(hook, args.samples, args.repeat, args.rounds)
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
     lines = [
         f"BPF_PROG_TEST_RUN: relaying rows {args.samples} one-run calls, untouched rows "
         f"{args.rounds} calls of {args.repeat} runs; load average {load}; {os.cpu_count()} CPUs",
         "",
-        "| family | payload B | packet | ns/packet (median) | p10-p90 | verdict |",
-        "|---|---:|---|---:|---:|---:|",
+        "| hook | family | payload B | packet | ns/packet (median) | p10-p90 | verdict |",
+        "|---|---|---:|---|---:|---:|---:|",
     ]
-    for family, size, name, median, low, high, retval in rows:
-        verdict = {0: "TC_ACT_OK", -1: "TCX_NEXT", 7: "REDIRECT"}.get(retval, str(retval))
-        lines.append(f"| {family} | {size} | {name} | {median:.0f} | {low}-{high} | {verdict} |")
+    for hook, family, size, name, median, low, high, retval in rows:
+        verdict = VERDICTS[hook].get(retval, str(retval))
+        lines.append(
+            f"| {hook} | {family} | {size} | {name} | {median:.0f} | {low}-{high} | {verdict} |"
+        )
     sys.stdout.write("\n".join(lines) + "\n")
 
 

@@ -53,8 +53,9 @@ USER = "user"
 PASSWORD = "pass"
 REALM = "stunner.l7mp.io"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
-SERVERS = ("stunnerd", "stunnerd-py", "coturn")
-STUNNERDS = ("stunnerd", "stunnerd-py")  # the native relay path (STUNNER_NATIVE=1), and Python
+SERVERS = ("stunnerd", "stunnerd-base", "stunnerd-py", "coturn")
+# the native relay path (STUNNER_NATIVE=1), the same from another checkout (--baseline), Python
+STUNNERDS = ("stunnerd", "stunnerd-base", "stunnerd-py")
 DEFAULT_SERVERS = "stunnerd,coturn"
 
 
@@ -165,6 +166,45 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
+def socket_drops(pids: list[int]) -> int:
+    """Datagrams the kernel dropped at the UDP sockets `pids` hold, their receive buffers full
+    (the `drops` column of /proc/net/udp and udp6, by the sockets' inodes): where a run's loss
+    happened, the server's sockets or the peer's."""
+    inodes: set[str] = set()
+    for p in pids:
+        with contextlib.suppress(OSError):
+            for fd in Path(f"/proc/{p}/fd").iterdir():
+                with contextlib.suppress(OSError):
+                    target = os.readlink(fd)
+                    if target.startswith("socket:["):
+                        inodes.add(target[8:-1])
+    total = 0
+    for table in ("/proc/net/udp", "/proc/net/udp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                fields = line.split()
+                if len(fields) >= 13 and fields[9] in inodes:
+                    total += int(fields[12])
+    return total
+
+
+def udp_rcvbuf_errors() -> int:
+    """The network namespace's UDP receive-buffer drops (RcvbufErrors of /proc/net/snmp's Udp
+    and /proc/net/snmp6's Udp6): every socket's, the generator's included."""
+    total = 0
+    with contextlib.suppress(OSError):
+        lines = [line.split() for line in Path("/proc/net/snmp").read_text().splitlines()]
+        for names, values in zip(lines, lines[1:], strict=False):
+            if names[0] == "Udp:" and values[0] == "Udp:" and "RcvbufErrors" in names:
+                total += int(values[names.index("RcvbufErrors")])
+                break
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/net/snmp6").read_text().splitlines():
+            if line.startswith("Udp6RcvbufErrors"):
+                total += int(line.split()[1])
+    return total
+
+
 def rss_kib(pid: int) -> int:
     """VmRSS of `pid` and its live descendants, KiB."""
     total = 0
@@ -202,11 +242,18 @@ class Server:
         udp_threads: int | None = None,
         abuse_limits: bool = False,
         tls: bool = False,
+        admin: dict[str, Any] | None = None,
+        cpus: str | None = None,
+        baseline: Path | None = None,
     ) -> None:
         self.name = name
+        self.admin = admin or {}  # more of stunnerd's admin settings (machine_bench: offload)
+        self.cpus = cpus  # run under `taskset -c CPUS` (machine_bench's one-core rate)
+        self.baseline = baseline  # stunnerd-base: the checkout its stunnerd package comes from
         self.port = free_port()
         self.tls_port = free_port() if tls else None  # a TURN-TLS listener there
         self.proc: subprocess.Popen[bytes] | None = None
+        self.log_path: Path | None = None
         self.workdir = workdir
         self.udp_threads = udp_threads  # stunnerd -u; None: its default
         # The throughput cases make every allocation from one source IP, so stunnerd's
@@ -218,9 +265,18 @@ class Server:
         env = None
         if self.name in STUNNERDS:
             env = {**os.environ, "STUNNER_NATIVE": "0" if self.name == "stunnerd-py" else "1"}
+            if self.name == "stunnerd-base":
+                if self.baseline is None:
+                    raise RuntimeError("stunnerd-base needs --baseline DIR")
+                env["PYTHONPATH"] = str(self.baseline)
             config = {
                 "version": "v1",
-                "admin": {"name": "bench", "loglevel": "all:WARN", "healthcheck_endpoint": ""},
+                "admin": {
+                    "name": "bench",
+                    "loglevel": "all:WARN",
+                    "healthcheck_endpoint": "",
+                    **self.admin,
+                },
                 "auth": {
                     "type": "static",
                     "realm": REALM,
@@ -264,6 +320,9 @@ class Server:
                 cert, key = self._tls_files()
                 argv.remove("--no-tls")
                 argv += ["--tls-listening-port", str(self.tls_port), "--cert", cert, "--pkey", key]
+        if self.cpus is not None:
+            argv = ["taskset", "-c", self.cpus, *argv]
+        self.log_path = Path(logfile.name)
         self.proc = subprocess.Popen(argv, stdout=logfile, stderr=subprocess.STDOUT, env=env)
         logfile.close()
         self._wait_ready()
@@ -316,12 +375,16 @@ class Server:
 
 @contextlib.contextmanager
 def running(
-    names: tuple[str, ...], workdir: Path, udp_threads: int | None, tls: bool = False
+    names: tuple[str, ...],
+    workdir: Path,
+    udp_threads: int | None,
+    tls: bool = False,
+    baseline: Path | None = None,
 ) -> Iterator[dict[str, Server]]:
     servers: dict[str, Server] = {}
     try:
         for name in names:
-            servers[name] = Server(name, workdir, udp_threads, tls=tls)
+            servers[name] = Server(name, workdir, udp_threads, tls=tls, baseline=baseline)
             servers[name].start()
         yield servers
     finally:
@@ -331,7 +394,7 @@ def running(
 
 # --- one uclient run -------------------------------------------------------------------------
 
-_PROGRESS = re.compile(r"msz=\d+, tot_send_msgs=(\d+), tot_recv_msgs=(\d+)")
+UCLIENT_PROGRESS = re.compile(r"msz=\d+, tot_send_msgs=(\d+), tot_recv_msgs=(\d+)")
 _TOTAL = re.compile(r"start_mclient: tot_send_msgs=(\d+), tot_recv_msgs=(\d+)")
 _LOST = re.compile(r"Total lost packets (\d+) \(([\d.]+)%\)")
 _RTT = re.compile(r"Average round trip delay ([\d.]+) ms")
@@ -375,7 +438,12 @@ def probe_result(proc: subprocess.Popen[bytes] | None, timeout: float) -> dict[s
 
 
 def run_uclient(
-    case: Case, server: Server, peer_port: int, duration: float, probe_peer: int | None = None
+    case: Case,
+    server: Server,
+    peer_port: int,
+    duration: float,
+    probe_peer: int | None = None,
+    peer_pid: int | None = None,
 ) -> dict[str, Any]:
     interval = max(1, round(1000 / case.pps))
     count = max(10, round(duration * 1000 / interval))
@@ -396,6 +464,13 @@ def run_uclient(
     samples: list[tuple[float, int, int]] = []  # (monotonic, sent, received), ~1/s
     lines: list[str] = []
     user0, system0 = cpu_times(server.pid)
+    server_pids = [server.pid, *descendants(server.pid)]
+    drops0 = (
+        socket_drops(server_pids),
+        socket_drops([peer_pid] if peer_pid else []),
+        udp_rcvbuf_errors(),
+    )
+    setup_cpu: float | None = None  # the server's CPU until uclient starts sending
     start = time.monotonic()
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     timer = threading.Timer(timeout, proc.kill)
@@ -406,9 +481,11 @@ def run_uclient(
         for raw in proc.stdout:
             line = raw.decode(errors="replace")
             lines.append(line)
-            match = _PROGRESS.search(line)
+            match = UCLIENT_PROGRESS.search(line)
             if match:
                 samples.append((time.monotonic(), int(match[1]), int(match[2])))
+                if setup_cpu is None and int(match[1]) > 0:
+                    setup_cpu = cpu_seconds(server.pid) - user0 - system0
                 if probe is None and probe_peer is not None and int(match[1]) > 0:
                     # the load is sending: the probe's call runs through most of its window
                     probe = start_probe(case, server, probe_peer, max(1.0, 0.75 * duration))
@@ -422,18 +499,29 @@ def run_uclient(
     probed = probe_result(probe, timeout=duration + 15) if probe_peer is not None else {}
     user1, system1 = cpu_times(server.pid)
     cpu = (user1 - user0) + (system1 - system0)
+    server_pids = [server.pid, *descendants(server.pid)]
+    drops1 = (
+        socket_drops(server_pids),
+        socket_drops([peer_pid] if peer_pid else []),
+        udp_rcvbuf_errors(),
+    )
     text = "".join(lines)
     total = _TOTAL.search(text)
     result: dict[str, Any] = {
         "server": server.name, "case": case.name, "cpu_s": cpu,
         "sys_pct": 100.0 * (system1 - system0) / cpu if cpu > 0 else None,
+        "setup_cpu_s": setup_cpu,
         "wall_s": end - start, "messages_per_client": count, "load1": os.getloadavg()[0],
         "timed_out": total is None,
+        # receive-buffer drops during the run: the server's sockets, the echo peer's, and the
+        # whole namespace's (the generator's sockets and anyone else's on the machine too)
+        "server_drops": drops1[0] - drops0[0], "peer_drops": drops1[1] - drops0[1],
+        "udp_rcvbuf_errors": drops1[2] - drops0[2],
         **{f"probe_{k}": v for k, v in probed.items()},
     }  # fmt: skip
     if total is None:
         for key in ("sent", "received", "sent_pps", "peak_sent_pps", "recv_pps", "loss_pct",
-                    "rtt_ms", "relayed_per_cpu_s"):  # fmt: skip
+                    "rtt_ms", "relayed_per_cpu_s", "sending_relayed_per_cpu_s"):  # fmt: skip
             result[key] = None
         return result
     sent, received = int(total[1]), int(total[2])
@@ -464,6 +552,12 @@ def run_uclient(
         loss_pct=float(lost[2]) if lost else 100.0 * (sent - received) / max(sent, 1),
         rtt_ms=float(rtt[1]) if rtt else None,
         relayed_per_cpu_s=2 * received / cpu if cpu > 0 else None,
+        # the same from the first packet sent on: the relaying, without the allocations
+        sending_relayed_per_cpu_s=(
+            2 * received / (cpu - setup_cpu)
+            if setup_cpu is not None and cpu - setup_cpu > 0
+            else None
+        ),
         progress=[(round(t - start, 2), s, r) for t, s, r in samples],
     )
     return result
@@ -674,10 +768,12 @@ def summary_table(rows: list[dict[str, Any]], cases: list[Case]) -> str:
     (`is_target`) which targets are met."""
     out = [
         "| case | server | runs | loss % | probe p50 ms | probe p99 ms | probe max ms "
-        "| relayed pkt/CPU-s | ratio to coturn | targets |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| relayed pkt/CPU-s | ratio to coturn | targets | set-up CPU-s "
+        "| sending pkt/CPU-s | sending ratio |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|",
     ]
-    keys = ("loss_pct", "probe_p50_ms", "probe_p99_ms", "probe_max_ms", "relayed_per_cpu_s")
+    keys = ("loss_pct", "probe_p50_ms", "probe_p99_ms", "probe_max_ms", "relayed_per_cpu_s",
+            "setup_cpu_s", "sending_relayed_per_cpu_s")  # fmt: skip
     for case in cases:
         medians: dict[str, dict[str, float | None]] = {}
         runs: dict[str, int] = {}
@@ -689,6 +785,8 @@ def summary_table(rows: list[dict[str, Any]], cases: list[Case]) -> str:
         anchor = medians.get("coturn")
         for name, m in medians.items():
             r = ratio(m["relayed_per_cpu_s"], anchor["relayed_per_cpu_s"]) if anchor else None
+            sending = m["sending_relayed_per_cpu_s"]
+            rs = ratio(sending, anchor["sending_relayed_per_cpu_s"]) if anchor else None
             verdict = ""
             if name in STUNNERDS and anchor and is_target(case):
                 misses = target_misses(case, m, anchor)
@@ -697,7 +795,9 @@ def summary_table(rows: list[dict[str, Any]], cases: list[Case]) -> str:
                 f"| {case.name} | {name} | {runs[name]} | {fmt(m['loss_pct'], '.2f')} "
                 f"| {fmt(m['probe_p50_ms'], '.1f')} | {fmt(m['probe_p99_ms'], '.1f')} "
                 f"| {fmt(m['probe_max_ms'], '.1f')} | {fmt(m['relayed_per_cpu_s'], '.0f')} "
-                f"| {fmt(r, '.2f') + 'x' if r and name != 'coturn' else ''} | {verdict} |"
+                f"| {fmt(r, '.2f') + 'x' if r and name != 'coturn' else ''} | {verdict} "
+                f"| {fmt(m['setup_cpu_s'], '.2f')} | {fmt(sending, '.0f')} "
+                f"| {fmt(rs, '.2f') + 'x' if rs and name != 'coturn' else ''} |"
             )
     return "\n".join(out)
 
@@ -706,8 +806,8 @@ def relay_table(rows: list[dict[str, Any]]) -> str:
     out = [
         "| case | server | sent/s | peak sent/s | recv/s | loss % | RTT ms "
         "| probe p50 / p99 / max ms | probe loss % | CPU-s | sys % "
-        "| relayed pkt/CPU-s | ratio to coturn |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| relayed pkt/CPU-s | ratio to coturn | drops server / peer / all |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     by_case: dict[str, dict[str, dict[str, Any]]] = {}
     for row in rows:
@@ -727,7 +827,9 @@ def relay_table(rows: list[dict[str, Any]]) -> str:
                 f"| {fmt(row['rtt_ms'], '.3f')} | {probe_cell(row)} "
                 f"| {fmt(row.get('probe_loss_pct'), '.1f')} | {fmt(row['cpu_s'], '.2f')} "
                 f"| {fmt(row['sys_pct'], '.0f')} | {fmt(row['relayed_per_cpu_s'], '.0f')} "
-                f"| {fmt(r, '.2f') + 'x' if r else ''} |"
+                f"| {fmt(r, '.2f') + 'x' if r else ''} "
+                f"| {row.get('server_drops', '-')} / {row.get('peer_drops', '-')} "
+                f"/ {row.get('udp_rcvbuf_errors', '-')} |"
             )
     return "\n".join(out)
 
@@ -817,15 +919,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--servers",
         default=DEFAULT_SERVERS,
-        help="comma-separated subset of stunnerd (the native relay path), stunnerd-py "
-        "(STUNNER_NATIVE=0: the pure-Python path) and coturn (default stunnerd,coturn)",
+        help="comma-separated subset of stunnerd (the native relay path), stunnerd-base "
+        "(the same from --baseline), stunnerd-py (STUNNER_NATIVE=0: the pure-Python path) and "
+        "coturn (default stunnerd,coturn)",
+    )
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="another checkout (its extension built in place) whose stunnerd runs as "
+        "stunnerd-base, through PYTHONPATH, in the same run (added to --servers)",
     )
     parser.add_argument(
         "--udp-threads",
         type=int,
         default=None,
         metavar="N",
-        help="stunnerd --udp-thread-num (default: stunnerd's own, one process per usable CPU)",
+        help="stunnerd --udp-thread-num (default: stunnerd's own, one per usable CPU)",
     )
     parser.add_argument(
         "--repeat",
@@ -880,7 +991,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.list:
         sys.stdout.write("".join(f"{c.name}\n" for c in cases))
         return 0
-    names = tuple(n for n in SERVERS if n in args.servers.split(","))
+    wanted = args.servers.split(",") + (["stunnerd-base"] if args.baseline else [])
+    names = tuple(n for n in SERVERS if n in wanted)
     for tool in ("turnutils_uclient", "turnutils_peer", "turnserver"):
         if shutil.which(tool) is None:
             log(f"{tool} not found: install coturn")
@@ -894,7 +1006,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="turn-bench-") as tmp:
         workdir = Path(tmp)
         if args.allocations > 0:
-            with running(names, workdir, args.udp_threads) as servers:
+            with running(names, workdir, args.udp_threads, baseline=args.baseline) as servers:
                 for name in names:
                     log(f"allocations: {args.allocations} against {name}...")
                     alloc_rows.append(
@@ -912,7 +1024,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             tls = any(case.transport == "tls" for case in cases)
             with (
-                running(names, workdir, args.udp_threads, tls) as servers,
+                running(names, workdir, args.udp_threads, tls, args.baseline) as servers,
                 contention(args.contend),
             ):
                 for i, case in enumerate(cases):
@@ -924,8 +1036,9 @@ def main(argv: list[str] | None = None) -> int:
                                 f"{f' (run {repeat}/{args.repeat})' if args.repeat > 1 else ''}"
                                 f" (load {os.getloadavg()[0]:.2f})...")  # fmt: skip
                             row = run_uclient(
-                                case, servers[name], peer_port, args.duration, probe_peer_port
-                            )
+                                case, servers[name], peer_port, args.duration, probe_peer_port,
+                                peers[0].pid,
+                            )  # fmt: skip
                             if args.repeat > 1:
                                 row["repeat"] = repeat
                             relay_rows.append(row)

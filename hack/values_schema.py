@@ -68,6 +68,7 @@ CONSTRAINTS: dict[str, dict[str, Any]] = {
     "webhook.failurePolicy": FAILURE_POLICY,
     "webhook.gatewayAPIFailurePolicy": FAILURE_POLICY,
     "webhook.timeoutSeconds": {"type": "integer", "minimum": 1, "maximum": 30},
+    "webhook.readyCheck.timeoutSeconds": {"type": "integer", "minimum": 1, "maximum": 3600},
     "webhook.nodePortRange": {"type": "string", "pattern": "^[0-9]+-[0-9]+$"},
     # Comma-separated CIDRs (IPv4 or IPv6); the webhook checks each at start.
     "webhook.podCIDRs": {"type": "string", "pattern": CIDR_LIST},

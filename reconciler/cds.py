@@ -105,8 +105,11 @@ NO_USAGE = encode_usage(USAGE_REPORT_KEY, {})[0]  # an empty report
 # Connections per server (stunner_http.server): every stunnerd replica holds one CDS watch
 # (1,000 Gateways with a few replicas each fit); per source IP as stunnerd's TCP listeners (a node
 # with a hundred host-network stunnerd pods fits; so do the CLI's reads through the API server's
-# service proxy, which all come from its address).
-CDS_LIMITS = ServerLimits(max_connections=8192, connections_per_source=256)
+# service proxy, which all come from its address). The listen queue holds what a connect flood
+# sends during one turn of the event loop (red team finding B: at 128 it overflowed and honest
+# SYNs were dropped); the kernel caps it at net.core.somaxconn (4096 since Linux 5.4).
+CDS_BACKLOG = 4096
+CDS_LIMITS = ServerLimits(max_connections=8192, connections_per_source=256, backlog=CDS_BACKLOG)
 
 
 STORE_KEY = web.AppKey("store", ConfigStore)

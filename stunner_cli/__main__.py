@@ -9,6 +9,8 @@
     stunner explain NS/GW PEER[:PORT] [-f DIR|FILE]   (why a peer is admitted or refused)
     stunner selftest --cds-url URL [--peer|--echo IP:PORT] [--gateway NS/GW]  (`helm test`)
     stunner auth-server --cds-url URL [--port 8088]     (the chart's auth/ICE service)
+    stunner webhook-ready [-n NS] [--timeout S]   (the chart's post-install hook: waits until
+                                                   the webhook judges a dry-run create)
 
 Exit codes: 0 done, 1 the cluster or the input has a problem (said on stderr), 2 bad usage;
 `explain`: 0 some listener admits the peer, 1 every listener refuses it.

@@ -9,16 +9,18 @@ stunnerd's /status), never to a pod IP."""
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Collection
 from typing import Any
 
 import kubernetes.client
 import kubernetes.config
 
-from reconciler.kube.api import Api, describe
+from reconciler.kube.api import Api, ConfigUnavailable, describe, load_client
 from reconciler.store import WATCHED
 
 TIMEOUT = 10.0
+IN_CLUSTER = "KUBERNETES_SERVICE_HOST"  # set by the kubelet in every pod
 
 
 class ClusterError(Exception):
@@ -34,11 +36,18 @@ class Kube:
 
     @classmethod
     def connect(cls, kubeconfig: str | None, context: str | None) -> Kube:
+        """The kubeconfig's context; in a pod with neither given nor a kubeconfig at hand, the
+        pod's ServiceAccount (the chart's hooks run the CLI so)."""
         try:
             client: kubernetes.client.ApiClient = kubernetes.config.new_client_from_config(  # type: ignore[no-untyped-call]
                 config_file=kubeconfig, context=context
             )
         except Exception as e:  # ConfigException, OSError, YAML errors
+            if kubeconfig is None and context is None and os.environ.get(IN_CLUSTER):
+                try:
+                    return cls(load_client())
+                except ConfigUnavailable as unavailable:
+                    raise ClusterError(str(unavailable)) from None
             raise ClusterError(
                 f"no usable Kubernetes configuration ({e}); pass --kubeconfig or set KUBECONFIG"
             ) from None
@@ -183,6 +192,23 @@ class Kube:
                 except Exception as e:  # ApiException (403 and the like), urllib3 errors
                     raise ClusterError(f"listing {watched.name}: {describe(e)}") from None
         return live
+
+    def dry_run_create(self, namespace: str, obj: dict[str, Any]) -> tuple[int, str]:
+        """Ask the API server to create `obj` (a custom resource) in `namespace` as a dry run,
+        through admission; (HTTP status, the message of a refusal). Status 0: the API server
+        did not answer."""
+        group, _, version = str(obj["apiVersion"]).partition("/")
+        plural = str(obj["kind"]).lower() + "s"
+        api = kubernetes.client.CustomObjectsApi(self.client)
+        try:
+            api.create_namespaced_custom_object(
+                group, version, namespace, plural, obj, dry_run="All", _request_timeout=TIMEOUT
+            )
+        except kubernetes.client.exceptions.ApiException as e:
+            return int(e.status or 0), _message(e.body) or str(e.reason)
+        except Exception as e:  # urllib3's MaxRetryError and friends
+            return 0, f"cannot reach the Kubernetes API: {e}"
+        return 201, ""
 
 
 def _proxy_get(call: Any, what: str, *args: Any, headers: dict[str, str] | None = None) -> Any:

@@ -12,9 +12,10 @@ from pathlib import Path
 from stunner_api.ice import DEFAULT_TTL, IceError, parse_ttl
 from stunner_api.vocabulary import SYSTEM_NAMESPACE
 from stunner_cli import commands
+from stunner_cli.webhook_ready import run_webhook_ready
 
 # The subcommands the chart runs (helm test, the auth service), not an operator at a prompt.
-CHART_COMMANDS = ("selftest", "auth-server")
+CHART_COMMANDS = ("selftest", "auth-server", "webhook-ready")
 
 
 def _ttl(text: str) -> int:
@@ -147,6 +148,22 @@ def build_parser() -> argparse.ArgumentParser:
     selftest.add_argument(
         "--timeout", type=float, default=10.0, help="seconds for the Gateways and routes to be up"
     )
+    ready = command(
+        "webhook-ready",
+        run_webhook_ready,
+        help="wait until the admission webhook judges a dry-run create through the API server "
+        "(the chart's post-install hook)",
+    )
+    ready.add_argument(
+        "-n",
+        "--namespace",
+        default=os.environ.get("HELM_NAMESPACE") or SYSTEM_NAMESPACE,
+        help="where the probe GatewayConfig is created as a dry run (the release's namespace)",
+    )
+    ready.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG") or None)
+    ready.add_argument("--kube-context", default=None, metavar="CTX")
+    ready.add_argument("--timeout", type=float, default=120.0, help="seconds to wait (120)")
+    ready.add_argument("--interval", type=float, default=1.0, help="seconds between tries (1)")
     auth = command(
         "auth-server",
         commands.run_auth_server,

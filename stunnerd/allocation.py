@@ -47,7 +47,7 @@ def address_family(ip: str) -> int:
 class Downstream:
     """The client side of one 5-tuple: where replies and relayed data to that client go."""
 
-    __slots__ = ("remote", "address", "send", "relay", "stream")
+    __slots__ = ("remote", "address", "send", "relay", "stream", "engine")
 
     def __init__(
         self,
@@ -55,6 +55,7 @@ class Downstream:
         send: Callable[[bytes], None],
         stream: bool,
         relay: Callable[[bytes], bool | None] | None = None,
+        engine: int = 0,
     ) -> None:
         self.remote = remote  # the address as the socket reports it: the allocation key
         self.address = canonical_address(remote)  # what XOR-MAPPED-ADDRESS reports
@@ -63,6 +64,9 @@ class Downstream:
         # (a TCP/TLS client past --stream-latency-bound, issue 21), else sent like an answer.
         self.relay: Callable[[bytes], bool | None] = relay or send
         self.stream = stream
+        # TURN-UDP on the native path: which of the listener's engines (one per socket of its
+        # SO_REUSEPORT group) the kernel steers this 5-tuple to; its allocation lives there.
+        self.engine = engine
 
 
 class PeerPolicy(Protocol):
@@ -144,6 +148,9 @@ class Allocation(asyncio.DatagramProtocol):
         self.user_id = user_id
         self.family = family
         self.expires_at = time.monotonic() + lifetime
+        # Nothing of it expires before this (its own expiry, its permissions', its channels'):
+        # the sweep passes it by until then (issue 30: every allocation, every second).
+        self.due = self.expires_at
         self.permissions: dict[str, float] = {}  # peer IP -> expiry
         self.channels: dict[int, tuple[Address, float]] = {}  # channel -> (peer, expiry)
         self.channel_by_peer: dict[Address, int] = {}
@@ -216,22 +223,27 @@ class Allocation(asyncio.DatagramProtocol):
 
     def refresh(self, lifetime: int) -> None:
         self.expires_at = time.monotonic() + lifetime
+        self.due = min(self.due, self.expires_at)
         if self.mirror is not None:
             self.mirror.refreshed(self.expires_at)
 
     def permit(self, ip: str, expires_at: float) -> None:
         self.permissions[ip] = expires_at
+        self.due = min(self.due, expires_at)
         if self.mirror is not None:
             self.mirror.permitted(ip, expires_at)
 
     def bind(self, channel: int, peer: Address, expires_at: float) -> None:
         self.channels[channel] = (peer, expires_at)
         self.channel_by_peer[peer] = channel
+        self.due = min(self.due, expires_at)
         if self.mirror is not None:
             self.mirror.bound(channel, peer, expires_at)
 
     def expire(self, now: float) -> bool:
         """Drop expired permissions and channels; True if the allocation itself expired."""
+        if now < self.due:
+            return False
         if now >= self.expires_at:
             return True
         ips = [ip for ip, expiry in self.permissions.items() if expiry <= now]
@@ -243,6 +255,11 @@ class Allocation(asyncio.DatagramProtocol):
             self.channel_by_peer.pop(peer, None)
         if self.mirror is not None and (ips or channels):
             self.mirror.forgotten(ips, channels)
+        self.due = min(
+            self.expires_at,
+            *self.permissions.values(),
+            *(expiry for _, expiry in self.channels.values()),
+        )
         return False
 
     def close(self) -> None:

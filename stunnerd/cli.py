@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from stunner_api.dataplane import ConfigError, StunnerConfig, redacted, zero_config
 from stunner_api.turn_uri import config_from_uri
 
-from . import logs
+from . import logs, native
 from .admin import parse_address
 from .auth import NonceManager
 from .daemon import Stunner
@@ -166,8 +166,9 @@ LIMIT_FLAGS: dict[str, tuple[str, str]] = {
     ),
     "unauthenticated_rate_total": (
         "PER_S",
-        "UDP: the same from all client IPs together, per process; within it an unsigned "
-        "Allocate gets a stateless 401, past it they are dropped unparsed; 0: no limit",
+        "UDP: the same from all client IPs together, in the whole stunnerd (each of the -u "
+        "processes keeps an even share); within it an unsigned Allocate gets a stateless 401, "
+        "past it they are dropped unparsed; 0: no limit",
     ),
 }
 
@@ -261,26 +262,35 @@ async def run(args: argparse.Namespace, stunner: Stunner) -> int:
     return await serve(stunner, config, None, args.grace_period, source)
 
 
-def udp_workers(args: argparse.Namespace, override: str | None) -> WorkerPool | None:
-    """The worker pool -u asks for (processes beyond this one), or None for one process."""
+def udp_processes(args: argparse.Namespace) -> int:
+    """Engines (native path) or processes (Python path) per UDP listener that -u asks for."""
     cpus = usable_cpus()
     processes = udp_process_count(args.udp_thread_num, cpus)
     if args.udp_thread_num is not None and args.udp_thread_num > processes:
         log.info(
-            "--udp-thread-num=%d: using %d process(es), one per usable CPU",
+            "--udp-thread-num=%d: using %d %s, one per usable CPU",
             args.udp_thread_num,
             processes,
+            "engine thread(s)" if native.unavailable_reason() is None else "process(es)",
         )
-    if processes <= 1 or args.dry_run:
+    return processes
+
+
+def udp_workers(
+    args: argparse.Namespace, override: str | None, processes: int, limits: Limits
+) -> WorkerPool | None:
+    """The worker pool of the Python relay path (processes beyond this one), or None: on the
+    native path this process runs one engine thread per socket itself (issue 30)."""
+    if processes <= 1 or args.dry_run or native.unavailable_reason() is None:
         return None
     return WorkerPool(
         processes - 1,
         secret=os.urandom(32),
-        users=LocalQuota(limits_from(args).max_allocations),
+        users=LocalQuota(limits.max_allocations),
         log_spec=override or logs.DEFAULT_LEVEL_SPEC,
         log_format=args.log_format,
         log_override=override is not None,
-        limits=limits_from(args),
+        limits=limits,
     )
 
 
@@ -307,13 +317,18 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 async def _main(args: argparse.Namespace, override: str | None) -> int:
-    workers = udp_workers(args, override)
+    processes = udp_processes(args)
+    # Each process (Python path) or engine thread (native path) reading a UDP listener keeps
+    # its share of the whole stunnerd's --unauthenticated-rate-total.
+    limits = limits_from(args).shared_by(processes)
+    workers = udp_workers(args, override, processes, limits)
     stunner = Stunner(
         nonces=NonceManager(workers.secret) if workers is not None else None,
         log_override=override,
         force_ready=args.force_ready_status,
         workers=workers,
-        limits=limits_from(args),
+        udp_engines=processes if workers is None else 1,
+        limits=limits,
         health_address=args.health_address,
         metrics_address=args.metrics_address,
         relay_discovery=relay_discovery_from_env(os.environ),

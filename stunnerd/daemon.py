@@ -52,6 +52,7 @@ class Stunner:
         log_override: str | None = None,
         force_ready: bool = False,
         workers: WorkerPool | None = None,
+        udp_engines: int = 1,
         limits: Limits | None = None,
         health_address: str = "",
         metrics_address: str = "",
@@ -73,8 +74,11 @@ class Stunner:
         self.metrics = HttpServer("metrics", lambda path: metrics_routes(self, path))
         # An admin server whose port was busy, trying to bind again: name -> (url, the task).
         self._admin_retries: dict[str, tuple[str, asyncio.Task[None]]] = {}
-        self.workers = workers  # --udp-thread-num: they serve the other sockets of UDP listeners
-        self._udp_sockets = 1 + (workers.size if workers is not None else 0)
+        # --udp-thread-num: on the Python path, worker processes serve the other sockets of
+        # each UDP listener; on the native path this process runs an engine per socket (issue
+        # 30: one interpreter for the requests, one relay thread per CPU, as coturn runs)
+        self.workers = workers
+        self._udp_sockets = 1 + workers.size if workers is not None else max(1, udp_engines)
         self.limits = limits or (workers.limits if workers is not None else Limits())
         self.users = (
             workers.users if workers is not None else LocalQuota(self.limits.max_allocations)

@@ -4,6 +4,18 @@ TURN-DTLS is `DtlsListenerProtocol`: one UDP socket, one pyOpenSSL `Connection` 
 per client address, and the same TURN demultiplexing as TURN-UDP. A client gets a session only
 after it echoed a stateless cookie (RFC 6347 §4.2.1 HelloVerifyRequest), so a spoofed source
 cannot make the server keep state or do public-key work.
+
+A stranger's datagram is judged on its bytes and source alone (`_stranger`, as stateless.py
+judges a stranger's unsigned STUN): only a whole epoch-0 ClientHello (`client_hello_cookie`),
+within its source IP's budget (--unauthenticated-rate, as unsigned STUN over UDP spends it),
+goes on. If its cookie verifies it starts a session in OpenSSL; else, within the listener's
+budget for all sources (--unauthenticated-rate-total's share) and never while the socket is
+behind (it is read in batches, transports.read_batch), it gets a HelloVerifyRequest built here
+(`hello_verify_request`: what OpenSSL's DTLSv1_listen writes, byte for byte, at a third of its
+cost), without state. A cookieless ClientHello flood from one source, or from many spoofed
+ones, so costs a budget lookup or an HMAC per datagram, and a client that echoed its cookie
+gets a socket of its own (`pins`), so the rest of its handshake does not queue behind the
+flood (before: 0 of 3 honest handshakes under one source's flood, coturn 4 of 4).
 """
 
 from __future__ import annotations
@@ -15,12 +27,13 @@ import logging
 import secrets
 import struct
 import time
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 from OpenSSL import SSL
 
 from .allocation import Downstream, canonical_address
 from .certificates import load_certificate
+from .stateless import STRANGER_IPS, UnsignedBudget
 from .turn import TurnServer
 
 log = logging.getLogger("stunner.listener")
@@ -34,6 +47,12 @@ RECORD_HEADER = 13  # DTLS record: type, version, epoch, sequence number (6), le
 
 
 # ---- DTLS
+
+
+class Pinner(Protocol):
+    """A socket of its own for a client address (transports.ClientPins)."""
+
+    def pin(self, addr: Any) -> None: ...
 
 
 class CookieJar:
@@ -102,6 +121,30 @@ def client_hello_random(data: bytes) -> bytes | None:
     if len(data) < 59 or data[0] != 22 or data[3:5] != b"\0\0" or data[13] != 1:
         return None
     return data[27:59]
+
+
+def hello_verify_request(hello: bytes, cookie: bytes) -> bytes:
+    """The HelloVerifyRequest to the epoch-0 ClientHello `hello` (RFC 6347 §4.2.1), as OpenSSL's
+    DTLSv1_listen writes it: record and server version DTLS 1.0, the ClientHello's record
+    sequence number, message_seq 0, one fragment."""
+    body = b"\xfe\xff" + bytes((len(cookie),)) + cookie
+    length = len(body).to_bytes(3, "big")
+    message = b"\x03" + length + b"\0\0\0\0\0" + length + body
+    return b"\x16\xfe\xff" + hello[3:11] + len(message).to_bytes(2, "big") + message
+
+
+def client_hello_cookie(data: bytes) -> bytes | None:
+    """The cookie (b"" for none) of a datagram that starts with a whole, unfragmented epoch-0
+    ClientHello, else None. After the random: session_id (1-byte length), cookie (the same)."""
+    # handshake header: type (13), length (14-16), message_seq, fragment offset (19-21) and
+    # length (22-24): a whole message is one fragment at offset 0 (OpenSSL takes no other)
+    if client_hello_random(data) is None or data[19:22] != b"\0\0\0" or data[14:17] != data[22:25]:
+        return None
+    offset = 60 + data[59] if len(data) > 59 else len(data)
+    if offset >= len(data):
+        return None
+    cookie = data[offset + 1 : offset + 1 + data[offset]]
+    return cookie if len(cookie) == data[offset] else None
 
 
 class DtlsSession:
@@ -240,6 +283,14 @@ class DtlsListenerProtocol(asyncio.DatagramProtocol):
         # capped by --dtls-pending and --dtls-pending-per-source (issue 15).
         self.pending = 0
         self.pending_by_source: dict[str, int] = {}
+        # Strangers' ClientHellos, before OpenSSL sees them (the module docstring); the socket
+        # is read in batches (transports.read_batch), which sets `behind`.
+        self.hellos = UnsignedBudget(server.context.limits, STRANGER_IPS)
+        self.full_batches = 0
+        self.behind = False
+        # A socket of its own per client with a session (DtlsTransport sets it): its handshake
+        # and records queue apart from a flood on the listener socket.
+        self.pins: Pinner | None = None
         self._listener: SSL.Connection | None = None
         self.transport: asyncio.DatagramTransport | None = None
         self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -257,9 +308,9 @@ class DtlsListenerProtocol(asyncio.DatagramProtocol):
         try:
             session = self.sessions.get(addr)
             if session is None:
-                self._listen(data, addr)
+                self._stranger(data, addr)
             elif client_hello_random(data) not in (None, session.hello_random):
-                self._listen(data, addr)  # a new handshake from the same address: a restart
+                self._stranger(data, addr)  # a new handshake from the same address: a restart
             else:
                 session.received(data)
         except SSL.Error as exc:
@@ -271,11 +322,28 @@ class DtlsListenerProtocol(asyncio.DatagramProtocol):
         except Exception:  # never out of datagram_received: drop the datagram
             log.exception("listener %s: DTLS datagram from %s dropped", self.name, addr)
 
+    def _stranger(self, data: bytes, addr: Any) -> None:
+        """A datagram from an address without a session, or a new ClientHello from one with:
+        only a whole ClientHello, within its source IP's budget, goes on. One whose cookie
+        verifies starts a session (OpenSSL); any other, within the listener's budget for all
+        sources and while the socket is not behind, gets a HelloVerifyRequest built here, with
+        no state and no OpenSSL. What is not is dropped, counted with a reason."""
+        stats = self.server.stats
+        cookie = client_hello_cookie(data)
+        if cookie is None:
+            stats.dropped += 1  # reason="invalid": only a ClientHello opens a session
+        elif not self.hellos.admit_source(addr):
+            stats.rate_limited += 1
+        elif cookie and self.cookies.check(addr, cookie):
+            self._listen(data, addr)  # the client answered a HelloVerifyRequest: its address
+        elif self.behind or not self.hellos.admit_total():
+            stats.rate_limited += 1
+        elif self.transport is not None:
+            self.transport.sendto(hello_verify_request(data, self.cookies.make(addr)), addr)
+
     def _listen(self, data: bytes, addr: Any) -> None:
-        """A datagram from an unknown address: answer a ClientHello without a valid cookie
-        with a HelloVerifyRequest and forget it; with one, start a session."""
-        if not data or data[0] != 22:  # only handshake records may open a session
-            return
+        """A ClientHello whose cookie verified (`_stranger`): start a session (OpenSSL checks
+        the cookie again; one that fails there gets OpenSSL's HelloVerifyRequest)."""
         listener = self._listener
         if listener is None:
             listener = self._listener = SSL.Connection(self.context)
@@ -308,6 +376,8 @@ class DtlsListenerProtocol(asyncio.DatagramProtocol):
         self.pending += 1
         self.pending_by_source[session.source] = self.pending_by_source.get(session.source, 0) + 1
         self.sessions[addr] = session
+        if self.pins is not None:
+            self.pins.pin(addr)
         session.handshake()
 
     def handshake_over(self, session: DtlsSession) -> None:
@@ -357,13 +427,11 @@ class DtlsListenerProtocol(asyncio.DatagramProtocol):
         log.debug("listener %s: %s", self.name, exc)
 
     def close(self) -> None:
-        """close_notify to every client, then close the socket."""
+        """close_notify to every client (the transport then closes the socket)."""
         if self._sweeper is not None:
             self._sweeper.cancel()
         for session in list(self.sessions.values()):
             self.close_session(session)
-        if self.transport is not None:
-            self.transport.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._sweeper is not None:

@@ -73,11 +73,14 @@ class Limits:
     # a burst of 100 lets ~50 browsers behind one NAT start a call in the same second, and is
     # ~1/2000 of the flood that shut stunnerd out. Keyed by IP, not port: ports are free.
     unauthenticated_rate: float = 50.0
-    # The same messages from every source together, per second per process (a burst of twice
-    # that), UDP (issue 28 #6: a flood from 200,000 spoofed sources passes every per-source
-    # budget). Within it a stranger's unsigned Allocate is answered with a stateless 401, in C
-    # on the native path (~2 us each, ~6 MB/s of answers at the default, while any one source
-    # IP still gets at most `unauthenticated_rate` of them); past it they are dropped unparsed.
+    # The same messages from every source together, per second in the whole stunnerd (a burst
+    # of twice that), UDP (issue 28 #6: a flood from 200,000 spoofed sources passes every
+    # per-source budget); each of the N processes (native engines) that read a UDP listener
+    # keeps 1/N of it (`shared_by`: the kernel spreads a spoofed flood evenly over them), and a
+    # DTLS listener the same share for its HelloVerifyRequests. Within it a stranger's unsigned
+    # Allocate is answered with a stateless 401, in C on the native path (~2 us each, ~6 MB/s
+    # of answers at the default, while any one source IP still gets at most
+    # `unauthenticated_rate` of them); past it they are dropped unparsed.
     # A new client's first Allocate meets a flood above the budget with odds budget/flood per
     # try, so the default is above what this 2-CPU machine's flooder reaches (bench/README.md).
     unauthenticated_rate_total: float = 50000.0
@@ -90,6 +93,16 @@ class Limits:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    def shared_by(self, readers: int) -> Limits:
+        """The limits of one of `readers` processes (native engines) reading each UDP listener:
+        `unauthenticated_rate_total` is the whole stunnerd's, each keeps an even share (red
+        team finding C: per process, `-u N` multiplied it N times). What cli.py hands to the
+        primary and to every UDP worker."""
+        total = self.unauthenticated_rate_total
+        if readers <= 1 or total <= 0:
+            return self
+        return dataclasses.replace(self, unauthenticated_rate_total=total / readers)
 
     def stream_connection_cap(self) -> int:
         """TCP/TLS connections one process may hold: `connections`, and never so many that

@@ -162,8 +162,9 @@ class Listener:
 
     def offload_state(self) -> dict[str, Any]:
         """Whether the kernel offload relays this listener's ChannelData, and if not, why:
-        {"on": bool, "engine", "interfaces"} or {"on": false, "reason", "code"} (the metric's
-        label)."""
+        {"on": true, "engine", "interfaces", "modes", "code"} or {"on": false, "reason", "code"}
+        (`code`: the metric's label, the engine and mode when on: tc, xdp_driver, xdp_generic,
+        xdp_mixed)."""
         offload = self.server.context.offload
         if self.config.protocol != ListenerProtocol.TURN_UDP.value:
             reason = f"{self.config.protocol}: the offload relays TURN-UDP ChannelData only"
@@ -173,7 +174,18 @@ class Listener:
         if not isinstance(self.transport, NativeUdpTransport):
             reason = f"TURN-UDP relays in Python here: {native.unavailable_reason()}"
             return {"on": False, "reason": reason, "code": "native"}
-        return {"on": True, "engine": "TC", "interfaces": offload.interfaces}
+        modes = offload.modes
+        kinds = sorted(set(modes.values()))
+        code = (
+            "tc" if offload.engine == "TC" else "xdp_" + (kinds[0] if len(kinds) == 1 else "mixed")
+        )
+        return {
+            "on": True,
+            "engine": offload.engine,
+            "interfaces": offload.interfaces,
+            "modes": modes,
+            "code": code,
+        }
 
     @property
     def _log_level(self) -> int:

@@ -107,10 +107,11 @@ def stunner_families(view: MetricsView) -> Iterator[Metric]:
     yield from _by_direction("listener", "on the listener", stats, ("rx", "tx"))
     offload = GaugeMetricFamily(
         "stunner_listener_offload",
-        "1 while the kernel offload relays the listener's TURN-UDP ChannelData, else 0 with "
-        "why: disabled (admin.offload_engine None), protocol (not TURN-UDP), capability (no "
-        "CAP_BPF/CAP_NET_ADMIN), kernel (no tcx: Linux < 6.6), verifier, not_built, native (no "
-        "native engine), engine (XDP), interface, error; the text is in /status.",
+        "1 while the kernel offload relays the listener's TURN-UDP ChannelData, with how: tc, "
+        "xdp_driver, xdp_generic, xdp_mixed; else 0 with why: disabled (admin.offload_engine "
+        "None), protocol (not TURN-UDP), capability (no CAP_BPF/CAP_NET_ADMIN), kernel (no "
+        "tcx: Linux < 6.6), busy (another XDP program on the interface), verifier, not_built, "
+        "native (no native engine), engine (unknown), interface, error; the text is in /status.",
         labels=["name", "reason"],
     )
     for name, state in sorted(view.listener_offload().items()):

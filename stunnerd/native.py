@@ -197,6 +197,11 @@ class NativeCounters:
     stranger_ips: int = 0  # source IPs whose unauthenticated-STUN bucket is tracked
     bucket_resets: int = 0  # times that table was full of live buckets and started afresh
     answered: int = 0  # strangers' unsigned Allocates the engine answered with 401 itself
+    # the engine thread's syscalls (bench/README.md: packets per wakeup and per call): epoll
+    # returns with events, recvmmsg calls, sendmmsg calls
+    wakeups: int = 0
+    recv_calls: int = 0
+    send_calls: int = 0
 
     def listener(self) -> ListenerCounters:
         """As the listener's counters (Python's path counts the same events in these fields)."""
@@ -224,7 +229,8 @@ class NativeCounters:
         total = cls()
         for counted in each:
             for name in ("rx_packets", "rx_bytes", "tx_packets", "tx_bytes", "handed_up",
-                         "stranger_ips", "bucket_resets", "answered"):  # fmt: skip
+                         "stranger_ips", "bucket_resets", "answered", "wakeups",
+                         "recv_calls", "send_calls"):  # fmt: skip
                 setattr(total, name, getattr(total, name) + getattr(counted, name))
             for cluster, values in counted.clusters.items():
                 mine = total.clusters.setdefault(cluster, [0] * len(values))
@@ -448,4 +454,7 @@ class NativeRelay:
             stranger_ips=raw["stranger_ips"],
             bucket_resets=raw["bucket_resets"],
             answered=raw["answered"],
+            wakeups=raw["wakeups"],
+            recv_calls=raw["recv_calls"],
+            send_calls=raw["send_calls"],
         )

@@ -2,8 +2,11 @@
 the protocol.
 
 `NativeUdpTransport` is the TURN-UDP transport when `stunnerd.native` is available (built, and
-STUNNER_NATIVE is not 0). Its engine (`native.NativeRelay`) owns the receive path of the
-listener socket and of every allocation's relay socket, in its own thread:
+STUNNER_NATIVE is not 0). The listener binds one socket per usable CPU (`-u`) in one
+SO_REUSEPORT group, and an engine (`native.NativeRelay`) on each, all in this process (issue
+30: one interpreter answers every request; a relay thread per CPU carries the media). An engine
+owns the receive path of its listener socket and of the relay sockets of the allocations whose
+clients the kernel steers to that socket (`Downstream.engine`), in its own thread:
 
 - it relays ChannelData and plain Send indications from clients, and peers' datagrams back as
   ChannelData or Data indications, deciding each packet from tables this module mirrors into
@@ -23,7 +26,8 @@ listener socket and of every allocation's relay socket, in its own thread:
   gives the engine's share, which `Listener` adds to the TURN server's once.
 - The kernel offload (issue 30), when `admin.offload_engine` turns it on: every change to an
   allocation's permissions, channels or lifetime, and every route change, re-syncs its routes
-  in the kernel, and its end empties them (`offloaded.OffloadedAllocations`).
+  in the kernel, and its end empties them (`offloaded.OffloadedAllocations`). The process's
+  one program carries every engine's allocations: they share the listener's address.
 
 TURN-TCP has its own engine (`native_tcp`); TURN-TLS and -DTLS stay in Python (TLS and DTLS
 sessions).
@@ -32,6 +36,7 @@ sessions).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import socket
 import time
@@ -132,47 +137,58 @@ class EngineCounted:
 
 
 class NativeUdpTransport(EngineCounted, UdpTransport):
-    """TURN-UDP with the native relay engine (see the module docstring)."""
+    """TURN-UDP with the native relay engine (see the module docstring): one engine, with its
+    thread, per socket of the listener's SO_REUSEPORT group (`sockets`, by default one per
+    usable CPU), all in this process; a UDP worker process's copy (`given`) runs one."""
 
     def __init__(self, server: TurnServer, sockets: int, given: socket.socket | None) -> None:
         super().__init__(server, sockets, given)
-        self.relay: native.NativeRelay | None = None
-        self._sock: socket.socket | None = None
-        # today's path, for what is handed up (the engine has spent strangers' tokens)
-        self._python = UdpListenerProtocol(server, engine_limits_strangers=True)
-        self._allocations: dict[int, Allocation] = {}  # engine handle -> allocation
+        self.relays: list[native.NativeRelay] = []
+        self._socks: list[socket.socket] = []
+        # today's path, for what each engine hands up (the engine has spent strangers' tokens)
+        self._pythons: list[UdpListenerProtocol] = []
+        self._allocations: dict[tuple[int, int], Allocation] = {}  # (engine, handle) -> it
+        # the process's one kernel program carries every engine's allocations (issue 30)
         self._offloaded = OffloadedAllocations(server, self._listener_address)
-        self._unwatch: Any = None
-        self._unwatch_offload: Any = None
+        self._unwatch: list[Any] = []
         self._final: native.NativeCounters | None = None  # after stop
 
     async def start(self, port: int) -> None:
-        sock = self.listener_socket(port)
+        socks = [self.listener_socket(port), *self.worker_sockets]
+        self.worker_sockets = []  # every socket of the group is served here, by its engine
+        relays: list[native.NativeRelay] = []
         try:
             limits = self.server.context.limits
-            relay = native.NativeRelay(
-                sock,
-                max_message=limits.max_udp_message,
-                stranger_rate=limits.unauthenticated_rate,
-                stranger_ips=STRANGER_IPS,
-                per_source=STRANGER_QUEUE_SHARE,
-                unsigned_rate=limits.unauthenticated_rate_total,
-                max_attributes=limits.max_attributes,
-            )
-            self._answer_unsigned(relay)
-            relay.watch_relay_ports(self.server.router.relay_ports)
-            relay.start()
+            for sock in socks:
+                relay = native.NativeRelay(
+                    sock,
+                    max_message=limits.max_udp_message,
+                    stranger_rate=limits.unauthenticated_rate,
+                    stranger_ips=STRANGER_IPS,
+                    per_source=STRANGER_QUEUE_SHARE,
+                    unsigned_rate=limits.unauthenticated_rate_total,
+                    max_attributes=limits.max_attributes,
+                )
+                relays.append(relay)
+                self._answer_unsigned(relay)
+                relay.watch_relay_ports(self.server.router.relay_ports)
+                relay.start()
         except (OSError, RuntimeError) as exc:
-            for held in (sock, *self.worker_sockets):
+            for relay in relays:
+                relay.close()
+            for held in socks:
                 held.close()
-            self.worker_sockets = []
             raise OSError(f"the native relay engine cannot start: {exc}") from None
-        self._sock, self.relay = sock, relay
-        self._python.connection_made(ListenerSocket(sock))
-        relay.attach(asyncio.get_running_loop(), self._handed_up)
+        self._socks, self.relays = socks, relays
+        loop = asyncio.get_running_loop()
+        for engine, (sock, relay) in enumerate(zip(socks, relays, strict=True)):
+            python = UdpListenerProtocol(self.server, engine_limits_strangers=True, engine=engine)
+            python.connection_made(ListenerSocket(sock))
+            self._pythons.append(python)
+            relay.attach(loop, functools.partial(self._handed_up, engine))
+            self._unwatch.append(self.server.router.watch(relay.clear_verdicts))
         self.server.scope.relay_path = self
-        self._unwatch = self.server.router.watch(relay.clear_verdicts)
-        self._unwatch_offload = self.server.router.watch(self._sync_every_offload)
+        self._unwatch.append(self.server.router.watch(self._sync_every_offload))
 
     def _answer_unsigned(self, relay: native.NativeRelay) -> None:
         """Let the engine answer strangers' unsigned Allocates with a stateless 401 (issue 28):
@@ -188,29 +204,29 @@ class NativeUdpTransport(EngineCounted, UdpTransport):
 
     async def stop(self) -> None:
         self._offloaded.close()
-        relay, self.relay = self.relay, None
-        if relay is not None:
-            self._unwatch()
-            self._unwatch_offload()
-            self._final = relay.counters()
-            relay.close()
-            # The engine's cluster counters outlive it in the process's, as Python's do.
+        relays, self.relays = self.relays, []
+        if relays:
+            for unwatch in self._unwatch:
+                unwatch()
+            self._unwatch = []
+            self._final = native.NativeCounters.total([relay.counters() for relay in relays])
+            for relay in relays:
+                relay.close()
+            # The engines' cluster counters outlive them in the process's, as Python's do.
             for name, counters in self._final.cluster_counters().items():
                 self.server.scope.cluster_counters[name].add(counters)
             self._final.clusters = {}
-        if self._sock is not None:
-            self._sock.close()
-            self._sock = None
-        for sock in self.worker_sockets:
+        for sock in self._socks:
             sock.close()
-        self.worker_sockets = []
+        self._socks = []
 
     # --- RelayPath ----------------------------------------------------------------------------
 
     async def open(self, allocation: Allocation, sock: socket.socket) -> RelaySocket:
-        relay = self.relay
-        if relay is None:
+        engine = allocation.downstream.engine  # where the kernel steers the client's packets
+        if engine >= len(self.relays):
             raise OSError("the listener is stopping")
+        relay = self.relays[engine]
         try:
             with sock:  # the engine keeps a duplicate: one descriptor per allocation
                 sockname = sock.getsockname()
@@ -219,78 +235,88 @@ class NativeUdpTransport(EngineCounted, UdpTransport):
                 )
         except ValueError as exc:  # this client has an allocation in the engine already
             raise OSError(str(exc)) from None
-        relayed = NativeAllocation(relay, handle, sockname, self._forget, self._sync_offload)
+        relayed = NativeAllocation(
+            relay,
+            handle,
+            sockname,
+            functools.partial(self._forget, engine),
+            functools.partial(self._sync_offload, engine),
+        )
         allocation.mirror = relayed
-        self._allocations[handle] = allocation
+        self._allocations[(engine, handle)] = allocation
         return relayed
 
-    def _forget(self, handle: int) -> None:
-        self._allocations.pop(handle, None)
-        self._offloaded.forget(handle)
+    def _forget(self, engine: int, handle: int) -> None:
+        self._allocations.pop((engine, handle), None)
+        self._offloaded.forget((engine, handle))
 
     # --- the kernel offload (stunnerd.offloaded) -------------------------------------------------
 
-    def _sync_offload(self, handle: int) -> None:
-        allocation = self._allocations.get(handle)
+    def _sync_offload(self, engine: int, handle: int) -> None:
+        if self._offloaded.idle((engine, handle)):
+            return
+        allocation = self._allocations.get((engine, handle))
         relay = allocation.relay if allocation is not None else None
         bound = relay.get_extra_info("sockname") if isinstance(relay, NativeAllocation) else None
-        self._offloaded.sync(handle, allocation, (bound[0], bound[1]) if bound else None)
+        self._offloaded.sync((engine, handle), allocation, (bound[0], bound[1]) if bound else None)
 
     def _sync_every_offload(self) -> None:
         """A route or config change: every allocation's routes again (a refused peer's go)."""
-        for handle in list(self._allocations):
-            self._sync_offload(handle)
+        for engine, handle in list(self._allocations):
+            self._sync_offload(engine, handle)
 
     def _listener_address(self) -> Address | None:
-        return self._sock.getsockname()[:2] if self._sock is not None else None
+        """The address every socket of the listener's group shares (the program's key)."""
+        return self._socks[0].getsockname()[:2] if self._socks else None
 
     def sweep(self) -> None:
         self._offloaded.sweep()
 
-    # --- packets the engine handed up --------------------------------------------------------
+    # --- packets the engines handed up --------------------------------------------------------
 
-    def _handed_up(self, batch: list[native.HandedUp]) -> None:
+    def _handed_up(self, engine: int, batch: list[native.HandedUp]) -> None:
         for packet in batch:
             try:
                 if packet.source == native.SOURCE_CLIENT:
-                    self._from_client(packet)
+                    self._from_client(engine, packet)
                 else:
-                    self._from_peer(packet)
+                    self._from_peer(engine, packet)
             except Exception:  # a bug must not take the listener down
                 log.exception("listener %s: error handling a packet", self.server.name)
 
-    def _from_client(self, packet: native.HandedUp) -> None:
+    def _from_client(self, engine: int, packet: native.HandedUp) -> None:
         data, addr = packet.data, packet.address
         allocation = self.server.allocations.get(addr)
         if allocation is not None and allocation.mirror is not None:
             peer = relayed_peer(allocation, data)
-            if peer is not None and self._decided(peer, packet) != native.UP:
+            if peer is not None and self._decided(engine, peer, packet) != native.UP:
                 return
         stats = self.server.stats
         limited = stats.rate_limited
-        self._python.datagram_received(data, addr)
-        if stats.rate_limited != limited and allocation is None and self.relay is not None:
+        self._pythons[engine].datagram_received(data, addr)
+        if stats.rate_limited != limited and allocation is None and engine < len(self.relays):
             # A stranger over its error budget: the engine drops it until the budget refills.
             wait = self.server.context.error_answers.seconds_to_token(addr)
             if wait > 0:
-                self.relay.mute(addr, time.monotonic() + wait)
+                self.relays[engine].mute(addr, time.monotonic() + wait)
 
-    def _from_peer(self, packet: native.HandedUp) -> None:
-        allocation = self._allocations.get(packet.handle)
+    def _from_peer(self, engine: int, packet: native.HandedUp) -> None:
+        allocation = self._allocations.get((engine, packet.handle))
         if allocation is None:
             return  # removed while its packet waited
-        if self._decided((packet.address[0], packet.address[1]), packet) != native.UP:
+        if self._decided(engine, (packet.address[0], packet.address[1]), packet) != native.UP:
             return
         allocation.datagram_received(packet.data, packet.address)
 
-    def _decided(self, peer: Address, packet: native.HandedUp) -> int:
-        assert self.relay is not None
-        return decide_and_reinject(self.relay, self.server, peer, packet)
+    def _decided(self, engine: int, peer: Address, packet: native.HandedUp) -> int:
+        return decide_and_reinject(self.relays[engine], self.server, peer, packet)
 
     # --- counters ----------------------------------------------------------------------------
 
     def _counters(self) -> native.NativeCounters | None:
-        return self.relay.counters() if self.relay is not None else self._final
+        if self.relays:
+            return native.NativeCounters.total([relay.counters() for relay in self.relays])
+        return self._final
 
 
 def decide_and_reinject(

@@ -9,6 +9,10 @@ now, or none when the offload is off. `forget` empties them at the allocation's 
 `close` at the listener's. What the kernel relayed is counted as the native engine counts what
 it relays itself: a client's datagram (payload and the 4-byte ChannelData header) on the
 listener, the payload on the peer's cluster; every second (`sweep`) and at every removal.
+
+An allocation is known by its `Key`: the engine it lives in (a listener runs one per socket of
+its SO_REUSEPORT group, all in this process) and the engine's handle for it; the process's one
+program carries every engine's allocations, as they share the listener's address.
 """
 
 from __future__ import annotations
@@ -21,30 +25,36 @@ from .offload.layout import Address, Usage
 from .turn import TurnServer
 
 CHANNEL_HEADER = 4
+Key = tuple[int, int]  # (engine, the engine's handle)
 
 
 class OffloadedAllocations:
-    """The kernel routes of one listener's allocations, by the native engine's handle."""
+    """The kernel routes of one listener's allocations, by engine and handle (`Key`)."""
 
     def __init__(self, server: TurnServer, listener_address: Callable[[], Address | None]) -> None:
         self.server = server
         self._listener_address = listener_address  # the listener socket's, while it runs
-        self._routes: dict[int, AllocationRoutes] = {}
+        self._routes: dict[Key, AllocationRoutes] = {}
 
-    def sync(self, handle: int, allocation: Allocation | None, relay: Address | None) -> None:
+    def idle(self, key: Key) -> bool:
+        """Nothing to sync for `key`: the offload is off and it has no routes in the kernel
+        (every request's change asks; issue 30: the allocations' set-up is Python's work)."""
+        return not self.server.context.offload.active and key not in self._routes
+
+    def sync(self, key: Key, allocation: Allocation | None, relay: Address | None) -> None:
         """Make the allocation's routes in the kernel what stunnerd decides now."""
         offload = self.server.context.offload
-        routes = self._routes.get(handle)
+        routes = self._routes.get(key)
         listener = self._listener_address()
         if allocation is None or relay is None or listener is None or not offload.active:
             if routes is not None:
-                self.forget(handle)
+                self.forget(key)
             return
         if routes is None:
             routes = AllocationRoutes(
                 offload, allocation.downstream.address, listener, relay, self._count
             )
-            self._routes[handle] = routes
+            self._routes[key] = routes
         router, name = self.server.router, self.server.name
         routes.sync(
             plan_channels(
@@ -56,14 +66,14 @@ class OffloadedAllocations:
             )
         )
 
-    def forget(self, handle: int) -> None:
-        routes = self._routes.pop(handle, None)
+    def forget(self, key: Key) -> None:
+        routes = self._routes.pop(key, None)
         if routes is not None:
             routes.close()
 
     def close(self) -> None:
-        for handle in list(self._routes):
-            self.forget(handle)
+        for key in list(self._routes):
+            self.forget(key)
 
     def sweep(self) -> None:
         for routes in self._routes.values():

@@ -15,11 +15,14 @@ import fcntl
 import logging
 import socket
 import ssl
-from typing import TYPE_CHECKING, Any, cast
+from collections.abc import Callable, Container
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from . import stun
 from .allocation import Downstream
-from .stateless import UnsignedBudget, unsigned_allocate
+from .auth import nonce_binding
+from .stateless import STRANGER_IPS as STRANGER_IPS  # native_udp takes it from here
+from .stateless import UnsignedBudget, signed_nonce, unsigned_allocate
 from .turn import TurnServer
 
 if TYPE_CHECKING:
@@ -34,7 +37,6 @@ log = logging.getLogger("stunner.listener")
 MAX_STREAM_BUFFER = 4 * 65536  # a TCP client may have this much unframed data in flight
 
 
-STRANGER_IPS = 65536  # source IPs whose unauthenticated-STUN budget is tracked at a time
 # Datagrams read from a UDP listener socket per turn of the event loop (issue 28 #6): asyncio's
 # datagram transport reads one per turn, ~40k/s on a core here, below a spoofed flood's 80k/s
 # (the kernel then drops honest clients' datagrams with the flood's); in batches one core
@@ -64,8 +66,11 @@ def has_integrity(data: bytes) -> bool:
 
 
 class UdpListenerProtocol(asyncio.DatagramProtocol):
-    def __init__(self, server: TurnServer, engine_limits_strangers: bool = False) -> None:
+    def __init__(
+        self, server: TurnServer, engine_limits_strangers: bool = False, engine: int = 0
+    ) -> None:
         self.server = server
+        self.engine = engine  # the native engine whose socket this is (Downstream.engine)
         self.transport: asyncio.DatagramTransport | None = None
         self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.pins: ClientPins | None = None  # one process per listener: see ClientPins
@@ -112,10 +117,20 @@ class UdpListenerProtocol(asyncio.DatagramProtocol):
             self.server.stats.dropped += 1
         elif self.server.context.error_answers.exhausted(addr):
             self.server.stats.rate_limited += 1  # a stranger over its error budget (turn.py)
-        elif self.unsigned is not None and not has_integrity(data):
+        elif self.unsigned is not None and not self._nonce_verifies(data, addr):
             self._unsigned(data, addr)
         else:
             self.server.handle(data, self._downstream(addr))
+
+    def _nonce_verifies(self, data: bytes, addr: Any) -> bool:
+        """Whether a stranger's message is signed with a nonce of ours for its address: one
+        HMAC, before the MESSAGE-INTEGRITY's (which needs the parse and the user's key). One
+        that is not (unsigned, or a forged or stale nonce) spends the unsigned budgets."""
+        nonce = signed_nonce(data)
+        if nonce is None:
+            return False
+        server = self.server
+        return server.context.nonces.is_valid(nonce, nonce_binding(server.name, (addr[0], addr[1])))
 
     def _unsigned(self, data: bytes, addr: Any) -> None:
         """A stranger's STUN without MESSAGE-INTEGRITY (the Python path): dropped while the
@@ -142,7 +157,7 @@ class UdpListenerProtocol(asyncio.DatagramProtocol):
         def send(data: bytes) -> None:
             transport.sendto(data, addr)
 
-        return Downstream(addr, send, stream=False)
+        return Downstream(addr, send, stream=False, engine=self.engine)
 
     def error_received(self, exc: Exception) -> None:
         log.debug("listener %s: %s", self.server.name, exc)
@@ -168,7 +183,18 @@ class ListenerSocket(asyncio.DatagramTransport):
             log.debug("listener socket: %s", exc)
 
 
-def read_batch(sock: socket.socket, protocol: UdpListenerProtocol) -> None:
+class BatchReader(Protocol):
+    """What `read_batch` hands datagrams to: a TURN-UDP or a TURN-DTLS listener protocol."""
+
+    full_batches: int  # batches in a row that found READ_BATCH datagrams
+    behind: bool  # full_batches reached SHED_AFTER: strangers' first messages are dropped
+
+    def datagram_received(self, data: bytes, addr: Any) -> None: ...
+
+    def error_received(self, exc: Exception) -> None: ...
+
+
+def read_batch(sock: socket.socket, protocol: BatchReader) -> None:
     """Up to READ_BATCH datagrams waiting on a UDP listener socket, each to `protocol`, which
     is told first whether it is behind (SHED_AFTER full batches in a row)."""
     protocol.behind = protocol.full_batches >= SHED_AFTER
@@ -199,8 +225,16 @@ class ClientPins:
 
     SWEEP_INTERVAL = 1.0
 
-    def __init__(self, listener: UdpListenerProtocol, sock: socket.socket) -> None:
+    def __init__(
+        self,
+        listener: BatchReader,
+        name: str,
+        sock: socket.socket,
+        live: Callable[[], Container[Any]],
+    ) -> None:
         self.listener = listener
+        self.name = name  # the listener's, for the log
+        self.live = live  # the addresses that keep their socket (allocations, DTLS sessions)
         self.family = sock.family
         self.local = sock.getsockname()
         self.pinned: dict[Any, asyncio.DatagramTransport | None] = {}
@@ -225,15 +259,11 @@ class ClientPins:
             return
         asyncio.get_running_loop().create_task(self._serve(addr, sock))
 
-    @property
-    def name(self) -> str:
-        return self.listener.server.name
-
     async def _serve(self, addr: Any, sock: socket.socket) -> None:
-        listener = self.listener
+        listener, name = self.listener, self.name
         try:
             transport, _ = await asyncio.get_running_loop().create_datagram_endpoint(
-                lambda: _PinnedClient(listener, addr), sock=sock
+                lambda: _PinnedClient(listener, name, addr), sock=sock
             )
         except OSError:
             sock.close()
@@ -244,8 +274,8 @@ class ClientPins:
             transport.close()  # the allocation went while the socket was being set up
 
     def _sweep(self) -> None:
-        allocations = self.listener.server.allocations
-        for addr in [a for a in self.pinned if a not in allocations]:
+        live = self.live()
+        for addr in [a for a in self.pinned if a not in live]:
             transport = self.pinned.pop(addr)
             if transport is not None:
                 transport.close()
@@ -262,15 +292,16 @@ class ClientPins:
 class _PinnedClient(asyncio.DatagramProtocol):
     """What a pinned client's own socket receives goes the listener's way."""
 
-    def __init__(self, listener: UdpListenerProtocol, addr: Any) -> None:
+    def __init__(self, listener: BatchReader, name: str, addr: Any) -> None:
         self.listener = listener
-        self.addr = addr  # as the listener socket reports it: the allocation key
+        self.name = name
+        self.addr = addr  # as the listener socket reports it: the allocation (session) key
 
     def datagram_received(self, data: bytes, addr: Any) -> None:
         self.listener.datagram_received(data, self.addr)
 
     def error_received(self, exc: Exception) -> None:
-        log.debug("listener %s: %s", self.listener.server.name, exc)
+        log.debug("listener %s: %s", self.name, exc)
 
 
 SIOCOUTQNSD = 0x894B  # linux/sockios.h: bytes a TCP socket has not sent yet
@@ -531,7 +562,8 @@ class UdpTransport(Transport):
         asyncio.get_running_loop().add_reader(sock.fileno(), read_batch, sock, protocol)
         self._sock = sock
         if self._given is None and not self.worker_sockets:
-            protocol.pins = ClientPins(protocol, sock)
+            server = self.server
+            protocol.pins = ClientPins(protocol, server.name, sock, lambda: server.allocations)
 
     def listener_socket(self, port: int) -> socket.socket:
         """The socket this process reads: the one handed to a worker, or the first of a newly
@@ -622,18 +654,30 @@ class DtlsTransport(Transport):
 
         super().__init__(server)
         self.protocol: DtlsListenerProtocol = DtlsListenerProtocol(server, cert, key)
-        self._started = False
+        self._sock: socket.socket | None = None
+        self._pins: ClientPins | None = None
 
     async def start(self, port: int) -> None:
-        sock = _bound_socket(socket.SOCK_DGRAM, self.server.bind_ip, port)
-        protocol = self.protocol
-        await asyncio.get_running_loop().create_datagram_endpoint(lambda: protocol, sock=sock)
-        self._started = True
+        (sock,) = _bound_udp_group(self.server.bind_ip, port, 1)  # SO_REUSEPORT: ClientPins
+        self.protocol.connection_made(ListenerSocket(sock))
+        sessions = self.protocol.sessions
+        self._pins = ClientPins(self.protocol, self.server.name, sock, lambda: sessions)
+        self.protocol.pins = self._pins
+        # In batches, as TURN-UDP's socket: a ClientHello flood costs a read and a budget
+        # lookup per datagram, and `behind` says when to stop answering them.
+        asyncio.get_running_loop().add_reader(sock.fileno(), read_batch, sock, self.protocol)
+        self._sock = sock
 
     async def stop(self) -> None:
-        if self._started:
-            self.protocol.close()  # close_notify to each client, then the socket
-            await self.protocol.closed
+        if self._sock is not None:
+            self.protocol.close()  # close_notify to each client
+            if self._pins is not None:
+                self._pins.close()
+                self._pins = None
+            asyncio.get_running_loop().remove_reader(self._sock.fileno())
+            self._sock.close()
+            self._sock = None
+            self.protocol.connection_lost(None)
 
 
 def _bound_udp_group(host: str, port: int, count: int) -> list[socket.socket]:

@@ -360,7 +360,9 @@ class TurnServer:
     def _remember(self, remote: Any, transaction_id: bytes, data: bytes) -> None:
         if len(self._responses) >= RESPONSE_CACHE_MAX:
             self._responses.pop(next(iter(self._responses)))
-        self._responses[(remote, transaction_id)] = (time.monotonic() + RESPONSE_CACHE_TTL, data)
+        key = (remote, transaction_id)
+        self._responses.pop(key, None)  # to the end: the cache stays in order of expiry
+        self._responses[key] = (time.monotonic() + RESPONSE_CACHE_TTL, data)
 
     # --- authentication (RFC 8489 §9.2.4) --------------------------------------------------
 
@@ -732,8 +734,12 @@ class TurnServer:
                     _fmt(allocation.downstream.address),
                 )
                 self._delete(allocation)
-        for key in [k for k, (expiry, _) in self._responses.items() if expiry <= now]:
-            del self._responses[key]
+        responses = self._responses  # in the order cached, so of expiry (one TTL for all)
+        while responses:
+            key = next(iter(responses))
+            if responses[key][0] > now:
+                break
+            del responses[key]
         self.context.reservations.sweep()
 
     def close(self) -> None:
@@ -793,6 +799,8 @@ def _bound_udp(host: str, port: int) -> socket.socket | None:
 
 
 def _is_v4_mapped(ip: str) -> bool:
+    if ":" not in ip:
+        return False  # an IPv4 address (every peer of an IPv4 allocation): no parse
     try:
         address = ipaddress.ip_address(ip)
     except ValueError:

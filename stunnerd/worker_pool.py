@@ -1,4 +1,6 @@
-"""UDP worker processes (`--udp-thread-num N`): N sockets per TURN-UDP listener, N processes.
+"""UDP worker processes (`--udp-thread-num N` on the Python relay path): N sockets per TURN-UDP
+listener, N processes. (On the native path one process serves the N sockets, an engine thread
+each: `native_udp.NativeUdpTransport`.)
 
 Go stunnerd reads each UDP listener with N goroutines on N SO_REUSEPORT sockets. A Python
 process has one GIL, so here the N sockets are served by N processes: the primary (this
@@ -81,11 +83,12 @@ def usable_cpus() -> int:
 
 
 def udp_process_count(requested: int | None, cpus: int) -> int:
-    """Processes serving each UDP listener: by default one per usable core, on both relay paths
-    (issue 21: on the native path too, each process with its engine thread, as coturn runs one
-    relay thread per CPU: on a busy node one engine thread got half the CPU coturn's got, and
-    lost packets coturn did not; bench/README.md). 0 or 1 means the primary alone; more than
-    the cores is capped at the cores (the operator passes Go's default of 16)."""
+    """Sockets serving each UDP listener: by default one per usable core (issue 21: an engine
+    thread per CPU, as coturn runs one relay thread per CPU: on a busy node one engine thread
+    got half the CPU coturn's got, and lost packets coturn did not; bench/README.md). On the
+    native path they are engine threads of the one process (issue 30), on the Python path
+    processes. 0 or 1 means one; more than the cores is capped at the cores (the operator
+    passes Go's default of 16)."""
     if requested is None:
         return cpus
     return max(1, min(requested, cpus))

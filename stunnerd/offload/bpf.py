@@ -32,9 +32,14 @@ PROG_LOAD = 5
 PROG_TEST_RUN = 10
 LINK_CREATE = 28
 
-# The program type (enum bpf_prog_type) and attach type (enum bpf_attach_type) the offload uses.
+# The program types (enum bpf_prog_type) and attach types (enum bpf_attach_type) the offload
+# uses, and an XDP link's modes (linux/if_link.h).
 PROG_TYPE_SCHED_CLS = 3
+PROG_TYPE_XDP = 6
+ATTACH_XDP = 37
 ATTACH_TCX_INGRESS = 46  # kernel 6.6
+XDP_FLAGS_SKB_MODE = 1 << 1  # generic: on the skb, any interface
+XDP_FLAGS_DRV_MODE = 1 << 2  # driver: before the skb, where the driver supports it
 
 # Map types whose values are per CPU (enum bpf_map_type): PERCPU_HASH, PERCPU_ARRAY,
 # LRU_PERCPU_HASH.
@@ -185,17 +190,28 @@ class TestRun:
 SKB_CONTEXT_SIZE = 192  # struct __sk_buff
 SKB_INGRESS_IFINDEX = 36  # its offsets
 SKB_IFINDEX = 40
+XDP_CONTEXT = struct.Struct("=6I")  # struct xdp_md: data, data_end, data_meta, ingress_ifindex,
+# rx_queue_index, egress_ifindex
 
 
 def prog_test_run(
-    fd: int, data: bytes, repeat: int = 1, out_size: int = 4096, ingress_ifindex: int = 0
+    fd: int,
+    data: bytes,
+    repeat: int = 1,
+    out_size: int = 4096,
+    ingress_ifindex: int = 0,
+    xdp: bool = False,
 ) -> TestRun:
-    """BPF_PROG_TEST_RUN: the program on `data` (a whole frame) `repeat` times, as if it had
-    come in on interface `ingress_ifindex` (0: the kernel's choice)."""
+    """BPF_PROG_TEST_RUN: the program (TC, or XDP with `xdp`) on `data` (a whole frame)
+    `repeat` times, as if it had come in on interface `ingress_ifindex` (0: the kernel's
+    choice)."""
     data_in = ctypes.create_string_buffer(data, len(data))
     data_out = ctypes.create_string_buffer(out_size)
     context = None
-    if ingress_ifindex:
+    if xdp and ingress_ifindex:
+        packed = XDP_CONTEXT.pack(0, len(data), 0, ingress_ifindex, 0, 0)
+        context = ctypes.create_string_buffer(packed, len(packed))
+    elif ingress_ifindex:
         context = ctypes.create_string_buffer(SKB_CONTEXT_SIZE)
         struct.pack_into("=II", context, SKB_INGRESS_IFINDEX, ingress_ifindex, ingress_ifindex)
     attr = _attr()
@@ -211,7 +227,7 @@ def prog_test_run(
         _address(data_out),
         repeat,
         0,
-        SKB_CONTEXT_SIZE if context else 0,
+        len(context) if context else 0,
         0,
         _address(context),
         0,

@@ -1,11 +1,14 @@
 """The kernel offload of one stunnerd process (issue 30): the program, its links, its routes.
 
 `KernelOffload` follows `admin.offload_engine` and `admin.offload_interfaces` at every apply:
-`None` (the default) leaves nothing loaded; `TC` and `Auto` load the program and attach it at
-the tcx ingress of the named interfaces (all of this host's Ethernet and loopback interfaces
-when none is named); `XDP` is not built yet and says so (`Auto` takes TC). Where it cannot run
-(no CAP_BPF or CAP_NET_ADMIN, a kernel before 6.6, a verifier refusal, no object built) it logs
-one WARNING naming why, `reason` says it, and stunnerd relays as without it.
+`None` (the default) leaves nothing loaded; `TC` loads the TC program and attaches it at the
+tcx ingress of the named interfaces (all of this host's Ethernet and loopback interfaces when
+none is named); `XDP` loads the XDP program and links it to them, in driver mode where the
+driver has XDP, else generic (`modes` says which, per interface); `Auto` is TC first, then XDP
+where TC cannot run (as Go STUNner's). Where it cannot run (no CAP_BPF or CAP_NET_ADMIN, a
+kernel before 6.6 for TC, an interface that holds another XDP program, a verifier refusal, no
+object built) it logs one WARNING naming the engine and why, `reason` says it, and stunnerd
+relays as without it.
 
 Each UDP process (the primary and every UDP worker) has its own: its program and maps die with
 it, so a process that exits, however, leaves nothing that relays (its tcx links are never
@@ -24,20 +27,20 @@ to `count(cluster, usage)` on every `collect()` and at every removal.
 
 from __future__ import annotations
 
-import errno
 import ipaddress
 import logging
 import socket
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from . import attach, bpf, layout, netlink, program
+from . import attach, layout, netlink, program
 from .layout import Address, Route, Usage
 
 log = logging.getLogger("stunner.offload")
 
 SLOTS = 65536  # channels offloaded at once per process (the `usage` map's size)
-ENGINES_TC = ("TC", "Auto")
+# admin.offload_engine -> the hooks tried, in order.
+ENGINES = {"TC": ("TC",), "XDP": ("XDP",), "Auto": ("TC", "XDP")}
 
 
 def all_interfaces() -> list[str]:
@@ -74,6 +77,16 @@ class KernelOffload:
     def interfaces(self) -> list[str]:
         return sorted(self.attachments)
 
+    @property
+    def engine(self) -> str | None:
+        """The hook the program runs at (TC, XDP), while it is loaded."""
+        return self.loaded.hook if self.loaded is not None else None
+
+    @property
+    def modes(self) -> dict[str, str]:
+        """Per interface, how the program runs there: tcx, or XDP's driver or generic mode."""
+        return {name: a.mode for name, a in sorted(self.attachments.items())}
+
     def configure(self, engine: str, interfaces: list[str]) -> None:
         """Follow the config (in place: routes already installed stay when it stays on)."""
         requested = (engine, tuple(sorted(interfaces)))
@@ -83,34 +96,47 @@ class KernelOffload:
         if engine == "None":
             self._stop("admin.offload_engine is None", "disabled")
             return
-        if engine not in ENGINES_TC:
-            self._stop(f"offload engine {engine} is not available (TC is)", "engine")
+        hooks = ENGINES.get(engine)
+        if hooks is None:
+            self._stop(f"offload engine {engine} is not available (TC, XDP, Auto are)", "engine")
             self._warn(self.reason or "")
             return
-        try:
-            wanted = list(interfaces) or all_interfaces()
-            if self.loaded is None:
-                if not program.OBJECT.exists():
-                    self._stop(
-                        f"the offload program was not built ({program.OBJECT.name} is missing)",
-                        "not_built",
-                    )
-                    self._warn(self.reason or "")
-                    return
-                self.loaded = program.load(entries={"usage": SLOTS})
-            for name in [n for n in self.attachments if n not in wanted]:
-                self.attachments.pop(name).close()
-            for name in wanted:
-                if name not in self.attachments:
-                    self.attachments[name] = attach.attach_tc(self.loaded.fd, name)
-        except Exception as exc:  # whatever it is, the config applies and stunnerd relays
-            self._stop(*why_not(exc))
-        else:
+        if not program.OBJECT.exists():
+            self._stop(
+                f"the offload program was not built ({program.OBJECT.name} is missing)",
+                "not_built",
+            )
+            self._warn(self.reason or "")
+            return
+        failures: list[tuple[str, str]] = []
+        for hook in hooks:
+            try:
+                self._start(hook, list(interfaces) or all_interfaces())
+            except Exception as exc:  # whatever it is, the config applies and stunnerd relays
+                why, code = attach.why_not(exc, hook)
+                self._stop(why, code)
+                failures.append((f"{hook}: {why}", code))
+                continue
             self.reason, self.reason_code = None, ""
             level = logging.INFO if self.log_level >= logging.WARNING else self.log_level
-            log.log(level, "offload: TC on %s", ", ".join(self.interfaces))
+            where = ", ".join(f"{name} ({mode})" for name, mode in self.modes.items())
+            log.log(level, "offload: %s on %s", hook, where)
             return
-        self._warn(self.reason or "")
+        self.reason, self.reason_code = "; ".join(f for f, _ in failures), failures[0][1]
+        self._warn(self.reason)
+
+    def _start(self, hook: str, wanted: list[str]) -> None:
+        """The program for `hook` loaded (the other hook's unloaded) and attached to `wanted`."""
+        if self.loaded is not None and self.loaded.hook != hook:
+            self._stop("the offload engine changed", "stopped")
+        if self.loaded is None:
+            self.loaded = program.load(entries={"usage": SLOTS}, hook=hook)
+        for name in [n for n in self.attachments if n not in wanted]:
+            self.attachments.pop(name).close()
+        for name in wanted:
+            if name not in self.attachments:
+                link = attach.attach_tc if hook == "TC" else attach.attach_xdp
+                self.attachments[name] = link(self.loaded.fd, name)
 
     def _warn(self, reason: str) -> None:
         if reason not in self._warned:
@@ -171,25 +197,6 @@ class KernelOffload:
 
     def forget(self, routes: AllocationRoutes) -> None:
         self._routes.discard(routes)
-
-
-def why_not(exc: BaseException) -> tuple[str, str]:
-    """What a failure to load or attach says to an operator (the missing piece), and its word
-    for the metric."""
-    if isinstance(exc, bpf.BpfError):
-        if exc.errno in (errno.EPERM, errno.EACCES) and not exc.log:
-            return f"{exc}: stunnerd needs CAP_BPF and CAP_NET_ADMIN", "capability"
-        if exc.log:
-            last = exc.log.strip().splitlines()[-3:]
-            return (
-                f"{exc}: the kernel's verifier refused the program: {' | '.join(last)}",
-                "verifier",
-            )
-        if exc.errno == errno.EINVAL and "link" in str(exc):
-            return f"{exc}: the kernel has no tcx (Linux 6.6 or later)", "kernel"
-    if isinstance(exc, ValueError):
-        return str(exc), "interface"
-    return str(exc), "error"
 
 
 @dataclass(frozen=True)

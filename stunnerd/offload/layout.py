@@ -35,6 +35,8 @@ OUTCOMES = (
     "passed_expired",
     "passed_not_loopback",
     "dropped_failed",
+    "passed_partial_checksum",
+    "passed_no_next_hop",
 )
 
 IPV4_MAPPED = b"\x00" * 10 + b"\xff\xff"

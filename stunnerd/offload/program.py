@@ -1,12 +1,13 @@
 """The offload program: read from the object the install compiled, loaded through the verifier.
 
 relay.bpf.c is compiled by the install (setup.py, with clang's BPF target) into relay.bpf.o
-beside this module; nothing compiled is in the repository. `read_object` takes from it what a
-loader needs (pyelftools reads the ELF): the program's instructions, its map definitions (the
-`maps` section: type, key size, value size, entries, flags) and the instructions that refer to
-them (relocations against map symbols). `load` creates the maps, writes their descriptors into
-those instructions and loads the program; the kernel's verifier decides, and its log comes
-back in the error when it refuses.
+beside this module; nothing compiled is in the repository. It holds two programs over the same
+maps, one per hook (`HOOKS`: TC's section `tc`, XDP's `xdp`). `read_object` takes from it what
+a loader needs for one hook (pyelftools reads the ELF): the program's instructions, its map
+definitions (the `maps` section: type, key size, value size, entries, flags) and the
+instructions that refer to them (relocations against map symbols). `load` creates the maps,
+writes their descriptors into those instructions and loads the program; the kernel's verifier
+decides, and its log comes back in the error when it refuses.
 
 The descriptors (the program's, each map's) belong to the `LoadedProgram`: `close()` closes
 them, and nothing is pinned, so a process that exits, however it exits, takes them with it.
@@ -27,8 +28,6 @@ from elftools.elf.sections import SymbolTableSection
 from . import bpf, layout
 
 OBJECT = Path(__file__).with_name("relay.bpf.o")
-PROGRAM_SECTION = "tc"
-PROGRAM_NAME = "stunner_relay"
 MAP_DEFINITION = struct.Struct("=5I")  # relay.bpf.c's struct map_definition
 INSTRUCTION_SIZE = 8
 LOAD_IMM64 = 0x18
@@ -37,6 +36,21 @@ PSEUDO_MAP_FD = 1
 
 class ObjectError(ValueError):
     """The object is not what this loader reads (a build that went wrong, or a mismatch)."""
+
+
+@dataclass(frozen=True)
+class Hook:
+    """Where a program of the object runs: its ELF section, program type and kernel name."""
+
+    section: str
+    prog_type: int
+    name: str
+
+
+HOOKS = {
+    "TC": Hook("tc", bpf.PROG_TYPE_SCHED_CLS, "stunner_relay"),
+    "XDP": Hook("xdp", bpf.PROG_TYPE_XDP, "stunner_xdp"),
+}
 
 
 @dataclass(frozen=True)
@@ -57,17 +71,18 @@ class ObjectFile:
     map_references: tuple[tuple[int, str], ...]  # (instruction index, map name)
 
 
-def read_object(path: Path | None = None) -> ObjectFile:
-    """The object's program, maps and map references (`path`: the installed object)."""
+def read_object(path: Path | None = None, section: str = "tc") -> ObjectFile:
+    """The object's program in `section`, its maps and map references (`path`: the installed
+    object)."""
     path = path or OBJECT
     with path.open("rb") as stream:
         elf = ELFFile(stream)
-        program = elf.get_section_by_name(PROGRAM_SECTION)
+        program = elf.get_section_by_name(section)
         maps = elf.get_section_by_name("maps")
         license_section = elf.get_section_by_name("license")
         symbols = elf.get_section_by_name(".symtab")
         if program is None or maps is None or license_section is None:
-            raise ObjectError(f"{path}: no {PROGRAM_SECTION!r}, 'maps' or 'license' section")
+            raise ObjectError(f"{path}: no {section!r}, 'maps' or 'license' section")
         if not isinstance(symbols, SymbolTableSection):
             raise ObjectError(f"{path}: no symbol table")
         maps_index = elf.get_section_index("maps")
@@ -79,9 +94,9 @@ def read_object(path: Path | None = None) -> ObjectFile:
             values = MAP_DEFINITION.unpack_from(maps.data(), offset)
             specs[offset] = MapSpec(symbol.name, *values)
         references = []
-        relocations = elf.get_section_by_name(f".rel{PROGRAM_SECTION}")
+        relocations = elf.get_section_by_name(f".rel{section}")
         if relocations is not None and not isinstance(relocations, RelocationSection):
-            raise ObjectError(f"{path}: .rel{PROGRAM_SECTION} is no relocation section")
+            raise ObjectError(f"{path}: .rel{section} is no relocation section")
         for relocation in relocations.iter_relocations() if relocations else ():
             symbol = symbols.get_symbol(relocation["r_info_sym"])
             spec = specs.get(symbol["st_value"]) if symbol["st_shndx"] == maps_index else None
@@ -134,6 +149,7 @@ class BpfMap:
 class LoadedProgram:
     fd: int
     maps: dict[str, BpfMap] = field(default_factory=dict)
+    hook: str = "TC"
 
     def close(self) -> None:
         for descriptor in [self.fd, *(m.fd for m in self.maps.values())]:
@@ -153,13 +169,17 @@ class LoadedProgram:
         }
 
 
-def load(path: Path | None = None, entries: Mapping[str, int] | None = None) -> LoadedProgram:
-    """Creates the maps (with `entries` overriding a map's size) and loads the program.
+def load(
+    path: Path | None = None, entries: Mapping[str, int] | None = None, hook: str = "TC"
+) -> LoadedProgram:
+    """Creates the maps (with `entries` overriding a map's size) and loads the program for
+    `hook` (a key of HOOKS).
 
     Raises ObjectError for an object this loader cannot read, BpfError for what the kernel
     refuses (`.log` holds the verifier's reasons)."""
     path = path or OBJECT
-    obj = read_object(path)
+    kind = HOOKS[hook]
+    obj = read_object(path, kind.section)
     for spec in obj.maps:
         expected = layout.KEY_AND_VALUE.get(spec.name)
         if expected is not None and expected != (spec.key_size, spec.value_size):
@@ -167,7 +187,7 @@ def load(path: Path | None = None, entries: Mapping[str, int] | None = None) -> 
                 f"{path}: map {spec.name} has key/value sizes {spec.key_size}/{spec.value_size},"
                 f" stunnerd.offload.layout expects {expected[0]}/{expected[1]}"
             )
-    loaded = LoadedProgram(-1)
+    loaded = LoadedProgram(-1, hook=hook)
     try:
         for spec in obj.maps:
             size = (entries or {}).get(spec.name, spec.max_entries)
@@ -183,9 +203,7 @@ def load(path: Path | None = None, entries: Mapping[str, int] | None = None) -> 
             registers = instructions[at + 1]
             instructions[at + 1] = (registers & 0x0F) | (PSEUDO_MAP_FD << 4)
             struct.pack_into("=i", instructions, at + 4, loaded.maps[name].fd)
-        loaded.fd = bpf.prog_load(
-            bpf.PROG_TYPE_SCHED_CLS, bytes(instructions), obj.license, PROGRAM_NAME
-        )
+        loaded.fd = bpf.prog_load(kind.prog_type, bytes(instructions), obj.license, kind.name)
     except BaseException:
         loaded.close()
         raise

@@ -543,9 +543,13 @@ static PyObject *Engine_streams(EngineObject *self, PyObject *unused) {
 static PyObject *Engine_counters(EngineObject *self, PyObject *unused) {
     if (engine_check(self) < 0) return NULL;
     relay_engine *e = &self->engine;
-    uint64_t listener[4], drops[DROP_COUNT], handed_up, resets, answered;
+    uint64_t listener[4], drops[DROP_COUNT], handed_up, resets, answered, calls[3];
     uint32_t n, stranger_ips;
     pthread_mutex_lock(&e->lock);
+    /* the thread's own words, read without its lock: a count a batch behind at worst */
+    calls[0] = __atomic_load_n(&e->wakeups, __ATOMIC_RELAXED);
+    calls[1] = __atomic_load_n(&e->recv_calls, __ATOMIC_RELAXED);
+    calls[2] = __atomic_load_n(&e->send_calls, __ATOMIC_RELAXED);
     resets = e->bucket_resets;
     answered = e->answered;
     stranger_ips = e->buckets.used;
@@ -579,10 +583,11 @@ static PyObject *Engine_counters(EngineObject *self, PyObject *unused) {
         Py_XDECREF(by_cause);
         return NULL;
     }
-    return Py_BuildValue("{s(KKKK)sNsNsKsIsKsK}", "listener", listener[0], listener[1],
+    return Py_BuildValue("{s(KKKK)sNsNsKsIsKsKsKsKsK}", "listener", listener[0], listener[1],
                          listener[2], listener[3], "clusters", by_cluster, "drops", by_cause,
                          "handed_up", handed_up, "stranger_ips", stranger_ips, "bucket_resets",
-                         resets, "answered", answered);
+                         resets, "answered", answered, "wakeups", calls[0], "recv_calls",
+                         calls[1], "send_calls", calls[2]);
 }
 
 static PyObject *Engine_thread_cpu(EngineObject *self, PyObject *unused) {

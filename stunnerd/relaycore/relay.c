@@ -23,7 +23,7 @@
 #define DATA_INDICATION 0x0017
 #define WAKE_TAG UINT64_MAX
 #define LISTEN_TAG (UINT64_MAX - 1)
-#define READS_PER_WAKEUP 8 /* recvmmsg batches per ready socket before serving the others */
+#define READS_PER_WAKEUP 8 /* recvmmsg reads per ready socket before serving the others */
 
 const char *const relay_drop_names[DROP_COUNT] = {
     "no_permission", "forbidden", "expired", "too_big", "send_error", "queue_full", "invalid",
@@ -1015,32 +1015,46 @@ uint32_t relay_drain(relay_engine *e, relay_up **out, uint32_t max) {
 }
 
 void relay_flush(relay_engine *e, relay_send *sends, int count, struct mmsghdr *scratch) {
-    int sent_ok[RELAY_BATCH];
+    int sent_ok[RELAY_BATCH], order[RELAY_BATCH];
+    /* Sends grouped by socket, each socket's in the order decided (a stable insertion sort of
+     * at most RELAY_BATCH): one sendmmsg per socket. What goes to clients leaves through the
+     * listener socket however many relay sockets it came from; a relay socket's packets keep
+     * their order, and packets of different sockets have none to keep. */
+    for (int i = 0; i < count; i++) {
+        int j = i;
+        while (j > 0 && sends[order[j - 1]].fd > sends[i].fd) {
+            order[j] = order[j - 1];
+            j--;
+        }
+        order[j] = i;
+    }
     for (int start = 0; start < count;) {
-        int fd = sends[start].fd, end = start;
+        int fd = sends[order[start]].fd, end = start;
         if (fd < 0) { /* queued on a stream (stream.c), counted there */
-            sent_ok[start++] = 1;
+            sent_ok[order[start++]] = 1;
             continue;
         }
-        while (end < count && sends[end].fd == fd && end - start < RELAY_BATCH) {
+        while (end < count && sends[order[end]].fd == fd) {
+            relay_send *s = &sends[order[end]];
             struct msghdr *m = &scratch[end - start].msg_hdr;
             memset(m, 0, sizeof *m);
-            m->msg_name = &sends[end].dst;
-            m->msg_namelen = sends[end].dstlen;
-            m->msg_iov = sends[end].iov;
-            m->msg_iovlen = (size_t)sends[end].iovcnt;
+            m->msg_name = &s->dst;
+            m->msg_namelen = s->dstlen;
+            m->msg_iov = s->iov;
+            m->msg_iovlen = (size_t)s->iovcnt;
             end++;
         }
         int done = 0;
         while (start + done < end) {
             int n = sendmmsg(fd, scratch + done, (unsigned)(end - start - done), MSG_DONTWAIT);
+            __atomic_fetch_add(&e->send_calls, 1, __ATOMIC_RELAXED);
             if (n > 0) {
-                for (int i = 0; i < n; i++) sent_ok[start + done + i] = 1;
+                for (int i = 0; i < n; i++) sent_ok[order[start + done + i]] = 1;
                 done += n;
             } else if (n < 0 && errno == EINTR) {
                 continue;
             } else {
-                sent_ok[start + done] = 0; /* a full buffer or an error: this one is lost */
+                sent_ok[order[start + done]] = 0; /* a full buffer or an error: this one is lost */
                 done++;
             }
         }
@@ -1067,9 +1081,18 @@ void relay_flush(relay_engine *e, relay_send *sends, int count, struct mmsghdr *
     pthread_mutex_unlock(&e->lock);
 }
 
-/* Read and relay one batch from fd; returns the number of datagrams read (0: drained). */
+void relay_flush_pending(relay_engine *e) {
+    relay_flush(e, e->sends, e->pending, e->out);
+    e->pending = e->batched = 0;
+}
+
+/* Read one batch from fd into the wakeup's free batch buffers and decide it (sent by
+ * relay_flush_pending, with what the other ready sockets gave); 1 if the read filled the
+ * room it had (fd may hold more), 0 if fd is drained. */
 static int serve_batch(relay_engine *e, int fd, int source, uint64_t handle) {
-    for (int i = 0; i < RELAY_BATCH; i++) {
+    if (e->batched == RELAY_BATCH) relay_flush_pending(e);
+    int base = e->batched, room = RELAY_BATCH - base;
+    for (int i = base; i < RELAY_BATCH; i++) {
         e->iovs[i].iov_base = e->buffers + (size_t)i * RELAY_BUFFER;
         e->iovs[i].iov_len = RELAY_BUFFER;
         struct msghdr *m = &e->msgs[i].msg_hdr;
@@ -1079,30 +1102,32 @@ static int serve_batch(relay_engine *e, int fd, int source, uint64_t handle) {
         m->msg_iov = &e->iovs[i];
         m->msg_iovlen = 1;
     }
-    int n = recvmmsg(fd, e->msgs, RELAY_BATCH, MSG_DONTWAIT, NULL);
+    int n = recvmmsg(fd, e->msgs + base, (unsigned)room, MSG_DONTWAIT, NULL);
+    __atomic_fetch_add(&e->recv_calls, 1, __ATOMIC_RELAXED);
     int listener = source == RELAY_SRC_CLIENT;
-    if (listener && n < RELAY_BATCH) e->full_reads = 0; /* the socket is empty: caught up */
+    if (listener && n < room) e->full_reads = 0; /* the socket is empty: caught up */
     if (n <= 0) return 0;
-    int count = 0;
+    e->batched += n;
     double now = relay_now();
     pthread_mutex_lock(&e->lock);
-    if (listener) e->behind = e->full_reads >= e->shed_after;
-    for (int i = 0; i < n; i++) {
+    if (listener) e->behind = e->full_reads >= (uint64_t)e->shed_after * RELAY_BATCH;
+    for (int i = base; i < base + n; i++) {
         uint8_t *data = e->iovs[i].iov_base;
         size_t len = e->msgs[i].msg_len;
         const struct sockaddr *from = (const struct sockaddr *)&e->names[i];
         if (from->sa_family != AF_INET && from->sa_family != AF_INET6) continue;
-        relay_send *out = &e->sends[count];
+        relay_send *out = &e->sends[e->pending];
         int outcome = relay_process(e, source, handle, from, data, len, now, out);
         if (outcome == RELAY_RELAYED)
-            count++;
+            e->pending++;
         else if (outcome == RELAY_UP)
             relay_hand_up(e, source, handle, from, e->msgs[i].msg_hdr.msg_namelen, data, len);
     }
     pthread_mutex_unlock(&e->lock);
-    if (listener && n == RELAY_BATCH) e->full_reads++;
-    relay_flush(e, e->sends, count, e->out);
-    return n;
+    /* A read shares the wakeup's batch with the other ready sockets, so it may have had less
+     * than a batch of room: what counts is datagrams read since the socket was last empty. */
+    if (listener && n == room) e->full_reads += (uint64_t)n;
+    return n == room;
 }
 
 __thread int relay_in_thread;
@@ -1114,6 +1139,7 @@ static void *run(void *arg) {
     while (!__atomic_load_n(&e->stopping, __ATOMIC_ACQUIRE)) {
         int n = epoll_wait(e->epfd, events, 64, -1);
         if (n < 0 && errno != EINTR) break;
+        if (n > 0) __atomic_fetch_add(&e->wakeups, 1, __ATOMIC_RELAXED);
         for (int i = 0; i < n; i++) {
             uint64_t tag = events[i].data.u64;
             if (tag == WAKE_TAG) {
@@ -1123,6 +1149,7 @@ static void *run(void *arg) {
                 continue;
             }
             if (tag & RELAY_STREAM_TAG && tag != LISTEN_TAG) {
+                relay_flush_pending(e); /* a stream's frames are decided into e->sends too */
                 relay_stream_event(e, tag, events[i].events);
                 continue;
             }
@@ -1140,8 +1167,9 @@ static void *run(void *arg) {
             }
             if (fd < 0) continue;
             for (int k = 0; k < READS_PER_WAKEUP; k++)
-                if (serve_batch(e, fd, source, handle) < RELAY_BATCH) break;
+                if (!serve_batch(e, fd, source, handle)) break;
         }
+        relay_flush_pending(e); /* every ready socket's packets, one sendmmsg per socket */
         relay_stream_resume(e);  /* streams that waited for room in the hand-up queues */
         relay_stream_service(e); /* what the batch queued toward streams, and closes */
         reap(e);

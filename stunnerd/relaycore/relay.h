@@ -111,8 +111,8 @@ enum { CL_TX_PACKETS, CL_TX_BYTES, CL_RX_PACKETS, CL_RX_BYTES };               /
 #define RELAY_MAX_MESSAGE 4096 /* STUN over UDP, by default (stunnerd.limits.max_udp_message) */
 #define RELAY_COOKIE 0x2112A442u /* STUN's magic cookie (RFC 8489 §5) */
 #define RELAY_MAX_ATTRIBUTES 64 /* stunnerd.limits.max_attributes, by default */
-/* Full batches read in a row from the listener socket after which the engine is behind, by
- * default (at least 32 x 32 datagrams waiting each time): strangers' unsigned messages are then
+/* Batches' worth of datagrams read from the listener socket with it never found empty, after
+ * which the engine is behind, by default (32 x 32): strangers' unsigned messages are then
  * dropped (DROP_SHED) until a read finds the socket empty, as the Python path sheds them
  * (stunnerd.transports.SHED_AFTER), so a flood the thread cannot answer in full costs a read
  * each and established clients' packets behind it are not kept waiting. */
@@ -213,15 +213,21 @@ typedef struct relay_engine {
     uint8_t realm[RELAY_REALM_MAX];
     size_t realm_len;
     uint64_t answered; /* 401s sent by the engine */
-    uint32_t full_reads; /* full batches read in a row from the listener (the thread's own) */
+    /* datagrams read from the listener by reads that filled their room, since a read last
+     * found it empty (a read shares the wakeup's batch with the other ready sockets, so its
+     * room may be less than a batch); the thread's own */
+    uint64_t full_reads;
     uint32_t shed_after; /* RELAY_SHED_AFTER, or what Python set (tests) */
-    int behind;          /* full_reads reached shed_after: unsigned strangers are shed */
+    int behind; /* full_reads reached shed_after batches: unsigned strangers are shed */
     const volatile uint8_t *relay_ports; /* 65536 bytes or NULL (Python keeps it alive) */
     uint64_t listener[4];
     uint64_t (*clusters)[4];
     uint32_t nclusters;
     uint64_t drops[DROP_COUNT];
     uint64_t handed_up;
+    /* the thread's syscalls, for the bench (relayed packets per wakeup and per call): epoll
+     * returns with events, recvmmsg and sendmmsg calls */
+    uint64_t wakeups, recv_calls, send_calls;
     uint32_t max_message; /* a client's STUN message above this is dropped (DROP_INVALID) */
     uint32_t max_attributes; /* an unsigned Allocate with more is not answered here (0: any) */
     relay_alloc *graveyard;
@@ -247,7 +253,10 @@ typedef struct relay_engine {
     pthread_t thread;
     int running;  /* set by relay_start/relay_stop (which runs without the GIL): atomic */
     int stopping;
-    /* batch buffers (the thread's own) */
+    /* batch buffers (the thread's own): one wakeup's reads from every ready socket fill them
+     * in turn (`batched` of RELAY_BATCH used, `pending` sends decided), and are sent together
+     * once the wakeup is served or they are full (relay_flush_pending) */
+    int batched, pending;
     uint8_t *buffers;
     struct mmsghdr *msgs;
     struct iovec *iovs;
@@ -301,6 +310,8 @@ relay_alloc *relay_alloc_of_client(relay_engine *e, const relay_addr *client);
 int relay_drop(relay_engine *e, int cause);
 int relay_epoll_set(relay_engine *e, int fd, uint64_t tag, uint32_t events, int op);
 void relay_flush(relay_engine *e, relay_send *sends, int count, struct mmsghdr *scratch);
+/* The thread's decided sends of this wakeup (e->sends), sent and the batch buffers freed. */
+void relay_flush_pending(relay_engine *e);
 /* A payload Python parsed from a client's message (a Send indication of another shape) for
  * the allocation's peer: decided and counted as relay_process would (lock held). */
 int relay_payload_to_peer(relay_engine *e, uint64_t handle, const relay_addr *peer,

@@ -318,10 +318,12 @@ def test_gateway_api_crds_by_value(
 
 def test_pods_run_as_non_root_on_a_read_only_root(default_manifests: list[dict[str, Any]]) -> None:
     deployments = of_kind(default_manifests, "Deployment")
-    pods = [d["spec"]["template"]["spec"] for d in deployments] + [
-        p["spec"] for p in of_kind(default_manifests, "Pod")
-    ]
-    assert len(pods) == 4  # reconciler, auth service, webhook, helm test
+    pods = (
+        [d["spec"]["template"]["spec"] for d in deployments]
+        + [p["spec"] for p in of_kind(default_manifests, "Pod")]
+        + [j["spec"]["template"]["spec"] for j in of_kind(default_manifests, "Job")]
+    )
+    assert len(pods) == 5  # reconciler, auth service, webhook, helm test, webhook-ready hook
     for pod in pods:
         assert pod["securityContext"]["runAsNonRoot"] is True
         for container in pod["containers"]:

@@ -272,18 +272,11 @@ def _stunnerd_pods(kube: Kube) -> list[dict[str, Any]]:
 
 def test_apply_the_example_and_its_stunnerd_becomes_ready(release: Release) -> None:
     words = _command("kubectl apply -f")
-    deadline = time.monotonic() + 30
-    refusals = []
-    while True:  # the webhook's Service may lag its Ready pod by a moment: say so if it does
-        done = release.readme(words)
-        if done.returncode == 0 or time.monotonic() > deadline:
-            break
-        refusals.append(done.stderr.strip().splitlines()[-1:])
-        time.sleep(1)
-    assert done.returncode == 0, f"{' '.join(words)}:\n{done.stderr}"
-    MEASURED[f"{release.name}: kubectl apply -f examples/cluster/"] = (
-        f"exit 0 at try {len(refusals) + 1}" + (f" (before: {refusals})" if refusals else "")
-    )
+    # helm install returned after its webhook-ready hook saw the webhook judge a dry run: the
+    # first apply, at once, is admitted (issue 32; before the hook it was refused in every run).
+    done = release.readme(words)
+    assert done.returncode == 0, f"{' '.join(words)} right after helm install:\n{done.stderr}"
+    MEASURED[f"{release.name}: kubectl apply -f examples/cluster/"] = "exit 0 at the first try"
     # Watch the stunnerd pod closely: when scheduled (nodeName set) and when Ready.
     scheduled = ready = None
     started = time.monotonic()

@@ -1,4 +1,5 @@
-"""The spec's examples (GATEWAY-REFERENCE.md, kept in tests/data/spec), each rendered to golden files.
+"""The spec's examples (GATEWAY-REFERENCE.md, kept in tests/data/spec), each rendered to
+golden files.
 
 Every case is a directory of tests/data/render/: `common.yaml` (the spec's GatewayClass,
 GatewayConfig and Dataplane, the auth Secret, the namespaces) plus the case's `objects.yaml`.

@@ -84,17 +84,27 @@ def test_off_by_default_and_with_none() -> None:
     assert (offload.active, offload.reason) == (False, "admin.offload_engine is None")
 
 
-def test_xdp_says_it_is_not_available_with_one_warning(caplog: pytest.LogCaptureFixture) -> None:
+def test_an_engine_that_cannot_run_says_which_with_one_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    reason = unavailable()
+    if reason is not None and os.environ.get("CI") != "true":
+        pytest.skip(reason)
     offload = KernelOffload()
     with caplog.at_level(logging.WARNING, logger="stunner.offload"):
-        offload.configure("XDP", [])
+        offload.configure("XDP", ["nosuch0"])
         offload.configure("None", [])
-        offload.configure("XDP", [])
-    assert (offload.active, offload.reason_code) == (False, "engine")
+        offload.configure("XDP", ["nosuch0"])
+    assert (offload.active, offload.reason_code) == (False, "interface")
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert warnings == [
-        "offload off, relaying in user space: offload engine XDP is not available (TC is)"
-    ]
+    assert warnings == ["offload off, relaying in user space: XDP: no interface nosuch0"]
+
+
+def test_an_unknown_engine_is_named() -> None:
+    offload = KernelOffload()
+    offload.configure("DPDK", [])
+    assert (offload.active, offload.reason_code) == (False, "engine")
+    assert offload.reason == "offload engine DPDK is not available (TC, XDP, Auto are)"
 
 
 def test_an_unknown_interface_is_named(caplog: pytest.LogCaptureFixture) -> None:
@@ -107,9 +117,9 @@ def test_an_unknown_interface_is_named(caplog: pytest.LogCaptureFixture) -> None
     assert (offload.active, offload.reason_code, offload.reason) == (
         False,
         "interface",
-        "no interface nosuch0",
+        "TC: no interface nosuch0",
     )
-    assert "offload off, relaying in user space: no interface nosuch0" in caplog.text
+    assert "offload off, relaying in user space: TC: no interface nosuch0" in caplog.text
     offload.close()
 
 
@@ -170,7 +180,7 @@ def test_without_a_capability_one_warning_names_it(caps: str, expected: str | No
     assert "[Errno" not in warnings[0]
     if caps == "-all,+net_admin":
         assert warnings[0] == (
-            "WARNING offload off, relaying in user space: bpf map create: Operation not "
+            "WARNING offload off, relaying in user space: TC: bpf map create: Operation not "
             "permitted: stunnerd needs CAP_BPF and CAP_NET_ADMIN"
         )
 
@@ -286,15 +296,20 @@ def test_a_peer_of_another_family_stays_in_user_space() -> None:
 
 
 def test_one_warning_per_stunnerd_however_many_udp_processes(
-    stunnerd: StartStunnerd, tmp_path: Path
+    stunnerd: StartStunnerd, tmp_path: Path, relay_path: str
 ) -> None:
-    """Each UDP process configures its own offload; the workers tell at DEBUG what the primary
-    tells at WARNING, so an operator reads it once."""
+    """On the Python path each UDP process configures its own offload; the workers tell at DEBUG
+    what the primary tells at WARNING, so an operator reads it once. On the native path -u 2 is
+    two engine threads in the one process (issue 30): one offload, one warning."""
     port, health = free_port(), free_port()
-    admin = {"offload_engine": "XDP", "healthcheck_endpoint": f"http://127.0.0.1:{health}"}
+    admin = {
+        "offload_engine": "TC",
+        "offload_interfaces": ["nosuch0"],
+        "healthcheck_endpoint": f"http://127.0.0.1:{health}",
+    }
     config = make_config(port, ["127.0.0.2/32"], protocols=("TURN-UDP",), admin=admin)
     process = stunnerd("-c", config_file(tmp_path, config), "-u", "2", "-l", "all:INFO")
     wait_ready(f"http://127.0.0.1:{health}", process)  # the workers applied it too
     log = process.stop()
-    assert "started 1 UDP worker process(es)" in log
+    assert ("started 1 UDP worker process(es)" in log) == (relay_path == "python"), log
     assert log.count("offload off, relaying in user space") == 1, log

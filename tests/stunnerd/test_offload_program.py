@@ -109,9 +109,10 @@ def run(prog: program.LoadedProgram, frame: bytes) -> bpf.TestRun:
     return bpf.prog_test_run(prog.fd, frame, ingress_ifindex=LOOPBACK)
 
 
-def test_the_verifier_accepts_it_with_cap_bpf_and_cap_net_admin_alone() -> None:
+@pytest.mark.parametrize("hook", ["TC", "XDP"])
+def test_the_verifier_accepts_it_with_cap_bpf_and_cap_net_admin_alone(hook: str) -> None:
     """The least privilege: an unprivileged user with CAP_BPF and CAP_NET_ADMIN only (no
-    CAP_SYS_ADMIN, no CAP_PERFMON: the verifier's stricter rules) loads the program."""
+    CAP_SYS_ADMIN, no CAP_PERFMON: the verifier's stricter rules) loads either program."""
     reason = unavailable()
     if reason is not None and os.environ.get("CI") != "true":
         pytest.skip(reason)
@@ -130,7 +131,7 @@ def test_the_verifier_accepts_it_with_cap_bpf_and_cap_net_admin_alone() -> None:
             f"--bounding-set={caps}",
             sys.executable,
             "-c",
-            "from stunnerd.offload import program; program.load(); "
+            f"from stunnerd.offload import program; program.load(hook={hook!r}); "
             "print(open('/proc/self/status').read().split('CapEff:')[1].split()[0])",
         ],
         capture_output=True,

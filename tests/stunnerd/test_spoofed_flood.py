@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import re
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -172,3 +173,82 @@ def test_the_python_path_sheds_strangers_unsigned_requests_while_it_is_behind(
             client.close()
 
     run(scenario, Limits(error_rate_total=0))
+
+
+@pytest.mark.usefixtures("relay_path")  # both relay paths: conftest.py
+def test_unauthenticated_rate_total_is_the_whole_stunnerds(
+    stunnerd: StartStunnerd, tmp_path: Path
+) -> None:
+    """--unauthenticated-rate-total bounds the whole stunnerd, not each process (red team
+    finding C: with -u 2 a burst from 1,000 sources drew twice the answers the flag allows).
+    Each of the two UDP processes (native engines) keeps a bucket of half the rate: a burst of
+    unsigned Allocates from as many source IPs (each within its own budget) draws at most the
+    flag's burst (2R) plus what the buckets refill (R per second) until the last answer."""
+    rate = 20
+    port = free_port()
+    config = tmp_path / "stunnerd.json"
+    config.write_text(make_config(port, [f"{HOST}/32"], protocols=("TURN-UDP",)).to_json())
+    server = stunnerd(
+        "-c", str(config), "-u", "2", "--unauthenticated-rate-total", str(rate), "-l", "all:INFO"
+    )  # fmt: skip
+    assert binding_answered(port), server.stop()
+    while "started 1 UDP worker" not in server.stderr:  # both processes read their sockets
+        assert server.running(), server.stderr
+        time.sleep(0.05)
+    start = time.monotonic()
+    sock = flood.burst(port, 1000)
+    answers, last = 0, start
+    try:
+        sock.settimeout(2.0)  # the end of the answers: two seconds without one
+        while True:
+            try:
+                sock.recv(2048)
+            except TimeoutError:
+                break
+            answers, last = answers + 1, time.monotonic()
+    finally:
+        sock.close()
+        server.stop(at_once=True)
+    allowed = 2 * rate + rate * (last - start) + 2  # +2: the readiness Bindings' tokens
+    assert 0 < answers <= allowed, (answers, allowed)
+
+
+def test_the_python_path_judges_a_forged_nonce_as_unsigned(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Red team finding D: on the Python path a stranger's request with MESSAGE-INTEGRITY was
+    parsed in full and answered (438) whatever its nonce, so a flood of forged signatures from
+    spoofed sources passed the unsigned budgets. Now its nonce (an HMAC) is checked first, one
+    HMAC before any parse; one that does not verify spends the unsigned budgets like an unsigned
+    message: a burst of 500 forged Allocates from as many source IPs draws at most the
+    `--unauthenticated-rate-total` burst (2R) plus its refill (R a second)."""
+    monkeypatch.setenv("STUNNER_NATIVE", "0")
+    rate = 10
+
+    def forged() -> bytes:
+        request = Message(Method.ALLOCATE, Class.REQUEST)
+        request.attributes["REQUESTED-TRANSPORT"] = 17
+        request.attributes.update(USERNAME=USERNAME, REALM="stunner.l7mp.io", NONCE="0" * 48)
+        return request.encode(integrity_key=b"k" * 16)
+
+    async def scenario(port: int, stunner: Stunner) -> None:
+        loop = asyncio.get_running_loop()
+        start = time.monotonic()
+        sock = flood.burst(port, 500, forged)
+        answers, last = 0, start
+        try:
+            while True:  # the end of the answers: two seconds without one
+                try:
+                    await asyncio.wait_for(loop.sock_recv(sock, 2048), 2.0)
+                except TimeoutError:
+                    break
+                answers, last = answers + 1, time.monotonic()
+        finally:
+            sock.close()
+        allowed = 2 * rate + rate * (last - start)
+        assert answers <= allowed, (answers, allowed)
+        shed = stunner.listeners["testns/gw/turn-udp"].stats().rate_limited
+        assert shed >= 500 - answers - 2, shed  # dropped unparsed (or lost by the kernel)
+        # An honest client still allocates: its signed retry's nonce verifies.
+        honest = await allocated(port)
+        honest.close()
+
+    run(scenario, Limits(unauthenticated_rate_total=rate, error_rate_total=0))

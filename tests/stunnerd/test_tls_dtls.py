@@ -5,7 +5,8 @@ We test: the self-signed certificate helper; bad base64/PEM and mismatched keys 
 relaying with aioice's client and no loss; TLS 1.1 and plain TCP refused on the TLS port;
 TURN-DTLS relaying (Allocate, ChannelBind, ChannelData) with a pyOpenSSL DTLS client through
 the cookie exchange; `openssl s_client -dtls1_2` completing a handshake; a ClientHello without
-a cookie answered by a HelloVerifyRequest and leaving no session; a stalled handshake freed.
+a cookie answered by a HelloVerifyRequest and leaving no session, that HelloVerifyRequest
+built in Python byte for byte as OpenSSL's; a stalled handshake freed.
 """
 
 from __future__ import annotations
@@ -479,3 +480,36 @@ def test_apply_with_bad_certificate_keeps_previous_config(tmp_path: Path) -> Non
         peer.close()
 
     asyncio.run(scenario())
+
+
+def test_hello_verify_request_is_openssls_byte_for_byte() -> None:
+    """Python's HelloVerifyRequest (no OpenSSL per cookieless ClientHello) is what
+    DTLSv1_listen writes for the same cookie, and the cookie parser finds it in the retry."""
+    cookies = dtls.CookieJar()
+    addr = (HOST, 40000)
+    listener = SSL.Connection(dtls.dtls_context(CERT, KEY, cookies))
+    listener.set_accept_state()
+    listener.set_ciphertext_mtu(dtls.MAX_DATAGRAM)
+    listener.set_app_data(addr)
+    client = SSL.Connection(SSL.Context(SSL.DTLS_METHOD))
+    client.set_connect_state()
+    with pytest.raises(SSL.WantReadError):
+        client.do_handshake()
+    hello = client.bio_read(65536)
+    assert dtls.client_hello_cookie(hello) == b""
+    listener.bio_write(hello)
+    with pytest.raises(SSL.WantReadError):
+        listener.DTLSv1_listen()
+    theirs = listener.bio_read(65536)
+    ours = dtls.hello_verify_request(hello, cookies.make(addr))
+    assert ours == theirs
+    client.bio_write(ours)
+    with pytest.raises(SSL.WantReadError):
+        client.do_handshake()
+    retry = client.bio_read(65536)
+    cookie = dtls.client_hello_cookie(retry)
+    assert cookie is not None and cookies.check(addr, cookie)
+    assert not cookies.check((HOST, 40001), cookie)  # bound to the address
+    assert dtls.client_hello_cookie(retry[:70]) is None  # cut short
+    fragment = retry[:19] + b"\0\0\x01" + retry[22:]  # fragment offset 1: not a whole hello
+    assert dtls.client_hello_cookie(fragment) is None

@@ -1,4 +1,5 @@
-"""UDP worker processes (`-u N`): real worker processes, real sockets on loopback.
+"""UDP worker processes (`-u N` on the Python relay path): real worker processes, real sockets
+on loopback.
 
 We test: the core count and its cgroup cap; the control channel (ordered JSON frames, a socket
 passed across, a broken peer closes it); that clients land in both processes and are relayed,
@@ -43,7 +44,13 @@ from tests.support.turnclient import (
 
 from .conftest import StartStunnerd
 
-pytestmark = pytest.mark.usefixtures("relay_path")  # both relay paths: conftest.py
+
+@pytest.fixture(autouse=True)
+def python_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Worker processes serve the Python relay path only: on the native path one process runs
+    an engine per socket (issue 30; tests/stunnerd/test_native_engines.py)."""
+    monkeypatch.setenv("STUNNER_NATIVE", "0")
+
 
 CLIENTS = 20  # 2 processes: all on one side by chance with probability 2**-19
 LISTENER = "testns/gw/turn-udp"

@@ -69,7 +69,11 @@ What it does:
   The Service proxy passes the request's headers on except ``Authorization``, which the real
   one strips (kubernetes/kubernetes#38775).
 
-Not implemented: server-side apply, list pagination, deletecollection, admission webhooks.
+- Validating admission webhooks, on creates only: :attr:`FakeApiServer.webhooks` holds callables
+  (tests/support/admission.py calls a real webhook over HTTPS with an AdmissionReview, as
+  kube-apiserver does) asked after the schema check; the first error one returns is the answer.
+
+Not implemented: server-side apply, list pagination, deletecollection, webhooks on other verbs.
 """
 
 from __future__ import annotations
@@ -484,6 +488,9 @@ class FakeApiServer:
         self.bookmark_interval = 1.0
         self.garbage_collection = True
         self.refusals: dict[tuple[str, str], int] = {}  # (method, plural) -> HTTP status
+        # Validating webhooks on creates: (operation, resource type, object, dry run) -> an
+        # ApiError to answer with, or None (admitted).
+        self.webhooks: list[Any] = []
         self._next_ip = 1
         self._next_node_port = 30000
 
@@ -908,6 +915,9 @@ class FakeApiServer:
             obj.pop("status", None)
         if check_schema:
             _check_schema(rt, obj)
+        for webhook in list(self.webhooks):
+            if (refusal := webhook("CREATE", rt, obj, dry_run)) is not None:
+                raise refusal
         with self._cond:
             self._default(rt, obj, None)
             key = self._key(rt, ns, name)

@@ -260,3 +260,17 @@ refuses an unknown preset; this fails too, for a render that skips the schema.
 {{- end -}}
 {{- $annotations | toYaml -}}
 {{- end -}}
+
+{{/* The post-install/upgrade hook waiting for the webhook (webhook-ready-*.yaml): "true" when it
+is rendered: the webhook on, the check on, and the release's namespace one the webhook judges. */}}
+{{- define "stunner.webhookReadyCheck" -}}
+{{- $excluded := has .Release.Namespace (concat (list "kube-system") .Values.webhook.excludedNamespaces) -}}
+{{- if and .Values.webhook.enabled .Values.webhook.readyCheck.enabled (not $excluded) -}}true{{- end -}}
+{{- end -}}
+
+{{/* Its hook annotations: (tuple . weight). */}}
+{{- define "stunner.webhookReadyHook" -}}
+helm.sh/hook: post-install,post-upgrade
+helm.sh/hook-weight: {{ index . 1 | quote }}
+helm.sh/hook-delete-policy: before-hook-creation,hook-succeeded
+{{- end -}}
