@@ -45,14 +45,14 @@ from tests.cluster.test_quickstart_cluster import (
     RELEASE,
     AllocationGone,
     Release,
-    _allocation,
     _command,
-    _condition,
     _echo_once,
-    _permitted,
     echo_peer,
     images,
+    permitted,
+    pod_condition,
     release,
+    turn_allocation,
 )
 from tests.support.turnclient import RawClient, error_code
 
@@ -230,9 +230,8 @@ def test_a_node_local_gateway_runs_a_daemonset_in_the_node_network(
     _apply(kube, *_node_local_objects(default["spec"]))
 
     def ready_pod() -> dict[str, Any] | None:
-        pods = kube.get("pods", "-n", GATEWAY_NS, "-l", f"{RELATED_GATEWAY_NAME}={NODE_LOCAL}")
-        for pod in pods["items"]:
-            condition = _condition(pod, "Ready")
+        for pod in _node_local_pods(kube, installed.state["node"]):
+            condition = pod_condition(pod, "Ready")
             if condition and condition["status"] == "True":
                 return dict(pod)
         return None
@@ -250,6 +249,25 @@ def test_a_node_local_gateway_runs_a_daemonset_in_the_node_network(
     assert daemonset["spec"]["template"]["spec"]["hostNetwork"] is True
     assert pod["spec"]["hostNetwork"] is True
     assert pod["status"]["podIP"] == installed.state["node_ip"], pod["status"]
+    # one pod per Node, each in its own Node's network (two nodes: tests/cluster/README.md)
+    nodes = {
+        n["metadata"]["name"]: next(
+            a["address"] for a in n["status"]["addresses"] if a["type"] == "InternalIP"
+        )
+        for n in kube.get("nodes")["items"]
+    }
+
+    def every_node_ready() -> dict[str, str] | None:
+        pods = _node_local_pods(kube)
+        ready = {
+            p["spec"]["nodeName"]: p["status"].get("podIP", "")
+            for p in pods
+            if (pod_condition(p, "Ready") or {}).get("status") == "True"
+        }
+        return ready if set(ready) == set(nodes) and len(pods) == len(nodes) else None
+
+    placed = wait_for("a Ready pod on every Node", every_node_ready, within=120)
+    assert placed == nodes, f"pod addresses by Node {placed}, Node addresses {nodes}"
     deployments = kube.run("get", "deployment", NODE_LOCAL, "-n", GATEWAY_NS)
     assert deployments.returncode != 0, "a DaemonSet Gateway has a Deployment too"
 
@@ -269,8 +287,8 @@ def _bound(server: tuple[str, int]) -> bool:
 
 
 async def _node_local_echo(server: tuple[str, int], peer: tuple[str, int]) -> dict[str, Any]:
-    async with _allocation(server) as (client, allocated):
-        waited = await _permitted(client, peer, within=30)
+    async with turn_allocation(server) as (client, allocated):
+        waited = await permitted(client, peer, within=30)
         return {
             "relayed": allocated.attributes["XOR-RELAYED-ADDRESS"],
             "echo": await _echo_once(client, peer, b"node-local"),
@@ -356,26 +374,28 @@ def test_a_second_gateway_on_the_same_host_port_is_refused(installed: Release) -
     assert f"{GATEWAY_NS}/{NODE_LOCAL}" in done.stderr, done.stderr
 
 
-def _node_local_pods(kube: Kube) -> list[dict[str, Any]]:
+def _node_local_pods(kube: Kube, node: str | None = None) -> list[dict[str, Any]]:
+    """The node-local Gateway's pods, or those on `node` (one per Node: a DaemonSet)."""
     selector = f"{RELATED_GATEWAY_NAME}={NODE_LOCAL}"
-    return list(kube.get("pods", "-n", GATEWAY_NS, "-l", selector)["items"])
+    pods = kube.get("pods", "-n", GATEWAY_NS, "-l", selector)["items"]
+    return [p for p in pods if node is None or p["spec"].get("nodeName") == node]
 
 
 def test_a_rollout_on_the_host_network_serves_again_after_the_old_pod_drained(
     installed: Release,
 ) -> None:
-    kube, node_ip = installed.kube, installed.state["node_ip"]
+    kube, node, node_ip = installed.kube, installed.state["node"], installed.state["node_ip"]
     server = (node_ip, NODE_PORT)
-    (old,) = _node_local_pods(kube)
+    (old,) = _node_local_pods(kube, node)
     seen: dict[str, Any] = {}
 
     async def while_draining() -> None:
-        async with _allocation(server) as (client, _):
+        async with turn_allocation(server) as (client, _):
             patch = {"spec": {"annotations": {"stunner.l7mp.io/test-rollout": str(time.time())}}}
             kube.ok("patch", "dataplane", "node-local", "--type=merge", "-p", json.dumps(patch))
 
             def draining() -> bool:
-                pods = {p["metadata"]["uid"]: p for p in _node_local_pods(kube)}
+                pods = {p["metadata"]["uid"]: p for p in _node_local_pods(kube, node)}
                 current = pods.get(old["metadata"]["uid"])
                 return bool(current and current["metadata"].get("deletionTimestamp"))
 
@@ -384,8 +404,8 @@ def test_a_rollout_on_the_host_network_serves_again_after_the_old_pod_drained(
             refreshed = await client.refresh(600)
             seen["refresh while draining"] = refreshed.message_class == Class.SUCCESS
             seen["pods while draining"] = [
-                (p["metadata"]["name"], p["status"].get("phase"), _condition(p, "Ready"))
-                for p in _node_local_pods(kube)
+                (p["metadata"]["name"], p["status"].get("phase"), pod_condition(p, "Ready"))
+                for p in _node_local_pods(kube, node)
             ]
         seen["released"] = time.monotonic()
 
@@ -393,9 +413,9 @@ def test_a_rollout_on_the_host_network_serves_again_after_the_old_pod_drained(
     assert seen["refresh while draining"], seen
 
     def new_pod_serves() -> bool:
-        pods = _node_local_pods(kube)
+        pods = _node_local_pods(kube, node)
         fresh = [p for p in pods if p["metadata"]["uid"] != old["metadata"]["uid"]]
-        ready = [p for p in fresh if (_condition(p, "Ready") or {}).get("status") == "True"]
+        ready = [p for p in fresh if (pod_condition(p, "Ready") or {}).get("status") == "True"]
         return bool(ready) and len(pods) == 1 and _bound(server)
 
     wait_for("the new pod Ready and serving on the node", new_pod_serves, within=90)
@@ -536,7 +556,7 @@ def test_a_user_quota_holds_across_the_gateways_pods(installed: Release) -> None
         ips = [
             p["status"]["podIP"]
             for p in pods
-            if (_condition(p, "Ready") or {}).get("status") == "True"
+            if (pod_condition(p, "Ready") or {}).get("status") == "True"
             and not p["metadata"].get("deletionTimestamp")
         ]
         return ips if len(ips) == 2 else None

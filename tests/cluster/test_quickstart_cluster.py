@@ -258,7 +258,7 @@ def _stamp(text: str) -> float:
     return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
 
 
-def _condition(pod: dict[str, Any], kind: str) -> dict[str, Any] | None:
+def pod_condition(pod: dict[str, Any], kind: str) -> dict[str, Any] | None:
     for condition in pod.get("status", {}).get("conditions", []):
         if condition["type"] == kind:
             return dict(condition)
@@ -286,15 +286,15 @@ def test_apply_the_example_and_its_stunnerd_becomes_ready(release: Release) -> N
         for pod in _stunnerd_pods(release.kube):
             if pod["spec"].get("nodeName") and scheduled is None:
                 scheduled = now
-            condition = _condition(pod, "Ready")
+            condition = pod_condition(pod, "Ready")
             if condition and condition["status"] == "True":
                 ready = now
                 release.state["stunnerd_pod"] = pod
         time.sleep(0.1)
     assert ready is not None, f"the Gateway's stunnerd pod not Ready within 180 s ({scheduled=})"
     pod = release.state["stunnerd_pod"]
-    by_conditions = _stamp(_condition(pod, "Ready")["lastTransitionTime"]) - _stamp(  # type: ignore[index]
-        _condition(pod, "PodScheduled")["lastTransitionTime"]  # type: ignore[index]
+    by_conditions = _stamp(pod_condition(pod, "Ready")["lastTransitionTime"]) - _stamp(  # type: ignore[index]
+        pod_condition(pod, "PodScheduled")["lastTransitionTime"]  # type: ignore[index]
     )
     polled = ready - (scheduled if scheduled is not None else ready)
     MEASURED[f"{release.name}: stunnerd scheduled -> Ready"] = (
@@ -406,14 +406,14 @@ def echo_peer(release: Release, images: dict[str, str]) -> tuple[str, int]:
 
     def ip() -> str | None:
         pod = release.kube.get("pod", "media-echo", "-n", GATEWAY_NS)
-        condition = _condition(pod, "Ready")
+        condition = pod_condition(pod, "Ready")
         return pod["status"]["podIP"] if condition and condition["status"] == "True" else None
 
     return str(wait_for("the echo pod Ready", ip, within=120)), ECHO_PORT
 
 
 @contextlib.asynccontextmanager
-async def _allocation(server: tuple[str, int]) -> AsyncIterator[tuple[RawClient, Message]]:
+async def turn_allocation(server: tuple[str, int]) -> AsyncIterator[tuple[RawClient, Message]]:
     """A UDP allocation through `server`, deleted on the way out (Refresh with lifetime 0):
     stunnerd drains live allocations on SIGTERM (terminationGracePeriodSeconds 3600), so one
     left behind would hold the Gateway's pod, and its namespace, for its lifetime."""
@@ -436,7 +436,7 @@ class AllocationGone(Exception):
     """437: the server no longer holds the allocation (its listener restarted meanwhile)."""
 
 
-async def _permitted(client: RawClient, peer: tuple[str, int], within: float) -> float:
+async def permitted(client: RawClient, peer: tuple[str, int], within: float) -> float:
     """CreatePermission for `peer` until it succeeds (the route's endpoints reach stunnerd);
     AllocationGone at once on a 437, which no retry of this allocation can mend."""
     started = time.monotonic()
@@ -466,11 +466,11 @@ async def _echo_once(client: RawClient, peer: tuple[str, int], payload: bytes) -
 
 
 async def _udp_allocation(server: tuple[str, int], peer: tuple[str, int]) -> dict[str, Any]:
-    async with _allocation(server) as (client, allocated):
+    async with turn_allocation(server) as (client, allocated):
         assert allocated.message_class == Class.SUCCESS, (
             f"Allocate via {server}: error {error_code(allocated)}"
         )
-        waited = await _permitted(client, peer, within=30)
+        waited = await permitted(client, peer, within=30)
         echoed = await _echo_once(client, peer, b"udp-from-the-host")
         return {
             "relayed": allocated.attributes["XOR-RELAYED-ADDRESS"],
@@ -508,7 +508,7 @@ def test_a_turn_allocation_from_the_host_relays_to_the_echo_pod(
 
 
 async def _refused_peer(server: tuple[str, int], peer: tuple[str, int]) -> int | None:
-    async with _allocation(server) as (client, allocated):
+    async with turn_allocation(server) as (client, allocated):
         assert allocated.message_class == Class.SUCCESS, error_code(allocated)
         return error_code(await client.create_permission(peer))
 
@@ -602,9 +602,9 @@ async def _allocation_across_reconciler_restart(
 ) -> dict[str, Any]:
     kube = release.kube
     server = (release.state["address"], 3478)
-    async with _allocation(server) as (client, allocated):
+    async with turn_allocation(server) as (client, allocated):
         assert allocated.message_class == Class.SUCCESS, error_code(allocated)
-        await _permitted(client, peer, within=30)
+        await permitted(client, peer, within=30)
         assert await _echo_once(client, peer, b"before") == b"before"
         before = _pod_identities(kube)
         (old,) = kube.get("pods", "-n", NAMESPACE, "-l", "app.kubernetes.io/component=reconciler")[
@@ -621,7 +621,7 @@ async def _allocation_across_reconciler_restart(
                 p
                 for p in pods["items"]
                 if p["metadata"]["uid"] != old["metadata"]["uid"]
-                and (_condition(p, "Ready") or {}).get("status") == "True"
+                and (pod_condition(p, "Ready") or {}).get("status") == "True"
             ]
             return bool(fresh)
 
@@ -741,9 +741,9 @@ def test_helm_upgrade_applies_new_values(release: Release) -> None:
 
 async def _refused_after_route_deleted(release: Release, peer: tuple[str, int]) -> float:
     server = (release.state["address"], 3478)
-    async with _allocation(server) as (client, allocated):
+    async with turn_allocation(server) as (client, allocated):
         assert allocated.message_class == Class.SUCCESS, error_code(allocated)
-        await _permitted(client, peer, within=60)
+        await permitted(client, peer, within=60)
         # timed from before kubectl starts (an upper bound: kubectl's own start-up counts),
         # CreatePermission tried every 50 ms meanwhile
         deleted = time.monotonic()
