@@ -42,6 +42,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from turn_bench import cpu_seconds, stop  # noqa: E402
 
+from tests.support.flood import client_hello  # noqa: E402
+from tests.support.packets import internet_checksum  # noqa: E402
 from tests.support.ports import free_port  # noqa: E402
 
 FLOODS = ("none", "one-source", "spoofed")
@@ -49,26 +51,6 @@ SERVERS = ("stunnerd", "coturn")
 FLOOD_IP = "127.0.0.2"
 SPOOFED_BASE = 0x7F400000  # 127.64.0.0
 CLIENT_IP = "127.0.0.{}"  # 127.0.0.10 on
-
-
-def client_hello() -> bytes:
-    """A first ClientHello of pyOpenSSL's DTLS client, without a cookie."""
-    from OpenSSL import SSL
-
-    conn = SSL.Connection(SSL.Context(SSL.DTLS_METHOD))
-    conn.set_connect_state()
-    try:
-        conn.do_handshake()
-    except SSL.WantReadError:
-        pass
-    hello: bytes = conn.bio_read(65536)
-    return hello
-
-
-def _checksum(header: bytes) -> int:
-    total = sum(struct.unpack(f"!{len(header) // 2}H", header))
-    total = (total & 0xFFFF) + (total >> 16)
-    return int(~((total & 0xFFFF) + (total >> 16)) & 0xFFFF)
 
 
 def flood(kind: str, port: int, rate: int, seconds: float, sources: int) -> None:
@@ -88,7 +70,7 @@ def flood(kind: str, port: int, rate: int, seconds: float, sources: int) -> None
                 "!BBHHHBBH4s4s", 0x45, 0, 28 + len(hello), 0, 0, 64, 17, 0,
                 source.to_bytes(4, "big"), socket.inet_aton("127.0.0.1"),
             )  # fmt: skip
-            ip = ip[:10] + struct.pack("!H", _checksum(ip)) + ip[12:]
+            ip = ip[:10] + struct.pack("!H", internet_checksum(ip)) + ip[12:]
             udp = struct.pack("!HHHH", 1024 + i % 64000, port, 8 + len(hello), 0)
             packets.append(ip + udp + hello)
     sock.setblocking(False)
