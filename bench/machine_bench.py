@@ -43,9 +43,10 @@ sys.path.insert(0, str(HERE))
 
 import machine_figures as mf  # noqa: E402  (bench/ is not a package)
 import turn_bench  # noqa: E402
+from native_relay_bench import transact  # noqa: E402
 
 from stunnerd.auth import long_term_key  # noqa: E402
-from stunnerd.stun import Class, Message, Method, StunError, parse_message  # noqa: E402
+from stunnerd.stun import Class, Message, Method  # noqa: E402
 
 CHANNEL = 0x4000
 PEER_HOST = "127.0.0.2"  # not one of stunnerd's own addresses: the offload relays to it
@@ -83,21 +84,6 @@ def server_for(row: str, workdir: Path, cpus: str | None) -> turn_bench.Server |
     engine = row.partition("-")[2] or "None"
     admin = {"offload_engine": engine, "offload_interfaces": ["lo"] if engine != "None" else []}
     return turn_bench.Server("stunnerd", workdir, admin=admin, cpus=cpus)
-
-
-def transact(sock: socket.socket, port: int, request: Message, key: bytes | None) -> Message:
-    data = request.encode(integrity_key=key)
-    for attempt in range(5):
-        sock.sendto(data, ("127.0.0.1", port))
-        sock.settimeout(0.5 * 2**attempt)
-        try:
-            while True:
-                reply = parse_message(sock.recv(4096))
-                if reply.transaction_id == request.transaction_id:
-                    return reply
-        except (TimeoutError, StunError):
-            continue
-    raise TimeoutError("no reply from the TURN server")
 
 
 def bind_channel(sock: socket.socket, port: int, peer: tuple[str, int]) -> None:

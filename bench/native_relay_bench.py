@@ -124,7 +124,8 @@ class NativeHost:
 # --- TURN servers (stunnerd, coturn) ---------------------------------------------------------
 
 
-def _transact(sock: socket.socket, port: int, request: Message, key: bytes | None) -> Message:
+def transact(sock: socket.socket, port: int, request: Message, key: bytes | None) -> Message:
+    """A STUN request over UDP to HOST:port and its answer, retried as RFC 8489 retransmits."""
     data = request.encode(integrity_key=key)
     for attempt in range(5):
         sock.sendto(data, (HOST, port))
@@ -150,7 +151,7 @@ class TurnHost:
 
     def setup(self, client: socket.socket, peer: tuple[str, int], mode: str) -> None:
         attrs: dict[str, Any] = {"REQUESTED-TRANSPORT": 17, "LIFETIME": 3600}
-        first = _transact(client, self.port, Message(Method.ALLOCATE, Class.REQUEST), None)
+        first = transact(client, self.port, Message(Method.ALLOCATE, Class.REQUEST), None)
         auth = {
             "USERNAME": turn_bench.USER,
             "REALM": first.attributes["REALM"],
@@ -165,7 +166,7 @@ class TurnHost:
             steps.append((Method.CREATE_PERMISSION, {"XOR-PEER-ADDRESS": peer}))
         for method, attributes in steps:
             request = Message(method, Class.REQUEST, attributes={**attributes, **auth})
-            reply = _transact(client, self.port, request, self.key)
+            reply = transact(client, self.port, request, self.key)
             if reply.message_class != Class.SUCCESS:
                 raise RuntimeError(f"{self.name}: {method.name} failed: {reply.attributes}")
         client.setblocking(False)
