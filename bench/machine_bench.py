@@ -6,8 +6,9 @@ off and on, and the same load with no relay at all, one generator, one peer, one
 
 Offloaded relaying runs in the kernel, in the softirq of whatever process it interrupted (often
 the sender), and is charged to no server process: so the figure here is the busy time of all
-CPUs from /proc/stat (user+nice+system+irq+softirq+steal) over the sending window, per relayed
-packet, beside the server process tree's own CPU. The generator's and the peer's cost is in
+CPUs over the sending window (its wall time on every CPU minus /proc/stat's idle and iowait,
+which a NO_HZ kernel clocks; its busy fields are tick-sampled and miss timer-driven work), per
+relayed packet, beside the server process tree's own CPU. The generator's and the peer's cost is in
 every such figure; the `direct` row (the same generator sending the same payload straight to
 the same peer at the same rate) measures it, and the relay's share is a row's figure minus the
 direct row's of the same repeat. The offload rows add the program's own cost from the kernel's
@@ -362,10 +363,11 @@ def max_rates(args: argparse.Namespace, workdir: Path, generator: Path) -> dict[
 def idle_busy_pct(seconds: float = 1.0) -> float:
     """How busy all CPUs are with nothing of the bench running: the others' share of every
     figure (this bench cannot subtract it; on a quiet machine it is ~0)."""
-    before = Path("/proc/stat").read_text().splitlines()[0]
+    start, before = time.monotonic(), Path("/proc/stat").read_text().splitlines()[0]
     time.sleep(seconds)
-    after = Path("/proc/stat").read_text().splitlines()[0]
-    busy, total = mf.busy_seconds(before, after, os.sysconf("SC_CLK_TCK"))
+    end, after = time.monotonic(), Path("/proc/stat").read_text().splitlines()[0]
+    cpus = os.sysconf("SC_NPROCESSORS_ONLN")
+    busy, total = mf.busy_seconds(before, after, os.sysconf("SC_CLK_TCK"), end - start, cpus)
     return 100.0 * busy / total if total > 0 else 0.0
 
 

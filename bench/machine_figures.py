@@ -2,7 +2,7 @@
 tables and the issue's targets. No I/O here (tests/bench/ checks it without timing anything).
 
 A run is a dict with what the generator printed (sent, echoed, received, seconds, rtt_p50_ms,
-rtt_p99_ms, stat_before, stat_after) and what the bench read around it (server_cpu_s, and for
+rtt_p99_ms, cpus, stat_before, stat_after) and what the bench read around it (server_cpu_s, and for
 an offload row bpf_run_ns / bpf_run_cnt: the kernel's run-time statistics of the program).
 """
 
@@ -12,9 +12,13 @@ import statistics
 from collections.abc import Iterable
 from typing import Any
 
-# /proc/stat's "cpu" line: user nice system idle iowait irq softirq steal guest guest_nice
-# (guest time is already inside user). Busy: everything but idle and iowait.
-BUSY_FIELDS = (0, 1, 2, 5, 6, 7)
+# /proc/stat's "cpu" line: user nice system idle iowait irq softirq steal guest guest_nice. Its
+# busy fields are sampled at each timer tick (this kernel has no IRQ_TIME or VIRT_CPU
+# accounting): work that wakes and sleeps between two ticks, as a 50-pps voice load does, is
+# charged to no one. Its idle and iowait are clock-based on a NO_HZ kernel (the kernel times each
+# idle period from its entry to its exit, interrupts excluded). So busy time here is the window's
+# wall time on every CPU minus idle and iowait.
+IDLE_FIELDS = (3, 4)
 DIRECT = "direct"
 ANCHOR = "coturn"
 LOSS_MARGIN_PP = 0.5
@@ -22,27 +26,32 @@ SHARE_TARGET = 5.0  # the relay's share, offload on: >= 5x cheaper than coturn's
 MACHINE_TARGET = 2.0  # the whole machine, generator included: >= 2x
 
 
-def cpu_ticks(line: str) -> tuple[int, int]:
-    """(busy, total) ticks of all CPUs from /proc/stat's first line ("cpu  ...")."""
+def idle_ticks(line: str) -> int:
+    """Idle + iowait ticks of all CPUs from /proc/stat's first line ("cpu  ...")."""
     fields = line.split()
     if not fields or fields[0] != "cpu":
         raise ValueError(f"not /proc/stat's all-CPU line: {line!r}")
     values = [int(v) for v in fields[1:9]]
-    return sum(values[i] for i in BUSY_FIELDS), sum(values)
+    return sum(values[i] for i in IDLE_FIELDS)
 
 
-def busy_seconds(before: str, after: str, clk_tck: int) -> tuple[float, float]:
-    """(busy, total) CPU-seconds of all CPUs between two /proc/stat lines."""
-    busy0, total0 = cpu_ticks(before)
-    busy1, total1 = cpu_ticks(after)
-    return (busy1 - busy0) / clk_tck, (total1 - total0) / clk_tck
+def busy_seconds(
+    before: str, after: str, clk_tck: int, seconds: float, cpus: int
+) -> tuple[float, float]:
+    """(busy, total) CPU-seconds of all CPUs over a window of `seconds` between two /proc/stat
+    lines: total is the wall time on every CPU, busy what of it was not idle."""
+    total = seconds * cpus
+    idle = (idle_ticks(after) - idle_ticks(before)) / clk_tck
+    return min(total, max(0.0, total - idle)), total
 
 
 def figures(run: dict[str, Any], direct: dict[str, Any] | None, clk_tck: int) -> dict[str, Any]:
     """One run's figures; `direct` is the run with no relay in the same repeat (its busy time,
     per second of window, is the generator's and the peer's: subtracted for the relay's share).
     Every echoed round trip is two relayed packets (client -> peer, peer -> client)."""
-    busy, total = busy_seconds(run["stat_before"], run["stat_after"], clk_tck)
+    busy, total = busy_seconds(
+        run["stat_before"], run["stat_after"], clk_tck, run["seconds"], run["cpus"]
+    )
     relayed = 2 * run["received"]
     seconds = run["seconds"]
     out: dict[str, Any] = {
@@ -65,7 +74,9 @@ def figures(run: dict[str, Any], direct: dict[str, Any] | None, clk_tck: int) ->
     if server_cpu:
         out["pkt_per_server_cpu_s"] = relayed / server_cpu
     if direct is not None and relayed and run is not direct:
-        direct_busy, _ = busy_seconds(direct["stat_before"], direct["stat_after"], clk_tck)
+        direct_busy, _ = busy_seconds(
+            direct["stat_before"], direct["stat_after"], clk_tck, direct["seconds"], direct["cpus"]
+        )
         share = busy - direct_busy * seconds / direct["seconds"]
         out["share_us_per_pkt"] = 1e6 * share / relayed
         out["pkt_per_share_cpu_s"] = relayed / share if share > 0 else None
