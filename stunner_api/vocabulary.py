@@ -330,6 +330,12 @@ CDS_TOKEN_PATH = "token"  # the file's name inside CDS_TOKEN_DIR
 CDS_TOKEN_FILE = f"{CDS_TOKEN_DIR}/{CDS_TOKEN_PATH}"
 CDS_TOKEN_EXPIRATION = 3600  # seconds; the kubelet rotates the file at 80 % of it
 CDS_TOKEN_FILE_ENV = "STUNNER_CDS_TOKEN_FILE"  # where stunnerd reads the token from
+# stunnerd's --force-ready-status from the environment ("true"/"1"/"yes"): /ready stays 200 while
+# it drains. The pods the reconciler renders carry it: a terminating pod leaves new connections
+# by Kubernetes' own rule (its endpoint is `ready: false` once it terminates), and an endpoint
+# that also stops `serving` has its UDP conntrack entries flushed by kube-proxy, which moves
+# every live call on the draining pod to another one (README, "Rollouts").
+FORCE_READY_ENV = "STUNNER_FORCE_READY_STATUS"
 # The headers the CDS reads a bearer token from: the API server's service proxy strips
 # Authorization (kubernetes/kubernetes#38775), so the CLI sends the second one.
 CDS_AUTH_HEADERS = ("Authorization", "X-Stunner-Authorization")

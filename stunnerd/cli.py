@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 
 from stunner_api.dataplane import ConfigError, StunnerConfig, redacted, zero_config
 from stunner_api.turn_uri import config_from_uri
+from stunner_api.vocabulary import FORCE_READY_ENV
 
 from . import logs, native
 from .admin import parse_address
@@ -100,7 +101,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--force-ready-status",
         action="store_true",
-        help="keep /ready at 200 while draining after SIGTERM",
+        default=os.environ.get(FORCE_READY_ENV, "").strip().lower() in ("1", "true", "yes"),
+        help="keep /ready at 200 while draining after SIGTERM (what a pod needs for its UDP "
+        f"calls to go on draining: README, Rollouts); env {FORCE_READY_ENV}=true",
     )
     parser.add_argument(
         "--grace-period",

@@ -34,6 +34,7 @@ from stunner_api.vocabulary import (
     CDS_TOKEN_VOLUME,
     DEFAULT_DATAPLANE_RESOURCE,
     DEFAULT_TERMINATION_GRACE_PERIOD,
+    FORCE_READY_ENV,
     HOST_NETWORK_DNS_POLICY,
     METRICS_PORT,
     OWNED_BY_LABEL,
@@ -170,6 +171,7 @@ def deployment(
     pod_labels |= {APP_LABEL: APP_VALUE} | related_labels(gateway)
     pod_annotations = {k: str(v) for k, v in _view(spec.get("annotations")).items()}
     pod_annotations[RELATED_GATEWAY_NAME] = _gateway_id(gateway)
+    own_env = {e.get("name") for e in spec.get("env") or [] if isinstance(e, Mapping)}
     env: list[dict[str, Any]] = [
         {"name": "STUNNER_ADDR", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
         {"name": "STUNNER_NAME", "value": name_of(gateway)},
@@ -177,6 +179,9 @@ def deployment(
         {"name": "STUNNER_NODENAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
         {"name": "STUNNER_CONFIG_ORIGIN", "value": settings.config_discovery_url},
         {"name": CDS_TOKEN_FILE_ENV, "value": CDS_TOKEN_FILE},
+        # ready while draining, so its UDP calls stay on it (FORCE_READY_ENV), unless the
+        # Dataplane's env says otherwise
+        *([] if FORCE_READY_ENV in own_env else [{"name": FORCE_READY_ENV, "value": "true"}]),
         *([{"name": RELAY_STUN_SERVER_ENV, "value": stun_server}] if stun_server else []),
         *[_map(e) for e in spec.get("env") or [] if isinstance(e, Mapping)],
     ]

@@ -964,6 +964,7 @@ def test_the_deployment() -> None:
         "STUNNER_NODENAME",
         "STUNNER_CONFIG_ORIGIN",
         "STUNNER_CDS_TOKEN_FILE",
+        "STUNNER_FORCE_READY_STATUS",
         "EXTRA",
     ]
     assert container["envFrom"] == [{"configMapRef": {"name": "more-env"}}]
@@ -1012,6 +1013,22 @@ def test_the_deployment_carries_a_cds_token_of_the_cds_audience_only() -> None:
     ]
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["STUNNER_CDS_TOKEN_FILE"] == "/var/run/secrets/stunner.l7mp.io/cds/token"
+
+
+def test_the_rendered_stunnerd_stays_ready_while_it_drains() -> None:
+    """Issue 32: a rollout broke every UDP call on the old pod. Its stunnerd went unready on
+    SIGTERM, its endpoint stopped `serving`, and kube-proxy flushed the UDP conntrack entries
+    pointing at it, so the calls' next packets went to the new pod. The rendered pod sets
+    STUNNER_FORCE_READY_STATUS (stunnerd's --force-ready-status), unless the Dataplane's own env
+    names it: an operator can still say false."""
+    plan = plan_of(dataplane())
+    container = plan.deployments["stunner/gw"]["spec"]["template"]["spec"]["containers"][0]
+    env = [(e["name"], e.get("value")) for e in container["env"]]
+    assert ("STUNNER_FORCE_READY_STATUS", "true") in env
+    own = dataplane(env=[{"name": "STUNNER_FORCE_READY_STATUS", "value": "false"}])
+    container = plan_of(own).deployments["stunner/gw"]["spec"]["template"]["spec"]["containers"][0]
+    env = [(e["name"], e.get("value")) for e in container["env"]]
+    assert [v for n, v in env if n == "STUNNER_FORCE_READY_STATUS"] == ["false"]
 
 
 def test_deployment_defaults_and_switches() -> None:
