@@ -55,8 +55,14 @@ class CallResult:
 async def _connect(
     transport: str, server: tuple[str, int], credentials: tuple[str, str]
 ) -> RawClient:
-    kind = RawTcpClient if transport == "tcp" else RawClient
-    return await kind.connect(server, username=credentials[0], password=credentials[1])
+    user, password = credentials
+    if transport == "tcp":
+        return await RawTcpClient.connect(server, username=user, password=password)
+    # from any local address (RawClient.connect binds the server's own: loopback tests)
+    _, client = await asyncio.get_running_loop().create_datagram_endpoint(
+        lambda: RawClient(server, username=user, password=password), local_addr=("0.0.0.0", 0)
+    )
+    return client
 
 
 async def _open(

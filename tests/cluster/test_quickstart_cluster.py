@@ -367,7 +367,8 @@ ECHO_SERVER = (
 )
 
 
-def _echo_objects(image: str) -> list[dict[str, Any]]:
+def _echo_objects(image: str, node: str) -> list[dict[str, Any]]:
+    """The echo pod, on `node` (the first Node: the fault module loses another one)."""
     labels = {"app": "media-echo"}
     pod = {
         "apiVersion": "v1",
@@ -375,6 +376,7 @@ def _echo_objects(image: str) -> list[dict[str, Any]]:
         "metadata": {"name": "media-echo", "namespace": GATEWAY_NS, "labels": labels},
         "spec": {
             "terminationGracePeriodSeconds": 0,
+            "nodeSelector": {"kubernetes.io/hostname": node},
             "containers": [
                 {
                     "name": "echo",
@@ -402,7 +404,8 @@ def _echo_objects(image: str) -> list[dict[str, Any]]:
 def echo_peer(release: Release, images: dict[str, str]) -> tuple[str, int]:
     """A UDP echo pod behind the Service the example's UDPRoute names (media-server)."""
     control_plane = next(iter(images))  # it has python; every node has it already
-    release.kube.apply(*_echo_objects(control_plane))
+    first = release.kube.get("nodes")["items"][0]["metadata"]["name"]
+    release.kube.apply(*_echo_objects(control_plane, first))
 
     def ip() -> str | None:
         pod = release.kube.get("pod", "media-echo", "-n", GATEWAY_NS)
