@@ -483,6 +483,7 @@ def test_a_node_lost_the_other_nodes_calls_lose_nothing(
     kube = gateway.kube
     assert lost in gateway.state["pods"], f"no stunnerd pod on {lost}: {gateway.state['pods']}"
     lost_ip = gateway.state["pods"][lost]
+    seen: dict[str, Any] = {}
 
     async def run() -> tuple[list[calls.CallResult], dict[str, float]]:
         running = _pinned_and_balanced(gateway, echo_peer, seconds=NODE_CALL_SECONDS)
@@ -508,6 +509,9 @@ def test_a_node_lost_the_other_nodes_calls_lose_nothing(
             "udp", (gateway.state["address"], 3478), echo_peer, CREDENTIALS, within=60
         )
         marks["a new call works"] = time.monotonic() - began
+        seen["status"] = await asyncio.to_thread(
+            lambda: kube.get("gateway", GATEWAY, "-n", GATEWAY_NS)["status"]
+        )
         return list(await asyncio.gather(*running)), marks
 
     try:
@@ -522,6 +526,13 @@ def test_a_node_lost_the_other_nodes_calls_lose_nothing(
     assert others, "no call on the other node"
     hurt = [r for r in others if not r.kept or r.lost]
     assert not hurt, f"the other node's calls hurt: {hurt}"
+    status = seen["status"]
+    programmed = [c for c in status["conditions"] if c["type"] == "Programmed"]
+    MEASURED[f"{gateway.name}: node lost: the Gateway's status"] = (
+        f"addresses {[a['value'] for a in status.get('addresses', [])]}, "
+        f"Programmed {programmed[0]['status'] if programmed else '?'}"
+    )
+    assert programmed and programmed[0]["status"] == "True", status
     wait_for(f"{lost} Ready again", lambda: _node_ready(kube, lost), within=180)
 
 
