@@ -11,7 +11,8 @@
 5. Edits the UDPRoute file (removes its backend): the change reaches the running stunnerd, which
    now refuses the peer; restores the file: the peer is allowed again.
 
-Everything it started is stopped on exit.
+Everything it started is stopped on exit. `--browser` runs the same pipeline for a browser's
+WebRTC call instead (reconciler/browser_demo.py).
 """
 
 from __future__ import annotations
@@ -170,6 +171,14 @@ def main() -> int:
     parser.add_argument("--port", type=int, default=EXAMPLE_PORT, help="the listeners' port")
     parser.add_argument("--count", type=int, default=50, help="packets per transport")
     parser.add_argument("-v", "--verbose", action="store_true", help="show the components' logs")
+    parser.add_argument(
+        "--browser",
+        action="store_true",
+        help="serve a page that makes a relay-only WebRTC call to an echo media server",
+    )
+    parser.add_argument(
+        "--headless", action="store_true", help="with --browser: call from headless Chromium"
+    )
     args = parser.parse_args()
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,
@@ -184,6 +193,13 @@ def main() -> int:
         return 1
     manifests = Path(tempfile.mkdtemp(prefix="stunner-demo-"))
     try:
+        if args.browser:
+            # aiortc and PyAV load only for the browser's call (and would import this module)
+            from .browser_demo import run_browser
+
+            return asyncio.run(
+                run_browser(args.address, args.port, manifests, args.headless, args.verbose)
+            )
         return asyncio.run(run(args.address, args.port, args.count, manifests, args.verbose))
     except (RuntimeError, OSError) as exc:
         print(f"demo failed: {exc}", file=sys.stderr)
