@@ -31,7 +31,7 @@ from aiohttp import ClientSession, web
 from stunner_client.media_echo import MediaEcho, media_addresses, offer_of
 from stunner_client.probes import wait_until_serving
 
-from .demo import EXAMPLE_ECHO_PORT, GATEWAY_ID, prepare
+from .demo_example import EXAMPLE_ECHO_PORT, GATEWAY_ID, prepare
 from .local import LocalSettings, run_local
 
 PAGE = Path(__file__).resolve().parent.parent / "examples" / "browser" / "index.html"

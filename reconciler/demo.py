@@ -35,24 +35,10 @@ from stunner_client.echo import EchoPeer
 from stunner_client.probes import port_busy, wait_until_serving
 from stunner_client.turn import refused, relay
 
+from .demo_example import EXAMPLE, EXAMPLE_PORT, GATEWAY_ID, prepare
 from .local import LocalSettings, run_local
 
-EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "local"
-GATEWAY_ID = "stunner/local-gateway"
-EXAMPLE_PORT = 3478
-EXAMPLE_ECHO_PORT = 9001
 EDIT_TIMEOUT = 5.0  # seconds an edit may take to reach stunnerd before the demo fails
-
-
-def prepare(manifests: Path, port: int, echo_port: int) -> Path:
-    """Copy the example into `manifests`, with the listeners on `port` and the route to the echo
-    peer's port; the UDPRoute file's path."""
-    for source in sorted(EXAMPLE.glob("*.yaml")):
-        text = source.read_text()
-        text = text.replace(f"port: {EXAMPLE_PORT}", f"port: {port}")
-        text = text.replace(f"port: {EXAMPLE_ECHO_PORT}", f"port: {echo_port}")
-        (manifests / source.name).write_text(text)
-    return manifests / "udproute.yaml"
 
 
 def without_backend(route_text: str) -> str:

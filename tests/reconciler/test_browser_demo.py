@@ -19,7 +19,7 @@ import aiohttp
 import pytest
 
 from reconciler.browser_demo import any_port, find_browser, media_prefixes, page_app, serving
-from reconciler.demo import EXAMPLE, EXAMPLE_ECHO_PORT, prepare
+from reconciler.demo_example import EXAMPLE, EXAMPLE_ECHO_PORT, prepare
 from stunner_client.media_echo import MediaEcho, media_addresses
 from tests.support.ports import free_port
 
