@@ -31,8 +31,8 @@ from aiohttp import ClientSession, web
 from stunner_client.media_echo import MediaEcho, media_addresses, offer_of
 from stunner_client.probes import wait_until_serving
 
-from .demo_example import EXAMPLE_ECHO_PORT, GATEWAY_ID, prepare
-from .local import LocalSettings, run_local
+from .demo_example import EXAMPLE_ECHO_PORT, GATEWAY_ID, local_settings, prepare
+from .local import run_local
 
 PAGE = Path(__file__).resolve().parent.parent / "examples" / "browser" / "index.html"
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
@@ -194,15 +194,7 @@ async def run_browser(
     service_file = manifests / "echo.yaml"
     service_file.write_text(media_prefixes(service_file.read_text(), addresses))
     media = MediaEcho()
-    settings = LocalSettings(
-        manifests=manifests,
-        host=address,
-        cds_port=0,
-        auth_port=0,
-        start_dataplanes=True,
-        dataplane_address=address,
-        dataplane_output=None if verbose else subprocess.DEVNULL,
-    )
+    settings = local_settings(manifests, address, verbose)
     outcome: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
     try:
         async with run_local(settings) as local:

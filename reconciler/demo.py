@@ -22,7 +22,6 @@ import asyncio
 import json
 import logging
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -35,8 +34,8 @@ from stunner_client.echo import EchoPeer
 from stunner_client.probes import port_busy, wait_until_serving
 from stunner_client.turn import refused, relay
 
-from .demo_example import EXAMPLE, EXAMPLE_PORT, GATEWAY_ID, prepare
-from .local import LocalSettings, run_local
+from .demo_example import EXAMPLE, EXAMPLE_PORT, GATEWAY_ID, local_settings, prepare
+from .local import run_local
 
 EDIT_TIMEOUT = 5.0  # seconds an edit may take to reach stunnerd before the demo fails
 
@@ -84,15 +83,7 @@ async def run(address: str, port: int, count: int, manifests: Path, verbose: boo
     peer = (address, echo_port)
     server = (address, port)
     route_file = prepare(manifests, port, echo_port)
-    settings = LocalSettings(
-        manifests=manifests,
-        host=address,
-        cds_port=0,
-        auth_port=0,
-        start_dataplanes=True,
-        dataplane_address=address,
-        dataplane_output=None if verbose else subprocess.DEVNULL,
-    )
+    settings = local_settings(manifests, address, verbose)
     try:
         async with run_local(settings) as local:
             await local.rendered(1)

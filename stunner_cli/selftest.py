@@ -180,23 +180,26 @@ async def _selftest(
             await echo_server.aclose()
 
 
-def _listeners(
-    configs: list[StunnerConfig], gateways: Sequence[str]
-) -> list[tuple[str, str, tuple[str, int], tuple[str, str]]]:
-    """(where, transport, server, credentials) of every TURN listener with a public address of
-    the named Gateways (every Gateway when none is named); STUN-only Gateways relay nothing."""
-    out = []
-    for config in configs:
-        if config.auth.stun_only or (gateways and config.admin.name not in gateways):
+Listener = tuple[str, str, tuple[str, int], tuple[str, str] | None]
+
+
+def _listeners(config: StunnerConfig) -> list[Listener]:
+    """(where, transport, server, credentials) of each TURN listener of a config that has a
+    public address; no credentials for a STUN-only Gateway (it relays nothing)."""
+    creds = (
+        None
+        if config.auth.stun_only
+        else credentials(config.auth, "helm-test", 3600, int(time.time()))
+    )
+    out: list[Listener] = []
+    for listener in config.listeners:
+        transport = TRANSPORTS.get(listener.protocol)
+        if transport is None or not listener.public_address:
             continue
-        creds = credentials(config.auth, "helm-test", 3600, int(time.time()))
-        for listener in config.listeners:
-            transport = TRANSPORTS.get(listener.protocol)
-            if transport is None or not listener.public_address:
-                continue
-            server = (listener.public_address, listener.public_port or listener.port)
-            where = f"{listener.name} {transport} {server[0]}:{server[1]}"
-            out.append((where, transport, server, creds))
+        server = (listener.public_address, listener.public_port or listener.port)
+        out.append(
+            (f"{listener.name} {transport} {server[0]}:{server[1]}", transport, server, creds)
+        )
     return out
 
 
@@ -215,7 +218,13 @@ async def _check_target(
     except OSError as e:
         sys.stdout.write(f"FAIL {target}: cannot resolve {host}: {e}\n")
         return 1
-    listeners = _listeners(configs, gateways)
+    listeners = [
+        (where, transport, server, creds)
+        for config in configs
+        if not gateways or config.admin.name in gateways
+        for where, transport, server, creds in _listeners(config)
+        if creds is not None
+    ]
     if not listeners:
         sys.stdout.write(f"FAIL {target}: no Gateway listener to reach it through\n")
         return 1
@@ -242,17 +251,7 @@ async def _run(
         sys.stdout.write(f"FAIL {name}: no TURN-UDP or TURN-TCP listener with a public address\n")
     for config in configs:
         echo_here = peer if not gateways or config.admin.name in gateways else ""
-        creds = (
-            None
-            if config.auth.stun_only
-            else credentials(config.auth, "helm-test", 3600, int(time.time()))
-        )
-        for listener in config.listeners:
-            transport = TRANSPORTS.get(listener.protocol)
-            if transport is None or not listener.public_address:
-                continue
-            server = (listener.public_address, listener.public_port or listener.port)
-            where = f"{listener.name} {transport} {server[0]}:{server[1]}"
+        for where, transport, server, creds in _listeners(config):
             tested += 1
             try:
                 line = await _probe(transport, server, creds, echo_here, deadline)
