@@ -82,6 +82,7 @@ CONSTRAINTS: dict[str, dict[str, Any]] = {
     "observability.allocationAlertRatio": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
     "test.timeoutSeconds": {"type": "integer", "minimum": 1},
     "test.echoPort": {"type": "integer", "minimum": 1024, "maximum": 65535},  # non-root pod
+    "test.clusterDomain": {"type": "string", "pattern": "^[a-z0-9]([-.a-z0-9]*[a-z0-9])?$"},
     "cdsAuth.mode": {"type": "string", "enum": ["required", "off"]},
     "cdsAuth.readerServiceAccount": {
         "type": "string",
@@ -107,6 +108,10 @@ ITEMS: dict[str, dict[str, Any]] = {
     "dataplane.spec.env": K8S_OBJECT,
     "dataplane.spec.offloadInterfaces": {"type": "string", "minLength": 1},
     "test.gateways": {"type": "string", "pattern": "^[a-z0-9][-a-z0-9]*/[a-z0-9][-.a-z0-9]*$"},
+    "test.targets": {
+        "type": "string",
+        "pattern": "^k8s://[a-z0-9][-a-z0-9]*/[a-z0-9][-a-z0-9]*:[0-9]{1,5}$",
+    },
     "cdsAuth.extraReaders": {
         "type": "string",
         "pattern": "^[a-z0-9][-a-z0-9]*/[a-z0-9][-.a-z0-9]*$",

@@ -71,8 +71,8 @@ from .loop import THROTTLE, Reconciler
 from .metrics import Metrics, ServedInThread, health_app, metrics_app
 from .relevance import References
 from .render import Plan, Renderer, RenderSettings
-from .render.account import account_name
 from .render.finalize import finalized
+from .render.inputs import account_name
 from .render.tracked import same_kinds
 from .store import STALE_AFTER, WATCHED, Cache, Kind, Object, Snapshot, labels_of
 from .supervise import Supervisor

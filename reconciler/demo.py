@@ -11,7 +11,8 @@
 5. Edits the UDPRoute file (removes its backend): the change reaches the running stunnerd, which
    now refuses the peer; restores the file: the peer is allowed again.
 
-Everything it started is stopped on exit.
+Everything it started is stopped on exit. `--browser` runs the same pipeline for a browser's
+WebRTC call instead (reconciler/browser_demo.py).
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ import asyncio
 import json
 import logging
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -34,24 +34,10 @@ from stunner_client.echo import EchoPeer
 from stunner_client.probes import port_busy, wait_until_serving
 from stunner_client.turn import refused, relay
 
-from .local import LocalSettings, run_local
+from .demo_example import EXAMPLE, EXAMPLE_PORT, GATEWAY_ID, local_settings, prepare
+from .local import run_local
 
-EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "local"
-GATEWAY_ID = "stunner/local-gateway"
-EXAMPLE_PORT = 3478
-EXAMPLE_ECHO_PORT = 9001
 EDIT_TIMEOUT = 5.0  # seconds an edit may take to reach stunnerd before the demo fails
-
-
-def prepare(manifests: Path, port: int, echo_port: int) -> Path:
-    """Copy the example into `manifests`, with the listeners on `port` and the route to the echo
-    peer's port; the UDPRoute file's path."""
-    for source in sorted(EXAMPLE.glob("*.yaml")):
-        text = source.read_text()
-        text = text.replace(f"port: {EXAMPLE_PORT}", f"port: {port}")
-        text = text.replace(f"port: {EXAMPLE_ECHO_PORT}", f"port: {echo_port}")
-        (manifests / source.name).write_text(text)
-    return manifests / "udproute.yaml"
 
 
 def without_backend(route_text: str) -> str:
@@ -97,15 +83,7 @@ async def run(address: str, port: int, count: int, manifests: Path, verbose: boo
     peer = (address, echo_port)
     server = (address, port)
     route_file = prepare(manifests, port, echo_port)
-    settings = LocalSettings(
-        manifests=manifests,
-        host=address,
-        cds_port=0,
-        auth_port=0,
-        start_dataplanes=True,
-        dataplane_address=address,
-        dataplane_output=None if verbose else subprocess.DEVNULL,
-    )
+    settings = local_settings(manifests, address, verbose)
     try:
         async with run_local(settings) as local:
             await local.rendered(1)
@@ -170,6 +148,14 @@ def main() -> int:
     parser.add_argument("--port", type=int, default=EXAMPLE_PORT, help="the listeners' port")
     parser.add_argument("--count", type=int, default=50, help="packets per transport")
     parser.add_argument("-v", "--verbose", action="store_true", help="show the components' logs")
+    parser.add_argument(
+        "--browser",
+        action="store_true",
+        help="serve a page that makes a relay-only WebRTC call to an echo media server",
+    )
+    parser.add_argument(
+        "--headless", action="store_true", help="with --browser: call from headless Chromium"
+    )
     args = parser.parse_args()
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,
@@ -184,6 +170,13 @@ def main() -> int:
         return 1
     manifests = Path(tempfile.mkdtemp(prefix="stunner-demo-"))
     try:
+        if args.browser:
+            # aiortc and PyAV load only for the browser's call (and would import this module)
+            from .browser_demo import run_browser
+
+            return asyncio.run(
+                run_browser(args.address, args.port, manifests, args.headless, args.verbose)
+            )
         return asyncio.run(run(args.address, args.port, args.count, manifests, args.verbose))
     except (RuntimeError, OSError) as exc:
         print(f"demo failed: {exc}", file=sys.stderr)

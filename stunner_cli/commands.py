@@ -210,7 +210,15 @@ def run_render(args: argparse.Namespace) -> int:
 def run_selftest(args: argparse.Namespace) -> int:
     from stunner_cli.selftest import selftest
 
-    return selftest(args.cds_url, args.peer, args.timeout, args.echo, args.gateway)
+    return selftest(
+        args.cds_url,
+        args.peer,
+        args.timeout,
+        args.echo,
+        args.gateway,
+        args.target,
+        args.cluster_domain,
+    )
 
 
 def run_auth_server(args: argparse.Namespace) -> int:

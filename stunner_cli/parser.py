@@ -12,6 +12,7 @@ from pathlib import Path
 from stunner_api.ice import DEFAULT_TTL, IceError, parse_ttl
 from stunner_api.vocabulary import SYSTEM_NAMESPACE
 from stunner_cli import commands
+from stunner_cli.targets import DEFAULT_CLUSTER_DOMAIN, Target, parse_target
 from stunner_cli.webhook_ready import run_webhook_ready
 
 # The subcommands the chart runs (helm test, the auth service), not an operator at a prompt.
@@ -31,6 +32,14 @@ def _gateway(value: str) -> tuple[str, str]:
     if not namespace or (sep and not name) or "/" in name:
         raise argparse.ArgumentTypeError(f"{value!r}: want NAMESPACE or NAMESPACE/GATEWAY")
     return namespace, name
+
+
+def _target(value: str) -> Target:
+    """--target as selftest takes it (stunner_cli.selftest.parse_target)."""
+    try:
+        return parse_target(value)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -144,6 +153,20 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         metavar="NS/GW",
         help="a Gateway that must echo (repeatable; default: every Gateway, given a peer)",
+    )
+    selftest.add_argument(
+        "--target",
+        action="append",
+        default=[],
+        type=_target,
+        metavar="k8s://NS/SVC:PORT",
+        help="a Service that echoes UDP: packets relayed to it through every listener of the "
+        "Gateways (or those --gateway names) must come back (repeatable)",
+    )
+    selftest.add_argument(
+        "--cluster-domain",
+        default=DEFAULT_CLUSTER_DOMAIN,
+        help="the cluster's DNS domain, for --target (SVC.NS.svc.DOMAIN)",
     )
     selftest.add_argument(
         "--timeout", type=float, default=10.0, help="seconds for the Gateways and routes to be up"

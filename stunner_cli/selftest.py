@@ -10,6 +10,13 @@ test pod proves a relay with nothing but the chart: its test hooks route each Ga
 `--gateway` to the pod). Gateways named by `--gateway` must show up in the CDS, and a route to
 the peer must reach their stunnerd, within `--timeout` seconds; with a peer and no `--gateway`,
 every Gateway must echo.
+
+`--target k8s://NS/SVC:PORT` (repeatable; Go STUNner v2's `mediactl` addresses Services so) is a
+media check against a Service of the cluster that echoes UDP: its name is resolved as the pod
+resolves any Service (`SVC.NS.svc.<--cluster-domain>`, the ClusterIP, or a headless Service's
+first pod), and through every listener of the Gateways named by `--gateway` (every Gateway
+without one) packets are relayed to it and must come back. A target no route admits fails
+(403), and so does one that does not echo.
 """
 
 from __future__ import annotations
@@ -26,6 +33,8 @@ from stunner_api.ice import credentials
 from stunner_client.cds import CdsClient
 from stunner_client.echo import EchoPeer
 from stunner_client.turn import allocate, relay
+
+from .targets import DEFAULT_CLUSTER_DOMAIN, Resolver, Target, resolve
 
 TRANSPORTS = {"TURN-UDP": "udp", "TURN-TCP": "tcp"}
 RETRY_PAUSE = 0.5  # seconds between two tries of a listener whose route is not there yet
@@ -147,7 +156,13 @@ async def _probe(
 
 
 async def _selftest(
-    cds_url: str, peer: str, echo: str, gateways: Sequence[str], timeout: float
+    cds_url: str,
+    peer: str,
+    echo: str,
+    gateways: Sequence[str],
+    timeout: float,
+    targets: Sequence[Target] = (),
+    cluster_domain: str = DEFAULT_CLUSTER_DOMAIN,
 ) -> int:
     deadline = time.monotonic() + timeout
     echo_server = None
@@ -156,10 +171,74 @@ async def _selftest(
         peer = echo
     try:
         configs = await _configs(cds_url, gateways, deadline)
-        return await _run(configs, peer, gateways, deadline)
+        failed = await _run(configs, peer, gateways, deadline)
+        for target in targets:
+            failed |= await _check_target(configs, target, cluster_domain, gateways, deadline)
+        return failed
     finally:
         if echo_server is not None:
             await echo_server.aclose()
+
+
+Listener = tuple[str, str, tuple[str, int], tuple[str, str] | None]
+
+
+def _listeners(config: StunnerConfig) -> list[Listener]:
+    """(where, transport, server, credentials) of each TURN listener of a config that has a
+    public address; no credentials for a STUN-only Gateway (it relays nothing)."""
+    creds = (
+        None
+        if config.auth.stun_only
+        else credentials(config.auth, "helm-test", 3600, int(time.time()))
+    )
+    out: list[Listener] = []
+    for listener in config.listeners:
+        transport = TRANSPORTS.get(listener.protocol)
+        if transport is None or not listener.public_address:
+            continue
+        server = (listener.public_address, listener.public_port or listener.port)
+        out.append(
+            (f"{listener.name} {transport} {server[0]}:{server[1]}", transport, server, creds)
+        )
+    return out
+
+
+async def _check_target(
+    configs: list[StunnerConfig],
+    target: Target,
+    cluster_domain: str,
+    gateways: Sequence[str],
+    deadline: float,
+    resolver: Resolver = resolve,
+) -> int:
+    """The media check of one Service: 1 when it failed through some listener (or none)."""
+    host = target.host(cluster_domain)
+    try:
+        address = await asyncio.to_thread(resolver, host, target.port)
+    except OSError as e:
+        sys.stdout.write(f"FAIL {target}: cannot resolve {host}: {e}\n")
+        return 1
+    listeners = [
+        (where, transport, server, creds)
+        for config in configs
+        if not gateways or config.admin.name in gateways
+        for where, transport, server, creds in _listeners(config)
+        if creds is not None
+    ]
+    if not listeners:
+        sys.stdout.write(f"FAIL {target}: no Gateway listener to reach it through\n")
+        return 1
+    failed = 0
+    peer = f"{address}:{target.port}"
+    for where, transport, server, creds in listeners:
+        try:
+            line = await _probe(transport, server, creds, peer, deadline)
+            sys.stdout.write(f"ok   {target} ({peer}) via {where}: {line}\n")
+        except Exception as e:
+            failed = 1
+            sys.stdout.write(f"FAIL {target} ({peer}) via {where}: {e or type(e).__name__}\n")
+        sys.stdout.flush()
+    return failed
 
 
 async def _run(
@@ -172,17 +251,7 @@ async def _run(
         sys.stdout.write(f"FAIL {name}: no TURN-UDP or TURN-TCP listener with a public address\n")
     for config in configs:
         echo_here = peer if not gateways or config.admin.name in gateways else ""
-        creds = (
-            None
-            if config.auth.stun_only
-            else credentials(config.auth, "helm-test", 3600, int(time.time()))
-        )
-        for listener in config.listeners:
-            transport = TRANSPORTS.get(listener.protocol)
-            if transport is None or not listener.public_address:
-                continue
-            server = (listener.public_address, listener.public_port or listener.port)
-            where = f"{listener.name} {transport} {server[0]}:{server[1]}"
+        for where, transport, server, creds in _listeners(config):
             tested += 1
             try:
                 line = await _probe(transport, server, creds, echo_here, deadline)
@@ -203,5 +272,7 @@ def selftest(
     timeout: float,
     echo: str = "",
     gateways: Sequence[str] = (),
+    targets: Sequence[Target] = (),
+    cluster_domain: str = DEFAULT_CLUSTER_DOMAIN,
 ) -> int:
-    return asyncio.run(_selftest(cds_url, peer, echo, gateways, timeout))
+    return asyncio.run(_selftest(cds_url, peer, echo, gateways, timeout, targets, cluster_domain))

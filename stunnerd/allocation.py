@@ -77,7 +77,7 @@ class PeerPolicy(Protocol):
 
 class RelaySocket(Protocol):
     """An allocation's relay socket as the allocation uses it: an asyncio datagram transport,
-    or the native engine's allocation (`native_udp.NativeAllocation`)."""
+    or the native engine's allocation (`native_glue.NativeAllocation`)."""
 
     def sendto(self, data: bytes, addr: Address) -> None: ...
 

@@ -27,11 +27,13 @@ from stunner_api.vocabulary import ListenerProtocol
 
 from . import native
 from .counters import ClusterCounters, ListenerCounters
+from .native_glue import EngineCounted
 from .native_tcp import NativeTcpTransport
-from .native_udp import EngineCounted, NativeUdpTransport
+from .native_udp import NativeUdpTransport
 from .runtime import port_holders
+from .sockets import local_bind_address
 from .transports import DtlsTransport, TcpTransport, Transport, UdpTransport
-from .turn import ServerContext, TurnServer, local_bind_address
+from .turn import ServerContext, TurnServer
 
 log = logging.getLogger("stunner.listener")
 

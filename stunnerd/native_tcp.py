@@ -46,10 +46,11 @@ from typing import Any, cast
 
 from . import native
 from .allocation import Allocation, Downstream, RelaySocket
-from .native_udp import EngineCounted, NativeAllocation, decide_and_reinject, relayed_peer
+from .native_glue import EngineCounted, NativeAllocation, decide_and_reinject, relayed_peer
+from .sockets import bound_socket
 from .stun import FRAMING_ERRORS as STREAM_FRAMING_ERRORS
 from .stun import Address
-from .transports import MAX_STREAM_BUFFER, TcpConnectionProtocol, TcpTransport, _bound_socket
+from .transports import MAX_STREAM_BUFFER, TcpConnectionProtocol, TcpTransport
 from .turn import TurnServer
 
 log = logging.getLogger("stunner.listener")
@@ -101,7 +102,7 @@ class NativeTcpTransport(EngineCounted, TcpTransport):
         self._sweep_every = max(0.05, min(1.0, limits.stream_deadline / 4, limits.idle_timeout / 4))
 
     async def start(self, port: int) -> None:
-        sock = _bound_socket(socket.SOCK_STREAM, self.server.bind_ip, port)
+        sock = bound_socket(socket.SOCK_STREAM, self.server.bind_ip, port)
         relays: list[native.NativeRelay] = []
         try:
             sock.listen(BACKLOG)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import errno
 import fcntl
 import logging
 import socket
@@ -21,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 from . import stun
 from .allocation import Downstream
 from .auth import nonce_binding
+from .sockets import bound_socket, bound_udp_group
 from .stateless import STRANGER_IPS as STRANGER_IPS  # native_udp takes it from here
 from .stateless import UnsignedBudget, signed_nonce, unsigned_allocate
 from .turn import TurnServer
@@ -572,7 +572,7 @@ class UdpTransport(Transport):
             sock = self._given
             sock.setblocking(False)
         else:
-            sock, *self.worker_sockets = _bound_udp_group(self.server.bind_ip, port, self._sockets)
+            sock, *self.worker_sockets = bound_udp_group(self.server.bind_ip, port, self._sockets)
         return sock
 
     async def stop(self) -> None:
@@ -630,7 +630,7 @@ class TcpTransport(Transport):
             from .dtls import HANDSHAKE_TIMEOUT  # TLS and DTLS share the handshake bound
 
             handshake_timeout = HANDSHAKE_TIMEOUT
-        sock = _bound_socket(socket.SOCK_STREAM, self.server.bind_ip, port)
+        sock = bound_socket(socket.SOCK_STREAM, self.server.bind_ip, port)
         self._server = await asyncio.get_running_loop().create_server(
             lambda: TcpConnectionProtocol(self.server, self),
             sock=sock,
@@ -658,7 +658,7 @@ class DtlsTransport(Transport):
         self._pins: ClientPins | None = None
 
     async def start(self, port: int) -> None:
-        (sock,) = _bound_udp_group(self.server.bind_ip, port, 1)  # SO_REUSEPORT: ClientPins
+        (sock,) = bound_udp_group(self.server.bind_ip, port, 1)  # SO_REUSEPORT: ClientPins
         self.protocol.connection_made(ListenerSocket(sock))
         sessions = self.protocol.sessions
         self._pins = ClientPins(self.protocol, self.server.name, sock, lambda: sessions)
@@ -678,70 +678,3 @@ class DtlsTransport(Transport):
             self._sock.close()
             self._sock = None
             self.protocol.connection_lost(None)
-
-
-def _bound_udp_group(host: str, port: int, count: int) -> list[socket.socket]:
-    """`count` UDP sockets on `port`, in one SO_REUSEPORT group when there are several: all
-    bound before any is read, so the kernel's 5-tuple hash does not move as the group forms."""
-    if port != 0:
-        # A port already held by another SO_REUSEPORT group of this user would quietly be
-        # shared with it: try a plain bind first, so "address in use" is reported as always.
-        _bound_socket(socket.SOCK_DGRAM, host, port).close()
-    group = [_bound_socket(socket.SOCK_DGRAM, host, port, reuse_port=True)]
-    if count <= 1:
-        return group  # SO_REUSEPORT all the same: ClientPins binds the port again
-    try:
-        port = group[0].getsockname()[1]  # port 0: the group shares the one the kernel chose
-        for _ in range(count - 1):
-            group.append(_bound_socket(socket.SOCK_DGRAM, host, port, reuse_port=True))
-    except OSError:
-        for sock in group:
-            sock.close()
-        raise
-    return group
-
-
-WILDCARDS = ("0.0.0.0", "::", "")
-
-
-def _bound_socket(
-    kind: socket.SocketKind, host: str, port: int, reuse_port: bool = False
-) -> socket.socket:
-    """A socket on the listener's address `host` and `port`; for the wildcard address
-    (0.0.0.0 or ::) a dual-stack one where the host has IPv6.
-
-    Unlike Go STUNner, which binds the wildcard whatever the listener's `address` says, a
-    listener on 127.0.0.1 is not reachable on other interfaces (issue 15; in a pod the address
-    is the pod IP, so binding it costs nothing there).
-    """
-    if host not in WILDCARDS:
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        return _bind(socket.socket(family, kind), (host, port), kind, reuse_port)
-    if socket.has_ipv6:
-        try:
-            sock = socket.socket(socket.AF_INET6, kind)
-            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-            return _bind(sock, ("::", port), kind, reuse_port)
-        except OSError as exc:
-            if exc.errno not in (errno.EAFNOSUPPORT, errno.EADDRNOTAVAIL):
-                raise  # port in use, permission: the caller reports it
-    return _bind(socket.socket(socket.AF_INET, kind), ("0.0.0.0", port), kind, reuse_port)
-
-
-def _bind(
-    sock: socket.socket, address: tuple[str, int], kind: socket.SocketKind, reuse_port: bool
-) -> socket.socket:
-    try:
-        if reuse_port:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        if kind == socket.SOCK_STREAM:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        else:
-            for option in (socket.SO_RCVBUF, socket.SO_SNDBUF):
-                sock.setsockopt(socket.SOL_SOCKET, option, 4 << 20)
-        sock.bind(address)
-        sock.setblocking(False)
-    except OSError:
-        sock.close()
-        raise
-    return sock

@@ -22,8 +22,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from stunner_api.endpoints import is_ip
-
 from . import stun
 from .allocation import (
     FAMILY_IPV4,
@@ -39,6 +37,7 @@ from .ledger import DRAINING, FULL, GRANTED, LocalQuota, Quota, Reservations
 from .limits import Limits, RateLimiter
 from .offload.engine import KernelOffload
 from .router import Router
+from .sockets import bound_udp
 from .stateless import unauthorized
 from .stun import Address, Class, Message, Method
 
@@ -571,7 +570,7 @@ class TurnServer:
                 await self._open_relay(allocation, sock)
                 return None
             if port % 2 == 0 and port < 65535:
-                next_port = _bound_udp(wildcard, port + 1)
+                next_port = bound_udp(wildcard, port + 1)
                 if next_port is not None:
                     token = secrets.token_bytes(8)
                     await self.context.reservations.reserve(token, next_port)
@@ -759,43 +758,6 @@ _REFUSALS: dict[str, tuple[int, str | None]] = {
 def _allocation_lifetime(requested: int) -> int:
     """At least the default, at most the maximum (RFC 8656 §7.2 step 9, §7.3)."""
     return max(DEFAULT_ALLOCATION_LIFETIME, min(requested, MAX_ALLOCATION_LIFETIME))
-
-
-def local_bind_address(relay_ip: str, pod_address: str | None) -> tuple[str, str]:
-    """(address to bind, why) for a listener whose clients are told `relay_ip`: `relay_ip`
-    itself when it is an address of this host; else (a node's public address behind 1:1 NAT,
-    relay address discovery) the pod's own address `pod_address` ($STUNNER_ADDR) when it is one
-    of this host's of the same family, else the family's wildcard. `why` is "" when `relay_ip`
-    binds, else what a log line says about it."""
-    if _bindable(relay_ip):
-        return relay_ip, ""
-    family = address_family(relay_ip)
-    if pod_address and is_ip(pod_address) and address_family(pod_address) == family:
-        if _bindable(pod_address):
-            return pod_address, f"not an address of this host: sockets bind {pod_address} "
-    wildcard = "::" if ":" in relay_ip else "0.0.0.0"
-    return wildcard, f"not an address of this host: sockets bind {wildcard} "
-
-
-def _bindable(ip: str) -> bool:
-    """Whether a UDP socket binds (ip, any port) here: an address of this host."""
-    sock = _bound_udp(ip, 0)
-    if sock is None:
-        return False
-    sock.close()
-    return True
-
-
-def _bound_udp(host: str, port: int) -> socket.socket | None:
-    """A UDP socket bound to (host, port), or None if the port is taken."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_DGRAM)
-    try:
-        sock.bind((host, port))
-    except OSError:
-        sock.close()
-        return None
-    return sock
 
 
 def _is_v4_mapped(ip: str) -> bool:

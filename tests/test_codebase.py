@@ -74,3 +74,38 @@ def test_one_module_of_stunnerd_imports_the_c_extension() -> None:
         if _imports_relay(ast.parse(path.read_text(), str(path)), package):
             importers.add(module.removesuffix(".__init__"))
     assert importers == {"stunnerd.native"}
+
+
+PACKAGES = (
+    "stunnerd",
+    "stunner_api",
+    "stunner_http",
+    "stunner_client",
+    "webhook",
+    "reconciler",
+    "stunner_cli",
+)
+
+
+def _private_imports(tree: ast.AST) -> list[str]:
+    """`from M import _name` of a module: a private name taken across files (the extension's
+    own `_relay`, a package's door, is no name of another module's)."""
+    return [
+        f"{node.module or '.'}.{alias.name}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.module != "__future__"
+        for alias in node.names
+        if alias.name.startswith("_") and not alias.name.startswith("__") and alias.name != "_relay"
+    ]
+
+
+def test_no_module_imports_a_private_name_of_another() -> None:
+    """What one module keeps private stays its own: a name two modules share is public where it
+    lives (issue 33: native_tcp took transports' _bound_socket, deployment manifests' _view)."""
+    taken = {
+        str(path.relative_to(ROOT)): names
+        for package in PACKAGES
+        for path in sorted((ROOT / package).rglob("*.py"))
+        if (names := _private_imports(ast.parse(path.read_text(), str(path))))
+    }
+    assert taken == {}

@@ -31,7 +31,7 @@ from reconciler.cds import cds_app
 from reconciler.cds_store import ConfigStore
 from reconciler.local import LocalSettings, run_local
 from reconciler.render import RenderSettings, render
-from reconciler.render import config as render_config
+from reconciler.render import credentials as render_credentials
 from reconciler.store import Snapshot
 from stunner_api.rules import Settings
 from stunner_api.vocabulary import CDS_TOKEN_AUDIENCE
@@ -351,9 +351,9 @@ def test_render_auth_error_does_not_echo_the_secrets_type_value() -> None:
     (config,) = [
         o for o in objects if o["kind"] == "GatewayConfig" and o["metadata"]["name"] == "badref"
     ]
-    with pytest.raises(render_config.AuthError) as error:
-        render_config.auth(config, Snapshot.from_objects(objects))
+    with pytest.raises(render_credentials.AuthError) as error:
+        render_credentials.auth(config, Snapshot.from_objects(objects))
     assert str(error.value) == "invalid authentication type in Secret stunner/badauth"
     inline = k.gateway_config(authType="nosuch")
-    with pytest.raises(render_config.AuthError, match="invalid authentication type 'nosuch'"):
-        render_config.auth(inline, Snapshot.from_objects(objects))
+    with pytest.raises(render_credentials.AuthError, match="invalid authentication type 'nosuch'"):
+        render_credentials.auth(inline, Snapshot.from_objects(objects))

@@ -21,41 +21,13 @@ config to no pod until it is renamed (reconciler.cluster).
 
 from __future__ import annotations
 
-import hashlib
-from collections.abc import Mapping
 from typing import Any
 
 from stunner_api.vocabulary import OWNED_BY_LABEL, OWNED_BY_VALUE, RELATED_GATEWAY_NAME
 
 from ..store import Object, name_of, namespace_of
 from .context import Context, GatewayPlan, Staged, id_of
-from .manifests import owner_references, related_labels
-
-ACCOUNT_SUFFIX = "-stunnerd"
-MAX_NAME = 253  # a ServiceAccount name is a DNS subdomain (RFC 1123)
-DIGEST = 10  # hex digits of the Gateway name's SHA-256 kept in a shortened name
-
-
-def account_name(gateway_name: str) -> str:
-    """The ServiceAccount rendered for the Gateway named `gateway_name`."""
-    name = gateway_name + ACCOUNT_SUFFIX
-    if len(name) <= MAX_NAME:
-        return name
-    digest = hashlib.sha256(gateway_name.encode()).hexdigest()[:DIGEST]
-    head = gateway_name[: MAX_NAME - len(ACCOUNT_SUFFIX) - DIGEST - 1].rstrip("-.")
-    return f"{head}-{digest}{ACCOUNT_SUFFIX}"
-
-
-def named_account(dataplane: Object | None) -> str:
-    """The Dataplane's `serviceAccountName`, "" when it names none."""
-    spec = (dataplane or {}).get("spec")
-    name = spec.get("serviceAccountName") if isinstance(spec, Mapping) else None
-    return name if isinstance(name, str) else ""
-
-
-def dataplane_account(gateway: Object, dataplane: Object | None) -> str:
-    """The account a Gateway's dataplane runs as: the Dataplane's, else the rendered one."""
-    return named_account(dataplane) or account_name(name_of(gateway))
+from .inputs import account_name, named_account, owner_references, related_labels
 
 
 def service_account(gateway: Object) -> dict[str, Any]:

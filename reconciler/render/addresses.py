@@ -51,7 +51,7 @@ class PublicAddress:
         return bool(self.address)
 
 
-def _spec(obj: Object | None) -> Mapping[str, Any]:
+def spec_of(obj: Object | None) -> Mapping[str, Any]:
     value = (obj or {}).get("spec")
     return value if isinstance(value, Mapping) else {}
 
@@ -77,7 +77,7 @@ def gateway_service(gateway: Object, services: Iterable[Object]) -> Object | Non
 
 
 def _service_type(service: Object) -> str:
-    return str(_spec(service).get("type") or "ClusterIP")
+    return str(spec_of(service).get("type") or "ClusterIP")
 
 
 def node_address(nodes: Iterable[Object]) -> tuple[str, str] | None:
@@ -104,7 +104,7 @@ def public_address(
     transport: str,
 ) -> PublicAddress:
     """The public address of a Gateway listener on `port`/`transport` (see the module)."""
-    addresses = _spec(gateway).get("addresses") or []
+    addresses = spec_of(gateway).get("addresses") or []
     if addresses and isinstance(addresses[0], Mapping) and addresses[0].get("value"):
         return PublicAddress(str(addresses[0]["value"]), port, "the Gateway's spec.addresses")
     if service is None:
@@ -113,7 +113,7 @@ def public_address(
     service_port = next(
         (
             p
-            for p in _spec(service).get("ports") or []
+            for p in spec_of(service).get("ports") or []
             if isinstance(p, Mapping)
             and p.get("port") == port
             and (p.get("protocol") or "TCP") == transport

@@ -13,7 +13,7 @@ from stunner_api.vocabulary import ConditionReason as Reason
 
 from ..store import Kind, Object, Snapshot
 from . import conditions as cond
-from . import config
+from . import credentials
 from .context import (
     ClassContext,
     Context,
@@ -24,6 +24,7 @@ from .context import (
     spec_of,
     status_update,
 )
+from .credentials import AuthError
 from .judge import judge, under
 from .plan import Finding
 
@@ -90,8 +91,8 @@ def resolve(ctx: Context, gateway_class: Object) -> Staged[ClassContext]:
         found += judged
     if gateway_config is not None and dataplane is not None:
         try:
-            auth = config.auth(gateway_config, ctx.snapshot)
-        except config.AuthError as exc:
+            auth = credentials.auth(gateway_config, ctx.snapshot)
+        except AuthError as exc:
             error = str(exc)
     if error is not None:
         found += (finding(gateway_class, "", error, Reason.INVALID_PARAMETERS),)

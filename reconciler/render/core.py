@@ -28,7 +28,7 @@ from stunner_api.dataplane import StunnerConfig
 
 from ..store import Kind, Object, Snapshot, name_of, namespace_of
 from . import addresses, classes, config, deployment, gateways, listeners, manifests, nodes, routes
-from .account import dataplane_account, service_account_of
+from .account import service_account_of
 from .clusters import Cluster
 from .context import (
     Attachments,
@@ -40,6 +40,7 @@ from .context import (
     id_of,
     spec_of,
 )
+from .inputs import dataplane_account
 from .parts import PART_KINDS, Part, parts
 from .plan import Finding, Plan, RenderSettings, StatusUpdate
 from .tracked import ReadKey, Tracked, hold, same, same_kinds

@@ -45,10 +45,17 @@ from stunner_api.vocabulary import (
 )
 
 from ..store import Object, meta, name_of, namespace_of
-from .account import dataplane_account
-from .config import stunnerd_ports
-from .context import Context, GatewayPlan, Staged
-from .manifests import _copy, _gateway_id, _map, _metadata, _view, annotation, related_labels
+from .context import Context, GatewayPlan, Staged, id_of
+from .inputs import (
+    annotation,
+    copy_json,
+    dataplane_account,
+    gateway_metadata,
+    owned_map,
+    related_labels,
+    stunnerd_ports,
+    view,
+)
 from .plan import DEFAULT_STUNNERD_IMAGE, RenderSettings
 
 CONTAINER_NAME = "stunner-daemon"
@@ -97,13 +104,13 @@ CDS_TOKEN_SOURCE: Mapping[str, Any] = {
 def workload_kind(dataplane: Object) -> str:
     """The kind of a Dataplane's stunnerd workload: its `dataplaneResource` (Deployment or
     DaemonSet; the rule table refuses anything else, which counts as the default here)."""
-    kind = _view(dataplane.get("spec")).get("dataplaneResource")
+    kind = view(dataplane.get("spec")).get("dataplaneResource")
     return "DaemonSet" if kind == "DaemonSet" else DEFAULT_DATAPLANE_RESOURCE
 
 
 def uses_host_network(dataplane: Object | None) -> bool:
     """Whether a Dataplane's pods run in their node's network namespace."""
-    return _view(_view(dataplane).get("spec")).get("hostNetwork") is True
+    return view(view(dataplane).get("spec")).get("hostNetwork") is True
 
 
 # The kernel offload (issue 30, admin.offload_engine) needs CAP_BPF and CAP_NET_ADMIN in
@@ -117,7 +124,7 @@ OFFLOAD_CAPABILITIES = ("BPF", "NET_ADMIN")
 
 
 def offload_on(dataplane: Object) -> bool:
-    engine = _view(dataplane.get("spec")).get("offloadEngine")
+    engine = view(dataplane.get("spec")).get("offloadEngine")
     return isinstance(engine, str) and engine.lower() not in ("", "none")
 
 
@@ -126,8 +133,8 @@ def offload_security_context(
 ) -> dict[str, Any]:
     """`given` (a containerSecurityContext) with what the offload needs, and only that; `pod`:
     the pod's securityContext."""
-    context = _map(given)
-    capabilities = _map(context.get("capabilities"))
+    context = owned_map(given)
+    capabilities = owned_map(context.get("capabilities"))
     added = [c for c in capabilities.get("add") or [] if isinstance(c, str)]
     capabilities["add"] = added + [c for c in OFFLOAD_CAPABILITIES if c not in added]
     capabilities.setdefault("drop", ["ALL"])
@@ -135,7 +142,7 @@ def offload_security_context(
     context.setdefault("allowPrivilegeEscalation", False)
     context.setdefault("privileged", False)
     user_keys = ("runAsUser", "runAsNonRoot")
-    if not any(key in scope for scope in (context, _view(pod)) for key in user_keys):
+    if not any(key in scope for scope in (context, view(pod)) for key in user_keys):
         context["runAsUser"], context["runAsNonRoot"] = 0, False
     return context
 
@@ -160,17 +167,17 @@ def deployment(
     health check where the config puts it (`stunnerd_ports`). `stun_server`: the STUN server
     its pods ask for their public address where their Node has none (relay address discovery),
     in RELAY_STUN_SERVER_ENV."""
-    spec = _view(dataplane.get("spec"))
+    spec = view(dataplane.get("spec"))
     ports = stunnerd_ports(gateway, dataplane)
-    gw_labels = {k: str(v) for k, v in _view(meta(gateway).get("labels")).items()}
+    gw_labels = {k: str(v) for k, v in view(meta(gateway).get("labels")).items()}
     labels = {k: v for k, v in gw_labels.items() if k not in settings.label_filter}
     labels |= {OWNED_BY_LABEL: OWNED_BY_VALUE} | related_labels(gateway)
-    annotations = {k: text_of(v) for k, v in _view(meta(gateway).get("annotations")).items()}
-    annotations[RELATED_GATEWAY_NAME] = _gateway_id(gateway)
-    pod_labels = {k: str(v) for k, v in _view(spec.get("labels")).items()}
+    annotations = {k: text_of(v) for k, v in view(meta(gateway).get("annotations")).items()}
+    annotations[RELATED_GATEWAY_NAME] = id_of(gateway)
+    pod_labels = {k: str(v) for k, v in view(spec.get("labels")).items()}
     pod_labels |= {APP_LABEL: APP_VALUE} | related_labels(gateway)
-    pod_annotations = {k: str(v) for k, v in _view(spec.get("annotations")).items()}
-    pod_annotations[RELATED_GATEWAY_NAME] = _gateway_id(gateway)
+    pod_annotations = {k: str(v) for k, v in view(spec.get("annotations")).items()}
+    pod_annotations[RELATED_GATEWAY_NAME] = id_of(gateway)
     own_env = {e.get("name") for e in spec.get("env") or [] if isinstance(e, Mapping)}
     env: list[dict[str, Any]] = [
         {"name": "STUNNER_ADDR", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
@@ -183,7 +190,7 @@ def deployment(
         # Dataplane's env says otherwise
         *([] if FORCE_READY_ENV in own_env else [{"name": FORCE_READY_ENV, "value": "true"}]),
         *([{"name": RELAY_STUN_SERVER_ENV, "value": stun_server}] if stun_server else []),
-        *[_map(e) for e in spec.get("env") or [] if isinstance(e, Mapping)],
+        *[owned_map(e) for e in spec.get("env") or [] if isinstance(e, Mapping)],
     ]
     declared = _container_ports(dataplane, ports.metrics)
     container: dict[str, Any] = {
@@ -194,19 +201,19 @@ def deployment(
         "args": list(spec.get("args") or DEFAULT_ARGS),
         "env": env,
         **({"ports": declared} if declared else {}),
-        "resources": _map(spec.get("resources")) or _map(DEFAULT_RESOURCES),
+        "resources": owned_map(spec.get("resources")) or owned_map(DEFAULT_RESOURCES),
         "volumeMounts": [{"name": CDS_TOKEN_VOLUME, "mountPath": CDS_TOKEN_DIR, "readOnly": True}],
     }
     if spec.get("envFrom"):  # Go declares it and drops it; we pass it on
-        container["envFrom"] = [_map(e) for e in spec["envFrom"] if isinstance(e, Mapping)]
+        container["envFrom"] = [owned_map(e) for e in spec["envFrom"] if isinstance(e, Mapping)]
     if ports.health is not None:
         container["livenessProbe"] = _probe("/live", LIVENESS_PROBE_TIMING, ports.health)
         container["readinessProbe"] = _probe("/ready", READINESS_PROBE_TIMING, ports.health)
     if spec.get("containerSecurityContext"):
-        container["securityContext"] = _map(spec["containerSecurityContext"])
+        container["securityContext"] = owned_map(spec["containerSecurityContext"])
     if offload_on(dataplane):
         container["securityContext"] = offload_security_context(
-            container.get("securityContext", {}), _view(spec.get("securityContext"))
+            container.get("securityContext", {}), view(spec.get("securityContext"))
         )
     grace = spec.get("terminationGracePeriodSeconds")
     pod_spec: dict[str, Any] = {
@@ -215,7 +222,7 @@ def deployment(
         if isinstance(grace, int)
         else DEFAULT_TERMINATION_GRACE_PERIOD,
         "hostNetwork": uses_host_network(dataplane),
-        "volumes": [_copy(CDS_TOKEN_SOURCE)],
+        "volumes": [copy_json(CDS_TOKEN_SOURCE)],
         # The Gateway's own account (account.py): the one the CDS serves its config to.
         "serviceAccountName": dataplane_account(gateway, dataplane),
         # stunnerd never calls the API server: only the CDS token above is mounted.
@@ -225,10 +232,10 @@ def deployment(
         pod_spec["dnsPolicy"] = HOST_NETWORK_DNS_POLICY
     for key in ("affinity", "securityContext"):
         if spec.get(key):
-            pod_spec[key] = _map(spec[key])
+            pod_spec[key] = owned_map(spec[key])
     for key in ("tolerations", "topologySpreadConstraints", "imagePullSecrets"):
         if spec.get(key):
-            pod_spec[key] = [_map(item) for item in spec[key] if isinstance(item, Mapping)]
+            pod_spec[key] = [owned_map(item) for item in spec[key] if isinstance(item, Mapping)]
     selector = {
         "matchExpressions": [
             {"key": APP_LABEL, "operator": "In", "values": [APP_VALUE]},
@@ -251,7 +258,7 @@ def deployment(
     return {
         "apiVersion": "apps/v1",
         "kind": kind,
-        "metadata": _metadata(gateway, labels, annotations),
+        "metadata": gateway_metadata(gateway, labels, annotations),
         "spec": deployment_spec,
     }
 

@@ -30,8 +30,7 @@ from .context import (
     finding,
     status_update,
 )
-from .listeners import listener_specs
-from .manifests import annotation
+from .inputs import annotation, listener_specs
 from .nodes import node_public_addresses, placement, relay_fallback_note, runs_pods_of
 from .plan import Finding
 

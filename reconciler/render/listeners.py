@@ -2,7 +2,7 @@
 
 A problem of one listener keeps only that listener out (its conditions say why); any other
 error keeps the whole Gateway out, as does an error of its class. A TLS listener that renders
-gets its certificate and key here (`config.tls_pair`).
+gets its certificate and key here (`credentials.tls_pair`).
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from stunner_api.vocabulary import ConditionReason as Reason
 
 from ..store import Object
 from . import conditions as cond
-from . import config
 from .context import (
     ClassContext,
     Context,
@@ -25,21 +24,15 @@ from .context import (
     Staged,
     finding,
     findings_of,
-    spec_of,
 )
+from .credentials import tls_pair
+from .inputs import listener_specs
 from .judge import judge, under
 from .plan import Finding
 
 
 def _canonical_protocol(value: Any) -> ListenerProtocol | None:
     return LISTENER_PROTOCOLS.get(str(value).upper())
-
-
-def listener_specs(gateway: Object) -> list[Any]:
-    """A Gateway's spec.listeners as written (entries that are not mappings included: they
-    keep the indexes of the others)."""
-    value = spec_of(gateway).get("listeners")
-    return value if isinstance(value, list) else []
 
 
 def _conditions(
@@ -81,7 +74,7 @@ def _listener(
     plan = ListenerPlan(index, spec, name, protocol, port, accepted, conflicted, resolved)
     found: tuple[Finding, ...] = ()
     if plan.rendered and protocol in TLS_PROTOCOLS:
-        pair, reason, message = config.tls_pair(spec, gateway, ctx.snapshot)
+        pair, reason, message = tls_pair(spec, gateway, ctx.snapshot)
         if pair is None:
             resolved = cond.listener_refs_unresolved(reason, message)
             found = (finding(gateway, f"spec.listeners[{index}].tls", message, reason),)

@@ -9,7 +9,6 @@ the applier's job.
 
 from __future__ import annotations
 
-import copy
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -30,103 +29,20 @@ from stunner_api.annotations import (
 from stunner_api.vocabulary import (
     APP_LABEL,
     APP_VALUE,
-    GATEWAY,
     OWNED_BY_LABEL,
     OWNED_BY_VALUE,
     RELATED_GATEWAY_NAME,
-    RELATED_GATEWAY_NAMESPACE,
 )
 
-from ..store import Object, meta, name_of, namespace_of
-from .context import Context, GatewayPlan, Staged
+from ..store import Object, meta
+from .context import Context, GatewayPlan, Staged, id_of
+from .inputs import annotation, gateway_metadata, related_labels, view
+
+T = TypeVar("T")
 
 HEALTH_CHECK_PORT_NAME = "gateway-health-check"
 HEALTH_PORT_ANNOTATION = re.compile(r"^service\.beta\.kubernetes\.io/.*health.*port$")
 HEALTH_PROTOCOL_ANNOTATION = re.compile(r"^service\.beta\.kubernetes\.io/.*health.*protocol$")
-
-
-T = TypeVar("T")
-
-_SCALARS = (str, int, float, bool, type(None))
-
-
-def _copy(value: Any) -> Any:
-    """A deep copy of a JSON value: its dicts and lists are rebuilt and its scalars shared, much
-    faster than copy.deepcopy; anything else (not from JSON or YAML) goes to copy.deepcopy."""
-    if type(value) is dict:
-        return {k: _copy(v) for k, v in value.items()}
-    if type(value) is list:
-        return [_copy(v) for v in value]
-    if isinstance(value, _SCALARS):
-        return value
-    return copy.deepcopy(value)
-
-
-def _map(value: Any) -> dict[str, Any]:
-    """A deep copy of a mapping taken from an input object (a manifest never shares state with
-    the snapshot), {} for anything else."""
-    return {k: _copy(v) for k, v in value.items()} if isinstance(value, Mapping) else {}
-
-
-_EMPTY: Mapping[str, Any] = {}
-
-
-def _view(value: Any) -> Mapping[str, Any]:
-    """A mapping taken from an input object, only to be read (no copy), {} for anything else.
-    What goes into a manifest from it is copied there (`_map`) or is a scalar."""
-    return value if isinstance(value, Mapping) else _EMPTY
-
-
-def annotation(row: Annotation[T], gateway: Object, gateway_config: Object, limits: Limits) -> T:
-    """A STUNner annotation's value for a Gateway, read by its row of the annotation table from
-    the Gateway and its GatewayConfig's loadBalancerServiceAnnotations."""
-    return row.value(
-        _view(meta(gateway).get("annotations")),
-        _view(_view(gateway_config.get("spec")).get("loadBalancerServiceAnnotations")),
-        limits,
-    )
-
-
-def owner_references(gateway: Object) -> list[dict[str, Any]]:
-    uid = meta(gateway).get("uid")
-    if not uid:
-        return []
-    return [
-        {
-            "apiVersion": str(gateway.get("apiVersion") or GATEWAY.api_versions[0]),
-            "kind": "Gateway",
-            "name": name_of(gateway),
-            "uid": str(uid),
-            "controller": True,
-            "blockOwnerDeletion": True,
-        }
-    ]
-
-
-def _metadata(
-    gateway: Object, labels: dict[str, str], annotations: dict[str, str]
-) -> dict[str, Any]:
-    out: dict[str, Any] = {
-        "name": name_of(gateway),
-        "namespace": namespace_of(gateway),
-        "labels": labels,
-        "annotations": annotations,
-    }
-    owners = owner_references(gateway)
-    if owners:
-        out["ownerReferences"] = owners
-    return out
-
-
-def related_labels(gateway: Object) -> dict[str, str]:
-    return {
-        RELATED_GATEWAY_NAME: name_of(gateway),
-        RELATED_GATEWAY_NAMESPACE: namespace_of(gateway),
-    }
-
-
-def _gateway_id(gateway: Object) -> str:
-    return f"{namespace_of(gateway)}/{name_of(gateway)}"
 
 
 # --- the stage --------------------------------------------------------------------------------
@@ -160,11 +76,11 @@ def service_annotations(gateway: Object, gateway_config: Object) -> dict[str, st
     """GatewayConfig loadBalancerServiceAnnotations, overridden by the Gateway's annotations."""
     merged = {
         k: text_of(v)
-        for k, v in _view(
-            _view(gateway_config.get("spec")).get("loadBalancerServiceAnnotations")
+        for k, v in view(
+            view(gateway_config.get("spec")).get("loadBalancerServiceAnnotations")
         ).items()
     }
-    merged |= {k: text_of(v) for k, v in _view(meta(gateway).get("annotations")).items()}
+    merged |= {k: text_of(v) for k, v in view(meta(gateway).get("annotations")).items()}
     return merged
 
 
@@ -209,16 +125,16 @@ def service(
     policy = value(EXTERNAL_TRAFFIC_POLICY_ROW)
     if policy == "Local" and service_type in ("NodePort", "LoadBalancer"):
         spec["externalTrafficPolicy"] = "Local"
-    addresses = _view(gateway.get("spec")).get("addresses") or []
+    addresses = view(gateway.get("spec")).get("addresses") or []
     if addresses and isinstance(addresses[0], Mapping):
         if addresses[0].get("type", "IPAddress") == "IPAddress" and addresses[0].get("value"):
             spec["loadBalancerIP"] = str(addresses[0]["value"])
     labels = {OWNED_BY_LABEL: OWNED_BY_VALUE} | related_labels(gateway)
-    annotations[RELATED_GATEWAY_NAME] = _gateway_id(gateway)
+    annotations[RELATED_GATEWAY_NAME] = id_of(gateway)
     manifest = {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": _metadata(gateway, labels, annotations),
+        "metadata": gateway_metadata(gateway, labels, annotations),
         "spec": spec,
     }
     return manifest

@@ -25,11 +25,11 @@ from stunner_api.vocabulary import ConditionReason as Reason
 
 from ..store import Kind, Object, meta, name_of, requirement_met
 from .context import Context, GatewayPlan, finding
-from .manifests import annotation
+from .inputs import annotation
 from .plan import Finding, StatusUpdate
 
 
-def _spec(obj: Object | None) -> Mapping[str, Any]:
+def spec_of(obj: Object | None) -> Mapping[str, Any]:
     value = (obj or {}).get("spec")
     return value if isinstance(value, Mapping) else {}
 
@@ -114,7 +114,7 @@ class Placement:
 
 def placement(dataplane: Object | None) -> Placement:
     """The Placement a Dataplane gives its stunnerd pods."""
-    spec = _spec(dataplane)
+    spec = spec_of(dataplane)
     tolerations = tuple(t for t in spec.get("tolerations") or [] if isinstance(t, Mapping))
     affinity = spec.get("affinity")
     node_affinity = affinity.get("nodeAffinity") if isinstance(affinity, Mapping) else None
@@ -148,7 +148,7 @@ def runs_pods_of(node: Object, where: Placement) -> bool:
     """Whether a DaemonSet whose pods are placed `where` runs one on `node`: every NoSchedule
     and NoExecute taint of the node is tolerated, and one of the required node affinity's terms
     (if any) selects it."""
-    taints = _spec(node).get("taints") or []
+    taints = spec_of(node).get("taints") or []
     tolerations = where.tolerations
     tolerated = all(
         taint.get("key") in DAEMONSET_TOLERATED or any(_tolerates(t, taint) for t in tolerations)

@@ -42,6 +42,8 @@ NON_DEFAULT = (
     "observability.grafanaDashboard=true",
     "test.gateways={tenant-a/gw,tenant-a/gw2,tenant-b/gw}",
     "test.echoPort=9999",
+    "test.targets={k8s://media/echo:9001,k8s://media/sfu:50000}",
+    "test.clusterDomain=k8s.example",
     "image.repository=registry.example/stunner",
     "image.dataplaneRepository=registry.example/stunnerd",
     "image.tag=1.2.3",
@@ -102,6 +104,7 @@ def test_values_schema_is_generated_from_values_yaml() -> None:
         ("dataplane.spec.args=--udp-thread-num=4", "dataplane.spec.args"),
         ("test.echoPort=53", "test.echoPort"),
         ("test.gateways={udp-gateway}", "test.gateways"),
+        ("test.targets={media/echo:9001}", "test.targets"),
         ("dataplane.spec.enableMetricsEndpoint=maybe", "dataplane.spec.enableMetricsEndpoint"),
     ],
 )
@@ -443,6 +446,23 @@ def test_helm_test_pod_runs_the_images_own_client(default_manifests: list[dict[s
     from stunner_cli.parser import build_parser
 
     build_parser().parse_args(container["args"])  # the CLI accepts exactly these arguments
+
+
+def test_helm_test_checks_media_against_the_targets_it_is_given(helm: Path) -> None:
+    manifests = render(
+        helm, "test.targets={k8s://media/echo:9001}", "test.clusterDomain=k8s.example"
+    )
+    (pod,) = of_kind(manifests, "Pod")
+    (container,) = pod["spec"]["containers"]
+    assert container["args"][-2:] == [
+        "--target=k8s://media/echo:9001",
+        "--cluster-domain=k8s.example",
+    ]
+    from stunner_cli.parser import build_parser
+
+    args = build_parser().parse_args(container["args"])
+    assert [str(t) for t in args.target] == ["k8s://media/echo:9001"]
+    assert args.cluster_domain == "k8s.example"
 
 
 def test_the_reconcilers_lease_is_owned_by_its_deployment(

@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 
 from stunner_api.vocabulary import JUDGED_KINDS, STUNNER_GROUP, KindInfo
+from tests.support.docs import documentation_text
 from tests.support.shared import ROOT, SPEC
 
 OUR_CRDS = ROOT / "charts" / "stunner" / "crds"
@@ -147,14 +148,14 @@ def without_fields(obj: dict[str, Any], fields: list[str]) -> dict[str, Any]:
 
 
 def readme_cluster_role() -> dict[str, Any]:
-    """The ClusterRole the README's webhook section says the webhook needs."""
-    text = (ROOT / "README.md").read_text()
+    """The ClusterRole the documentation's webhook section says the webhook needs."""
+    text = documentation_text()
     for block in YAML_BLOCK.findall(text):
         for doc in yaml.safe_load_all(block):
             if isinstance(doc, dict) and doc.get("kind") == "ClusterRole":
                 if doc.get("metadata", {}).get("name") == WEBHOOK_USER:
                     return doc
-    raise LookupError("README.md has no ClusterRole stunner-webhook in a yaml block")
+    raise LookupError("the documentation has no ClusterRole stunner-webhook in a yaml block")
 
 
 def webhook_rbac() -> list[dict[str, Any]]:

@@ -15,6 +15,7 @@ from tests.charts.conftest import CHART
 from tests.envtest.controlplane import ControlPlane
 from tests.envtest.test_helm import (
     FAIL_CLOSED,
+    NO_POD,
     RELEASE,
     helm_plane,
     named,
@@ -31,7 +32,8 @@ def test_the_charts_gateway_config_installs_without_the_webhook(
     helm_plane: tuple[Path, ControlPlane, str],
 ) -> None:
     helm, plane, namespace = helm_plane
-    values = ("--set", "gatewayConfig.create=true", "--set", "loadBalancer.preset=oci")
+    # NO_POD: the webhook-ready hook's Job would wait for a pod that never runs here
+    values = ("--set", "gatewayConfig.create=true", "--set", "loadBalancer.preset=oci", *NO_POD)
     run(helm, plane, "install", RELEASE, str(CHART), "-n", namespace, "--create-namespace",
         *values)  # fmt: skip
 
@@ -55,7 +57,8 @@ def test_the_charts_gateway_config_installs_without_the_webhook(
 
     # Upgrade to another preset, then uninstall: neither waits for the webhook.
     run(helm, plane, "upgrade", RELEASE, str(CHART), "-n", namespace,
-        "--set", "gatewayConfig.create=true", "--set", "loadBalancer.preset=gcp")  # fmt: skip
+        "--set", "gatewayConfig.create=true", "--set", "loadBalancer.preset=gcp",
+        *NO_POD)  # fmt: skip
     config = stored(plane, named("stunner.l7mp.io/v1", "GatewayConfig", "stunner-gatewayconfig"),
                     namespace)  # fmt: skip
     assert config["spec"]["loadBalancerServiceAnnotations"] == {

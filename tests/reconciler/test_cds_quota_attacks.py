@@ -32,7 +32,7 @@ from aiohttp import WSMsgType
 
 from reconciler.cds_access import Account
 from reconciler.cluster import Running
-from reconciler.render.account import account_name
+from reconciler.render.inputs import account_name
 from stunner_api.cds import (
     MAX_USAGE_COUNT,
     USAGE_OTHERS_KEY,

@@ -29,7 +29,7 @@ from reconciler.auth import auth_app
 from reconciler.cds import CDS_LIMITS, cds_app, serve
 from reconciler.cds_access import Access, TokenVerifier
 from reconciler.cds_store import ConfigStore
-from reconciler.demo import prepare
+from reconciler.demo_example import prepare
 from stunner_api.vocabulary import CDS_TOKEN_AUDIENCE
 from stunner_http.admission import Admission, Holdings, source_share
 from stunner_http.server import LIMITS_KEY, Served

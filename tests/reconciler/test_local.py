@@ -23,7 +23,8 @@ from typing import Any
 
 import aiohttp
 
-from reconciler.demo import prepare, until_allowed, until_refused, without_backend
+from reconciler.demo import until_allowed, until_refused, without_backend
+from reconciler.demo_example import prepare
 from reconciler.local import LocalSettings, run_local
 from stunner_client.echo import EchoPeer
 from stunner_client.probes import wait_until_serving

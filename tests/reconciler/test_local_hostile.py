@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from reconciler.demo import prepare
+from reconciler.demo_example import prepare
 from tests.reconciler.test_files import alias_bomb, empty_documents, nesting_bomb
 from tests.support.ports import free_port
 

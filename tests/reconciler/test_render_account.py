@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from reconciler.render.account import ACCOUNT_SUFFIX, MAX_NAME, account_name
+from reconciler.render.inputs import ACCOUNT_SUFFIX, MAX_NAME, account_name
 from stunner_api.vocabulary import DNS_NAME
 from tests.reconciler.clusterkit import dataplane
 from tests.reconciler.test_render_rules import gateway, gateway_config, plan_of

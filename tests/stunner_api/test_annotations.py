@@ -13,7 +13,6 @@ import copy
 import uuid
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,6 +24,7 @@ from stunner_api.annotations import Annotation, Limits, Refused
 from stunner_api.rules import Settings
 from stunner_api.vocabulary import NODE_ADDRESS_PLACEHOLDER, RELAY_STUN_SERVER_ENV
 from tests.reconciler.clusterkit import dataplane, gateway, gateway_class, gateway_config, listener
+from tests.support.docs import documentation_text
 from webhook import create_app
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
@@ -352,7 +352,7 @@ def test_a_port_map_naming_no_listener_warns_once_and_keeps_the_others() -> None
 
 
 def readme_row(row: Annotation[Any]) -> str:
-    """The row's line in README.md's annotation table."""
+    """The row's line in the documentation's annotation table."""
     default = row.default
     shown = "none" if isinstance(default, Mapping) else str(default).lower()
     shown = shown if not isinstance(default, str) else default or "none"
@@ -365,8 +365,8 @@ def readme_row(row: Annotation[Any]) -> str:
     return f"| `{row.key}` | {row.grammar} | {shown} | {scope} | {row.effect} |"
 
 
-def test_the_readme_documents_the_table() -> None:
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text().splitlines()
-    assert [line for line in readme if line.startswith("| `stunner.l7mp.io/")] == [
+def test_the_documentation_has_the_table() -> None:
+    lines = documentation_text().splitlines()
+    assert [line for line in lines if line.startswith("| `stunner.l7mp.io/")] == [
         readme_row(row) for row in table.TABLE
     ]

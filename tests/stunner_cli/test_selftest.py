@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -19,6 +22,7 @@ import pytest
 from reconciler.cds import cds_app
 from reconciler.cds_store import ConfigStore
 from stunner_api.dataplane import validate_config
+from stunner_cli.targets import parse_target
 from tests.support import ports
 from tests.support.background import Background
 
@@ -78,7 +82,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     udp, tcp = ports.free_port(), ports.free_port()
     config = dataplane_config(udp, tcp, echo_port)
     with running(background, config, tmp_path_factory.mktemp("stunnerd"), tcp) as cds:
-        yield {"cds": cds, "echo": echo_port}
+        yield {"cds": cds, "echo": echo_port, "ports": (udp, tcp)}
 
 
 def selftest(*args: str) -> subprocess.CompletedProcess[str]:
@@ -212,3 +216,89 @@ def test_a_stun_only_gateway_is_tested_with_binding_and_a_refused_allocate(
         and line.endswith("Allocate refused 403")
         for line in lines
     ), lines
+
+
+# --- media checks against Services: --target k8s://NS/SVC:PORT -----------------------------------
+
+
+def test_a_target_names_a_service_and_its_port() -> None:
+    target = parse_target("k8s://media/echo-server:9001")
+    assert (target.namespace, target.service, target.port) == ("media", "echo-server", 9001)
+    assert target.host("cluster.local") == "echo-server.media.svc.cluster.local"
+    assert str(target) == "k8s://media/echo-server:9001"
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("udp://media/echo:9001", "want k8s://NAMESPACE/SERVICE:PORT"),
+        ("k8s://media/echo", "no port (want k8s://NAMESPACE/SERVICE:PORT)"),
+        ("k8s://media/echo:0", "port '0' is not 1-65535"),
+        ("k8s://media/echo:70000", "port '70000' is not 1-65535"),
+        ("k8s://Media/echo:1", "namespace 'Media' is not a Kubernetes name"),
+        ("k8s://media/echo.x:1", "service 'echo.x' is not a Kubernetes name"),
+        ("k8s://echo:1", "no namespace (want k8s://NAMESPACE/SERVICE:PORT)"),
+    ],
+)
+def test_a_target_that_is_not_one_is_refused_naming_why(text: str, says: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(says)):
+        parse_target(text)
+    done = selftest("--cds-url", "http://127.0.0.1:9", "--target", text)
+    assert done.returncode == 2 and says in done.stderr
+
+
+@pytest.fixture(scope="module")
+def resolver(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    """`unshare --mount` with an /etc/hosts of our own (the Services' names, as a cluster's DNS
+    answers them) and an /etc/resolv.conf asking nobody: the system's own resolver, no network."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("a mount namespace of its own needs root and unshare(1)")
+    etc = tmp_path_factory.mktemp("etc")
+    (etc / "hosts").write_text(
+        "127.0.0.1 echo.t.svc.cluster.local\n127.0.0.2 elsewhere.t.svc.cluster.local\n"
+    )
+    (etc / "resolv.conf").write_text("nameserver 127.0.0.1\noptions timeout:1 attempts:1\n")
+    script = (
+        f"mount --bind {etc / 'hosts'} /etc/hosts && "
+        f'mount --bind {etc / "resolv.conf"} /etc/resolv.conf && exec "$@"'
+    )
+    return ["unshare", "--mount", "--", "sh", "-c", script, "sh"]
+
+
+def selftest_resolving(resolver: list[str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*resolver, sys.executable, "-m", "stunner_cli", "selftest", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_a_service_that_echoes_is_checked_through_every_listener(
+    world: dict[str, Any], resolver: list[str]
+) -> None:
+    target = f"k8s://t/echo:{world['echo']}"
+    done = selftest_resolving(resolver, "--cds-url", world["cds"], "--target", target)
+    assert done.returncode == 0, done.stdout + done.stderr
+    checks = [line for line in done.stdout.splitlines() if target in line]
+    udp, tcp = world["ports"]
+    peer = f"(127.0.0.1:{world['echo']})"
+    assert [line.split(": ")[0] for line in checks] == [
+        f"ok   {target} {peer} via t/gw/udp udp 127.0.0.1:{udp}",
+        f"ok   {target} {peer} via t/gw/tcp tcp 127.0.0.1:{tcp}",
+    ]
+    assert all("echoed 5/5" in line for line in checks)
+
+
+def test_a_service_no_route_admits_or_no_name_resolves_fails(
+    world: dict[str, Any], resolver: list[str]
+) -> None:
+    elsewhere, missing = "k8s://t/elsewhere:9", "k8s://t/missing:9"
+    args = ["--cds-url", world["cds"], "--target", elsewhere, "--target", missing]
+    done = selftest_resolving(resolver, *args, "--timeout", "1")
+    assert done.returncode == 1, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert sum(line.startswith(f"FAIL {elsewhere} (127.0.0.2:9) via ") for line in lines) == 2
+    (unresolved,) = [line for line in lines if missing in line]
+    assert unresolved.startswith(f"FAIL {missing}: cannot resolve missing.t.svc.cluster.local")

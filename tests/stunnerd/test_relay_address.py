@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from stunnerd.listener import _relay_note
-from stunnerd.turn import local_bind_address
+from stunnerd.sockets import local_bind_address
 
 PUBLIC = "198.51.100.7"  # TEST-NET-2: no address of this host
 
