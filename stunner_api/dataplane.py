@@ -326,7 +326,7 @@ class AuthConfig(_GoStruct):
         return "auth:{" + ",".join(status) + "}"
 
 
-def uri_host_port(host: str, port: int) -> str:
+def uri_host_port(host: str, port: int | str) -> str:
     """`host:port` as a URI's authority: an IPv6 literal in brackets (RFC 3986 §3.2.2)."""
     return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
 
@@ -427,10 +427,10 @@ class ListenerConfig(_GoStruct):
         )
 
     def __str__(self) -> str:
-        public = f"{self.public_address or '-'}:{self.public_port or '-'}"
+        public = uri_host_port(self.public_address or "-", self.public_port or "-")
         cert_key = f"{SECRET if self.cert else '-'}/{SECRET if self.key else '-'}"
         status = [
-            f"turn://{self.address}:{self.port}?transport={self.protocol}",
+            f"turn://{uri_host_port(self.address, self.port)}?transport={self.protocol}",
             f"public={public}",
             f"cert/key={cert_key}",
             "routes=[" + ",".join(self.routes) + "]",
