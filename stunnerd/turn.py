@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stunner_api.endpoints import is_ip
+from stunner_api.peer_admission import canonical_peer_ip
 
 from . import stun
 from .allocation import (
@@ -620,10 +621,13 @@ class TurnServer:
             raise RequestError(400, "Bad Request: missing XOR-PEER-ADDRESS")
         if len(peers) > self.context.limits.max_peers_per_request:
             raise RequestError(508, "Insufficient Capacity: too many XOR-PEER-ADDRESS")
+        # An IPv4-mapped or IPv4-compatible peer is the IPv4 peer it carries, before any
+        # check: it is judged, permitted and relayed to as that address (so a route's refusal
+        # of 10.0.0.1 holds for ::ffff:10.0.0.1), and its family is IPv4 (RFC 8656 §10.2,
+        # §12.2: the peer's family must be the allocation's, else 443).
+        peers = [(canonical_peer_ip(ip), port) for ip, port in peers]
         for ip, _ in peers:
-            # An IPv4-mapped IPv6 peer is an IPv4 peer: not on an IPv6 allocation (RFC 8656
-            # §10.2, §12.2: the peer's family must be the allocation's).
-            if address_family(ip) != allocation.family or _is_v4_mapped(ip):
+            if address_family(ip) != allocation.family:
                 raise RequestError(443)
         for ip, _ in peers:
             if not self.router.permits(self.name, ip):
@@ -712,6 +716,8 @@ class TurnServer:
         if allocation is None:
             self.stats.dropped += 1
             return
+        if "." in peer[0] and ":" in peer[0]:  # ::ffff:a.b.c.d: as its permission was made
+            peer = (canonical_peer_ip(peer[0]), peer[1])
         allocation.relay_to_peer(peer, data)
 
     # --- housekeeping ------------------------------------------------------------------------
@@ -796,16 +802,6 @@ def _bound_udp(host: str, port: int) -> socket.socket | None:
         sock.close()
         return None
     return sock
-
-
-def _is_v4_mapped(ip: str) -> bool:
-    if ":" not in ip:
-        return False  # an IPv4 address (every peer of an IPv4 allocation): no parse
-    try:
-        address = ipaddress.ip_address(ip)
-    except ValueError:
-        return False
-    return isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None
 
 
 def _ignore(exchange: Exchange) -> None:
