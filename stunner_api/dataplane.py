@@ -51,6 +51,7 @@ from .vocabulary import (
 from .vocabulary import DEFAULT_LOG_LEVEL as DEFAULT_LOG_LEVEL
 from .vocabulary import DEFAULT_REALM as DEFAULT_REALM
 from .vocabulary import LISTENER_PROTOCOLS as VOCABULARY_PROTOCOLS
+from .vocabulary import RELAY_ADDRESS_FAMILIES as VOCABULARY_RELAY_FAMILIES
 
 log = logging.getLogger("stunner.config")
 
@@ -90,9 +91,8 @@ LISTENER_PROTOCOLS: Mapping[str, ListenerProtocol] = {
 CLUSTER_TYPES: Mapping[str, ClusterType] = {"STATIC": "STATIC", "STRICT_DNS": "STRICT_DNS"}
 CLUSTER_PROTOCOLS: Mapping[str, ClusterProtocol] = {"UDP": "UDP", "TCP": "TCP"}
 RELAY_ADDRESS_FAMILIES: Mapping[str, RelayAddressFamily] = {
-    "ipv4": "IPv4",
-    "ipv6": "IPv6",
-    "dualstack": "DualStack",
+    family.lower(): family  # type: ignore[misc]
+    for family in VOCABULARY_RELAY_FAMILIES
 }
 OFFLOAD_ENGINES: Mapping[str, OffloadEngine] = {
     "none": "None",

@@ -18,6 +18,7 @@ from typing import Any
 
 from stunner_api.annotations import (
     RELAY_ADDRESS_DISCOVERY_ROW,
+    RELAY_ADDRESS_FAMILY_ROW,
     TARGETPORT_ROW,
     DaemonPorts,
     Limits,
@@ -51,10 +52,14 @@ STUNNER_ADDR = "$STUNNER_ADDR"
 
 
 def admin(
-    config_id: str, gateway_config: Object, dataplane: Object, ports: DaemonPorts
+    config_id: str,
+    gateway_config: Object,
+    dataplane: Object,
+    ports: DaemonPorts,
+    relay_family: str = "",
 ) -> dict[str, Any]:
     """The `admin` section: name, log level, health check and metrics (at `ports`), quota,
-    offload."""
+    offload, and the relay address family (the Gateway's annotation, when set)."""
     gwc, dp = spec_of(gateway_config), spec_of(dataplane)
     out: dict[str, Any] = {
         "name": config_id,
@@ -69,6 +74,8 @@ def admin(
         out["offload_engine"] = dp["offloadEngine"]
     if dp.get("offloadInterfaces"):
         out["offload_interfaces"] = list(dp["offloadInterfaces"])
+    if relay_family:
+        out["relay_address_family"] = relay_family
     return out
 
 
@@ -135,6 +142,7 @@ def dataplane_config(
             of_class.gateway_config,
             of_class.dataplane,
             stunnerd_ports(gateway, of_class.dataplane),
+            annotation(RELAY_ADDRESS_FAMILY_ROW, gateway, of_class.gateway_config, limits),
         ),
         "auth": of_class.auth,
         "listeners": listeners,
