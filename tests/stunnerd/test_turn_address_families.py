@@ -19,6 +19,7 @@ import pytest
 from stunnerd.stun import Class
 from tests.support.turnclient import (
     RawClient,
+    RawTcpClient,
     error_code,
     free_port,
     make_config,
@@ -210,5 +211,45 @@ def test_dual_request_where_one_family_is_relayed(family: str, served: int) -> N
             assert (":" in plain.attributes["XOR-RELAYED-ADDRESS"][0]) == (served == IPV6)
             other.close()
             client.close()
+
+    asyncio.run(main())
+
+
+def test_turn_tcp_an_ipv4_client_gets_an_ipv6_relay_and_a_dual_one_in_python(
+    relay_path: str,
+) -> None:
+    """TURN-TCP: the native TCP engine serves a relay of the other family too, and, holding
+    one relay per client like the UDP one, declines a dual request's second family."""
+
+    async def main() -> None:
+        peer4 = await start_peer(echo=True)
+        peer6 = await start_peer(echo=True, host="::1")
+        port = free_port()
+        config = make_config(
+            port,
+            [f"127.0.0.1/32:<{peer4.port}-{peer4.port}>", f"::1/128:<{peer6.port}-{peer6.port}>"],
+            protocols=("TURN-TCP",),
+            admin={"relay_address_family": "DualStack"},
+        )
+        to4, to6 = ("127.0.0.1", peer4.port), ("::1", peer6.port)
+        async with running_stunner(config):
+            single = await RawTcpClient.connect(("127.0.0.1", port))
+            response = await single.allocate(**{"REQUESTED-ADDRESS-FAMILY": IPV6})
+            assert response.attributes["XOR-RELAYED-ADDRESS"][0] == "::1", response.attributes
+            await echo_through(single, 0x4001, to6, b"tcp client, v6 relay")
+            single.close()
+            dual = await RawTcpClient.connect(("127.0.0.1", port))
+            response = await dual.allocate(**{"ADDITIONAL-ADDRESS-FAMILY": IPV6})
+            relayed = relayed_addresses(response)
+            if relay_path == "native":
+                assert len(relayed) == 1
+                assert response.attributes["ADDRESS-ERROR-CODE"][:2] == (IPV6, 440)
+            else:
+                assert [ip for ip, _ in relayed] == ["127.0.0.1", "::1"]
+                await echo_through(dual, 0x4002, to6, b"tcp dual, v6 peer")
+            await echo_through(dual, 0x4003, to4, b"tcp dual, v4 peer")
+            dual.close()
+        peer4.close()
+        peer6.close()
 
     asyncio.run(main())
