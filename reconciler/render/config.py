@@ -31,6 +31,7 @@ from stunner_api.vocabulary import (
 from stunner_api.vocabulary import ConditionReason as Reason
 
 from ..store import Object
+from .addresses import Public
 from .clusters import Cluster
 from .context import (
     Attachments,
@@ -94,7 +95,7 @@ def relay_address(gateway: Object, gateway_config: Object, limits: Limits) -> st
 def _listener(
     gw_id: str,
     listener: ListenerPlan,
-    public: tuple[str, int] | None,
+    public: Public | None,
     routes: Sequence[str],
     targetports: Mapping[str, int],
     address: str,
@@ -107,7 +108,7 @@ def _listener(
         "routes": list(routes),
     }
     if public is not None:
-        entry["public_address"], entry["public_port"] = public
+        entry["public_address"], entry["public_port"] = public.address, public.port
     if listener.cert:
         entry["cert"], entry["key"] = listener.cert, listener.key
     return entry
@@ -116,7 +117,7 @@ def _listener(
 def dataplane_config(
     ctx: Context,
     plan: GatewayPlan,
-    publics: Sequence[tuple[str, int] | None],
+    publics: Sequence[Public | None],
     attachments: Attachments,
     clusters: Mapping[str, Cluster],
 ) -> Staged[StunnerConfig | str]:

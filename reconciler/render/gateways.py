@@ -21,6 +21,7 @@ from stunner_api.vocabulary import ConditionReason as Reason
 
 from ..store import Kind, Object
 from . import conditions as cond
+from .addresses import Public
 from .context import (
     Context,
     GatewayPlan,
@@ -94,7 +95,7 @@ def _relay_fallback(
 def gateway_status(
     ctx: Context,
     plan: GatewayPlan,
-    publics: Sequence[tuple[str, int] | None] = (),
+    publics: Sequence[Public | None] = (),
     attached: Sequence[int] = (),
     config: StunnerConfig | str | None = None,
 ) -> Staged[None]:
@@ -125,9 +126,10 @@ def gateway_status(
             where = placement(plan.context.dataplane)
             node_local = node_public_addresses(ctx.snapshot.all(Kind.NODE), where)
         status["conditions"] = conditions_of(ctx, gateway, [accepted, programmed])
-        first = next((public[0] for public in rendered if public is not None), None)
-        # A stunnerd on every node (relay address discovery): every node's public address.
-        shown = node_local or ([first] if first is not None else [])
+        first = next((public for public in rendered if public is not None), None)
+        # A stunnerd on every node (relay address discovery): every node's public address;
+        # else the first listener's, and every other its port answers on (both families).
+        shown = node_local or ([first.address, *first.also] if first is not None else [])
         if shown:
             status["addresses"] = [
                 {"type": "IPAddress" if is_ip(a) else "Hostname", "value": a} for a in shown
