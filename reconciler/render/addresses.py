@@ -20,13 +20,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 from stunner_api.vocabulary import SERVICE_TYPE
 from stunner_api.vocabulary import ConditionReason as Reason
 
 from ..store import Kind, Object, meta, name_of, namespace_of
-from .context import Context, GatewayPlan, Staged, finding
+from .context import Context, GatewayPlan, Public, Staged, finding
 from .nodes import node_local_addresses
 from .plan import Finding
 
@@ -185,14 +185,6 @@ def _names_port(ingress: Mapping[str, Any], port: int, transport: str) -> bool:
     )
 
 
-class Public(NamedTuple):
-    """A rendered listener's public address and port, and the other addresses it answers on."""
-
-    address: str
-    port: int
-    also: tuple[str, ...] = ()
-
-
 def listener_addresses(ctx: Context, plan: GatewayPlan) -> Staged[tuple[Public | None, ...]]:
     """The stage: the public (address, port) of each listener of a rendered Gateway, in the
     order of `plan.listeners` (None for one not rendered or without an address); a finding for
@@ -225,7 +217,6 @@ def listener_addresses(ctx: Context, plan: GatewayPlan) -> Staged[tuple[Public |
 
 __all__ = [
     "NODE_ADDRESS_TYPES",
-    "Public",
     "PublicAddress",
     "gateway_service",
     "listener_addresses",

@@ -31,13 +31,13 @@ from stunner_api.vocabulary import (
 from stunner_api.vocabulary import ConditionReason as Reason
 
 from ..store import Object
-from .addresses import Public
 from .clusters import Cluster
 from .context import (
     Attachments,
     Context,
     GatewayPlan,
     ListenerPlan,
+    Public,
     Staged,
     finding,
     id_of,

@@ -21,11 +21,11 @@ from stunner_api.vocabulary import ConditionReason as Reason
 
 from ..store import Kind, Object
 from . import conditions as cond
-from .addresses import Public
 from .context import (
     Context,
     GatewayPlan,
     ListenerPlan,
+    Public,
     Staged,
     conditions_of,
     finding,
