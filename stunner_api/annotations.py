@@ -50,6 +50,8 @@ from stunner_api.vocabulary import (
     MIXED_PROTOCOL_LB,
     NODEPORT,
     RELAY_ADDRESS_DISCOVERY,
+    RELAY_ADDRESS_FAMILIES,
+    RELAY_ADDRESS_FAMILY,
     RELAY_STUN_SERVER,
     SERVICE_TYPE,
     SERVICE_TYPES,
@@ -221,6 +223,14 @@ def _stun_server(text: str, limits: Limits) -> str | Refused:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
+def _relay_family(text: str, limits: Limits) -> str | Refused:
+    by_folded = {family.lower(): family for family in RELAY_ADDRESS_FAMILIES}
+    family = by_folded.get(text.strip().lower())
+    if family is not None:
+        return family
+    return Refused(f"must be one of {', '.join(RELAY_ADDRESS_FAMILIES)}, got {text[:64]!r}")
+
+
 def _port(text: str, limits: Limits) -> int | Refused:
     stripped = text.strip()
     if stripped.isascii() and stripped.isdigit() and 1 <= int(stripped) <= 65535:
@@ -337,6 +347,17 @@ METRICS_PORT_ROW: Annotation[int] = Annotation(
     "`enableMetricsEndpoint`); for host-network Gateways sharing nodes",
 )
 
+RELAY_ADDRESS_FAMILY_ROW: Annotation[str] = Annotation(
+    RELAY_ADDRESS_FAMILY,
+    _relay_family,
+    "",
+    GATEWAY_SCOPE,
+    f"{', '.join(RELAY_ADDRESS_FAMILIES[:-1])} or {RELAY_ADDRESS_FAMILIES[-1]} (any case)",
+    "the address families of the Gateway's relays (`admin.relay_address_family`): IPv4 or "
+    "IPv6 alone (an Allocate naming no family gets it), or DualStack (clients may ask for "
+    "either or both, RFC 8656); unset: the family of the pod's address (see Dual stack)",
+)
+
 TABLE: tuple[Annotation[Any], ...] = (
     SERVICE_TYPE_ROW,
     MIXED_PROTOCOL_LB_ROW,
@@ -350,6 +371,7 @@ TABLE: tuple[Annotation[Any], ...] = (
     HEALTH_CHECK_PORT_ROW,
     METRICS_PORT_ROW,
     RELAY_STUN_SERVER_ROW,
+    RELAY_ADDRESS_FAMILY_ROW,
 )
 BY_KEY: Mapping[str, Annotation[Any]] = {row.key: row for row in TABLE}
 KEYS = tuple(BY_KEY)

@@ -51,6 +51,7 @@ from .vocabulary import (
 from .vocabulary import DEFAULT_LOG_LEVEL as DEFAULT_LOG_LEVEL
 from .vocabulary import DEFAULT_REALM as DEFAULT_REALM
 from .vocabulary import LISTENER_PROTOCOLS as VOCABULARY_PROTOCOLS
+from .vocabulary import RELAY_ADDRESS_FAMILIES as VOCABULARY_RELAY_FAMILIES
 
 log = logging.getLogger("stunner.config")
 
@@ -76,6 +77,9 @@ ListenerProtocol = Literal["TURN-UDP", "TURN-TCP", "TURN-TLS", "TURN-DTLS"]
 ClusterType = Literal["STATIC", "STRICT_DNS"]
 ClusterProtocol = Literal["UDP", "TCP"]
 OffloadEngine = Literal["None", "XDP", "TC", "Auto"]
+# The families relays are made in (issue 31; Go v2.0.2 "the relay address family of the admin",
+# whose exact spelling is not public here: ours). "" is the listener address's family.
+RelayAddressFamily = Literal["", "IPv4", "IPv6", "DualStack"]
 
 # Accepted spellings, keyed by their case-folded form (the tables live in stunner_api.vocabulary).
 AUTH_TYPES: Mapping[str, AuthType] = {
@@ -86,6 +90,10 @@ LISTENER_PROTOCOLS: Mapping[str, ListenerProtocol] = {
 }
 CLUSTER_TYPES: Mapping[str, ClusterType] = {"STATIC": "STATIC", "STRICT_DNS": "STRICT_DNS"}
 CLUSTER_PROTOCOLS: Mapping[str, ClusterProtocol] = {"UDP": "UDP", "TCP": "TCP"}
+RELAY_ADDRESS_FAMILIES: Mapping[str, RelayAddressFamily] = {
+    family.lower(): family  # type: ignore[misc]
+    for family in VOCABULARY_RELAY_FAMILIES
+}
 OFFLOAD_ENGINES: Mapping[str, OffloadEngine] = {
     "none": "None",
     "xdp": "XDP",
@@ -184,6 +192,7 @@ class AdminConfig(_GoStruct):
     user_quota: int = 0
     offload_engine: OffloadEngine = "None"
     offload_interfaces: list[str] = Field(default_factory=list)
+    relay_address_family: RelayAddressFamily = ""
     license_config: LicenseConfig | None = None
 
     @field_validator("name", mode="before")
@@ -224,6 +233,13 @@ class AdminConfig(_GoStruct):
     def _normalize_offload(cls, value: object) -> object:
         return _normalize(value, OFFLOAD_ENGINES, str.lower, "None", "offload mode")
 
+    @field_validator("relay_address_family", mode="before")
+    @classmethod
+    def _normalize_relay_family(cls, value: object) -> object:
+        if value == "":
+            return value  # unset: each listener relays in its address's family
+        return _normalize(value, RELAY_ADDRESS_FAMILIES, str.lower, "", "relay address family")
+
     @field_validator("offload_interfaces")
     @classmethod
     def _sort_interfaces(cls, value: list[str]) -> list[str]:
@@ -244,6 +260,7 @@ class AdminConfig(_GoStruct):
                 ("user_quota", self.user_quota),
                 ("offload_engine", self.offload_engine),
                 ("offload_interfaces", list(self.offload_interfaces)),
+                ("relay_address_family", self.relay_address_family),
                 ("license_config", self.license_config and self.license_config.to_dict()),
             ]
         )
@@ -260,6 +277,8 @@ class AdminConfig(_GoStruct):
         if self.offload_engine != "None" and self.offload_interfaces:
             interfaces = "<" + ",".join(self.offload_interfaces) + ">"
         status.append(f"offload={self.offload_engine}[{interfaces}]")
+        if self.relay_address_family:
+            status.append(f"relay-family={self.relay_address_family}")
         status.append(f"license_info={self.license_config or '<MISSING>'}")
         return "admin:{" + ",".join(status) + "}"
 
@@ -326,7 +345,7 @@ class AuthConfig(_GoStruct):
         return "auth:{" + ",".join(status) + "}"
 
 
-def uri_host_port(host: str, port: int) -> str:
+def uri_host_port(host: str, port: int | str) -> str:
     """`host:port` as a URI's authority: an IPv6 literal in brackets (RFC 3986 §3.2.2)."""
     return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
 
@@ -427,10 +446,10 @@ class ListenerConfig(_GoStruct):
         )
 
     def __str__(self) -> str:
-        public = f"{self.public_address or '-'}:{self.public_port or '-'}"
+        public = uri_host_port(self.public_address or "-", self.public_port or "-")
         cert_key = f"{SECRET if self.cert else '-'}/{SECRET if self.key else '-'}"
         status = [
-            f"turn://{self.address}:{self.port}?transport={self.protocol}",
+            f"turn://{uri_host_port(self.address, self.port)}?transport={self.protocol}",
             f"public={public}",
             f"cert/key={cert_key}",
             "routes=[" + ",".join(self.routes) + "]",

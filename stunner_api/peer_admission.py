@@ -109,6 +109,26 @@ def parse_peer_ip(text: str) -> IPAddress | None:
         return None
 
 
+def canonical_peer_ip(text: str) -> str:
+    """A peer's IP as the policy judges it and the relay reaches it: an IPv4-mapped
+    (`::ffff:10.0.0.1`) or IPv4-compatible (`::10.0.0.1`, RFC 4291 §2.5.5.1) IPv6 spelling
+    becomes the IPv4 address it carries (`10.0.0.1`), in any spelling (`::ffff:a00:1`), as
+    coturn does before its checks; any other text is returned as it is. An IPv4 address is
+    returned unparsed; socket.inet_ntop writes a carried address dotted, so a relay path may
+    skip text without a '.'."""
+    if ":" not in text:
+        return text
+    try:
+        address = ipaddress.IPv6Address(text)
+    except ValueError:
+        return text
+    if address.ipv4_mapped is not None:
+        return str(address.ipv4_mapped)
+    if int(address) >> 32 == 0 and int(address) > 1:  # ::a.b.c.d, neither :: nor ::1
+        return str(ipaddress.IPv4Address(int(address)))
+    return text
+
+
 def embedded_ipv4(ip: IPAddress) -> ipaddress.IPv4Address | None:
     """The IPv4 address an IPv6 address carries (IPv4-compatible, NAT64, 6to4), or None."""
     if isinstance(ip, ipaddress.IPv4Address) or ip == ipaddress.IPv6Address("::1"):
@@ -161,7 +181,7 @@ def explain(
     `peer_port` None: CreatePermission (any port). `resolved`: the current addresses of the
     STRICT_DNS names (None: unknown, offline). `is_own(ip, port)`: whether the address is one
     of stunnerd's own sockets (checked only with a port, as the router does)."""
-    ip = parse_peer_ip(peer_ip)
+    ip = parse_peer_ip(canonical_peer_ip(peer_ip))
     if ip is None or (peer_port is not None and not 0 <= peer_port <= 65535):
         return Verdict(NOT_AN_IP, f"{peer_ip!r} (port {peer_port}) is not a peer address")
     carried = embedded_ipv4(ip)

@@ -314,6 +314,11 @@ NODE_ADDRESS_PLACEHOLDER = "__node_address_placeholder"
 NODE_RELAY_ADDRESS = "stunner.l7mp.io/relay-address"
 RELAY_STUN_SERVER = "stunner.l7mp.io/relay-address-stun-server"
 RELAY_STUN_SERVER_ENV = "STUNNER_RELAY_STUN_SERVER"
+# The families a Gateway's relays are made in (issue 31: Go v2.0.2's operator "declares the
+# relay address family annotation"; its exact key and values are not public here, so these
+# are ours in Go's style). Rendered into the config's admin.relay_address_family.
+RELAY_ADDRESS_FAMILY = "stunner.l7mp.io/relay-address-family"
+RELAY_ADDRESS_FAMILIES = ("IPv4", "IPv6", "DualStack")
 # The grammar, default and scope of each annotation: stunner_api.annotations.
 SERVICE_TYPES = ("ClusterIP", "NodePort", "LoadBalancer")
 DEFAULT_NODE_PORT_RANGE = (30000, 32767)  # Kubernetes' default --service-node-port-range

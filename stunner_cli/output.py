@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from stunner_api.dataplane import StunnerConfig, redacted
+from stunner_api.dataplane import StunnerConfig, redacted, uri_host_port
 
 if TYPE_CHECKING:
     from reconciler.render import Plan
@@ -41,11 +41,11 @@ def summary(config: StunnerConfig) -> str:
     clusters = {c.name: c for c in config.clusters}
     for listener in config.listeners:
         endpoints = [e for r in listener.routes if r in clusters for e in clusters[r].endpoints]
-        public = f"{listener.public_address or '-'}:{listener.public_port or '-'}"
+        public = uri_host_port(listener.public_address or "-", listener.public_port or "-")
         lines += [
             f"Listener: {listener.name}",
             f"  Protocol: {listener.protocol}",
-            f"  Relay address: {listener.address}:{listener.port}",
+            f"  Relay address: {uri_host_port(listener.address, listener.port)}",
             f"  Public address: {public}",
             f"  Routes: [{', '.join(listener.routes)}]",
             f"  Endpoints: [{', '.join(endpoints)}]",
@@ -93,7 +93,7 @@ def public(listener: dict[str, Any]) -> str:
     address = listener.get("public_address")
     if not address:
         return "pending"
-    return f"{address}:{listener.get('public_port') or listener.get('port', '-')}"
+    return uri_host_port(str(address), listener.get("public_port") or listener.get("port", "-"))
 
 
 def status_line(entry: dict[str, Any]) -> str:

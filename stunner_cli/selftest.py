@@ -28,7 +28,7 @@ import time
 from collections.abc import Sequence
 
 from stunner_api.cds import CONFIGS_PATH
-from stunner_api.dataplane import StunnerConfig, validate_config
+from stunner_api.dataplane import StunnerConfig, uri_host_port, validate_config
 from stunner_api.ice import credentials
 from stunner_client.cds import CdsClient
 from stunner_client.echo import EchoPeer
@@ -198,7 +198,7 @@ def _listeners(config: StunnerConfig) -> list[Listener]:
             continue
         server = (listener.public_address, listener.public_port or listener.port)
         out.append(
-            (f"{listener.name} {transport} {server[0]}:{server[1]}", transport, server, creds)
+            (f"{listener.name} {transport} {uri_host_port(*server)}", transport, server, creds)
         )
     return out
 

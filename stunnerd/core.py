@@ -109,6 +109,7 @@ class DataplaneCore:
         previous = (context.authenticator, context.user_quota)
         context.authenticator = authenticator
         context.user_quota = config.admin.user_quota
+        context.relay_address_family = config.admin.relay_address_family
 
         if plan.release is not None and plan.stop:
             await plan.release([lst for lst in self.listeners.values() if lst not in plan.stop])

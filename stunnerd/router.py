@@ -42,6 +42,7 @@ from stunner_api.endpoints import EndpointRange, IPAddress, parse_static_endpoin
 from stunner_api.peer_admission import (
     ClusterSpec,
     Verdict,
+    canonical_peer_ip,
     embedded_ipv4,
     explain,
     guarded,
@@ -231,7 +232,7 @@ class Router:
 
     def _decide(self, listener: str, peer_ip: str, peer_port: int | None) -> str | None:
         """The name of the first routed cluster that admits the peer, or None."""
-        ip = parse_peer_ip(peer_ip)
+        ip = parse_peer_ip(canonical_peer_ip(peer_ip))  # ::ffff:10.0.0.1 is 10.0.0.1
         if ip is None:
             log.debug("listener %s: peer %r is not an IP address", listener, peer_ip)
             return None

@@ -428,6 +428,11 @@ class _TransactionIds:
 _random_transaction_id = _TransactionIds().next
 
 
+class Repeated(tuple[Any, ...]):
+    """An attribute sent more than once, in this order: a dual allocation's two
+    XOR-RELAYED-ADDRESS attributes (RFC 8656 §7.2)."""
+
+
 @dataclasses.dataclass
 class Message:
     """One STUN message. `attributes` holds the first occurrence of each attribute by RFC name;
@@ -463,22 +468,23 @@ class Message:
         if len(tid) != TRANSACTION_ID_LENGTH:
             raise ValueError("STUN transaction ID must be 12 bytes")
         parts = []
-        for name, value in self.attributes.items():
+        for name, values in self.attributes.items():
             if name in _COMPUTED:
                 continue
             entry = ATTRIBUTES_BY_NAME.get(name)
             if entry is None:
                 raise ValueError(f"STUN attribute {name} is unknown")
-            try:
-                data = entry.pack(value, tid) if entry.needs_tid else entry.pack(value)
-            except (struct.error, OverflowError) as exc:
-                raise ValueError(f"STUN {name} attribute has invalid value {value!r}") from exc
-            problem = _length_problem(entry, len(data))
-            if problem is not None:
-                raise ValueError(problem)
-            parts.append(_ATTRIBUTE_HEADER.pack(entry.type, len(data)))
-            parts.append(data)
-            parts.append(_PADDING[-len(data) % 4])
+            for value in values if isinstance(values, Repeated) else (values,):
+                try:
+                    data = entry.pack(value, tid) if entry.needs_tid else entry.pack(value)
+                except (struct.error, OverflowError) as exc:
+                    raise ValueError(f"STUN {name} attribute has invalid value {value!r}") from exc
+                problem = _length_problem(entry, len(data))
+                if problem is not None:
+                    raise ValueError(problem)
+                parts.append(_ATTRIBUTE_HEADER.pack(entry.type, len(data)))
+                parts.append(data)
+                parts.append(_PADDING[-len(data) % 4])
         body = b"".join(parts)
         trailer = (24 if integrity_key is not None else 0) + (8 if fingerprint else 0)
         if len(body) + trailer > MAX_LENGTH:

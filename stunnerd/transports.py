@@ -94,11 +94,14 @@ class UdpListenerProtocol(asyncio.DatagramProtocol):
         # goes straight to that allocation, one dict lookup and one method call, without
         # passing through TurnServer.handle.
         if data and (data[0] & 0xC0) == 0x40:
-            allocation = self.server.allocations.get(addr)
-            if allocation is not None:
-                allocation.relay_channel_data(data)
+            server = self.server
+            allocation = server.allocations.get(addr)
+            if allocation is None:
+                server.stats.dropped += 1  # a stranger's, as the native engine counts it
+            elif server.additional:  # some dual allocation: its channel may be the other's
+                server.handle_channel_data(data, addr)
             else:
-                self.server.stats.dropped += 1  # a stranger's, as the native engine counts it
+                allocation.relay_channel_data(data)
             return
         allocation = self.server.allocations.get(addr)
         if allocation is not None:

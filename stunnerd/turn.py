@@ -22,11 +22,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from stunner_api.peer_admission import canonical_peer_ip
+
 from . import stun
 from .allocation import (
     FAMILY_IPV4,
     FAMILY_IPV6,
     Allocation,
+    AsyncioRelayPath,
     Downstream,
     ListenerScope,
     address_family,
@@ -36,6 +39,7 @@ from .counters import ClusterCounters, ListenerCounters
 from .ledger import DRAINING, FULL, GRANTED, LocalQuota, Quota, Reservations
 from .limits import Limits, RateLimiter
 from .offload.engine import KernelOffload
+from .relay_families import default_family, other_family_address, relayed_families
 from .router import Router
 from .sockets import bound_udp
 from .stateless import unauthorized
@@ -86,6 +90,8 @@ class ServerContext:
     limits: Limits = field(default_factory=Limits)
     # The kernel offload of this process (admin.offload_engine; off by default).
     offload: KernelOffload = field(default_factory=KernelOffload)
+    # admin.relay_address_family: the families allocations are made in (relay_families).
+    relay_address_family: str = ""
 
     def __post_init__(self) -> None:
         limits = self.limits
@@ -139,6 +145,10 @@ class TurnServer:
         self.relay_family = address_family(relay_ip)
         self.context = context
         self.allocations: dict[Any, Allocation] = {}  # Downstream.remote -> allocation
+        # A dual allocation's relay in its second family (RFC 8656 §7.2, IPv6): the same
+        # client's, with its own socket, permissions and channels; the first one rules its life.
+        self.additional: dict[Any, Allocation] = {}
+        self._other_relay_ip: dict[int, str | None] = {}  # family -> this host's, once looked up
         # Stream clients whose Allocate is between its quota and its registration: False once
         # the connection is lost meanwhile (the allocation is then undone, not left to expire).
         self._opening: dict[Any, bool] = {}
@@ -254,6 +264,9 @@ class TurnServer:
 
     def handle_channel_data(self, data: bytes, remote: Any) -> None:
         allocation = self.allocations.get(remote)
+        if self.additional and allocation is not None and remote in self.additional:
+            if int.from_bytes(data[:2], "big") not in allocation.channels:
+                allocation = self.additional[remote]  # a channel to a peer of the other family
         if allocation is not None:
             allocation.relay_channel_data(data)
         else:
@@ -470,20 +483,9 @@ class TurnServer:
         """RFC 8656 §7.2 from step 6 on: families, quota, lifetime, the relay socket."""
         request, downstream = exchange.request, exchange.downstream
         attrs = request.attributes
-        # 6./7. Address families: the relay family is the listener address's.
-        if reserved is not None:
-            family = FAMILY_IPV6 if reserved.family == socket.AF_INET6 else FAMILY_IPV4
-        else:
-            family = attrs.get("REQUESTED-ADDRESS-FAMILY", FAMILY_IPV4)
-        additional = attrs.get("ADDITIONAL-ADDRESS-FAMILY")
-        extra: dict[str, Any] = {}
-        if additional is not None:
-            if "REQUESTED-ADDRESS-FAMILY" in attrs or additional != FAMILY_IPV6:
-                raise RequestError(400, "Bad Request: invalid ADDITIONAL-ADDRESS-FAMILY")
-            # A dual allocation is not offered: allocate IPv4 and say why IPv6 is missing.
-            extra["ADDRESS-ERROR-CODE"] = (FAMILY_IPV6, 440, stun.ERROR_REASONS[440])
-        if family not in (FAMILY_IPV4, FAMILY_IPV6) or family != self.relay_family:
-            raise RequestError(440)
+        # 6./7. Address families (relay_families): the requested one, or both.
+        families, extra = self._families(attrs, reserved)
+        family = families[0]
         # 8. Quota (admin.user_quota): 486 once the user has that many allocations. 508 while
         #    draining (RFC 8656 §7.2: the client may try another server, which is what a
         #    terminating pod wants), past --max-allocations, or past the source's rate.
@@ -505,11 +507,15 @@ class TurnServer:
             allocation = Allocation(self.scope, downstream, username, user_id, family, lifetime)
             # EVEN-PORT (RFC 8656 §14.6): an even port; with the R bit, the next one is reserved.
             even_port = attrs.get("EVEN-PORT")
+            # The native engine serves a single relay of either family (its client's packets
+            # are only its own); a dual allocation is served here.
+            native = len(families) == 1
             try:
-                token = await self._bind_relay(allocation, reserved, even_port)
+                token = await self._bind_relay(allocation, reserved, even_port, native)
             except RequestError:
                 users.release(user_id)
                 raise
+            second = await self._bind_additional(allocation, families, lifetime, extra)
         finally:
             connected = self._opening.pop(downstream.remote, True)
         if not connected or downstream.remote in self.allocations:
@@ -517,6 +523,8 @@ class TurnServer:
             # hold its quota, until it expired), or a concurrent Allocate won the race.
             users.release(user_id)
             allocation.close()
+            if second is not None:
+                second.close()
             if not connected:
                 log.info(
                     "listener %s: allocation for %s undone: its connection closed while it "
@@ -528,6 +536,11 @@ class TurnServer:
             raise RequestError(437)
         self.allocations[downstream.remote] = allocation
         self.router.relay_ports[allocation.relayed_address[1]] = 1  # never a peer (router.py)
+        relayed: Any = allocation.relayed_address
+        if second is not None:
+            self.additional[downstream.remote] = second
+            self.router.relay_ports[second.relayed_address[1]] = 1
+            relayed = stun.Repeated((relayed, second.relayed_address))
         self.stats.allocations_total += 1
         log.info(
             "listener %s: allocation created for %s: relay %s:%d, user %r, lifetime %ds",
@@ -538,7 +551,7 @@ class TurnServer:
             lifetime,
         )
         response = _response_to(request)
-        response.attributes["XOR-RELAYED-ADDRESS"] = allocation.relayed_address
+        response.attributes["XOR-RELAYED-ADDRESS"] = relayed
         response.attributes.update(extra)
         if token is not None:
             response.attributes["RESERVATION-TOKEN"] = token
@@ -546,16 +559,98 @@ class TurnServer:
         response.attributes["XOR-MAPPED-ADDRESS"] = downstream.address
         return response
 
+    def _families(
+        self, attrs: dict[str, Any], reserved: socket.socket | None
+    ) -> tuple[list[int], dict[str, Any]]:
+        """RFC 8656 §7.2 steps 6-7: the families to allocate in (the first rules the
+        allocation), and a dual request's ADDRESS-ERROR-CODE for a family not relayed here;
+        400 for a malformed request, 440 when no family asked for is relayed here."""
+        offered = self._offered_families()
+        additional = attrs.get("ADDITIONAL-ADDRESS-FAMILY")
+        if reserved is not None:
+            families = [FAMILY_IPV6 if reserved.family == socket.AF_INET6 else FAMILY_IPV4]
+        elif additional is not None:
+            if "REQUESTED-ADDRESS-FAMILY" in attrs or additional != FAMILY_IPV6:
+                raise RequestError(400, "Bad Request: invalid ADDITIONAL-ADDRESS-FAMILY")
+            families = [f for f in (FAMILY_IPV4, FAMILY_IPV6) if f in offered]
+            reason = stun.ERROR_REASONS[440]
+            if len(families) == 2 and not isinstance(self.scope.relay_path, AsyncioRelayPath):
+                # The native engine holds one relay per client: a dual allocation would lose
+                # the second family's Send indications there. Its own family only.
+                families = [self.relay_family]
+                reason = f"{reason}: no dual allocation on the native engine"
+            if len(families) == 1:  # one of the two: say why the other is missing
+                missing = FAMILY_IPV6 if families[0] == FAMILY_IPV4 else FAMILY_IPV4
+                return families, {"ADDRESS-ERROR-CODE": (missing, 440, reason)}
+        else:
+            choice = self.context.relay_address_family
+            families = [attrs.get("REQUESTED-ADDRESS-FAMILY", default_family(choice, offered))]
+        if not families or any(f not in offered for f in families):
+            raise RequestError(440)
+        return families, {}
+
+    def _offered_families(self) -> tuple[int, ...]:
+        """The families this listener relays in and has an address of (relay_families)."""
+        choice = self.context.relay_address_family
+        wanted = relayed_families(choice, self.relay_family)
+        return tuple(f for f in wanted if self._relay_ip(f) is not None)
+
+    def _relay_ip(self, family: int) -> str | None:
+        """The relay address clients are told in `family`: the listener's, or this host's
+        address of the other family (looked up once)."""
+        if family == self.relay_family:
+            return self.relay_ip
+        if family not in self._other_relay_ip:
+            self._other_relay_ip[family] = other_family_address(self.relay_ip, family)
+        return self._other_relay_ip[family]
+
+    def _bind_ip(self, family: int) -> str:
+        """Where a relay socket of `family` binds: the listener's local address, or the other
+        family's relay address (this host's own)."""
+        return self.bind_ip if family == self.relay_family else self._relay_ip(family) or ""
+
+    async def _bind_additional(
+        self, allocation: Allocation, families: list[int], lifetime: int, extra: dict[str, Any]
+    ) -> Allocation | None:
+        """A dual allocation's relay in its second family, on the Python path; when its socket
+        cannot be had, the allocation is made without it and ADDRESS-ERROR-CODE says 508."""
+        if len(families) < 2:
+            return None
+        downstream = allocation.downstream
+        second = Allocation(
+            self.scope, downstream, allocation.username, allocation.user_id, families[1], lifetime
+        )
+        try:
+            await self._bind_relay(second, None, None, native=False)
+        except RequestError as error:
+            extra["ADDRESS-ERROR-CODE"] = (families[1], 508, error.reason)
+            return None
+        return second
+
+    def _families_of(self, allocation: Allocation) -> tuple[int, ...]:
+        second = self.additional.get(allocation.downstream.remote)
+        return (allocation.family,) if second is None else (allocation.family, second.family)
+
+    def _by_family(self, allocation: Allocation, ip: str) -> Allocation:
+        """The part of a (dual) allocation that relays to peers of `ip`'s family."""
+        if allocation.family != address_family(ip):
+            return self.additional.get(allocation.downstream.remote, allocation)
+        return allocation
+
     async def _bind_relay(
-        self, allocation: Allocation, reserved: socket.socket | None, even_port: bool | None
+        self,
+        allocation: Allocation,
+        reserved: socket.socket | None,
+        even_port: bool | None,
+        native: bool = True,
     ) -> bytes | None:
         """Open the allocation's relay socket: the reserved one, an even port (and, with the R
         bit, the next port reserved under the token returned), or any port. 508 if none."""
         # The relay socket binds the listener's local address (the wildcard only where that is
         # one); clients are told the relay address (`relay_ip`, the same but behind NAT).
-        wildcard = self.bind_ip
+        wildcard = self._bind_ip(allocation.family)
         if reserved is not None:
-            await self._open_relay(allocation, reserved.dup())
+            await self._open_relay(allocation, reserved.dup(), native)
             return None
         for _ in range(EVEN_PORT_ATTEMPTS if even_port is not None else 1):
             family = socket.AF_INET6 if allocation.family == FAMILY_IPV6 else socket.AF_INET
@@ -567,29 +662,36 @@ class TurnServer:
                 raise RequestError(508, f"Insufficient Capacity: no relay socket: {exc}") from None
             port = sock.getsockname()[1]
             if even_port is None or (port % 2 == 0 and not even_port):
-                await self._open_relay(allocation, sock)
+                await self._open_relay(allocation, sock, native)
                 return None
             if port % 2 == 0 and port < 65535:
                 next_port = bound_udp(wildcard, port + 1)
                 if next_port is not None:
                     token = secrets.token_bytes(8)
                     await self.context.reservations.reserve(token, next_port)
-                    await self._open_relay(allocation, sock)
+                    await self._open_relay(allocation, sock, native)
                     return token
             sock.close()
         raise RequestError(508, "Insufficient Capacity: no even relay port free")
 
-    async def _open_relay(self, allocation: Allocation, sock: socket.socket) -> None:
-        """Serve a bound relay socket on the listener's relay path (which takes it over)."""
+    async def _open_relay(
+        self, allocation: Allocation, sock: socket.socket, native: bool = True
+    ) -> None:
+        """Serve a bound relay socket on the listener's relay path (which takes it over), or
+        on the Python path (`native` False: a relay the native engine does not serve)."""
         sock.setblocking(False)
         for option in (socket.SO_RCVBUF, socket.SO_SNDBUF):
             try:
                 sock.setsockopt(socket.SOL_SOCKET, option, 1 << 20)
             except OSError:
                 pass
-        allocation.relayed_address = (self.relay_ip, sock.getsockname()[1])
+        allocation.relayed_address = (
+            self._relay_ip(allocation.family) or "",
+            sock.getsockname()[1],
+        )
+        path = self.scope.relay_path if native else _PYTHON_RELAY_PATH
         try:
-            allocation.relay = await self.scope.relay_path.open(allocation, sock)
+            allocation.relay = await path.open(allocation, sock)
         except OSError as exc:
             sock.close()
             raise RequestError(508, f"Insufficient Capacity: no relay socket: {exc}") from None
@@ -599,7 +701,7 @@ class TurnServer:
         request, downstream = exchange.request, exchange.downstream
         allocation = self._allocation_of(exchange)
         family = request.attributes.get("REQUESTED-ADDRESS-FAMILY")
-        if family is not None and family != allocation.family:
+        if family is not None and family not in self._families_of(allocation):
             raise RequestError(443)
         requested = request.attributes.get("LIFETIME", DEFAULT_ALLOCATION_LIFETIME)
         # RFC 8656 §7.3: 0 deletes; below the default, the default; above the maximum, that.
@@ -609,6 +711,9 @@ class TurnServer:
             log.info("listener %s: allocation deleted by %s", self.name, _fmt(downstream.address))
         else:
             allocation.refresh(lifetime)
+            second = self.additional.get(allocation.downstream.remote)
+            if second is not None:
+                second.refresh(lifetime)
         response = _response_to(request)
         response.attributes["LIFETIME"] = lifetime
         return response
@@ -619,10 +724,14 @@ class TurnServer:
             raise RequestError(400, "Bad Request: missing XOR-PEER-ADDRESS")
         if len(peers) > self.context.limits.max_peers_per_request:
             raise RequestError(508, "Insufficient Capacity: too many XOR-PEER-ADDRESS")
+        # An IPv4-mapped or IPv4-compatible peer is the IPv4 peer it carries, before any
+        # check: it is judged, permitted and relayed to as that address (so a route's refusal
+        # of 10.0.0.1 holds for ::ffff:10.0.0.1), and its family is IPv4 (RFC 8656 §10.2,
+        # §12.2: the peer's family must be the allocation's, else 443).
+        peers = [(canonical_peer_ip(ip), port) for ip, port in peers]
+        families = self._families_of(allocation)
         for ip, _ in peers:
-            # An IPv4-mapped IPv6 peer is an IPv4 peer: not on an IPv6 allocation (RFC 8656
-            # §10.2, §12.2: the peer's family must be the allocation's).
-            if address_family(ip) != allocation.family or _is_v4_mapped(ip):
+            if address_family(ip) not in families:
                 raise RequestError(443)
         for ip, _ in peers:
             if not self.router.permits(self.name, ip):
@@ -648,11 +757,15 @@ class TurnServer:
         allocation = self._allocation_of(exchange)
         expiry = time.monotonic() + PERMISSION_LIFETIME
         peers = self._peer_addresses(request, allocation)
-        new = {ip for ip, _ in peers if ip not in allocation.permissions}
-        if len(allocation.permissions) + len(new) > self.context.limits.max_permissions:
+        new = {ip for ip, _ in peers if ip not in self._by_family(allocation, ip).permissions}
+        held = len(allocation.permissions)
+        second = self.additional.get(allocation.downstream.remote)
+        if second is not None:
+            held += len(second.permissions)
+        if held + len(new) > self.context.limits.max_permissions:
             raise RequestError(508, "Insufficient Capacity: too many permissions")
         for ip, _ in peers:
-            allocation.permit(ip, expiry)
+            self._by_family(allocation, ip).permit(ip, expiry)
         return _response_to(request)
 
     def _channel_bind(self, exchange: Exchange) -> Message:
@@ -678,6 +791,13 @@ class TurnServer:
                 f" (allowed by: {why.allow})" if why.allow else "",
             )
             raise RequestError(403, "Forbidden: peer port not admitted")
+        other = self.additional.get(allocation.downstream.remote)
+        if other is not None:  # a dual allocation: the channel is unique across both families
+            target = self._by_family(allocation, ip)
+            other = allocation if target is other else other
+            if channel in other.channels:
+                raise RequestError(400, "Bad Request: channel bound to another peer")
+            allocation = target
         limits = self.context.limits
         if channel not in allocation.channels and len(allocation.channels) >= limits.max_channels:
             raise RequestError(508, "Insufficient Capacity: too many channels")
@@ -711,6 +831,10 @@ class TurnServer:
         if allocation is None:
             self.stats.dropped += 1
             return
+        if "." in peer[0] and ":" in peer[0]:  # ::ffff:a.b.c.d: as its permission was made
+            peer = (canonical_peer_ip(peer[0]), peer[1])
+        if self.additional:
+            allocation = self._by_family(allocation, peer[0])
         allocation.relay_to_peer(peer, data)
 
     # --- housekeeping ------------------------------------------------------------------------
@@ -720,6 +844,10 @@ class TurnServer:
             del self.allocations[allocation.downstream.remote]
             self.context.users.release(allocation.user_id)
             self.router.relay_ports[allocation.relayed_address[1]] = 0
+            second = self.additional.pop(allocation.downstream.remote, None)
+            if second is not None:
+                self.router.relay_ports[second.relayed_address[1]] = 0
+                second.close()
         allocation.close()
 
     def sweep(self) -> None:
@@ -733,6 +861,8 @@ class TurnServer:
                     _fmt(allocation.downstream.address),
                 )
                 self._delete(allocation)
+        for second in self.additional.values():
+            second.expire(now)  # its permissions and channels; its life is the first's
         responses = self._responses  # in the order cached, so of expiry (one TTL for all)
         while responses:
             key = next(iter(responses))
@@ -748,6 +878,7 @@ class TurnServer:
 
 
 _FAMILY_ATTRIBUTES = ("REQUESTED-ADDRESS-FAMILY", "ADDITIONAL-ADDRESS-FAMILY")
+_PYTHON_RELAY_PATH = AsyncioRelayPath()
 
 _REFUSALS: dict[str, tuple[int, str | None]] = {
     DRAINING: (508, "Insufficient Capacity: this server is shutting down, try another"),
@@ -758,16 +889,6 @@ _REFUSALS: dict[str, tuple[int, str | None]] = {
 def _allocation_lifetime(requested: int) -> int:
     """At least the default, at most the maximum (RFC 8656 §7.2 step 9, §7.3)."""
     return max(DEFAULT_ALLOCATION_LIFETIME, min(requested, MAX_ALLOCATION_LIFETIME))
-
-
-def _is_v4_mapped(ip: str) -> bool:
-    if ":" not in ip:
-        return False  # an IPv4 address (every peer of an IPv4 allocation): no parse
-    try:
-        address = ipaddress.ip_address(ip)
-    except ValueError:
-        return False
-    return isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None
 
 
 def _ignore(exchange: Exchange) -> None:

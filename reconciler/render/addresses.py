@@ -26,13 +26,15 @@ from stunner_api.vocabulary import SERVICE_TYPE
 from stunner_api.vocabulary import ConditionReason as Reason
 
 from ..store import Kind, Object, meta, name_of, namespace_of
-from .context import Context, GatewayPlan, Staged, finding
+from .context import Context, GatewayPlan, Public, Staged, finding
 from .nodes import node_local_addresses
 from .plan import Finding
 
 # Preferred first: Go's two, then ours (see the module's note).
 NODE_ADDRESS_TYPES = ("ExternalIP", "ExternalDNS", "InternalIP")
-SERVICE_TYPE_RANK = {"LoadBalancer": 0, "ExternalName": 1, "NodePort": 2, "ClusterIP": 3}
+# An ExternalName Service exposes nothing (an alias, no address, no ports): never the
+# Gateway's (Go v2.0.2 "drop the ExternalName service type").
+SERVICE_TYPE_RANK = {"LoadBalancer": 0, "NodePort": 1, "ClusterIP": 2}
 NO_PORT_HINT = "enable mixed-protocol-LB support to expose listeners of both transports"
 
 
@@ -46,6 +48,10 @@ class PublicAddress:
     source: str = ""
     missing: str = ""
     no_port: bool = False  # the Service has no port for the listener (a finding in render)
+    # Every other address the port answers on (a dual-stack LoadBalancer's ingress IPs of the
+    # other family, Go v2.0.2 "collect every load-balancer IP of a port"): the Gateway's
+    # status lists them after `address`.
+    also: tuple[str, ...] = ()
 
     def __bool__(self) -> bool:
         return bool(self.address)
@@ -62,17 +68,20 @@ def _id(obj: Object) -> str:
 
 def gateway_service(gateway: Object, services: Iterable[Object]) -> Object | None:
     """The Service exposing a Gateway among `services` (those of its namespace annotated with
-    it): owned by it when its uid is known, a LoadBalancer before an ExternalName before a
-    NodePort before a ClusterIP one."""
+    it): owned by it when its uid is known, a LoadBalancer before a NodePort before a
+    ClusterIP one; an ExternalName one never."""
     uid = meta(gateway).get("uid")
     candidates = [
         svc
         for svc in services
-        if not uid
-        or any(o.get("uid") == uid for o in meta(svc).get("ownerReferences") or [])
-        or (name_of(svc) == name_of(gateway) and not meta(svc).get("ownerReferences"))
+        if _service_type(svc) in SERVICE_TYPE_RANK
+        and (
+            not uid
+            or any(o.get("uid") == uid for o in meta(svc).get("ownerReferences") or [])
+            or (name_of(svc) == name_of(gateway) and not meta(svc).get("ownerReferences"))
+        )
     ]
-    candidates.sort(key=lambda svc: SERVICE_TYPE_RANK.get(_service_type(svc), 4))
+    candidates.sort(key=lambda svc: SERVICE_TYPE_RANK[_service_type(svc)])
     return candidates[0] if candidates else None
 
 
@@ -132,22 +141,19 @@ def public_address(
             if isinstance(i, Mapping)
         ]
         chosen = next(
-            (
-                i
-                for i in ingress
-                if any(
-                    isinstance(s, Mapping)
-                    and s.get("port") == port
-                    and (s.get("protocol") or "TCP") == transport
-                    for s in i.get("ports") or []
-                )
-            ),
+            (i for i in ingress if _names_port(i, port, transport)),
             ingress[0] if ingress else None,
         )
         if chosen is not None and (chosen.get("ip") or chosen.get("hostname")):
-            return PublicAddress(
-                str(chosen.get("ip") or chosen.get("hostname")), port, "LoadBalancer ingress"
-            )
+            address = str(chosen.get("ip") or chosen.get("hostname"))
+            # Every ingress entry of the port (those naming it, else every one: an ingress
+            # without ports serves them all), each address once, in the order given.
+            same = [i for i in ingress if i is chosen or _names_port(i, port, transport)]
+            if not _names_port(chosen, port, transport):
+                same = [i for i in ingress if not i.get("ports")] or [chosen]
+            also = [str(i.get("ip") or i.get("hostname") or "") for i in same]
+            others = tuple(dict.fromkeys(a for a in also if a and a != address))
+            return PublicAddress(address, port, "LoadBalancer ingress", also=others)
     node_port = service_port.get("nodePort")
     if isinstance(node_port, int) and node_port > 0:
         found = node_address(nodes)
@@ -170,9 +176,16 @@ def public_address(
     )
 
 
-def listener_addresses(
-    ctx: Context, plan: GatewayPlan
-) -> Staged[tuple[tuple[str, int] | None, ...]]:
+def _names_port(ingress: Mapping[str, Any], port: int, transport: str) -> bool:
+    return any(
+        isinstance(s, Mapping)
+        and s.get("port") == port
+        and (s.get("protocol") or "TCP") == transport
+        for s in ingress.get("ports") or []
+    )
+
+
+def listener_addresses(ctx: Context, plan: GatewayPlan) -> Staged[tuple[Public | None, ...]]:
     """The stage: the public (address, port) of each listener of a rendered Gateway, in the
     order of `plan.listeners` (None for one not rendered or without an address); a finding for
     each listener its Service has no port for."""
@@ -184,18 +197,18 @@ def listener_addresses(
     service = gateway_service(gateway, services)
     nodes = ctx.snapshot.all(Kind.NODE) if rendered else []
     node_local, host_ports = node_local_addresses(ctx, plan) if rendered else ([], {})
-    publics: list[tuple[str, int] | None] = []
+    publics: list[Public | None] = []
     found: list[Finding] = []
     for lst in plan.listeners:
         if lst.rendered and node_local:  # the first node's; status and ICE list every node
-            publics.append((node_local[0], host_ports.get(lst.name, lst.port or 0)))
+            publics.append(Public(node_local[0], host_ports.get(lst.name, lst.port or 0)))
             continue
         address = (
             public_address(gateway, service, nodes, lst.port or 0, lst.transport)
             if lst.rendered
             else PublicAddress()
         )
-        publics.append((address.address, address.port) if address else None)
+        publics.append(Public(address.address, address.port, address.also) if address else None)
         if address.no_port:
             path = f"spec.listeners[{lst.index}]"
             found.append(finding(gateway, path, address.missing, Reason.ADDRESS_NOT_ASSIGNED))

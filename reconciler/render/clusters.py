@@ -1,7 +1,9 @@
 """The cluster of a UDPRoute (ANCHORS §2.3): what the routes stage gives a route it attaches.
 
 The EndpointSlice addresses of Service backends (every one, ready or not: the list is a
-permission, and a starting or terminating pod still carries calls) plus the ClusterIP,
+permission, and a starting or terminating pod still carries calls, of both families) plus
+every ClusterIP (`spec.clusterIPs`, both of a dual-stack Service); never an ExternalName
+Service (a DNS alias out of the cluster: a problem, as Go v2.0.2 drops it),
 StaticService prefixes, the `:<port-endPort>` suffix; STRICT_DNS cluster DNS names when
 endpoint discovery is off.
 
@@ -131,6 +133,17 @@ def cluster(route: Object, snapshot: Snapshot, settings: RenderSettings) -> Clus
         service = snapshot.get(Kind.SERVICE, namespace, name)
         if service is None:
             result.problems.append((Reason.BACKEND_NOT_FOUND, f"backend {where} not found"))
+            continue
+        if _spec(service).get("type") == "ExternalName":
+            # A DNS alias out of the cluster (Go v2.0.2 drops it): its name would resolve,
+            # without endpoint discovery, to whatever host it names outside the policy.
+            result.problems.append(
+                (
+                    Reason.INVALID_KIND,
+                    f"backend {where} is an ExternalName Service (an alias of "
+                    f"{_spec(service).get('externalName') or 'another name'}): not relayed to",
+                )
+            )
             continue
         transports |= _service_transports(service, ref) if ports_apply else {"UDP"}
         if settings.endpoint_discovery:

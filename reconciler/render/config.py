@@ -18,6 +18,7 @@ from typing import Any
 
 from stunner_api.annotations import (
     RELAY_ADDRESS_DISCOVERY_ROW,
+    RELAY_ADDRESS_FAMILY_ROW,
     TARGETPORT_ROW,
     DaemonPorts,
     Limits,
@@ -36,6 +37,7 @@ from .context import (
     Context,
     GatewayPlan,
     ListenerPlan,
+    Public,
     Staged,
     finding,
     id_of,
@@ -51,10 +53,14 @@ STUNNER_ADDR = "$STUNNER_ADDR"
 
 
 def admin(
-    config_id: str, gateway_config: Object, dataplane: Object, ports: DaemonPorts
+    config_id: str,
+    gateway_config: Object,
+    dataplane: Object,
+    ports: DaemonPorts,
+    relay_family: str = "",
 ) -> dict[str, Any]:
     """The `admin` section: name, log level, health check and metrics (at `ports`), quota,
-    offload."""
+    offload, and the relay address family (the Gateway's annotation, when set)."""
     gwc, dp = spec_of(gateway_config), spec_of(dataplane)
     out: dict[str, Any] = {
         "name": config_id,
@@ -69,6 +75,8 @@ def admin(
         out["offload_engine"] = dp["offloadEngine"]
     if dp.get("offloadInterfaces"):
         out["offload_interfaces"] = list(dp["offloadInterfaces"])
+    if relay_family:
+        out["relay_address_family"] = relay_family
     return out
 
 
@@ -87,7 +95,7 @@ def relay_address(gateway: Object, gateway_config: Object, limits: Limits) -> st
 def _listener(
     gw_id: str,
     listener: ListenerPlan,
-    public: tuple[str, int] | None,
+    public: Public | None,
     routes: Sequence[str],
     targetports: Mapping[str, int],
     address: str,
@@ -100,7 +108,7 @@ def _listener(
         "routes": list(routes),
     }
     if public is not None:
-        entry["public_address"], entry["public_port"] = public
+        entry["public_address"], entry["public_port"] = public.address, public.port
     if listener.cert:
         entry["cert"], entry["key"] = listener.cert, listener.key
     return entry
@@ -109,7 +117,7 @@ def _listener(
 def dataplane_config(
     ctx: Context,
     plan: GatewayPlan,
-    publics: Sequence[tuple[str, int] | None],
+    publics: Sequence[Public | None],
     attachments: Attachments,
     clusters: Mapping[str, Cluster],
 ) -> Staged[StunnerConfig | str]:
@@ -135,6 +143,7 @@ def dataplane_config(
             of_class.gateway_config,
             of_class.dataplane,
             stunnerd_ports(gateway, of_class.dataplane),
+            annotation(RELAY_ADDRESS_FAMILY_ROW, gateway, of_class.gateway_config, limits),
         ),
         "auth": of_class.auth,
         "listeners": listeners,

@@ -58,6 +58,14 @@ class Context:
         return self.settings.controller_name
 
 
+class Public(NamedTuple):
+    """A rendered listener's public address and port, and the other addresses it answers on."""
+
+    address: str
+    port: int
+    also: tuple[str, ...] = ()
+
+
 class Staged(NamedTuple, Generic[T]):
     """What one stage gives back: its value, its findings and its statuses, in the order it
     made them. Immutable as a frozen dataclass, and built several times faster (render builds

@@ -25,6 +25,7 @@ from .context import (
     Context,
     GatewayPlan,
     ListenerPlan,
+    Public,
     Staged,
     conditions_of,
     finding,
@@ -94,7 +95,7 @@ def _relay_fallback(
 def gateway_status(
     ctx: Context,
     plan: GatewayPlan,
-    publics: Sequence[tuple[str, int] | None] = (),
+    publics: Sequence[Public | None] = (),
     attached: Sequence[int] = (),
     config: StunnerConfig | str | None = None,
 ) -> Staged[None]:
@@ -125,9 +126,10 @@ def gateway_status(
             where = placement(plan.context.dataplane)
             node_local = node_public_addresses(ctx.snapshot.all(Kind.NODE), where)
         status["conditions"] = conditions_of(ctx, gateway, [accepted, programmed])
-        first = next((public[0] for public in rendered if public is not None), None)
-        # A stunnerd on every node (relay address discovery): every node's public address.
-        shown = node_local or ([first] if first is not None else [])
+        first = next((public for public in rendered if public is not None), None)
+        # A stunnerd on every node (relay address discovery): every node's public address;
+        # else the first listener's, and every other its port answers on (both families).
+        shown = node_local or ([first.address, *first.also] if first is not None else [])
         if shown:
             status["addresses"] = [
                 {"type": "IPAddress" if is_ip(a) else "Hostname", "value": a} for a in shown

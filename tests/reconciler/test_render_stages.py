@@ -84,7 +84,7 @@ def test_the_stages_alone_make_the_config_render_makes() -> None:
     [route_status] = attached.statuses
     assert route_status.status["parents"][0]["conditions"][0]["reason"] == "Accepted"
     publics = addresses.listener_addresses(ctx, plan).value
-    assert publics == (("203.0.113.10", 3478),)
+    assert publics == (("203.0.113.10", 3478, ()),)  # (address, port, the other addresses)
     cluster = {"stunner/media-plane-route": attached.value.cluster}
     made = config.dataplane_config(ctx, plan, publics, {(plan.key, 0): tuple(cluster)}, cluster)
     rendered = render(Snapshot.from_objects(load_case("udp-gateway")), RenderSettings(), NOW)

@@ -154,6 +154,9 @@ SEEN: dict[str, Callable[[Plan], Any]] = {
         ),
         "",
     ),
+    table.RELAY_ADDRESS_FAMILY_ROW.key: lambda plan: (
+        plan.configs["stunner/gw"].admin.relay_address_family
+    ),
 }
 # What else a row needs to be seen: both listeners on the Service (but for the mixed-protocol
 # row itself), a health-check port to expose, a NodePort Service to keep nodePorts.
@@ -214,6 +217,9 @@ ACCEPTED: list[tuple[Annotation[Any], str]] = [
     (table.RELAY_STUN_SERVER_ROW, "stun.example.org:3478"),
     (table.RELAY_STUN_SERVER_ROW, "192.0.2.1:19302"),
     (table.RELAY_STUN_SERVER_ROW, "[2001:db8::1]:3478"),
+    (table.RELAY_ADDRESS_FAMILY_ROW, "IPv6"),
+    (table.RELAY_ADDRESS_FAMILY_ROW, "dualstack"),
+    (table.RELAY_ADDRESS_FAMILY_ROW, "IPV4"),
 ]
 
 REFUSED: list[tuple[Annotation[Any], str]] = [
@@ -244,6 +250,9 @@ REFUSED: list[tuple[Annotation[Any], str]] = [
     (table.RELAY_STUN_SERVER_ROW, "2001:db8::1:3478"),  # IPv6 without brackets
     (table.RELAY_STUN_SERVER_ROW, "stun.example.org:0"),
     (table.RELAY_STUN_SERVER_ROW, "stun_server:3478"),
+    (table.RELAY_ADDRESS_FAMILY_ROW, "v6"),
+    (table.RELAY_ADDRESS_FAMILY_ROW, "dual"),
+    (table.RELAY_ADDRESS_FAMILY_ROW, ""),
 ]
 
 

@@ -862,3 +862,15 @@ def test_ice_uris_bracket_ipv6_for_turn_stun_and_per_node_addresses() -> None:
     ]
     v4 = load_dict(config_with(listeners=[listener(address="10.0.0.1", **named)]))
     assert listener_uris(v4, IceQuery()) == ["turn:10.0.0.1:3478?transport=udp"]
+
+
+def test_listener_status_string_brackets_ipv6_addresses() -> None:
+    """The status line (stunnerd's /status, its logs) writes a URI: an IPv6 address in
+    brackets (RFC 7065 / RFC 3986 §3.2.2), its public address likewise."""
+    listener = ListenerConfig(
+        name="v6", address="2001:db8::1", public_address="2001:db8::7", public_port=30478
+    )
+    text = str(listener)
+    assert "turn://[2001:db8::1]:3478?transport=TURN-UDP" in text
+    assert "public=[2001:db8::7]:30478" in text
+    assert "public=-:-" in str(ListenerConfig(name="v4", address="10.0.0.1"))

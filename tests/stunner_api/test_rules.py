@@ -738,7 +738,8 @@ def test_every_rule_has_passing_and_failing_cases() -> None:
             "stunner.l7mp.io/disable-session-affinity, "
             "stunner.l7mp.io/enable-relay-address-discovery, "
             "stunner.l7mp.io/health-check-port, stunner.l7mp.io/metrics-port, "
-            "stunner.l7mp.io/relay-address-stun-server",
+            "stunner.l7mp.io/relay-address-stun-server, "
+            "stunner.l7mp.io/relay-address-family",
         ),
         (
             annotated(nodeport='{"udp":80}'),

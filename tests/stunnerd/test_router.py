@@ -155,6 +155,15 @@ def test_ipv4_mapped_peer_is_matched_as_ipv4(peer: str) -> None:
     assert not router.admits("udp", peer, 7)
 
 
+@pytest.mark.parametrize("peer", ["::10.2.0.1", "::a02:1", "::ffff:10.2.0.1"])
+def test_ipv4_peer_in_ipv6_spelling_never_passes_an_ipv6_range(peer: str) -> None:
+    """Issue 31: ::10.2.0.1 is 10.2.0.1, which the route does not name; ::/0 does not admit it."""
+    router = router_with({"udp": ["a"]}, Cluster("a", ["::/0", "10.1.0.0/16"]))
+    assert not router.permits("udp", peer)
+    assert not router.admits("udp", peer, 5000)
+    assert router.permits("udp", peer.replace("10.2", "10.1").replace("a02", "a01"))
+
+
 @pytest.mark.parametrize("peer", ["", "garbage", "10.0.0.1:5000", "10.0.0", "::g", "\x00"])
 def test_garbage_peer_ip_denies(peer: str) -> None:
     router = router_with({"udp": ["open"]}, Cluster("open", ["0.0.0.0/0", "::/0"]))
