@@ -716,6 +716,18 @@ class TurnServer:
 
     # --- housekeeping ------------------------------------------------------------------------
 
+    def end(self, allocation: Allocation, why: str) -> None:
+        """End `allocation` now (stunnerd.sessions: the operator or a revocation says so): its
+        relay socket closes, and later requests on its 5-tuple get 437."""
+        log.info(
+            "listener %s: allocation %s of %s ended: %s",
+            self.name,
+            allocation.id,
+            _fmt(allocation.downstream.address),
+            why,
+        )
+        self._delete(allocation)
+
     def _delete(self, allocation: Allocation) -> None:
         if self.allocations.get(allocation.downstream.remote) is allocation:
             del self.allocations[allocation.downstream.remote]

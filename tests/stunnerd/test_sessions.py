@@ -1,0 +1,210 @@
+"""Sessions across pods (issue 29): three real stunnerd processes, started as the chart starts
+them (`stunnerd -w -c http://CDS`), watch one Gateway's config on one real CDS server
+(reconciler.cds) with TURN REST (ephemeral) credentials, each pod on its own loopback address,
+and real TURN clients (the raw client: it refreshes after the end) allocate over UDP and TCP.
+
+We test: GET /api/v1/sessions/NS/GW lists exactly the allocations made, on the pods they were
+made on, with their user ids, relay addresses, peers, channels and (Python path) counters, and no
+password nor full username appears; POST .../disconnect?user=U ends that user's allocations on
+every pod within a second (measured loosely, around the request) and a Refresh on them is then
+answered 437, while another user's allocation lives on; ?allocation=ID ends exactly that one;
+the CDS logs who asked and what ended.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import urllib.parse
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import aiohttp
+import pytest
+
+from stunner_api.dataplane_load import load_config
+from stunner_api.ice import ephemeral_password, ephemeral_username
+from stunner_api.sessions import DISCONNECT_PATH, FIELDS, SESSIONS_PATH
+from tests.cds_server import run_cds_server
+from tests.support.turnclient import REALM, SECRET, RawClient, RawTcpClient, free_port, start_peer
+from tests.support.turnclient import error_code as raw_error_code
+
+from .conftest import StartStunnerd
+
+ID = "testns/gw"
+PODS = ("127.0.0.1", "127.0.0.2", "127.0.0.3")
+
+
+def config_text(port: int) -> str:
+    listeners = [
+        {
+            "name": f"{ID}/{p.lower()}",
+            "protocol": p,
+            "address": "$STUNNER_ADDR",
+            "port": port,
+            "routes": ["testns/backend"],
+        }
+        for p in ("TURN-UDP", "TURN-TCP")
+    ]
+    text = {
+        "version": "v1",
+        "admin": {"name": ID, "loglevel": "all:INFO", "healthcheck_endpoint": ""},
+        "auth": {"type": "ephemeral", "realm": REALM, "credentials": {"secret": SECRET}},
+        "listeners": listeners,
+        "clusters": [{"name": "testns/backend", "type": "STATIC", "endpoints": ["127.0.0.0/8"]}],
+    }
+    load_config(json.dumps(text))  # valid
+    return json.dumps(text)
+
+
+def credentials(user: str, ttl: int = 3600) -> dict[str, str]:
+    username = ephemeral_username(int(time.time()) + ttl, user)
+    return {"username": username, "password": ephemeral_password(SECRET, username)}
+
+
+async def wait_for(predicate: Callable[[], Awaitable[bool]], timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not await predicate():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.05)
+
+
+async def _true(value: bool) -> bool:
+    return value
+
+
+async def sessions(address: str) -> dict[str, Any]:
+    url = address + SESSIONS_PATH.format(namespace="testns", name="gw")
+    async with aiohttp.ClientSession() as http, http.get(url) as answer:
+        assert answer.status == 200, await answer.text()
+        body: dict[str, Any] = await answer.json()
+        return body
+
+
+async def disconnect(address: str, **query: str) -> tuple[dict[str, Any], float]:
+    """POST disconnect; its answer and how long it took."""
+    url = address + DISCONNECT_PATH.format(namespace="testns", name="gw")
+    url += "?" + urllib.parse.urlencode(query)
+    started = time.monotonic()
+    async with aiohttp.ClientSession() as http, http.post(url) as answer:
+        assert answer.status == 200, await answer.text()
+        body: dict[str, Any] = await answer.json()
+    return body, time.monotonic() - started
+
+
+async def allocated(client: RawClient) -> tuple[str, int]:
+    response = await client.allocate()
+    assert raw_error_code(response) is None, response.attributes
+    relay: tuple[str, int] = response.attributes["XOR-RELAYED-ADDRESS"]
+    return relay
+
+
+def test_sessions_are_listed_and_ended_across_pods(
+    stunnerd: StartStunnerd, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="stunner.cds-server")
+
+    async def main() -> None:
+        port = free_port()
+        peer = await start_peer()
+        alice, bob = credentials("alice"), credentials("bob")
+        async with run_cds_server() as cds:
+            cds.set_config(ID, config_text(port))
+            pods = [
+                stunnerd(
+                    *("-w", "-c", cds.address, "-i", ID),
+                    env={"STUNNER_ADDR": pod, "STUNNER_NODENAME": "", "HOSTNAME": f"pod-{i}"},
+                )
+                for i, pod in enumerate(PODS)
+            ]
+            await wait_for(lambda: _true(len(cds.store.answering(ID)) == 3))
+            # alice on pods 0 (UDP) and 1 (TCP), bob on pod 2 (UDP)
+            clients: list[RawClient] = [
+                await RawClient.connect((PODS[0], port), **alice),
+                await RawTcpClient.connect((PODS[1], port), **alice),
+                await RawClient.connect((PODS[2], port), **bob),
+            ]
+            for client in clients:
+                await wait_for(lambda c=client: _serving(c))  # type: ignore[misc]
+            relays = [await allocated(c) for c in clients]
+            first = clients[0]
+            assert raw_error_code(await first.create_permission(("127.0.0.1", peer.port))) is None
+            assert (
+                raw_error_code(await first.channel_bind(0x4000, ("127.0.0.1", peer.port))) is None
+            )
+            for _ in range(3):
+                first.send_indication(("127.0.0.1", peer.port), b"hello")
+            await asyncio.wait_for(first.channel_data.get(), 5)  # the peer echoed (channel 0x4000)
+
+            listed = await sessions(cds.address)
+            assert listed["pods"] == ["pod-0", "pod-1", "pod-2"] and listed["silent"] == []
+            got = sorted(
+                (s["pod"], s["user"], s["transport"], s["relay"]) for s in listed["sessions"]
+            )
+            want = sorted(
+                [
+                    ("pod-0", "alice", "TURN-UDP", f"{relays[0][0]}:{relays[0][1]}"),
+                    ("pod-1", "alice", "TURN-TCP", f"{relays[1][0]}:{relays[1][1]}"),
+                    ("pod-2", "bob", "TURN-UDP", f"{relays[2][0]}:{relays[2][1]}"),
+                ]
+            )
+            assert got == want
+            for session in listed["sessions"]:
+                assert list(session) == list(FIELDS)
+                assert 0 < session["lifetime"] <= 600
+            (on_first,) = [s for s in listed["sessions"] if s["pod"] == "pod-0"]
+            assert on_first["peers"] == ["127.0.0.1"]
+            assert on_first["channels"] == {"16384": f"127.0.0.1:{peer.port}"}
+            assert (
+                on_first["client"] == "127.0.0.1:%d" % first.transport.get_extra_info("sockname")[1]
+            )  # type: ignore[union-attr]
+            if on_first["rxPackets"] is not None:  # the Python path counts per allocation
+                assert on_first["rxPackets"] >= 3 and on_first["rxBytes"] >= 15
+                assert on_first["txPackets"] >= 1
+            text = json.dumps(listed)
+            for secret in (alice["password"], bob["password"], alice["username"], SECRET):
+                assert secret not in text
+
+            # disconnect alice: gone from both pods within a second, and 437 afterwards
+            ended, took = await disconnect(cds.address, user="alice")
+            assert took < 1.0, took
+            assert sorted(s["pod"] for s in ended["sessions"]) == ["pod-0", "pod-1"]
+            for client in clients[:2]:
+                response = await client.refresh(600)
+                assert raw_error_code(response) == 437, response.attributes
+            listed = await sessions(cds.address)
+            assert [(s["pod"], s["user"]) for s in listed["sessions"]] == [("pod-2", "bob")]
+            assert any(
+                "disconnect asked by" in r.message and "ended 2 allocation(s)" in r.message
+                for r in caplog.records
+            ), caplog.text
+
+            # by allocation id: exactly that one
+            (bobs,) = listed["sessions"]
+            ended, took = await disconnect(cds.address, allocation=bobs["id"])
+            assert [s["id"] for s in ended["sessions"]] == [bobs["id"]] and took < 1.0
+            assert raw_error_code(await clients[2].refresh(600)) == 437
+            assert (await sessions(cds.address))["sessions"] == []
+            for client in clients:
+                client.close()
+            for process in pods:
+                log = await asyncio.to_thread(process.stop, at_once=True)
+                assert "ended: ended by the CDS" in log
+                for secret in (alice["password"], bob["password"]):
+                    assert secret not in log
+        peer.close()
+
+    asyncio.run(main())
+
+
+async def _serving(client: RawClient) -> bool:
+    """The pod answers a Binding (it runs its config)."""
+    from stunnerd.stun import Class, Message, Method
+
+    try:
+        await client.request(Message(Method.BINDING, Class.REQUEST), sign=False, timeout=0.5)
+    except TimeoutError:
+        return False
+    return True
