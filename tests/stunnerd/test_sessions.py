@@ -16,18 +16,26 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import sys
 import time
 import urllib.parse
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 
+from reconciler.cds_access import Access, Account, TokenVerifier
+from reconciler.kube.api import Api
 from stunner_api.dataplane_load import load_config
 from stunner_api.ice import ephemeral_password, ephemeral_username
 from stunner_api.sessions import DISCONNECT_PATH, FIELDS, SESSIONS_PATH
+from stunner_api.vocabulary import CDS_TOKEN_AUDIENCE
+from stunner_cli.__main__ import main as stunner
 from tests.cds_server import run_cds_server
+from tests.support.fakeapi import FakeApiServer
+from tests.support.objects import cds_service
 from tests.support.turnclient import REALM, SECRET, RawClient, RawTcpClient, free_port, start_peer
 from tests.support.turnclient import error_code as raw_error_code
 
@@ -157,9 +165,9 @@ def test_sessions_are_listed_and_ended_across_pods(
             (on_first,) = [s for s in listed["sessions"] if s["pod"] == "pod-0"]
             assert on_first["peers"] == ["127.0.0.1"]
             assert on_first["channels"] == {"16384": f"127.0.0.1:{peer.port}"}
-            assert (
-                on_first["client"] == "127.0.0.1:%d" % first.transport.get_extra_info("sockname")[1]
-            )  # type: ignore[union-attr]
+            assert first.transport is not None
+            client_port = first.transport.get_extra_info("sockname")[1]
+            assert on_first["client"] == f"127.0.0.1:{client_port}"
             if on_first["rxPackets"] is not None:  # the Python path counts per allocation
                 assert on_first["rxPackets"] >= 3 and on_first["rxBytes"] >= 15
                 assert on_first["txPackets"] >= 1
@@ -208,3 +216,134 @@ async def _serving(client: RawClient) -> bool:
     except TimeoutError:
         return False
     return True
+
+
+SYSTEM = "stunner-system"
+READER = "stunner-config-reader"
+
+
+def test_the_cli_lists_and_ends_sessions_through_the_api_servers_proxy(
+    stunnerd: StartStunnerd,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """`stunner sessions` and `stunner disconnect` as the chart's reader account, through the
+    (fake) API server's service proxy to a CDS that checks tokens; two stunnerd pods show their
+    pods' bound tokens, so the CDS names each pod by its token (not its HOSTNAME); a pod's own
+    token may not list sessions (403)."""
+    caplog.set_level(logging.INFO, logger="stunner.cds-server")
+
+    async def main() -> None:
+        port = free_port()
+        alice = credentials("alice")
+        with FakeApiServer() as fake:
+            api = Api(fake.api_client())
+            access = Access(
+                TokenVerifier(lambda token: api.review_token(token, (CDS_TOKEN_AUDIENCE,))),
+                readers={Account(SYSTEM, READER)},
+                account_of=lambda id: "default",
+            )
+            for obj in (
+                cds_service(SYSTEM),
+                {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": READER}},
+            ):
+                obj["metadata"]["namespace"] = SYSTEM  # type: ignore[index]
+                fake.seed(obj)
+            fake.seed(
+                {
+                    "apiVersion": "v1",
+                    "kind": "ServiceAccount",
+                    "metadata": {"name": "default", "namespace": "testns"},
+                }
+            )
+            for pod in ("gw-a", "gw-b"):
+                fake.seed(
+                    {
+                        "apiVersion": "v1",
+                        "kind": "Pod",
+                        "metadata": {"name": pod, "namespace": "testns"},
+                    }
+                )
+            kube = ["--kubeconfig", str(fake.write_kubeconfig(tmp_path / "kubeconfig"))]
+            async with run_cds_server(access=access.middleware) as cds:
+                host, _, cds_port = cds.address.removeprefix("http://").rpartition(":")
+                fake.proxy(
+                    SYSTEM, "services", "stunner-config-discovery", 13478, (host, int(cds_port))
+                )
+                cds.set_config(ID, config_text(port))
+                pods = []
+                for name, address in (("gw-a", PODS[0]), ("gw-b", PODS[1])):
+                    token = tmp_path / f"{name}.token"
+                    token.write_text(
+                        fake.issue_token("testns", "default", (CDS_TOKEN_AUDIENCE,), pod=name)
+                    )
+                    pods.append(
+                        stunnerd(
+                            *("-w", "-c", cds.address, "-i", ID),
+                            env={
+                                "STUNNER_ADDR": address,
+                                "STUNNER_NODENAME": "",
+                                "HOSTNAME": "liar",
+                                "STUNNER_CDS_TOKEN_FILE": str(token),
+                            },
+                        )
+                    )
+                await wait_for(lambda: _true(len(cds.store.answering(ID)) == 2))
+                clients = [
+                    await RawClient.connect((PODS[0], port), **alice),
+                    await RawClient.connect((PODS[1], port), **alice),
+                ]
+                for client in clients:
+                    await wait_for(lambda c=client: _serving(c))  # type: ignore[misc]
+                    await allocated(client)
+
+                def cli(*args: str) -> tuple[int, str, str]:
+                    code = stunner([*args, *kube])
+                    captured = capsys.readouterr()
+                    return code, captured.out, captured.err
+
+                code, shown, _ = await asyncio.to_thread(cli, "sessions", "testns/gw", "-o", "json")
+                assert code == 0, shown
+                (answer,) = json.loads(shown)
+                assert sorted(s["pod"] for s in answer["sessions"]) == ["gw-a", "gw-b"]
+                assert alice["password"] not in shown and alice["username"] not in shown
+                code, table, _ = await asyncio.to_thread(cli, "sessions", "--user", "alice")
+                assert code == 0 and table.count(" alice ") == 2, table
+                print("\n" + table, file=sys.__stderr__)  # the README's example
+                code, table, _ = await asyncio.to_thread(cli, "sessions", "--user", "bob")
+                assert code == 0 and table.strip() == "no allocations", table
+
+                # A pod's own token reads its config, but not the sessions.
+                url = cds.address + SESSIONS_PATH.format(namespace="testns", name="gw")
+                own = (tmp_path / "gw-a.token").read_text()
+                async with (
+                    aiohttp.ClientSession() as http,
+                    http.get(url, headers={"Authorization": f"Bearer {own}"}) as refused,
+                ):
+                    assert refused.status == 403, await refused.text()
+
+                started = time.monotonic()
+                code, ended, error = await asyncio.to_thread(
+                    cli, "disconnect", "testns/gw", "--user", "alice"
+                )
+                assert code == 0, error
+                assert "2 allocation(s) ended on 2 pod(s)" in ended, ended
+                print("\n" + ended, file=sys.__stderr__)  # the README's example
+                for client in clients:
+                    assert raw_error_code(await client.refresh(600)) == 437
+                assert time.monotonic() - started < 10  # the CLI's own start-up included
+                assert any(
+                    f"disconnect asked by {SYSTEM}/{READER} for {ID}" in r.message
+                    for r in caplog.records
+                ), caplog.text
+                code, _, error = await asyncio.to_thread(cli, "disconnect", "testns")
+                assert code != 0
+                for client in clients:
+                    client.close()
+                for process in pods:
+                    log = await asyncio.to_thread(process.stop, at_once=True)
+                    assert alice["password"] not in log
+            api.close()
+
+    asyncio.run(main())
