@@ -100,6 +100,7 @@ from stunner_http.server import serve as serve_http
 from stunner_http.websocket import FrameBudget, WebSocketGuard
 
 from .cds_access import ACCOUNT_KEY, ALLOWED_KEY, LAPSED_KEY, READER_KEY, REPORTER_KEY, Lapsed
+from .cds_sessions import ASKS_PER_SECOND
 from .cds_store import ConfigStore, Selector, Watcher
 from .cds_usage import LOG_PERIOD
 
@@ -385,6 +386,11 @@ class CdsHandlers:
             )
         if self.store.text(id) is None:
             return id, json_error(HTTPStatus.NOT_FOUND, f"config {id} not found")
+        if not self.store.sessions.admit(id):
+            return id, json_error(
+                HTTPStatus.TOO_MANY_REQUESTS,
+                f"at most {ASKS_PER_SECOND} sessions requests a second per Gateway: ask again",
+            )
         return id, None
 
     async def _send(

@@ -9,6 +9,10 @@ whose token is bound to a pod may answer, and its pod is the token's, not the na
 
 `SessionBoard.ask(watchers, frame_of)` offers each watcher its frame and waits, at most
 ANSWER_TIMEOUT seconds, for every answer: what they said, and which pods stayed silent.
+
+Each request costs every pod of the Gateway a frame on its watch, which the CDS budgets
+(reconciler.cds.WATCH_BUDGET: a watcher past it is closed): `admit(id)` lets at most
+ASKS_PER_SECOND requests a second reach one Gateway's pods (the CDS answers the others 429).
 """
 
 from __future__ import annotations
@@ -17,12 +21,14 @@ import asyncio
 import itertools
 import secrets
 import time
+from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from stunner_api.sessions import ANSWER_TIMEOUT
 
+ASKS_PER_SECOND = 2  # per Gateway: a pod answers each within its watch's frame budget
 SESSIONS_FRAME = "\x00sessions"  # a watcher's pending sessions frame (config ids never start so)
 
 
@@ -70,6 +76,20 @@ class SessionBoard:
         self._pending: dict[str, _Pending] = {}
         self._ids = itertools.count(1)
         self._salt = secrets.token_hex(4)
+        self._asked: dict[str, deque[float]] = {}
+
+    def admit(self, id: str) -> bool:
+        """Whether one more request may reach config `id`'s pods now (ASKS_PER_SECOND)."""
+        now = time.monotonic()
+        asked = self._asked.setdefault(id, deque())
+        while asked and asked[0] <= now - 1.0:
+            asked.popleft()
+        if len(asked) >= ASKS_PER_SECOND:
+            return False
+        asked.append(now)
+        if len(self._asked) > 4096:  # ids asked about once, long ago
+            self._asked = {k: v for k, v in self._asked.items() if v}
+        return True
 
     async def ask(self, watchers: Iterable[Answering], frame_of: Callable[[str], str]) -> Gathered:
         """Offer each watcher `frame_of(request id)`; their answers, once all have answered or

@@ -11,7 +11,9 @@ else. The token is never printed."""
 
 from __future__ import annotations
 
+import time
 import urllib.parse
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -98,6 +100,23 @@ def cds_configs(kube: Kube, target: Target) -> list[StunnerConfig]:
     return [validate_config(item) for item in items if isinstance(item, dict)]
 
 
+BUSY = "HTTP 429"  # the CDS's answer past its sessions requests a second (per Gateway)
+BUSY_RETRIES = 5
+BUSY_WAIT = 0.6  # seconds: the CDS admits a few requests a second per Gateway
+
+
+def _retried_when_busy(call: Callable[[], Any]) -> Any:
+    """`call()`, asked again a few times while the CDS says it is busy (429)."""
+    for _ in range(BUSY_RETRIES):
+        try:
+            return call()
+        except ClusterError as e:
+            if BUSY not in str(e):
+                raise
+            time.sleep(BUSY_WAIT)
+    return call()
+
+
 def _cds_call(kube: Kube, target: Target) -> tuple[str, dict[str, str]]:
     """The CDS's namespace, and the reader's token header."""
     namespace = cds_namespace(kube, target.namespace)
@@ -118,16 +137,19 @@ def cds_sessions(kube: Kube, target: Target) -> list[dict[str, Any]]:
     answers = []
     for id in ids:
         gateway_namespace, name = split_id(id)
+        path = SESSIONS_PATH.format(
+            namespace=urllib.parse.quote(gateway_namespace, safe=""),
+            name=urllib.parse.quote(name, safe=""),
+        )
         answers.append(
-            kube.service_proxy_get(
-                namespace,
-                f"{CDS_SERVICE_NAME}:{DEFAULT_PORT}",
-                SESSIONS_PATH.format(
-                    namespace=urllib.parse.quote(gateway_namespace, safe=""),
-                    name=urllib.parse.quote(name, safe=""),
-                ),
-                f"the config discovery service {namespace}/{CDS_SERVICE_NAME}",
-                headers,
+            _retried_when_busy(
+                lambda path=path: kube.service_proxy_get(  # type: ignore[misc]
+                    namespace,
+                    f"{CDS_SERVICE_NAME}:{DEFAULT_PORT}",
+                    path,
+                    f"the config discovery service {namespace}/{CDS_SERVICE_NAME}",
+                    headers,
+                )
             )
         )
     return answers
@@ -140,16 +162,19 @@ def cds_disconnect(
     ended, as the CDS answers."""
     namespace, headers = _cds_call(kube, target)
     query = [(USER_PARAM, u) for u in users] + [(ALLOCATION_PARAM, a) for a in allocations]
-    answer: dict[str, Any] = kube.service_proxy_post(
-        namespace,
-        f"{CDS_SERVICE_NAME}:{DEFAULT_PORT}",
-        DISCONNECT_PATH.format(
-            namespace=urllib.parse.quote(target.gateway_namespace, safe=""),
-            name=urllib.parse.quote(target.gateway, safe=""),
-        ),
-        query,
-        f"the config discovery service {namespace}/{CDS_SERVICE_NAME}",
-        headers,
+    path = DISCONNECT_PATH.format(
+        namespace=urllib.parse.quote(target.gateway_namespace, safe=""),
+        name=urllib.parse.quote(target.gateway, safe=""),
+    )
+    answer: dict[str, Any] = _retried_when_busy(
+        lambda: kube.service_proxy_post(
+            namespace,
+            f"{CDS_SERVICE_NAME}:{DEFAULT_PORT}",
+            path,
+            query,
+            f"the config discovery service {namespace}/{CDS_SERVICE_NAME}",
+            headers,
+        )
     )
     return answer
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import secrets
 import socket
 import struct
@@ -163,6 +164,7 @@ class Allocation(asyncio.DatagramProtocol):
         self.id = secrets.token_hex(6)
         self.created = time.monotonic()
         self.rx_packets = self.rx_bytes = self.tx_packets = self.tx_bytes = 0
+        self.hard_expiry = math.inf  # auth.strict_expiry: its credential's expiry (monotonic)
 
     # --- relay socket events: data from peers -------------------------------------------
 
@@ -231,8 +233,14 @@ class Allocation(asyncio.DatagramProtocol):
 
     # --- state (every change is told to the mirror, if any) ---------------------------------
 
+    def cap_expiry(self, at: float) -> None:
+        """Never past `at` (auth.strict_expiry: its credential's expiry), whatever Refresh asks."""
+        self.hard_expiry = at
+        self.expires_at = min(self.expires_at, at)
+        self.due = min(self.due, self.expires_at)
+
     def refresh(self, lifetime: int) -> None:
-        self.expires_at = time.monotonic() + lifetime
+        self.expires_at = min(time.monotonic() + lifetime, self.hard_expiry)
         self.due = min(self.due, self.expires_at)
         if self.mirror is not None:
             self.mirror.refreshed(self.expires_at)

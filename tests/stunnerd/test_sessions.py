@@ -72,11 +72,13 @@ def credentials(user: str, ttl: int = 3600) -> dict[str, str]:
     return {"username": username, "password": ephemeral_password(SECRET, username)}
 
 
-async def wait_for(predicate: Callable[[], Awaitable[bool]], timeout: float = 20.0) -> None:
+async def wait_for(
+    predicate: Callable[[], Awaitable[bool]], timeout: float = 20.0, every: float = 0.05
+) -> None:
     deadline = time.monotonic() + timeout
     while not await predicate():
         assert time.monotonic() < deadline, "timed out"
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(every)
 
 
 async def _true(value: bool) -> bool:
@@ -84,22 +86,31 @@ async def _true(value: bool) -> bool:
 
 
 async def sessions(address: str) -> dict[str, Any]:
+    """The CDS's listing (asked again past its rate limit, 429)."""
     url = address + SESSIONS_PATH.format(namespace="testns", name="gw")
-    async with aiohttp.ClientSession() as http, http.get(url) as answer:
-        assert answer.status == 200, await answer.text()
-        body: dict[str, Any] = await answer.json()
-        return body
+    while True:
+        async with aiohttp.ClientSession() as http, http.get(url) as answer:
+            if answer.status == 429:
+                await asyncio.sleep(0.1)
+                continue
+            assert answer.status == 200, await answer.text()
+            body: dict[str, Any] = await answer.json()
+            return body
 
 
 async def disconnect(address: str, **query: str) -> tuple[dict[str, Any], float]:
     """POST disconnect; its answer and how long it took."""
     url = address + DISCONNECT_PATH.format(namespace="testns", name="gw")
     url += "?" + urllib.parse.urlencode(query)
-    started = time.monotonic()
-    async with aiohttp.ClientSession() as http, http.post(url) as answer:
-        assert answer.status == 200, await answer.text()
-        body: dict[str, Any] = await answer.json()
-    return body, time.monotonic() - started
+    while True:
+        started = time.monotonic()
+        async with aiohttp.ClientSession() as http, http.post(url) as answer:
+            if answer.status == 429:
+                await asyncio.sleep(0.1)
+                continue
+            assert answer.status == 200, await answer.text()
+            body: dict[str, Any] = await answer.json()
+        return body, time.monotonic() - started
 
 
 async def allocated(client: RawClient) -> tuple[str, int]:
@@ -347,3 +358,98 @@ def test_the_cli_lists_and_ends_sessions_through_the_api_servers_proxy(
             api.close()
 
     asyncio.run(main())
+
+
+def test_revoked_users_and_strict_expiry_end_allocations_on_every_pod(
+    stunnerd: StartStunnerd,
+) -> None:
+    """auth.revoked_users (the GatewayConfig's revokedUsers): a config naming alice ends her
+    allocations on every pod within about a second of its publication, and her new Allocates
+    get 403 everywhere, while bob's allocation lives on. auth.strict_expiry: an allocation of a
+    credential that expires in a few seconds is gone within about a second of its expiry, even
+    though the client asked for, and was granted, a longer lifetime first."""
+
+    async def main() -> None:
+        port = free_port()
+        alice, bob = credentials("alice"), credentials("bob")
+        async with run_cds_server() as cds:
+            text = json.loads(config_text(port))
+            cds.set_config(ID, json.dumps(text))
+            pods = [
+                stunnerd(
+                    *("-w", "-c", cds.address, "-i", ID),
+                    env={"STUNNER_ADDR": pod, "STUNNER_NODENAME": "", "HOSTNAME": f"pod-{i}"},
+                )
+                for i, pod in enumerate(PODS)
+            ]
+            await wait_for(lambda: _true(len(cds.store.answering(ID)) == 3))
+            clients = [
+                await RawClient.connect((PODS[0], port), **alice),
+                await RawTcpClient.connect((PODS[1], port), **alice),
+                await RawClient.connect((PODS[2], port), **bob),
+            ]
+            for client in clients:
+                await wait_for(lambda c=client: _serving(c))  # type: ignore[misc]
+                await allocated(client)
+
+            text["auth"]["revoked_users"] = ["alice"]
+            cds.set_config(ID, json.dumps(text))
+            published = time.monotonic()
+
+            async def alices_gone() -> bool:
+                listed = await sessions(cds.address)
+                return [s["user"] for s in listed["sessions"]] == ["bob"]
+
+            await wait_for(alices_gone)
+            took = time.monotonic() - published
+            assert took < 1.5, took  # within a second, loosely (a busy machine)
+            for client in clients[:2]:
+                assert raw_error_code(await client.refresh(600)) == 437
+            for pod in PODS:
+                again = await RawClient.connect((pod, port), **credentials("alice"))
+                response = await again.allocate()
+                assert raw_error_code(response) == 403, response.attributes
+                again.close()
+            assert raw_error_code(await clients[2].refresh(600)) is None  # bob's lives on
+
+            # Strict expiry: a credential with a few seconds left.
+            text["auth"]["strict_expiry"] = True
+            cds.set_config(ID, json.dumps(text))
+            expiring = credentials("carol", ttl=4)
+            expiry = float(expiring["username"].partition(":")[0])
+            carol = await RawClient.connect((PODS[0], port), **expiring)
+            await wait_for(lambda: _strict(cds.address))
+            response = await carol.allocate(LIFETIME=3600)
+            assert raw_error_code(response) is None, response.attributes
+            assert response.attributes["LIFETIME"] <= 4
+            refreshed = await carol.refresh(3600)  # granted no longer than the credential
+            assert raw_error_code(refreshed) is None and refreshed.attributes["LIFETIME"] <= 4
+
+            async def carols_gone() -> bool:
+                listed = await sessions(cds.address)
+                users = [s["user"] for s in listed["sessions"]]
+                return len(listed["pods"]) == 3 and "carol" not in users
+
+            await wait_for(carols_gone)
+            late = time.time() - expiry
+            assert late < 2.0, late  # within about a second of its timestamp, loosely
+            # Its allocation is gone (437) while the credential still authenticates (through
+            # its timestamp's second, as Go's), then a Refresh with it is refused (401).
+            while time.time() < expiry + 1:
+                assert raw_error_code(await carol.refresh(600)) == 437
+                await asyncio.sleep(0.2)
+            assert raw_error_code(await carol.refresh(600)) == 401
+            for client in [*clients, carol]:
+                client.close()
+            for process in pods:
+                log = await asyncio.to_thread(process.stop, at_once=True)
+                if process is not pods[2]:
+                    assert "ended: its user is revoked (auth.revoked_users)" in log
+
+    asyncio.run(main())
+
+
+async def _strict(address: str) -> bool:
+    """Every pod runs the config with strict_expiry (the sessions answer: all three pods)."""
+    listed = await sessions(address)
+    return len(listed["pods"]) == 3
