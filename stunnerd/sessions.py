@@ -9,8 +9,10 @@ stunnerd (stunner_client.cds.Reporter): the usage reports of cluster-wide user q
 kinds dispatched to their owner.
 
 A session's user is its user id (the part of an ephemeral username after its timestamp), never
-the username's password or the key. The allocations the UDP worker processes of the Python path
-hold (--udp-thread-num > 1 without the native engine) are theirs: not listed here.
+the username's password or the key. Packets and bytes (payload) each way count what Python, the
+native engine and the kernel offload relayed for it. The allocations the UDP worker processes of
+the Python path hold (--udp-thread-num > 1 without the native engine) are theirs: not listed
+here.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from stunner_api.sessions import (
 
 from .allocation import Allocation
 from .listener import Listener
+from .native_udp import NativeAllocation
 from .usage import UsageReporter
 
 log = logging.getLogger("stunner.sessions")
@@ -58,9 +61,12 @@ def address_text(address: tuple[Any, ...]) -> str:
 
 def record_of(listener: Listener, allocation: Allocation, now: float, pod: str) -> dict[str, Any]:
     """One allocation as the CDS is told (stunner_api.sessions.session_record)."""
-    native = allocation.mirror is not None  # the native engine (and its offload) relay it
     a = allocation
-    counters = None if native else (a.rx_packets, a.rx_bytes, a.tx_packets, a.tx_bytes)
+    # Python's own relaying and the kernel offload's (stunnerd.offloaded) are on the
+    # allocation; the native engine's in the engine (payload bytes each).
+    counters: tuple[int, ...] = (a.rx_packets, a.rx_bytes, a.tx_packets, a.tx_bytes)
+    if isinstance(a.mirror, NativeAllocation):
+        counters = tuple(x + y for x, y in zip(counters, a.mirror.traffic(), strict=True))
     return session_record(
         id=allocation.id,
         pod=pod,

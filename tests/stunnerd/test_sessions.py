@@ -179,9 +179,10 @@ def test_sessions_are_listed_and_ended_across_pods(
             assert first.transport is not None
             client_port = first.transport.get_extra_info("sockname")[1]
             assert on_first["client"] == f"127.0.0.1:{client_port}"
-            if on_first["rxPackets"] is not None:  # the Python path counts per allocation
-                assert on_first["rxPackets"] >= 3 and on_first["rxBytes"] >= 15
-                assert on_first["txPackets"] >= 1
+            # what it relayed: 3 Send indications of 5 bytes, the echo of at least one back
+            # (the native engine's count, or Python's: whichever relayed them)
+            assert on_first["rxPackets"] == 3 and on_first["rxBytes"] == 15
+            assert on_first["txPackets"] >= 1 and on_first["txBytes"] >= 5
             text = json.dumps(listed)
             for secret in (alice["password"], bob["password"], alice["username"], SECRET):
                 assert secret not in text
@@ -303,11 +304,19 @@ def test_the_cli_lists_and_ends_sessions_through_the_api_servers_proxy(
                 await wait_for(lambda: _true(len(cds.store.answering(ID)) == 2))
                 clients = [
                     await RawClient.connect((PODS[0], port), **alice),
-                    await RawClient.connect((PODS[1], port), **alice),
+                    await RawTcpClient.connect((PODS[1], port), **alice),
                 ]
                 for client in clients:
                     await wait_for(lambda c=client: _serving(c))  # type: ignore[misc]
                     await allocated(client)
+                # TURN-TCP (relayed by Python: counted per allocation) with a peer and a channel
+                peer = await start_peer()
+                tcp = clients[1]
+                assert (
+                    raw_error_code(await tcp.channel_bind(0x4000, ("127.0.0.1", peer.port))) is None
+                )
+                tcp.send_channel_data(0x4000, b"ping")
+                await asyncio.wait_for(tcp.channel_data.get(), 5)  # echoed
 
                 def cli(*args: str) -> tuple[int, str, str]:
                     code = stunner([*args, *kube])
@@ -318,6 +327,10 @@ def test_the_cli_lists_and_ends_sessions_through_the_api_servers_proxy(
                 assert code == 0, shown
                 (answer,) = json.loads(shown)
                 assert sorted(s["pod"] for s in answer["sessions"]) == ["gw-a", "gw-b"]
+                (over_tcp,) = [s for s in answer["sessions"] if s["transport"] == "TURN-TCP"]
+                assert over_tcp["rxPackets"] == 1 and over_tcp["rxBytes"] == 4
+                assert over_tcp["txPackets"] == 1 and over_tcp["txBytes"] == 4
+                assert over_tcp["channels"] == {"16384": f"127.0.0.1:{peer.port}"}
                 assert alice["password"] not in shown and alice["username"] not in shown
                 code, table, _ = await asyncio.to_thread(cli, "sessions", "--user", "alice")
                 assert code == 0 and table.count(" alice ") == 2, table
@@ -352,6 +365,7 @@ def test_the_cli_lists_and_ends_sessions_through_the_api_servers_proxy(
                 assert code != 0
                 for client in clients:
                     client.close()
+                peer.close()
                 for process in pods:
                     log = await asyncio.to_thread(process.stop, at_once=True)
                     assert alice["password"] not in log
