@@ -101,8 +101,8 @@ class SessionBoard:
             return pending.gathered
         self._pending[request] = pending
         text = frame_of(request)
-        for watcher in waiting:
-            watcher.offer(SESSIONS_FRAME, text)
+        for watcher in waiting:  # one pending frame per request: none replaces another
+            watcher.offer(SESSIONS_FRAME + request, text)
         deadline = time.monotonic() + self.timeout
         try:
             await asyncio.wait_for(pending.done.wait(), max(0.0, deadline - time.monotonic()))
