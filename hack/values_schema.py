@@ -103,6 +103,7 @@ ITEMS: dict[str, dict[str, Any]] = {
     "webhook.tolerations": K8S_OBJECT,
     "auth.tolerations": K8S_OBJECT,
     "webhook.excludedNamespaces": {"type": "string"},
+    "gatewayConfig.revokedUsers": {"type": "string", "minLength": 1},
     "dataplane.spec.command": {"type": "string"},
     "dataplane.spec.args": {"type": "string"},
     "dataplane.spec.env": K8S_OBJECT,

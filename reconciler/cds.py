@@ -73,6 +73,21 @@ from stunner_api.cds import (
     has_node_placeholder,
     parse_usage,
 )
+from stunner_api.sessions import (
+    ALLOCATION_PARAM,
+    DISCONNECT_PATH,
+    HELLO,
+    MAX_SELECTORS,
+    MAX_SESSIONS_BYTES,
+    REPORT_KEY,
+    SESSIONS_PATH,
+    USER_PARAM,
+    SessionsError,
+    end_frame,
+    frame_key,
+    parse_report,
+    request_frame,
+)
 from stunner_http.server import (
     LIMITS_KEY,
     NAME_KEY,
@@ -84,7 +99,8 @@ from stunner_http.server import (
 from stunner_http.server import serve as serve_http
 from stunner_http.websocket import FrameBudget, WebSocketGuard
 
-from .cds_access import ALLOWED_KEY, LAPSED_KEY, REPORTER_KEY, Lapsed
+from .cds_access import ACCOUNT_KEY, ALLOWED_KEY, LAPSED_KEY, READER_KEY, REPORTER_KEY, Lapsed
+from .cds_sessions import ASKS_PER_SECOND
 from .cds_store import ConfigStore, Selector, Watcher
 from .cds_usage import LOG_PERIOD
 
@@ -100,7 +116,8 @@ WRITER_LIMIT = 64 * 1024
 WATCH_BUDGET = FrameBudget(burst=16, rate=8.0)
 MAX_CLIENT_MESSAGE = 4096  # a close frame's reason is at most 123 bytes
 # A usage report (stunner_api.cds) is at most MAX_USAGE_BYTES; a larger frame is closed (1009).
-MAX_WATCH_MESSAGE = MAX_USAGE_BYTES + 1024
+# A pod's sessions report (stunner_api.sessions) is at most MAX_SESSIONS_BYTES.
+MAX_WATCH_MESSAGE = max(MAX_USAGE_BYTES, MAX_SESSIONS_BYTES) + 1024
 NO_USAGE = encode_usage(USAGE_REPORT_KEY, {})[0]  # an empty report
 # Connections per server (stunner_http.server): every stunnerd replica holds one CDS watch
 # (1,000 Gateways with a few replicas each fit); per source IP as stunnerd's TCP listeners (a node
@@ -279,11 +296,16 @@ class CdsHandlers:
         await ws.close(code=code, message=reason.encode()[:120])
 
     def _on_frame(self, watcher: Watcher, message: WSMessage) -> str | None:
-        """A client frame: a usage report is recorded; anything else is a problem (returned)."""
+        """A client frame: a usage report is recorded, a sessions report taken; anything else
+        is a problem (returned)."""
         if message.type != WSMsgType.TEXT:
             return f"unexpected {message.type.name} frame"
         if not watcher.selector.name:
             return "a usage report needs a watch of one config"
+        if frame_key(message.data) == REPORT_KEY:
+            return self._on_sessions(watcher, message.data)
+        if len(message.data) > MAX_USAGE_BYTES + 1024:
+            return f"a frame of {len(message.data)} bytes is no usage report"
         refusal = self.store.usage.refusal(watcher)
         if refusal is not None:  # counts nothing: not worth a parse
             if message.data == NO_USAGE:  # nothing to count (stunnerd's last, quota gone)
@@ -297,6 +319,79 @@ class CdsHandlers:
             return str(exc)
         self.store.usage.report(watcher, counts)
         return None
+
+    def _on_sessions(self, watcher: Watcher, text: str) -> str | None:
+        """A sessions report: the hello that makes `watcher` one that is asked, or an answer."""
+        if not watcher.may_report:  # a token bound to no pod: it answers for no pod
+            return None
+        try:
+            request, pod, sessions, omitted = parse_report(text)
+        except SessionsError as exc:
+            return str(exc)
+        if request == HELLO:
+            watcher.sessions_pod = watcher.pod.name if watcher.pod is not None else pod
+            watcher.sessions_pod = watcher.sessions_pod or watcher.peer
+            return None
+        if watcher.sessions_pod:
+            self.store.sessions.answered(watcher, request, sessions, omitted)
+        return None
+
+    async def sessions(self, request: web.Request) -> web.StreamResponse:
+        """GET SESSIONS_PATH: every live allocation of the Gateway's pods (readers only)."""
+        id, refusal = self._sessions_caller(request)
+        if refusal is not None:
+            return refusal
+        gathered = await self.store.sessions.ask(self.store.answering(id), request_frame)
+        return web.json_response(gathered.as_json(id))
+
+    async def disconnect(self, request: web.Request) -> web.StreamResponse:
+        """POST DISCONNECT_PATH?user=U&allocation=ID (each repeatable): end those allocations
+        on every pod of the Gateway; answers what ended, and logs who asked."""
+        id, refusal = self._sessions_caller(request)
+        if refusal is not None:
+            return refusal
+        users = frozenset(v for v in request.query.getall(USER_PARAM, []) if v)
+        ids = frozenset(v for v in request.query.getall(ALLOCATION_PARAM, []) if v)
+        if not users and not ids:
+            return json_error(
+                HTTPStatus.BAD_REQUEST, f"name a {USER_PARAM} or an {ALLOCATION_PARAM} to end"
+            )
+        if len(users) + len(ids) > MAX_SELECTORS:
+            return json_error(HTTPStatus.BAD_REQUEST, f"at most {MAX_SELECTORS} names at once")
+        gathered = await self.store.sessions.ask(
+            self.store.answering(id), lambda r: end_frame(r, users, ids)
+        )
+        log.warning(
+            "disconnect asked by %s for %s (users %s, allocations %s): ended %d allocation(s)%s%s",
+            request.get(ACCOUNT_KEY, "an unauthenticated caller (no --cds-auth)"),
+            id,
+            sorted(users) or "-",
+            sorted(ids) or "-",
+            len(gathered.sessions),
+            "".join(f" {s['id']}@{s['pod']}" for s in gathered.sessions[:20]),
+            f"; pods that did not answer: {', '.join(gathered.silent)}" if gathered.silent else "",
+        )
+        return web.json_response(gathered.as_json(id))
+
+    def _sessions_caller(self, request: web.Request) -> tuple[str, web.Response | None]:
+        """The config id of a sessions request, and a refusal unless the caller may ask: with
+        access control, only the readers (the CLI's account)."""
+        selector = _selector(request)
+        id = str(selector)
+        if READER_KEY in request and not request[READER_KEY]:
+            return id, json_error(
+                HTTPStatus.FORBIDDEN,
+                f"ServiceAccount {request[ACCOUNT_KEY]} may not list or end sessions (readers "
+                "only: --cds-readers)",
+            )
+        if self.store.text(id) is None:
+            return id, json_error(HTTPStatus.NOT_FOUND, f"config {id} not found")
+        if not self.store.sessions.admit(id):
+            return id, json_error(
+                HTTPStatus.TOO_MANY_REQUESTS,
+                f"at most {ASKS_PER_SECOND} sessions requests a second per Gateway: ask again",
+            )
+        return id, None
 
     async def _send(
         self, ws: web.WebSocketResponse, watcher: Watcher, request: web.Request
@@ -352,6 +447,8 @@ def cds_app(
     for path in (CONFIGS_PATH, NAMESPACE_PATH, CONFIG_PATH):
         app.router.add_get(path, handlers.get, allow_head=False)
     app.router.add_get(NODES_PATH, handlers.nodes, allow_head=False)
+    app.router.add_get(SESSIONS_PATH, handlers.sessions, allow_head=False)
+    app.router.add_post(DISCONNECT_PATH, handlers.disconnect)
 
     async def on_shutdown(app: web.Application) -> None:
         await handlers.close_all()

@@ -132,6 +132,10 @@ class Account:
 # The request key under which the middleware leaves the pod the caller may report usage as (the
 # pod its token is bound to), None when it may not (a reader, a token bound to no pod).
 REPORTER_KEY: web.RequestKey[PodClaim | None] = web.RequestKey("stunner.cds.reporter")
+# The caller's account (`namespace/name`), and whether it is one of the readers: only they may
+# list and end sessions (reconciler.cds_sessions), and the CDS logs who ended what.
+ACCOUNT_KEY: web.RequestKey[str] = web.RequestKey("stunner.cds.account")
+READER_KEY: web.RequestKey[bool] = web.RequestKey("stunner.cds.reader")
 
 
 def parse_readers(text: str) -> frozenset[Account]:
@@ -412,6 +416,8 @@ class Access:
         request[ALLOWED_KEY] = lambda id: self.may_read(account, id)
         request[LAPSED_KEY] = lambda: self._lapsed(request, token, account)
         request[REPORTER_KEY] = None if account in self.readers else account.pod
+        request[ACCOUNT_KEY] = str(account)
+        request[READER_KEY] = account in self.readers
         return await handler(request)
 
     async def _lapsed(self, request: web.Request, token: str, account: Account) -> tuple[int, str]:

@@ -42,6 +42,7 @@ from stunner_api.endpoints import is_ip
 
 from .cds_access import Allowed
 from .cds_quota import PodClaim
+from .cds_sessions import SessionBoard
 from .cds_usage import UsageDesk
 
 log = logging.getLogger("stunner.cds-server")
@@ -90,6 +91,8 @@ class Watcher:
     # as (its token's), None when it may not; where it checks none, every watcher reports.
     authenticated: bool = False
     pod: PodClaim | None = None
+    # Sessions (reconciler.cds_sessions): the pod it answers for, once it said it speaks them.
+    sessions_pod: str = ""
     pending: dict[str, str] = field(default_factory=dict)
     ready: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -132,6 +135,8 @@ class ConfigStore:
         self.dropped_watchers = 0
         # Cluster-wide user quotas: the reports of the watchers that send them.
         self.usage = UsageDesk(usage_interval)
+        # Sessions: the requests to the pods in flight (reconciler.cds_sessions).
+        self.sessions = SessionBoard()
         # Relay address discovery: Node name -> its public address as given (ExternalIP or
         # ExternalDNS), and the IP address each resolves to (an IP resolves to itself).
         self._node_names: dict[str, str] = {}
@@ -270,6 +275,11 @@ class ConfigStore:
         """`watcher` is gone: no more configs to it, and its counts no longer count."""
         self.watchers.discard(watcher)
         self.usage.forget(watcher)
+        self.sessions.forget(watcher)
+
+    def answering(self, id: str) -> list[Watcher]:
+        """The watchers of config `id` that answer sessions requests (a pod each)."""
+        return [w for w in self.watchers if w.sessions_pod and w.config == id]
 
     def _notify(self, id: str, text: str) -> None:
         for watcher in self.watchers:

@@ -289,6 +289,11 @@ class AuthConfig(_GoStruct):
     type: AuthType = "static"
     realm: str = DEFAULT_REALM
     credentials: dict[str, str] = Field(default_factory=dict, repr=False)
+    # Ours (issue 29; Go's stunnerd ignores them): user ids that may no longer allocate (their
+    # allocations end, a new Allocate gets 403), and, for ephemeral credentials, allocations
+    # that end when their username's timestamp passes (eturnal's strict_expiry).
+    revoked_users: list[str] = Field(default_factory=list)
+    strict_expiry: bool = False
 
     @field_validator("type", mode="before")
     @classmethod
@@ -329,7 +334,12 @@ class AuthConfig(_GoStruct):
         """Go JSON form: `credentials` has no omitempty; its keys are sorted."""
         out = _omitempty([("type", self.type), ("realm", self.realm)])
         out["credentials"] = dict(sorted(self.credentials.items()))
-        return out
+        return out | _omitempty(
+            [
+                ("revoked_users", sorted(set(self.revoked_users))),
+                ("strict_expiry", self.strict_expiry),
+            ]
+        )
 
     def __str__(self) -> str:
         def shown(key: str) -> str:
@@ -342,6 +352,10 @@ class AuthConfig(_GoStruct):
             status.append(f"password={go_quote(shown('password'))}")
         elif self.type == "ephemeral":
             status.append(f"shared-secret={go_quote(shown('secret'))}")
+        if self.revoked_users:
+            status.append(f"revoked={len(set(self.revoked_users))}")
+        if self.strict_expiry:
+            status.append("strict-expiry=true")
         return "auth:{" + ",".join(status) + "}"
 
 

@@ -145,6 +145,10 @@ class GatewayConfigSpec(Model):
     load_balancer_service_annotations: dict[str, Any] = Field(default_factory=dict)
     user_quota: int | None = None
     stun_mode: bool | None = None
+    # Ours (issue 29): user ids that may no longer allocate (rendered as auth.revoked_users),
+    # and allocations of ephemeral credentials that end with them (auth.strict_expiry).
+    revoked_users: list[str] | None = None
+    strict_expiry: bool | None = None
 
 
 class GatewayConfig(Resource):

@@ -11,11 +11,23 @@ else. The token is never printed."""
 
 from __future__ import annotations
 
+import time
+import urllib.parse
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from stunner_api.cds import CONFIGS_PATH, DEFAULT_PORT, NAMESPACE_PATH, NODES_PATH, config_path
+from stunner_api.cds import (
+    CONFIGS_PATH,
+    DEFAULT_PORT,
+    NAMESPACE_PATH,
+    NODES_PATH,
+    config_id,
+    config_path,
+    split_id,
+)
 from stunner_api.dataplane import StunnerConfig, validate_config
+from stunner_api.sessions import ALLOCATION_PARAM, DISCONNECT_PATH, SESSIONS_PATH, USER_PARAM
 from stunner_api.vocabulary import (
     APP_LABEL,
     APP_VALUE,
@@ -86,6 +98,85 @@ def cds_configs(kube: Kube, target: Target) -> list[StunnerConfig]:
     )
     items = body.get("items", []) if "items" in body else [body]
     return [validate_config(item) for item in items if isinstance(item, dict)]
+
+
+BUSY = "HTTP 429"  # the CDS's answer past its sessions requests a second (per Gateway)
+BUSY_RETRIES = 5
+BUSY_WAIT = 0.6  # seconds: the CDS admits a few requests a second per Gateway
+
+
+def _retried_when_busy(call: Callable[[], Any]) -> Any:
+    """`call()`, asked again a few times while the CDS says it is busy (429)."""
+    for _ in range(BUSY_RETRIES):
+        try:
+            return call()
+        except ClusterError as e:
+            if BUSY not in str(e):
+                raise
+            time.sleep(BUSY_WAIT)
+    return call()
+
+
+def _cds_call(kube: Kube, target: Target) -> tuple[str, dict[str, str]]:
+    """The CDS's namespace, and the reader's token header."""
+    namespace = cds_namespace(kube, target.namespace)
+    token = reader_token(kube, namespace)
+    return namespace, ({CDS_AUTH_HEADERS[1]: f"Bearer {token}"} if token else {})
+
+
+def cds_sessions(kube: Kube, target: Target) -> list[dict[str, Any]]:
+    """Every live allocation of the Gateway (of every Gateway the target names), from the
+    CDS, which asks the pods on their config watches (stunner_api.sessions): one answer per
+    Gateway, `{gateway, pods, silent, omitted, sessions}`."""
+    ids = (
+        [config_id(target.gateway_namespace, target.gateway)]
+        if target.gateway
+        else [c.admin.name for c in cds_configs(kube, target)]
+    )
+    namespace, headers = _cds_call(kube, target)
+    answers = []
+    for id in ids:
+        gateway_namespace, name = split_id(id)
+        path = SESSIONS_PATH.format(
+            namespace=urllib.parse.quote(gateway_namespace, safe=""),
+            name=urllib.parse.quote(name, safe=""),
+        )
+        answers.append(
+            _retried_when_busy(
+                lambda path=path: kube.service_proxy_get(  # type: ignore[misc]
+                    namespace,
+                    f"{CDS_SERVICE_NAME}:{DEFAULT_PORT}",
+                    path,
+                    f"the config discovery service {namespace}/{CDS_SERVICE_NAME}",
+                    headers,
+                )
+            )
+        )
+    return answers
+
+
+def cds_disconnect(
+    kube: Kube, target: Target, users: list[str], allocations: list[str]
+) -> dict[str, Any]:
+    """End the allocations of `users` and `allocations` on every pod of the Gateway; what
+    ended, as the CDS answers."""
+    namespace, headers = _cds_call(kube, target)
+    query = [(USER_PARAM, u) for u in users] + [(ALLOCATION_PARAM, a) for a in allocations]
+    path = DISCONNECT_PATH.format(
+        namespace=urllib.parse.quote(target.gateway_namespace, safe=""),
+        name=urllib.parse.quote(target.gateway, safe=""),
+    )
+    answer: dict[str, Any] = _retried_when_busy(
+        lambda: kube.service_proxy_post(
+            namespace,
+            f"{CDS_SERVICE_NAME}:{DEFAULT_PORT}",
+            path,
+            query,
+            f"the config discovery service {namespace}/{CDS_SERVICE_NAME}",
+            headers,
+        )
+    )
+    return answer
 
 
 def cds_node_local(kube: Kube, target: Target) -> dict[str, list[str]]:

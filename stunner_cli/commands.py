@@ -24,7 +24,9 @@ from stunner_cli.output import (
     err,
     out,
     show_config,
+    show_ended,
     show_rendered,
+    show_sessions,
     status_line,
 )
 
@@ -76,6 +78,27 @@ def run_status(client: Any, target: Any, args: argparse.Namespace) -> int:
     entries = cluster.dataplane_status(client, target)
     out("\n".join(status_line(e) for e in entries) or "no stunnerd pods")
     return OK if all("error" not in e["status"] for e in entries) else FAILED
+
+
+@on_cluster
+def run_sessions(client: Any, target: Any, args: argparse.Namespace) -> int:
+    from stunner_cli import cluster
+
+    answers = cluster.cds_sessions(client, target)
+    out(show_sessions(answers, args.output, args.user))
+    return OK
+
+
+@on_cluster
+def run_disconnect(client: Any, target: Any, args: argparse.Namespace) -> int:
+    from stunner_cli import cluster
+
+    if not target.gateway:
+        err("disconnect needs a Gateway: NAMESPACE/GATEWAY")
+        return USAGE
+    answer = cluster.cds_disconnect(client, target, args.user or [], args.allocation or [])
+    out(show_ended(answer))
+    return OK if not answer.get("silent") else FAILED
 
 
 @on_cluster

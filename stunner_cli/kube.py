@@ -114,8 +114,42 @@ class Kube:
             service_port,
             namespace,
             path.lstrip("/"),
-            headers=headers or None,
+            _headers=headers or None,
         )
+
+    def service_proxy_post(
+        self,
+        namespace: str,
+        service_port: str,
+        path: str,
+        query: list[tuple[str, str]],
+        what: str,
+        headers: dict[str, str],
+    ) -> Any:
+        """POST to `path?query` of Service `service_port` through the API server's proxy (no
+        body), its answer as JSON; `what` names it in a `ClusterError`."""
+        serialized = self.client.param_serialize(
+            method="POST",
+            resource_path="/api/v1/namespaces/{namespace}/services/{name}/proxy/{path}",
+            path_params={"namespace": namespace, "name": service_port, "path": path.lstrip("/")},
+            query_params=query,
+            header_params=dict(headers),
+            auth_settings=["BearerToken"],
+        )
+        try:
+            response: Any = self.client.call_api(*serialized, _request_timeout=TIMEOUT)
+            response.read()
+            body: bytes = response.data or b""
+        except Exception as e:  # urllib3's MaxRetryError and friends
+            raise ClusterError(f"{what}: cannot reach the Kubernetes API: {e}") from None
+        if response.status >= 400:
+            raise ClusterError(
+                f"{what}: HTTP {response.status} {response.reason}: {_message(body)}"
+            )
+        try:
+            return json.loads(body)
+        except ValueError as e:
+            raise ClusterError(f"{what}: {e}") from None
 
     def pod_proxy_get(self, namespace: str, pod_port: str, path: str) -> Any:
         """GET `path` of pod `pod_port` (`name:port`) through the API server's proxy, as JSON."""
@@ -211,9 +245,9 @@ class Kube:
         return 201, ""
 
 
-def _proxy_get(call: Any, what: str, *args: Any, headers: dict[str, str] | None = None) -> Any:
+def _proxy_get(call: Any, what: str, *args: Any, **kwargs: Any) -> Any:
     try:
-        response = call(*args, _preload_content=False, _request_timeout=TIMEOUT, _headers=headers)
+        response = call(*args, _preload_content=False, _request_timeout=TIMEOUT, **kwargs)
         return json.loads(response.data)
     except kubernetes.client.exceptions.ApiException as e:
         raise ClusterError(f"{what}: HTTP {e.status} {e.reason}: {_message(e.body)}") from None

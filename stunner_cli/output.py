@@ -127,3 +127,78 @@ def relay(listener: dict[str, Any]) -> str:
         return address
     private = ip.is_private and not (ip.is_loopback or ip.is_unspecified)
     return f"{address} (private)" if private else address
+
+
+def _count(session: dict[str, Any], packets: str, octets: str) -> str:
+    """`packets/bytes` of one direction, `-` where the relay path does not count them."""
+    if session.get(packets) is None:
+        return "-"
+    return f"{session[packets]}/{session[octets]}"
+
+
+def show_sessions(answers: list[dict[str, Any]], output: str, user: str | None) -> str:
+    """`stunner sessions`: every allocation of the Gateways' pods (only `user`'s, if given),
+    a table or JSON; a note for each pod that did not answer. Never a password: the pods
+    report user ids only."""
+    for answer in answers:
+        sessions = answer.get("sessions") or []
+        answer["sessions"] = [s for s in sessions if user is None or s.get("user") == user]
+    if output == "json":
+        return json.dumps(answers, indent=2)
+    header: tuple[str, ...] = (
+        "GATEWAY",
+        "POD",
+        "LISTENER",
+        "TRANSPORT",
+        "CLIENT",
+        "USER",
+        "RELAY",
+        "PEERS",
+    )
+    header += ("CHANNELS", "AGE", "LEFT", "RX PKTS/BYTES", "TX PKTS/BYTES", "ID")
+    rows: list[tuple[str, ...]] = [header]
+    notes = []
+    for answer in answers:
+        gateway = str(answer.get("gateway", ""))
+        for s in answer["sessions"]:
+            rows.append(
+                (
+                    gateway,
+                    str(s["pod"]),
+                    str(s["listener"]).rpartition("/")[2],
+                    str(s["transport"]),
+                    str(s["client"]),
+                    str(s["user"]),
+                    str(s["relay"]),
+                    ",".join(s["peers"]) or "-",
+                    ",".join(f"{n}>{p}" for n, p in s["channels"].items()) or "-",
+                    f"{s['age']:.0f}s",
+                    f"{s['lifetime']:.0f}s",
+                    _count(s, "rxPackets", "rxBytes"),
+                    _count(s, "txPackets", "txBytes"),
+                    str(s["id"]),
+                )
+            )
+        for pod in answer.get("silent") or []:
+            notes.append(f"{gateway}: pod {pod} did not answer in time")
+        if answer.get("omitted"):
+            notes.append(f"{gateway}: {answer['omitted']} allocation(s) left out (report size)")
+    if len(rows) == 1:
+        return "\n".join(["no allocations", *notes])
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    lines = [
+        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows
+    ]
+    return "\n".join(lines + notes)
+
+
+def show_ended(answer: dict[str, Any]) -> str:
+    """`stunner disconnect`: what ended, one line each."""
+    lines = [
+        f"ended {s['id']} on {s['pod']}: user {s['user']}, client {s['client']}, "
+        f"{s['transport']} {str(s['listener']).rpartition('/')[2]}"
+        for s in answer.get("sessions") or []
+    ]
+    lines.append(f"{len(lines)} allocation(s) ended on {len(answer.get('pods') or [])} pod(s)")
+    lines += [f"pod {pod} did not answer in time" for pod in answer.get("silent") or []]
+    return "\n".join(lines)

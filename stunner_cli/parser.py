@@ -79,6 +79,23 @@ def build_parser() -> argparse.ArgumentParser:
     config.add_argument("--show-secrets", action="store_true", help="print credentials in clear")
     config.add_argument("-w", "--watch", action="store_true", help="print each change as it comes")
     config.add_argument("--interval", type=float, default=1.0, help=argparse.SUPPRESS)
+    sessions = cluster(
+        "sessions",
+        commands.run_sessions,
+        "every live allocation of the Gateways' stunnerd pods (user ids, never passwords)",
+    )
+    sessions.add_argument("--user", metavar="U", help="only this user id's allocations")
+    sessions.add_argument("-o", "--output", choices=("table", "json"), default="table")
+    disconnect = cluster(
+        "disconnect",
+        commands.run_disconnect,
+        "end allocations on every pod of a Gateway (NAMESPACE/GATEWAY), by user id or id",
+    )
+    which = disconnect.add_mutually_exclusive_group(required=True)
+    which.add_argument("--user", metavar="U", action="append", help="end this user id's")
+    which.add_argument(
+        "--allocation", metavar="ID", action="append", help="end this allocation (sessions' ID)"
+    )
     cluster("status", commands.run_status, "each stunnerd pod's /status, one line per pod")
     ice = cluster("ice", commands.run_ice, "the ICE servers a browser passes to RTCPeerConnection")
     ice.add_argument(

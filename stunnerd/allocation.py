@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
+import secrets
 import socket
 import struct
 import time
@@ -157,6 +159,12 @@ class Allocation(asyncio.DatagramProtocol):
         self.relay: RelaySocket | None = None
         self.mirror: AllocationMirror | None = None  # set by a RelayPath that mirrors state
         self.relayed_address: Address = ("", 0)
+        # Sessions (stunner_api.sessions): its id, when it was made, and what it relayed on the
+        # Python path (rx from the client, tx to it; the native engine counts per listener).
+        self.id = secrets.token_hex(6)
+        self.created = time.monotonic()
+        self.rx_packets = self.rx_bytes = self.tx_packets = self.tx_bytes = 0
+        self.hard_expiry = math.inf  # auth.strict_expiry: its credential's expiry (monotonic)
 
     # --- relay socket events: data from peers -------------------------------------------
 
@@ -184,6 +192,8 @@ class Allocation(asyncio.DatagramProtocol):
         stats = scope.stats
         stats.tx_packets += 1
         stats.tx_bytes += len(packet)
+        self.tx_packets += 1
+        self.tx_bytes += len(data)
 
     def error_received(self, exc: Exception) -> None:
         # ICMP errors from peers (port unreachable): nothing to do for a UDP relay.
@@ -204,6 +214,8 @@ class Allocation(asyncio.DatagramProtocol):
         counters = scope.cluster_counters[cluster]
         counters.tx_packets += 1
         counters.tx_bytes += len(payload)
+        self.rx_packets += 1
+        self.rx_bytes += len(payload)
 
     def relay_channel_data(self, data: bytes) -> None:
         """RFC 8656 §12.6: ChannelData from the client goes to the channel's peer."""
@@ -221,8 +233,14 @@ class Allocation(asyncio.DatagramProtocol):
 
     # --- state (every change is told to the mirror, if any) ---------------------------------
 
+    def cap_expiry(self, at: float) -> None:
+        """Never past `at` (auth.strict_expiry: its credential's expiry), whatever Refresh asks."""
+        self.hard_expiry = at
+        self.expires_at = min(self.expires_at, at)
+        self.due = min(self.due, self.expires_at)
+
     def refresh(self, lifetime: int) -> None:
-        self.expires_at = time.monotonic() + lifetime
+        self.expires_at = min(time.monotonic() + lifetime, self.hard_expiry)
         self.due = min(self.due, self.expires_at)
         if self.mirror is not None:
             self.mirror.refreshed(self.expires_at)

@@ -145,6 +145,13 @@ class Authenticator:
         """Why `key_for(username)` is None ("" when it is not)."""
         return self._check(username)[1]
 
+    def expiry_of(self, username: str) -> float | None:
+        """The UNIX time an ephemeral username's timestamp says it expires, else None."""
+        if self.auth_type != "ephemeral":
+            return None
+        found = _first_integer(username.split(USERNAME_SEPARATOR))
+        return float(found[1]) if found is not None else None
+
     def user_id(self, username: str) -> str:
         """The identity quotas count: the TURN REST user id for ephemeral, else the username."""
         if self.auth_type == "ephemeral":

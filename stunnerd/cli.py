@@ -237,7 +237,8 @@ async def run(args: argparse.Namespace, stunner: Stunner) -> int:
         origin = config_source(args)
         source = None if isinstance(origin, StunnerConfig) else origin
         if isinstance(source, CdsSource):
-            source.reporter = stunner.usage  # cluster-wide user quotas (stunnerd.usage)
+            # Cluster-wide user quotas (stunnerd.usage) and sessions (stunnerd.sessions).
+            source.reporter = stunner.watch_link
         if args.watch and not args.dry_run and source is not None:
             # Watch mode starts empty (not ready) and takes its config from the source.
             return await serve(stunner, zero_config(), source, args.grace_period, source)

@@ -110,6 +110,8 @@ class DataplaneCore:
         context.authenticator = authenticator
         context.user_quota = config.admin.user_quota
         context.relay_address_family = config.admin.relay_address_family
+        context.revoked_users = frozenset(config.auth.revoked_users)
+        context.strict_expiry = config.auth.strict_expiry
 
         if plan.release is not None and plan.stop:
             await plan.release([lst for lst in self.listeners.values() if lst not in plan.stop])
@@ -151,6 +153,8 @@ class DataplaneCore:
         self.offload.configure(config.admin.offload_engine, list(config.admin.offload_interfaces))
         self.router.update({lc.name: lc.routes for lc in config.listeners}, config.clusters, own)
         self.context = context
+        for listener in self.listeners.values():
+            listener.server.enforce_auth()  # revoked users, strict expiry (issue 29)
         self._resolver.follow()
 
     async def _restart(self, stopped: Iterable[Listener]) -> None:

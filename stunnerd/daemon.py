@@ -35,6 +35,7 @@ from .limits import Limits
 from .listener import Listener
 from .relay_discovery import RelayDiscovery
 from .router import Router
+from .sessions import SessionDesk, WatchLink
 from .turn import ServerContext
 from .usage import UsageReporter
 from .worker_pool import WorkerCounters, WorkerPool
@@ -86,6 +87,9 @@ class Stunner:
         self.reservations = workers.reservations if workers is not None else Reservations()
         # Cluster-wide user quotas: the CDS watch reports through it (stunnerd.usage).
         self.usage = UsageReporter(self.users)
+        # Sessions (stunnerd.sessions): listed and ended on the CDS's say, on the same watch.
+        self.sessions = SessionDesk(lambda: self.listeners)
+        self.watch_link = WatchLink(self.usage, self.sessions)
         self.core = DataplaneCore(
             nonces or NonceManager(),
             self.users,

@@ -97,7 +97,8 @@ def stunner_families(view: MetricsView) -> Iterator[Metric]:
     refused = CounterMetricFamily(
         "stunner_listener_allocations_refused",
         "Number of Allocate requests refused, by reason: quota (486, admin.user_quota), full "
-        "(508, --max-allocations), draining (508, after SIGTERM), rate (508, --allocation-rate).",
+        "(508, --max-allocations), draining (508, after SIGTERM), rate (508, --allocation-rate), "
+        "revoked (403, auth.revoked_users).",
         labels=["name", "reason"],
     )
     for name, counters in stats:

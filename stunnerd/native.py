@@ -369,6 +369,11 @@ class NativeRelay:
     def refresh_allocation(self, handle: int, expires_at: float) -> None:
         self._engine.refresh_allocation(handle, expires_at)
 
+    def allocation_traffic(self, handle: int) -> tuple[int, int, int, int]:
+        """What the engine relayed for one allocation: rx packets, rx bytes (from the client),
+        tx packets, tx bytes (to it). KeyError/ValueError once it is gone."""
+        return self._engine.allocation_traffic(handle)
+
     def remove_allocation(self, handle: int) -> None:
         self._engine.remove_allocation(handle)
 

@@ -43,6 +43,14 @@ class NativeAllocation:
     def get_extra_info(self, name: str, default: Any = None) -> Any:
         return self.sockname if name == "sockname" else default
 
+    def traffic(self) -> tuple[int, int, int, int]:
+        """What the engine relayed for it: rx packets, rx bytes (from the client), tx packets,
+        tx bytes (to it); zeros once it is gone (sessions, issue 29)."""
+        try:
+            return self.engine.allocation_traffic(self.handle)
+        except (KeyError, ValueError, OSError):
+            return (0, 0, 0, 0)
+
     # RelaySocket: what Python relays itself, already decided and counted
     def sendto(self, data: bytes, addr: Address) -> None:
         self.engine.send(self.handle, addr, data)

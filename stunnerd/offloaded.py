@@ -8,7 +8,8 @@ kernel become exactly the channels `stunnerd.offload.engine.plan_channels` finds
 now, or none when the offload is off. `forget` empties them at the allocation's end,
 `close` at the listener's. What the kernel relayed is counted as the native engine counts what
 it relays itself: a client's datagram (payload and the 4-byte ChannelData header) on the
-listener, the payload on the peer's cluster; every second (`sweep`) and at every removal.
+listener, the payload on the peer's cluster and on the allocation itself (what `stunner
+sessions` shows); every second (`sweep`) and at every removal.
 
 An allocation is known by its `Key`: the engine it lives in (a listener runs one per socket of
 its SO_REUSEPORT group, all in this process) and the engine's handle for it; the process's one
@@ -52,7 +53,11 @@ class OffloadedAllocations:
             return
         if routes is None:
             routes = AllocationRoutes(
-                offload, allocation.downstream.address, listener, relay, self._count
+                offload,
+                allocation.downstream.address,
+                listener,
+                relay,
+                lambda cluster, used: self._count(cluster, used, allocation),
             )
             self._routes[key] = routes
         router, name = self.server.router, self.server.name
@@ -79,7 +84,12 @@ class OffloadedAllocations:
         for routes in self._routes.values():
             routes.collect()
 
-    def _count(self, cluster: str, used: Usage) -> None:
+    def _count(self, cluster: str, used: Usage, allocation: Allocation) -> None:
+        # the allocation's own (sessions, issue 29): payload bytes, as the engine counts them
+        allocation.rx_packets += used.to_peer_packets
+        allocation.rx_bytes += used.to_peer_bytes
+        allocation.tx_packets += used.to_client_packets
+        allocation.tx_bytes += used.to_client_bytes
         stats = self.server.stats
         rx_bytes = used.to_peer_bytes + CHANNEL_HEADER * used.to_peer_packets
         tx_bytes = used.to_client_bytes + CHANNEL_HEADER * used.to_client_packets

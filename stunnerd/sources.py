@@ -53,6 +53,7 @@ from stunner_api.cds import (
 )
 from stunner_api.dataplane import ConfigError, StunnerConfig, is_zero_config
 from stunner_api.dataplane_load import load_config_checked
+from stunner_api.sessions import frame_key
 from stunner_api.vocabulary import CDS_SERVICE_NAME, SYSTEM_NAMESPACE
 from stunner_client.cds import CdsClient, CdsError, Reporter
 
@@ -87,7 +88,10 @@ class ConfigSource(Protocol):
 
 
 class UsageLink(Reporter, Protocol):
-    """A `Reporter` that also takes the CDS's usage frames (stunnerd.usage.UsageReporter)."""
+    """A `Reporter` that also takes the CDS's frames that are not configs: usage frames and
+    sessions commands (stunnerd.sessions.WatchLink)."""
+
+    def takes(self, frame: str | bytes) -> bool: ...
 
     def received(self, frame: str | bytes) -> None: ...
 
@@ -276,10 +280,11 @@ class CdsSource:
         what = f"{self.namespace}/{self.name}"
         frames = self.client.watch(self.path, self.query, what=what, reporter=self.reporter)
         async for message in frames:
-            if usage_key(message) == USAGE_OTHERS_KEY:
-                if self.reporter is not None:
-                    self.reporter.received(message)
+            if self.reporter is not None and self.reporter.takes(message):
+                self.reporter.received(message)
                 continue
+            if usage_key(message) == USAGE_OTHERS_KEY or frame_key(message) is not None:
+                continue  # not a config: without a reporter, not ours to take
             checked = self._parse(message)
             if checked is None:
                 continue

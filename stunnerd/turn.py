@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
+import math
 import secrets
 import socket
 import struct
@@ -81,6 +82,10 @@ class ServerContext:
     router: Router
     nonces: NonceManager = field(default_factory=NonceManager)
     user_quota: int = 0  # allocations per user id; 0 means no quota
+    # auth.revoked_users: user ids refused (403) and their allocations ended (issue 29)
+    revoked_users: frozenset[str] = frozenset()
+    # auth.strict_expiry: an ephemeral credential's allocation ends at its timestamp
+    strict_expiry: bool = False
     users: Quota = field(default_factory=LocalQuota)
     reservations: Reservations = field(default_factory=Reservations)
     # cluster name -> traffic to and from its peers
@@ -493,6 +498,14 @@ class TurnServer:
             self.stats.count_refusal("rate")
             raise RequestError(508, "Insufficient Capacity: too many allocations from this address")
         user_id = self.context.authenticator.user_id(username)
+        # 8a. Revoked (auth.revoked_users, ours): 403, an administrative refusal (RFC 8489
+        #     §14.8: valid credentials, a request that cannot be performed), not 401 (which
+        #     asks the client for other credentials: these are fine, their user is not).
+        if user_id in self.context.revoked_users:
+            self.stats.count_refusal("revoked")
+            raise RequestError(403, "Forbidden: this user's access is revoked")
+        # 8b. Strict expiry (auth.strict_expiry, ours): no longer than the credential lasts.
+        credential_left = self._credential_left(username)
         users = self.context.users
         if downstream.stream:
             self._opening[downstream.remote] = True
@@ -503,8 +516,12 @@ class TurnServer:
                 raise RequestError(*_REFUSALS.get(refusal, (486, None)))
             # 9. The lifetime: at least the default, at most the maximum.
             lifetime = _allocation_lifetime(attrs.get("LIFETIME", DEFAULT_ALLOCATION_LIFETIME))
+            if credential_left is not None:
+                lifetime = max(1, min(lifetime, int(credential_left)))
             # 10. The relay socket.
             allocation = Allocation(self.scope, downstream, username, user_id, family, lifetime)
+            if credential_left is not None:
+                allocation.cap_expiry(time.monotonic() + credential_left)
             # EVEN-PORT (RFC 8656 §14.6): an even port; with the R bit, the next one is reserved.
             even_port = attrs.get("EVEN-PORT")
             # The native engine serves a single relay of either family (its client's packets
@@ -696,6 +713,14 @@ class TurnServer:
             sock.close()
             raise RequestError(508, f"Insufficient Capacity: no relay socket: {exc}") from None
 
+    def _credential_left(self, username: str) -> float | None:
+        """With auth.strict_expiry and ephemeral credentials: the seconds `username`'s timestamp
+        has left (an expired one was refused with 401 by the authentication), else None."""
+        if not self.context.strict_expiry:
+            return None
+        expiry = self.context.authenticator.expiry_of(username)
+        return None if expiry is None else max(0.0, expiry - time.time())
+
     def _refresh(self, exchange: Exchange) -> Message:
         """RFC 8656 §7.3."""
         request, downstream = exchange.request, exchange.downstream
@@ -714,6 +739,8 @@ class TurnServer:
             second = self.additional.get(allocation.downstream.remote)
             if second is not None:
                 second.refresh(lifetime)
+            if allocation.hard_expiry < math.inf:  # strict expiry: as long as it has left
+                lifetime = max(1, int(allocation.expires_at - time.monotonic()))
         response = _response_to(request)
         response.attributes["LIFETIME"] = lifetime
         return response
@@ -838,6 +865,32 @@ class TurnServer:
         allocation.relay_to_peer(peer, data)
 
     # --- housekeeping ------------------------------------------------------------------------
+
+    def enforce_auth(self) -> None:
+        """After a config change: end the allocations of revoked users (auth.revoked_users),
+        and with auth.strict_expiry, hold the others to their credential's expiry."""
+        now, wall = time.monotonic(), time.time()
+        for allocation in list(self.allocations.values()):
+            if allocation.user_id in self.context.revoked_users:
+                self.end(allocation, "its user is revoked (auth.revoked_users)")
+                continue
+            expiry = self.context.authenticator.expiry_of(allocation.username)
+            if self.context.strict_expiry and expiry is not None:
+                allocation.cap_expiry(now + max(0.0, expiry - wall))
+                if allocation.mirror is not None:
+                    allocation.mirror.refreshed(allocation.expires_at)
+
+    def end(self, allocation: Allocation, why: str) -> None:
+        """End `allocation` now (stunnerd.sessions: the operator or a revocation says so): its
+        relay socket closes, and later requests on its 5-tuple get 437."""
+        log.info(
+            "listener %s: allocation %s of %s ended: %s",
+            self.name,
+            allocation.id,
+            _fmt(allocation.downstream.address),
+            why,
+        )
+        self._delete(allocation)
 
     def _delete(self, allocation: Allocation) -> None:
         if self.allocations.get(allocation.downstream.remote) is allocation:

@@ -29,6 +29,7 @@ from stunner_api.cds import (
     UsageError,
     encode_usage,
     parse_usage,
+    usage_key,
 )
 
 from .ledger import LocalQuota
@@ -94,6 +95,10 @@ class UsageReporter:
                     await asyncio.sleep(self.interval)
                     continue  # changes made meanwhile are in the next report
             await self._changed.wait()
+
+    def takes(self, frame: str | bytes) -> bool:
+        """Whether `frame` is a usage frame (else a config, or not ours)."""
+        return usage_key(frame) == USAGE_OTHERS_KEY
 
     def received(self, frame: str | bytes) -> None:
         """A usage frame from the CDS: the other pods' counts per user."""

@@ -113,7 +113,22 @@ def auth(gateway_config: Object, snapshot: Snapshot) -> dict[str, Any]:
         if not shared:
             raise AuthError("missing shared-secret for longterm authentication")
         credentials = {"secret": str(shared)}
-    return {"type": str(auth_type), "realm": realm, "credentials": credentials}
+    out: dict[str, Any] = {"type": str(auth_type), "realm": realm, "credentials": credentials}
+    return out | sessions_policy(spec)
+
+
+def sessions_policy(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """Ours (issue 29): `revokedUsers` as auth.revoked_users (sorted, once each), and
+    `strictExpiry: true` as auth.strict_expiry; nothing when unset (Go's config)."""
+    out: dict[str, Any] = {}
+    revoked = spec.get("revokedUsers")
+    if isinstance(revoked, list):
+        users = sorted({str(u) for u in revoked if isinstance(u, str) and u})
+        if users:
+            out["revoked_users"] = users
+    if spec.get("strictExpiry") is True:
+        out["strict_expiry"] = True
+    return out
 
 
 # --- TLS --------------------------------------------------------------------------------------

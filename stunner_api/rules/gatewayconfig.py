@@ -261,6 +261,46 @@ def gatewayconfig_annotations(req: Request) -> list[Problem]:
     )
 
 
+MAX_REVOKED_USERS = 4096  # each pod checks an Allocate's user id against them (a set)
+
+
+def gatewayconfig_sessions(req: Request) -> list[Problem]:
+    """revokedUsers: user ids (non-empty, at most MAX_REVOKED_USERS; a duplicate is a warning);
+    strictExpiry applies to ephemeral credentials only (a warning otherwise)."""
+    problems: list[Problem] = []
+    revoked = req.spec.get("revokedUsers")
+    if isinstance(revoked, list):
+        if len(revoked) > MAX_REVOKED_USERS:
+            problems.append(
+                error(
+                    "spec.revokedUsers",
+                    f"at most {MAX_REVOKED_USERS} user ids, got {len(revoked)}: rotate the "
+                    "shared secret (or the static password) instead",
+                    REASON,
+                )
+            )
+        for i, user in enumerate(revoked):
+            if isinstance(user, str) and not user.strip():
+                problems.append(error(f"spec.revokedUsers[{i}]", "an empty user id", REASON))
+        strings = [u for u in revoked if isinstance(u, str)]
+        if len(set(strings)) != len(strings):
+            problems.append(warning("spec.revokedUsers", "lists a user id twice", REASON))
+    if (
+        req.spec.get("strictExpiry") is True
+        and req.spec.get("authRef") is None
+        and _auth_type(req.spec.get("authType")) != AuthType.EPHEMERAL
+    ):
+        problems.append(
+            warning(
+                "spec.strictExpiry",
+                "applies to ephemeral (TURN REST) credentials only: static credentials do not "
+                "expire",
+                REASON,
+            )
+        )
+    return problems
+
+
 RULES = [
     gatewayconfig_schema,
     gatewayconfig_realm,
@@ -270,4 +310,5 @@ RULES = [
     gatewayconfig_auth_ref,
     gatewayconfig_log_level,
     gatewayconfig_annotations,
+    gatewayconfig_sessions,
 ]

@@ -236,6 +236,16 @@ static PyObject *Engine_refresh_allocation(EngineObject *self, PyObject *args) {
     return result(relay_refresh_allocation(&self->engine, handle, expires));
 }
 
+static PyObject *Engine_allocation_traffic(EngineObject *self, PyObject *args) {
+    unsigned long long handle;
+    uint64_t t[4];
+    if (!PyArg_ParseTuple(args, "K", &handle) || engine_check(self) < 0) return NULL;
+    int rc = relay_allocation_traffic(&self->engine, handle, t);
+    if (rc < 0) return raise_errno(rc);
+    return Py_BuildValue("(KKKK)", (unsigned long long)t[0], (unsigned long long)t[1],
+                         (unsigned long long)t[2], (unsigned long long)t[3]);
+}
+
 static PyObject *Engine_remove_allocation(EngineObject *self, PyObject *args) {
     unsigned long long handle;
     if (!PyArg_ParseTuple(args, "K", &handle) || engine_check(self) < 0) return NULL;
@@ -608,6 +618,8 @@ static PyMethodDef Engine_methods[] = {
     {"drain", (PyCFunction)Engine_drain, METH_VARARGS, "Handed-up packets, oldest first."},
     {"add_allocation", (PyCFunction)Engine_add_allocation, METH_VARARGS, "-> handle"},
     {"refresh_allocation", (PyCFunction)Engine_refresh_allocation, METH_VARARGS, NULL},
+    {"allocation_traffic", (PyCFunction)Engine_allocation_traffic, METH_VARARGS,
+     "-> (rx packets, rx bytes, tx packets, tx bytes)"},
     {"remove_allocation", (PyCFunction)Engine_remove_allocation, METH_VARARGS, NULL},
     {"set_permission", (PyCFunction)Engine_set_permission, METH_VARARGS, NULL},
     {"remove_permission", (PyCFunction)Engine_remove_permission, METH_VARARGS, NULL},

@@ -403,6 +403,14 @@ int relay_refresh_allocation(relay_engine *e, uint64_t handle, double expires) {
     return a ? 0 : -ENOENT;
 }
 
+int relay_allocation_traffic(relay_engine *e, uint64_t handle, uint64_t traffic[4]) {
+    pthread_mutex_lock(&e->lock);
+    relay_alloc *a = alloc_of(e, handle);
+    if (a) memcpy(traffic, a->traffic, sizeof a->traffic);
+    pthread_mutex_unlock(&e->lock);
+    return a ? 0 : -ENOENT;
+}
+
 int relay_remove_allocation(relay_engine *e, uint64_t handle) {
     pthread_mutex_lock(&e->lock);
     relay_alloc *a = alloc_of(e, handle);
@@ -705,6 +713,8 @@ static int client_to_peer(relay_engine *e, relay_alloc *a, const relay_addr *pee
     out->cluster = verdict;
     out->to_client = 0;
     out->payload = out->total = (uint32_t)plen;
+    a->traffic[CTR_RX_PACKETS]++;
+    a->traffic[CTR_RX_BYTES] += plen;
     return RELAY_RELAYED;
 }
 
@@ -771,6 +781,8 @@ static int peer_to_client(relay_engine *e, relay_alloc *a, const relay_addr *pee
     out->payload = (uint32_t)plen;
     out->total = 0;
     for (int i = 0; i < out->iovcnt; i++) out->total += (uint32_t)out->iov[i].iov_len;
+    a->traffic[CTR_TX_PACKETS]++;
+    a->traffic[CTR_TX_BYTES] += plen;
     if (a->stream) { /* TURN-TCP: queued on the client's stream (out->fd -1: nothing to send) */
         out->fd = -1;
         return relay_stream_enqueue(e, a->stream, out, now);

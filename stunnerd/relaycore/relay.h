@@ -65,6 +65,9 @@ typedef struct relay_alloc {
     relay_table chan_num;  /* channel number (in .port) -> peer, expiry */
     relay_table chan_peer; /* peer address -> channel number, expiry */
     uint64_t stream;       /* TURN-TCP: the handle of its client's stream; 0 over UDP */
+    /* What the engine relayed for it (sessions, issue 29): CTR_RX_* from the client to its
+     * peers, CTR_TX_* from its peers to the client (payload bytes), as decided */
+    uint64_t traffic[4];
     struct relay_alloc *next_dead;
 } relay_alloc;
 
@@ -278,6 +281,7 @@ void relay_free(relay_engine *e);
 int relay_add_allocation(relay_engine *e, const relay_addr *client, int relay_fd, double expires,
                          uint64_t stream, uint64_t *handle);
 int relay_refresh_allocation(relay_engine *e, uint64_t handle, double expires);
+int relay_allocation_traffic(relay_engine *e, uint64_t handle, uint64_t traffic[4]);
 int relay_remove_allocation(relay_engine *e, uint64_t handle);
 int relay_set_permission(relay_engine *e, uint64_t handle, const relay_addr *peer_ip,
                          double expires);

@@ -73,6 +73,7 @@ from stunner_api.rules.gatewayconfig import (
     gatewayconfig_log_level,
     gatewayconfig_realm,
     gatewayconfig_schema,
+    gatewayconfig_sessions,
     gatewayconfig_stun_mode,
 )
 from stunner_api.rules.staticservice import staticservice_prefixes, staticservice_schema
@@ -390,6 +391,17 @@ CASES: list[tuple[Rule, dict[str, Any], list[str]]] = [
     (gatewayconfig_auth_ref, gwconfig(stunMode=True, authRef={"name": "missing"}), []),
     (gatewayconfig_auth_type, gwconfig(stunMode=True, authType="none"), ["spec.authType: must"]),
     (gatewayconfig_stun_mode, gwconfig(stunMode=True), []),
+    (
+        gatewayconfig_sessions,
+        gwconfig(authType="ephemeral", sharedSecret="s", revokedUsers=["alice"], strictExpiry=True),
+        [],
+    ),
+    (gatewayconfig_sessions, gwconfig(revokedUsers=["alice", " "]), ["an empty user id"]),
+    (
+        gatewayconfig_sessions,
+        gwconfig(revokedUsers=[f"u{i}" for i in range(4097)]),
+        ["at most 4096 user ids, got 4097"],
+    ),
     (gatewayconfig_stun_mode, static(stunMode=False), []),
     (gatewayconfig_log_level, gwconfig(logLevel="all:DEBUG,turn:INFO"), []),
     (gatewayconfig_log_level, gwconfig(logLevel="all:trace, rtp:disable"), []),
@@ -586,6 +598,12 @@ CASES: list[tuple[Rule, dict[str, Any], list[str]]] = [
 
 # (rule, object, substring of the one expected warning); none of these is an error
 WARNINGS: list[tuple[Rule, dict[str, Any], str]] = [
+    (gatewayconfig_sessions, gwconfig(revokedUsers=["a", "a"]), "lists a user id twice"),
+    (
+        gatewayconfig_sessions,
+        static(strictExpiry=True),
+        "applies to ephemeral (TURN REST) credentials only",
+    ),
     (
         dataplane_service_account,
         dataplane(serviceAccountName="default"),

@@ -42,7 +42,8 @@ What it does:
   An update may keep what the stored object already had wrong (validation ratcheting);
   :meth:`FakeApiServer.seed` is not checked: a seeded object is one already stored.
 - Discovery: ``/api``, ``/apis``, ``/api/v1``, ``/apis/{group}/{version}``, ``/version``.
-- The proxy to Services and pods (``.../services/NAME:PORT/proxy/PATH``, GETs only): a test maps
+- The proxy to Services and pods (``.../services/NAME:PORT/proxy/PATH``, GETs and body-less
+  POSTs): a test maps
   it to a real server on loopback with :meth:`FakeApiServer.proxy`.
 - Authorization, for playing a user without rights: :meth:`FakeApiServer.forbid` answers 403
   Forbidden to every request on a resource (the caller's own RBAC), and ``POST
@@ -578,8 +579,11 @@ class FakeApiServer:
         as a kube-apiserver reaches a Service or pod inside the cluster."""
         self.proxied[(namespace, resource, name, str(port))] = (str(to[0]), int(to[1]))
 
-    def forward(self, path: str, query: str, headers: Any = None) -> tuple[int, str, bytes] | None:
-        """The backend's answer to a GET through the proxy; None when the path is no proxy's."""
+    def forward(
+        self, path: str, query: str, headers: Any = None, method: str = "GET"
+    ) -> tuple[int, str, bytes] | None:
+        """The backend's answer to a GET (or a POST without a body) through the proxy; None when
+        the path is no proxy's."""
         match = PROXY_PATH.match(urllib.parse.unquote(path))  # "name%3A13478" as the client sends
         if match is None:
             return None
@@ -593,7 +597,10 @@ class FakeApiServer:
         passed = {k: v for k, v in (headers or {}).items() if k.lower() not in UNPROXIED_HEADERS}
         try:
             with urllib.request.urlopen(
-                urllib.request.Request(url, headers=passed), timeout=10
+                urllib.request.Request(
+                    url, headers=passed, method=method, data=b"" if method == "POST" else None
+                ),
+                timeout=10,
             ) as answer:
                 return answer.status, answer.headers.get("Content-Type", ""), answer.read()
         except urllib.error.HTTPError as e:
@@ -1454,8 +1461,9 @@ class _Handler(BaseHTTPRequestHandler):
             if fake.fail_status:
                 raise ApiError(fake.fail_status, "InternalError", "injected failure")
             if (
-                method == "GET"
-                and (forwarded := fake.forward(url.path, url.query, self.headers)) is not None
+                method in ("GET", "POST")
+                and (forwarded := fake.forward(url.path, url.query, self.headers, method))
+                is not None
             ):
                 code, ctype, data = forwarded
                 self.send_response(code)
