@@ -426,18 +426,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
             print(f"stunner-reconciler: {problem}", file=sys.stderr)
             return 2
-        settings = cluster_settings(args)
-        if not settings.retry_period < settings.renew_deadline < settings.lease_duration:
+        cluster = cluster_settings(args)
+        if not cluster.retry_period < cluster.renew_deadline < cluster.lease_duration:
             print(
                 "stunner-reconciler: leader election needs --leader-election-retry-period < "
                 "--leader-election-renew-deadline < --leader-election-lease-duration (got "
-                f"{settings.retry_period:g}s, {settings.renew_deadline:g}s, "
-                f"{settings.lease_duration:g}s)",
+                f"{cluster.retry_period:g}s, {cluster.renew_deadline:g}s, "
+                f"{cluster.lease_duration:g}s)",
                 file=sys.stderr,
             )
             return 2
         try:
-            return asyncio.run(serve_cluster(settings))
+            return asyncio.run(serve_cluster(cluster))
         except ClusterUnavailable as exc:
             print(
                 f"stunner-reconciler: cluster mode: {str(exc).rstrip('.')}; "

@@ -564,8 +564,6 @@ class ClusterMode:
         )
         self.supervisor.wind_down()  # the elector's loop and the watches end from here on
         self.writing = False
-        if self.settings.cds_leader_only:
-            await self._hand_over_watches()
         plan = self.reconciler.last_plan
         if finalize and isinstance(plan, Plan):
             controller = self.settings.render_settings.controller_name
@@ -578,6 +576,9 @@ class ClusterMode:
             log.info("finalized: %d of our objects deleted or invalidated", len(results))
         if self.elector is not None:
             await self.elector.stop(release=True)
+        if self.settings.cds_leader_only:
+            # after the release, so that the watches reconnect to a replica that may lead now
+            await self._hand_over_watches()
 
     def stop_watching(self) -> None:
         for informer in self.informers:
