@@ -28,7 +28,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from stunner_api.annotations import parse_port_range
 from stunner_api.cds import DEFAULT_PORT as DEFAULT_CDS_PORT
@@ -268,6 +268,24 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
         help="ServiceAccounts that may read every config from the CDS (the auth service's)",
     )
     group.add_argument("--leader-elect", action="store_true", help="run leader election")
+    for flag, default, what in (
+        ("lease-duration", "15s", "how long a Lease not renewed stays its holder's"),
+        ("renew-deadline", "10s", "how long the leader tries to renew before it stops leading"),
+        ("retry-period", "2s", "between two rounds of acquiring or renewing"),
+    ):
+        group.add_argument(
+            f"--leader-election-{flag}",
+            type=_go_duration,
+            default=None,
+            help=f"{what} (Go duration; default {default}, client-go's)",
+        )
+    group.add_argument(
+        "--cds-leader-only",
+        action="store_true",
+        help="only the leader serves the CDS and answers /readyz; a standby answers 503 with "
+        "Retry-After (the chart's with more than one replica: cluster-wide user quotas are then "
+        "counted by one replica)",
+    )
     group.add_argument(
         "--leader-election-namespace",
         default=env("POD_NAMESPACE", SYSTEM_NAMESPACE),
@@ -321,7 +339,12 @@ def cluster_settings(args: argparse.Namespace) -> ClusterSettings:
     )
     if label_filter is not None:
         render_settings = replace(render_settings, label_filter=_label_filter(label_filter))
-    lease = {"lease_name": args.leader_election_id} if args.leader_election_id else {}
+    lease: dict[str, Any] = (
+        {"lease_name": args.leader_election_id} if args.leader_election_id else {}
+    )
+    for timing in ("lease_duration", "renew_deadline", "retry_period"):
+        if getattr(args, f"leader_election_{timing}") is not None:
+            lease[timing] = getattr(args, f"leader_election_{timing}")
     return ClusterSettings(
         **lease,
         kubeconfig=args.kubeconfig,
@@ -338,6 +361,7 @@ def cluster_settings(args: argparse.Namespace) -> ClusterSettings:
         watch_endpoint_slices=not args.disable_endpointslice_controller,
         cds_auth=AuthMode(args.cds_auth or AuthMode.REQUIRED),
         cds_readers=args.cds_readers,
+        cds_leader_only=args.cds_leader_only,
     )
 
 
@@ -402,8 +426,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
             print(f"stunner-reconciler: {problem}", file=sys.stderr)
             return 2
+        cluster = cluster_settings(args)
+        if not cluster.retry_period < cluster.renew_deadline < cluster.lease_duration:
+            print(
+                "stunner-reconciler: leader election needs --leader-election-retry-period < "
+                "--leader-election-renew-deadline < --leader-election-lease-duration (got "
+                f"{cluster.retry_period:g}s, {cluster.renew_deadline:g}s, "
+                f"{cluster.lease_duration:g}s)",
+                file=sys.stderr,
+            )
+            return 2
         try:
-            return asyncio.run(serve_cluster(cluster_settings(args)))
+            return asyncio.run(serve_cluster(cluster))
         except ClusterUnavailable as exc:
             print(
                 f"stunner-reconciler: cluster mode: {str(exc).rstrip('.')}; "

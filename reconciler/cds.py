@@ -25,6 +25,9 @@ its config again when its Node's address changes. GET NODES_PATH lists the Nodes
 addresses and, per Gateway with a stunnerd on every node, those of the Nodes it runs on (the
 auth service's per-node ICE URIs: `node_local`, set from render's plan).
 
+In leader-only mode (reconciler.cluster) a replica that does not lead answers every request 503
+with `Retry-After` (`standby_refusal`), before any token check.
+
 `serve` runs an app with the connection discipline of every server of ours
 (stunner_http.server): a request deadline, caps on connections in total and per source IP
 (CDS_LIMITS, the auth service's AUTH_LIMITS in reconciler.auth, an admin endpoint's otherwise),
@@ -49,6 +52,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import math
 from collections.abc import AsyncIterator, Awaitable, Callable
 from http import HTTPStatus
 
@@ -428,18 +432,45 @@ class CdsHandlers:
 HANDLERS_KEY = web.AppKey("cds", CdsHandlers)
 
 
+def standby_refusal(standby: Callable[[], str | None], retry_after: float) -> Middleware:
+    """A middleware that answers every request 503 with `Retry-After` (whole seconds, at least
+    1) and closes the connection while `standby()` gives a reason (a replica that does not lead
+    in leader-only mode, reconciler.cluster): nothing is read or counted there, and the client
+    retries, through the Service, on the leader."""
+    seconds = str(max(1, math.ceil(retry_after)))
+
+    @web.middleware
+    async def refuse_on_standby(request: web.Request, handler: Handler) -> web.StreamResponse:
+        why = standby()
+        if why is None:
+            return await handler(request)
+        response = json_error(HTTPStatus.SERVICE_UNAVAILABLE, why)
+        response.headers["Retry-After"] = seconds
+        response.force_close()
+        return response
+
+    return refuse_on_standby
+
+
 def cds_app(
     store: ConfigStore,
     *,
     write_timeout: float = WRITE_TIMEOUT,
     heartbeat: float | None = PING_PERIOD,
     access: Middleware | None = None,
+    standby: Callable[[], str | None] | None = None,
+    retry_after: float = 1.0,
 ) -> web.Application:
     """The CDS as an aiohttp application over `store`; `access`: a middleware that decides
-    who reads what (`reconciler.cds_access.Access.middleware`), None: everyone reads all."""
+    who reads what (`reconciler.cds_access.Access.middleware`), None: everyone reads all;
+    `standby`: while it gives a reason, every request is answered 503 (`standby_refusal`),
+    before any token is checked."""
     handlers = CdsHandlers(store, write_timeout=write_timeout, heartbeat=heartbeat)
     guarded = [unauthenticated_closed, access, proven] if access else []
-    app = web.Application(middlewares=[json_errors, *guarded], client_max_size=MAX_CLIENT_MESSAGE)
+    refused = [standby_refusal(standby, retry_after)] if standby else []
+    app = web.Application(
+        middlewares=[json_errors, *refused, *guarded], client_max_size=MAX_CLIENT_MESSAGE
+    )
     app[STORE_KEY] = store
     app[HANDLERS_KEY] = handlers
     app[LIMITS_KEY] = dataclasses.replace(CDS_LIMITS, evict_unproven=access is not None)

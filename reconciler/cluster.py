@@ -21,6 +21,16 @@ away, the informers relist, the changes found trigger one render, and its writes
 SIGTERM (`ClusterMode.shutdown`): the Lease is released and writing stops; the CDS keeps
 serving until the process ends, so stunnerd sees no gap it does not have to.
 
+Leader-only CDS (`cds_leader_only`, --cds-leader-only; the chart's with `reconciler.replicas`
+above 1): only the leader serves configs and takes usage reports, so the cluster-wide user quotas
+(reconciler.cds_usage) are counted in one place. A standby renders as every replica does, but
+answers /readyz with 503 (so the CDS Service routes to the leader only) and every CDS request
+with 503 and `Retry-After` (a stunnerd that reaches it anyway retries, through the Service);
+a leader that stops leading (a lost renewal, SIGTERM) closes its watches (1001), whose stunnerds
+reconnect through the Service to the new leader, keeping their running config meanwhile. A
+leader that dies leaves the Lease to expire: the standby takes over within a lease duration plus
+two retry periods (15 s + 2 x 2 s by default), at once on a release.
+
 The render, apply and leader-election loops and the informers' watch threads are core tasks of
 one `Supervisor` (`reconciler.supervise`): one that ends unexpectedly is logged, the Lease is
 released (without `--enable-finalizer`'s deletions: the restarted process takes over where this
@@ -52,7 +62,7 @@ from stunner_api.vocabulary import (
 
 from . import events
 from .apply import Memo, Write, owned_by, plan_writes
-from .cds import HANDLERS_KEY, cds_app, serve
+from .cds import HANDLERS_KEY, CdsHandlers, cds_app, serve
 from .cds_access import MAX_TTL, Access, Account, AuthMode, ReviewUnavailable, TokenVerifier
 from .cds_quota import dataplane_pod
 from .cds_store import ConfigStore
@@ -157,6 +167,9 @@ class ClusterSettings:
     cds_readers: frozenset[Account] = frozenset()  # --cds-readers: may read every config
     # Seconds a token's authentication is trusted, and between two checks of a watching one.
     cds_token_ttl: float = MAX_TTL
+    # --cds-leader-only (the chart's with more than one replica): only the leader serves the
+    # CDS and is ready; a standby answers 503 with Retry-After (see the module's docstring).
+    cds_leader_only: bool = False
 
 
 @dataclass
@@ -225,6 +238,7 @@ class ClusterMode:
             for watched in self.cache.watched
         ]
         self.writing = True  # false from shutdown on
+        self.cds_handlers: CdsHandlers | None = None  # run_cluster's, once the CDS serves
         self.rendered_once = False
         self.writes_sent = 0
         self.applying = False  # a pass of writes (and the Events it records) is under way
@@ -282,7 +296,17 @@ class ClusterMode:
             return False, why
         if not self.rendered_once:
             return False, "first render pending"
+        standby = self.standing_by()
+        if standby is not None:
+            return False, standby
         return True, why
+
+    def standing_by(self) -> str | None:
+        """Why this replica serves no CDS now (`cds_leader_only` and not the leader); None
+        while it serves."""
+        if not self.settings.cds_leader_only or self.leading:
+            return None
+        return "standing by: the CDS is served by the leader only (--cds-leader-only)"
 
     # --- who reads the configs (cds_access) ---------------------------------------------------
 
@@ -510,6 +534,19 @@ class ClusterMode:
             self.elector.changed.clear()
             if self.elector.leading:
                 self._apply_wanted.set()
+            elif self.settings.cds_leader_only:
+                await self._hand_over_watches()
+
+    async def _hand_over_watches(self) -> None:
+        """No longer the leader in leader-only mode: close every CDS watch, so that stunnerd
+        reconnects through the Service to the replica that leads (or will)."""
+        if self.cds_handlers is None or not self.cds_handlers.sockets:
+            return
+        log.info(
+            "not the leader any more: closing %d CDS watches, for them to reconnect to the leader",
+            len(self.cds_handlers.sockets),
+        )
+        await self.cds_handlers.close_all()
 
     # --- lifecycle -----------------------------------------------------------------------------
 
@@ -539,6 +576,9 @@ class ClusterMode:
             log.info("finalized: %d of our objects deleted or invalidated", len(results))
         if self.elector is not None:
             await self.elector.stop(release=True)
+        if self.settings.cds_leader_only:
+            # after the release, so that the watches reconnect to a replica that may lead now
+            await self._hand_over_watches()
 
     def stop_watching(self) -> None:
         for informer in self.informers:
@@ -575,8 +615,12 @@ async def run_cluster(settings: ClusterSettings) -> AsyncIterator[Running]:
     async with contextlib.AsyncExitStack() as stack:
         stack.push_async_callback(asyncio.to_thread, probes.__exit__, None, None, None)
         cds_application = cds_app(
-            mode.store, access=mode.access.middleware if mode.access else None
+            mode.store,
+            access=mode.access.middleware if mode.access else None,
+            standby=mode.standing_by,
+            retry_after=settings.retry_period,
         )
+        mode.cds_handlers = cds_application[HANDLERS_KEY]
         cds = await stack.enter_async_context(
             serve(cds_application, settings.host, settings.cds_port)
         )

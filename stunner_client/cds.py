@@ -13,11 +13,12 @@ both speak the CDS through `CdsClient`.
   gone (Go retries every second: a route deleted during a reconciler rollout took up to 1.5 s
   to reach stunnerd on the real cluster). A server that cannot be reached is retried every
   `retry_period` seconds, and a refusal (401, 403) with back-off, doubling up to
-  `REFUSED_BACKOFF_MAX` seconds. What the frames mean (a config, the zero config of a deleted
-  Gateway, a usage frame) is the caller's to decide. With `reporter`, what `reporter.frames()`
-  yields is sent on each connection (stunnerd's usage reports of cluster-wide user quotas,
-  started anew on every connect), and `reporter.disconnected()` is called whenever a connection
-  ends or fails.
+  `REFUSED_BACKOFF_MAX` seconds; a 503 with `Retry-After` (a standby reconciler in leader-only
+  mode) after that many seconds, at most `retry_period`. What the frames mean (a config, the
+  zero config of a deleted Gateway, a usage frame) is the caller's to decide. With `reporter`,
+  what `reporter.frames()` yields is sent on each connection (stunnerd's usage reports of
+  cluster-wide user quotas, started anew on every connect), and `reporter.disconnected()` is
+  called whenever a connection ends or fails.
 
 With STUNNER_CDS_TOKEN_FILE set in `env` (default: the process's environment), the token file is
 read at every request and (re)connect, since the kubelet rotates it, and sent as
@@ -212,6 +213,17 @@ class CdsClient:
                 self.log.info("CDS server %s closed the connection; reconnecting", ws_url)
             except InvalidStatus as exc:
                 status = exc.response.status_code
+                if status == 503 and "Retry-After" in exc.response.headers:
+                    # A standby reconciler (leader-only CDS): through the Service again, soon.
+                    wait = retry_after(exc.response.headers["Retry-After"], self.retry_period)
+                    self.log.info(
+                        "CDS server %s stands by (HTTP 503 %s); retrying in %gs",
+                        ws_url,
+                        error_message(bytes(exc.response.body or b"")) or "",
+                        wait,
+                    )
+                    await asyncio.sleep(wait)
+                    continue
                 level = logging.DEBUG if failing else logging.WARNING
                 self.log.log(
                     level,
@@ -252,6 +264,16 @@ class CdsClient:
                 await asyncio.sleep(random.uniform(wait / 2, wait))
             else:
                 await asyncio.sleep(self.retry_period)
+
+
+def retry_after(header: str, retry_period: float) -> float:
+    """Seconds to wait on a 503's `Retry-After` (delta-seconds; an HTTP date or garbage counts
+    as `retry_period`), never more than `retry_period` nor less than RECONNECT_FIRST."""
+    try:
+        wait = float(header)
+    except ValueError:
+        wait = retry_period
+    return min(max(wait, RECONNECT_FIRST), retry_period)
 
 
 @contextlib.asynccontextmanager

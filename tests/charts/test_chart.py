@@ -26,7 +26,6 @@ NON_DEFAULT = (
     "crds.gatewayAPI.experimentalUDPRoute=true",
     "crds.gatewayAPI.keep=false",
     "reconciler.replicas=3",
-    "reconciler.leaderElection=false",
     "reconciler.extraArgs={--endpoint-discovery=false}",
     "webhook.failurePolicy=Ignore",
     "webhook.timeoutSeconds=5",
@@ -354,6 +353,27 @@ def test_reconciler_elects_a_leader_and_serves_cds_at_a_stable_name(
     assert url in container["args"]
     auth = services["stunner-auth"]
     assert auth["spec"]["type"] == "ClusterIP"  # unauthenticated: never outside the cluster
+
+
+def test_several_reconcilers_serve_the_cds_from_the_leader_only(helm: Path) -> None:
+    """reconciler.replicas > 1: --cds-leader-only (a standby is not ready, so the CDS Service
+    routes to the leader only), and a rollout that does not wait for a standby to be ready (it
+    never is while the old leader runs); one replica serves as before; several without leader
+    election are refused."""
+    from reconciler.__main__ import build_parser, cluster_settings
+
+    for replicas, leader_only in ((1, False), (2, True)):
+        manifests = render(helm, f"reconciler.replicas={replicas}")
+        (reconciler,) = [
+            d for d in of_kind(manifests, "Deployment") if "reconciler" in d["metadata"]["name"]
+        ]
+        (container,) = reconciler["spec"]["template"]["spec"]["containers"]
+        settings = cluster_settings(build_parser().parse_args(container["args"]))
+        assert settings.leader_elect and settings.cds_leader_only == leader_only
+        rollout = reconciler["spec"].get("strategy", {}).get("rollingUpdate", {})
+        assert (rollout.get("maxUnavailable") == "100%") == leader_only
+    complaint = refused(helm, "reconciler.replicas=2", "reconciler.leaderElection=false")
+    assert "reconciler.replicas > 1 needs reconciler.leaderElection" in complaint
 
 
 def test_the_reconciler_and_auth_service_accept_the_charts_arguments(

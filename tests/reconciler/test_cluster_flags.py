@@ -200,3 +200,23 @@ def test_no_endpointslice_is_watched_when_the_controller_is_disabled(tmp_path: P
         assert any("udproutes" in path for _, path in fake.requests)
 
     asyncio.run(main_())
+
+
+def test_lease_timings_and_leader_only_cds_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    """Go durations into the elector's settings (client-go's defaults without them), and
+    timings out of order refused with exit 2 and what is needed, before any connection."""
+    got = settings()
+    assert (got.lease_duration, got.renew_deadline, got.retry_period) == (15.0, 10.0, 2.0)
+    assert not got.cds_leader_only
+    got = settings(
+        "--cds-leader-only",
+        "--leader-election-lease-duration=3s",
+        "--leader-election-renew-deadline=2s",
+        "--leader-election-retry-period=500ms",
+    )
+    assert got.cds_leader_only
+    assert (got.lease_duration, got.renew_deadline, got.retry_period) == (3.0, 2.0, 0.5)
+    assert main(["--leader-elect", "--leader-election-retry-period=20s"]) == 2
+    err = capsys.readouterr().err
+    assert "--leader-election-retry-period < --leader-election-renew-deadline" in err
+    assert "(got 20s, 10s, 15s)" in err

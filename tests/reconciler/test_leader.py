@@ -280,3 +280,52 @@ def test_a_stop_during_a_renewal_round_still_releases_the_lease() -> None:
             assert lease(fake)["spec"]["holderIdentity"] == ""
 
     asyncio.run(main())
+
+
+def test_a_leader_only_replica_that_stops_leading_hands_its_watches_over(tmp_path: Path) -> None:
+    """--cds-leader-only: the standby is not ready and answers the CDS 503 with Retry-After
+    (before any token check); on SIGTERM the leader releases the Lease, closes its watches at
+    once (for stunnerd to reconnect to the next leader) and answers 503 from then on, while the
+    other replica becomes ready and serves."""
+
+    async def main() -> None:
+        with FakeApiServer() as fake:
+            k.world(fake)
+            token = fake.issue_token(k.NS, "gw-stunnerd", (CDS_TOKEN_AUDIENCE,))
+            only = {"cds_leader_only": True, **LEASE}
+            async with (
+                k.reconciler(fake, tmp_path, leader_elect=True, identity="a", **only) as a,
+            ):
+                await k.eventually(lambda: a.mode.leading and a.mode.ready()[0], what="a ready")
+                async with k.reconciler(
+                    fake, tmp_path, leader_elect=True, identity="b", **only
+                ) as b:
+                    await k.eventually(lambda: b.mode.rendered_once, what="b rendered")
+                    ready, why = b.mode.ready()
+                    assert not ready and why.startswith("standing by")
+                    async with (
+                        aiohttp.ClientSession() as session,
+                        session.get(b.cds_address + "/api/v1/configs/stunner/gw") as refused,
+                    ):
+                        assert refused.status == 503  # no token asked for: nothing read here
+                        assert refused.headers["Retry-After"] == "1"
+                    watcher = CdsWatcher()
+                    watcher.task = asyncio.create_task(
+                        watcher.run(a.cds_address, "stunner/gw", token)
+                    )
+                    await k.eventually(lambda: watcher.frames, what="the first config")
+                    await a.mode.shutdown()
+                    await asyncio.wait_for(watcher.task, 2)  # closed by a, not by the test
+                    assert not a.mode.store.watchers
+                    await k.eventually(lambda: b.mode.ready()[0], timeout=5, what="b ready")
+                    for address, status in ((a.cds_address, 503), (b.cds_address, 200)):
+                        async with (
+                            aiohttp.ClientSession() as session,
+                            session.get(
+                                address + "/api/v1/configs/stunner/gw",
+                                headers={"Authorization": f"Bearer {token}"},
+                            ) as response,
+                        ):
+                            assert response.status == status, address
+
+    asyncio.run(main())

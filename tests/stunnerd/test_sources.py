@@ -22,9 +22,11 @@ from typing import Any
 
 import pytest
 
+from reconciler.cds import cds_app, serve
+from reconciler.cds_store import ConfigStore
 from stunner_api.cds import OPEN_TIMEOUT, PONG_WAIT
 from stunner_api.dataplane import ConfigError, StunnerConfig
-from stunner_client.cds import RECONNECT_FIRST, reconnect_waits
+from stunner_client.cds import RECONNECT_FIRST, reconnect_waits, retry_after
 from stunnerd.sources import CdsSource, FileSource, SourceError, source_for
 from tests.cds_server import run_cds_server
 from tests.support.turnclient import free_port
@@ -472,3 +474,33 @@ def test_source_for_defaults_env_to_os_environ(monkeypatch: pytest.MonkeyPatch) 
     assert isinstance(source, CdsSource)
     assert (source.namespace, source.name) == ("envns", "envname")
     assert os.environ["STUNNER_NAME"] == "envname"
+
+
+def test_cds_watch_refused_by_a_standby_comes_back_after_retry_after(logs: Records) -> None:
+    """A standby reconciler (leader-only CDS) answers 503 with `Retry-After: 1`: the watch tries
+    again after that second, not after its retry period (a minute here), and says so at INFO,
+    not as a failure."""
+
+    async def main() -> None:
+        store = ConfigStore()
+        standing_by: list[str] = ["standing by: the CDS is served by the leader only"]
+        app = cds_app(store, standby=lambda: standing_by[0] if standing_by else None)
+        async with serve(app) as served:
+            store.set_json(ID, config_text("leader"))
+            source = cds_source(served.address, retry_period=60.0)
+            async with contextlib.aclosing(source.watch()) as watch:
+                pending = asyncio.ensure_future(anext(watch))
+                await eventually(lambda: logs.count("stands by", logging.INFO) == 1, "refused")
+                assert logs.count("stands by (HTTP 503 standing by: the CDS is served") == 1
+                assert not logs.count("refused the watch") and not logs.count("failed")
+                standing_by.clear()  # it leads now
+                assert (await asyncio.wait_for(pending, STEP)).auth.realm == "leader"
+
+    run(main)
+
+
+def test_cds_retry_after_is_bounded_by_the_retry_period() -> None:
+    assert retry_after("1", 60.0) == 1.0
+    assert retry_after("120", 5.0) == 5.0
+    assert retry_after("0", 5.0) == RECONNECT_FIRST
+    assert retry_after("Wed, 21 Oct 2015 07:28:00 GMT", 5.0) == 5.0
