@@ -21,6 +21,7 @@ import os
 import urllib.parse
 from collections.abc import Collection, Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
 from .vocabulary import CDS_TOKEN_FILE_ENV, NODE_ADDRESS_PLACEHOLDER
 
@@ -195,17 +196,29 @@ def usage_key(text: str | bytes) -> str | None:
     return None
 
 
-def parse_usage(text: str | bytes, key: str) -> dict[str, int]:
-    """The counts of a usage frame `{key: {user id: count}}`; UsageError says what is wrong."""
-    if len(text) > MAX_USAGE_BYTES + 1024:
-        raise UsageError(f"usage frame of {len(text)} bytes, more than {MAX_USAGE_BYTES}")
+def frame_body(
+    text: str | bytes, key: str, limit: int, error: type[ValueError], what: str, shape: str
+) -> dict[str, Any]:
+    """The object under `key` of a frame on the CDS watch that is `{key: {...}}` alone, at most
+    `limit` bytes (plus 1 KiB of envelope); `error` says what is wrong, naming the frame `what`
+    and its `shape`. The usage frames and the sessions frames share it."""
+    if len(text) > limit + 1024:
+        raise error(f"{what} frame of {len(text)} bytes, more than {limit}")
     try:
         data = json.loads(text)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise UsageError(f"usage frame is not JSON: {exc}") from None
+        raise error(f"{what} frame is not JSON: {exc}") from None
     if not isinstance(data, dict) or list(data) != [key] or not isinstance(data[key], dict):
-        raise UsageError(f'usage frame is not {{"{key}": {{user: count}}}}')
-    counts: dict[str, int] = data[key]
+        raise error(f'{what} frame is not {{"{key}": {shape}}}')
+    body: dict[str, Any] = data[key]
+    return body
+
+
+def parse_usage(text: str | bytes, key: str) -> dict[str, int]:
+    """The counts of a usage frame `{key: {user id: count}}`; UsageError says what is wrong."""
+    counts: dict[str, int] = frame_body(
+        text, key, MAX_USAGE_BYTES, UsageError, "usage", "{user: count}"
+    )
     if len(counts) > MAX_USAGE_USERS:
         raise UsageError(f"usage frame of {len(counts)} users, more than {MAX_USAGE_USERS}")
     for count in counts.values():

@@ -29,6 +29,8 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from .cds import frame_body
+
 SESSIONS_PATH = "/api/v1/sessions/{namespace}/{name}"
 DISCONNECT_PATH = SESSIONS_PATH + "/disconnect"
 USER_PARAM = "user"
@@ -145,15 +147,7 @@ def report_frame(request: str, pod: str, sessions: Sequence[Mapping[str, Any]]) 
 
 
 def _body(text: str | bytes, key: str) -> dict[str, Any]:
-    if len(text) > MAX_SESSIONS_BYTES + 1024:
-        raise SessionsError(f"sessions frame of {len(text)} bytes, more than {MAX_SESSIONS_BYTES}")
-    try:
-        data = json.loads(text)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise SessionsError(f"sessions frame is not JSON: {exc}") from None
-    if not isinstance(data, dict) or list(data) != [key] or not isinstance(data[key], dict):
-        raise SessionsError(f'sessions frame is not {{"{key}": {{...}}}}')
-    body: dict[str, Any] = data[key]
+    body = frame_body(text, key, MAX_SESSIONS_BYTES, SessionsError, "sessions", "{...}")
     request = body.get("request")
     if not isinstance(request, str) or not 0 < len(request) <= MAX_REQUEST_ID:
         raise SessionsError("sessions frame without a request id")
