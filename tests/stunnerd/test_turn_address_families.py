@@ -13,6 +13,7 @@ see that the engine handed its client's packets up rather than losing them.
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
@@ -95,21 +96,26 @@ def test_an_ipv6_client_gets_an_ipv4_relay() -> None:
     asyncio.run(main())
 
 
+async def dual_stack_echo(protocol: str) -> tuple[Any, Any, int, dict[str, Any]]:
+    """Echo peers on 127.0.0.1 and ::1, and a DualStack listener of `protocol` routed to both:
+    (peer4, peer6, the listener's port, its config)."""
+    peer4 = await start_peer(echo=True)
+    peer6 = await start_peer(echo=True, host="::1")
+    port = free_port()
+    routes = [f"127.0.0.1/32:<{peer4.port}-{peer4.port}>", f"::1/128:<{peer6.port}-{peer6.port}>"]
+    config = make_config(
+        port, routes, protocols=(protocol,), admin={"relay_address_family": "DualStack"}
+    )
+    return peer4, peer6, port, config
+
+
 def test_a_dual_allocation_relays_to_peers_of_both_families(relay_path: str) -> None:
     """On the Python path. The native engine holds one relay per client (and would drop a Send
     indication to a peer of the other family): there a dual request gets its listener's family
     alone, with ADDRESS-ERROR-CODE 440 naming the other, and relays as a single allocation."""
 
     async def main() -> None:
-        peer4 = await start_peer(echo=True)
-        peer6 = await start_peer(echo=True, host="::1")
-        port = free_port()
-        config = make_config(
-            port,
-            [f"127.0.0.1/32:<{peer4.port}-{peer4.port}>", f"::1/128:<{peer6.port}-{peer6.port}>"],
-            protocols=("TURN-UDP",),
-            admin={"relay_address_family": "DualStack"},
-        )
+        peer4, peer6, port, config = await dual_stack_echo("TURN-UDP")
         to4, to6 = ("127.0.0.1", peer4.port), ("::1", peer6.port)
         async with running_stunner(config) as stunner:
             client = await RawClient.connect(("127.0.0.1", port))
@@ -222,15 +228,7 @@ def test_turn_tcp_an_ipv4_client_gets_an_ipv6_relay_and_a_dual_one_in_python(
     one relay per client like the UDP one, declines a dual request's second family."""
 
     async def main() -> None:
-        peer4 = await start_peer(echo=True)
-        peer6 = await start_peer(echo=True, host="::1")
-        port = free_port()
-        config = make_config(
-            port,
-            [f"127.0.0.1/32:<{peer4.port}-{peer4.port}>", f"::1/128:<{peer6.port}-{peer6.port}>"],
-            protocols=("TURN-TCP",),
-            admin={"relay_address_family": "DualStack"},
-        )
+        peer4, peer6, port, config = await dual_stack_echo("TURN-TCP")
         to4, to6 = ("127.0.0.1", peer4.port), ("::1", peer6.port)
         async with running_stunner(config):
             single = await RawTcpClient.connect(("127.0.0.1", port))
