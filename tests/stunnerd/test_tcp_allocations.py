@@ -14,6 +14,7 @@ import json
 import re
 import shutil
 import socket
+import ssl
 import struct
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -247,16 +248,13 @@ def test_connect_and_connection_bind_relay_to_a_tcp_echo_backend(relay_path: str
 
 def test_tls_connect_and_connection_bind_relay_to_a_tcp_echo_backend() -> None:
     """TURN-TLS: the control and data connections are TLS, the peer connection plain TCP."""
-    import ssl
 
     async def main() -> None:
         context = ssl.create_default_context()
         context.check_hostname = False
         context.verify_mode = ssl.CERT_NONE
         async with stunnerd("TURN-TLS") as (_, port), echo_backend() as (backend, _sources):
-            control = RawTcpClient((HOST, port))
-            reader, control.writer = await asyncio.open_connection(HOST, port, ssl=context)
-            reading = asyncio.get_running_loop().create_task(control._read(reader))
+            control = await RawTcpClient.connect_tls((HOST, port), context)
             response = await control.allocate(**{"REQUESTED-TRANSPORT": 6})
             assert response.message_class == Class.SUCCESS, response.attributes
             response = await connect(control, (HOST, backend))
@@ -277,7 +275,6 @@ def test_tls_connect_and_connection_bind_relay_to_a_tcp_echo_backend() -> None:
             data_writer.write(b"over TLS")
             assert await asyncio.wait_for(data_reader.readexactly(8), STEP) == b"over TLS"
             data_writer.close()
-            reading.cancel()
             control.close()
 
     run(main)
