@@ -320,6 +320,26 @@ class TcpRelay:
         if self.pending.get(connection.connection_id) is connection:
             del self.pending[connection.connection_id]
 
+    def recheck(self) -> None:
+        """After a change of the routes or clusters: close every peer connection no routed TCP
+        cluster admits any more (counted as forbidden), as a UDP allocation drops each packet."""
+        scope = self.scope
+        for connection in list(self.connections):
+            ip, port = connection.peer
+            if not ip:
+                continue  # accepted, not yet judged
+            cluster = scope.policy.cluster_of(scope.name, ip, port, "TCP")
+            if cluster is not None:
+                connection.cluster = cluster
+                continue
+            scope.stats.forbidden_dropped += 1
+            log.info(
+                "relay %s: connection with peer %s closed: no routed TCP cluster admits it now",
+                _fmt(self.allocation.relayed_address),
+                _fmt(connection.peer),
+            )
+            connection.close()
+
     # --- RelaySocket ------------------------------------------------------------------------
 
     def sendto(self, data: bytes, addr: Address) -> None:

@@ -150,6 +150,7 @@ class TurnServer:
         self._pending: set[tuple[Any, bytes]] = set()  # Allocate/Connect requests being served
         # RFC 6062: peer connections awaiting their ConnectionBind, by CONNECTION-ID.
         self.peer_connections: dict[int, PeerConnection] = {}
+        self._unwatch: Callable[[], None] | None = None  # the router, once TCP allocations exist
         self._handlers: dict[tuple[Class, Method], Handler] = {
             (Class.REQUEST, Method.BINDING): self._binding,
             (Class.REQUEST, Method.REFRESH): self._refresh,
@@ -638,6 +639,13 @@ class TurnServer:
             raise RequestError(508, f"Insufficient Capacity: no relay socket: {exc}") from None
         allocation.relayed_address = (self.relay_ip, port)
         allocation.relay = relay
+        if self._unwatch is None:  # a route change re-judges every peer connection
+            self._unwatch = self.router.watch(self._recheck_peer_connections)
+
+    def _recheck_peer_connections(self) -> None:
+        for allocation in self.allocations.values():
+            if isinstance(allocation.relay, TcpRelay):
+                allocation.relay.recheck()
 
     async def _connect(self, exchange: Exchange) -> Message:
         """RFC 6062 §5.2: a connection from the relayed address to a peer a routed TCP cluster
@@ -852,6 +860,9 @@ class TurnServer:
     def close(self) -> None:
         for allocation in list(self.allocations.values()):
             self._delete(allocation)
+        if self._unwatch is not None:
+            self._unwatch()
+            self._unwatch = None
         self._responses.clear()
 
 

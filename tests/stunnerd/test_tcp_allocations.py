@@ -44,9 +44,14 @@ CERT, KEY = certificates.self_signed_certificate(HOST)
 STEP = 20.0  # seconds a test waits for a condition before it fails
 
 
-def config(port: int, protocol: str = "TURN-TCP", clusters: dict[str, str] | None = None) -> Any:
+def config(
+    port: int,
+    protocol: str = "TURN-TCP",
+    clusters: dict[str, str] | None = None,
+    endpoint: str = f"{HOST}/32",
+) -> Any:
     """One listener routing to the clusters given as name -> protocol (by default one TCP
-    cluster naming 127.0.0.1), each naming 127.0.0.1/32."""
+    cluster), each naming `endpoint`."""
     clusters = clusters if clusters is not None else {"ns/tcp": "TCP"}
     listener: dict[str, Any] = {
         "name": "ns/gw/listener",
@@ -69,7 +74,7 @@ def config(port: int, protocol: str = "TURN-TCP", clusters: dict[str, str] | Non
                 },
                 "listeners": [listener],
                 "clusters": [
-                    {"name": n, "type": "STATIC", "protocol": p, "endpoints": [f"{HOST}/32"]}
+                    {"name": n, "type": "STATIC", "protocol": p, "endpoints": [endpoint]}
                     for n, p in clusters.items()
                 ],
             }
@@ -240,6 +245,29 @@ def test_connect_and_connection_bind_relay_to_a_tcp_echo_backend(relay_path: str
             # The allocation's end closes its data connection.
             await control.refresh(0)
             assert await closed(reader)
+            writer.close()
+            control.close()
+
+    run(main)
+
+
+def test_a_route_change_closes_the_peer_connections_it_no_longer_admits(relay_path: str) -> None:
+    async def main() -> None:
+        async with stunnerd() as (stunner, port), echo_backend() as (backend, _):
+            control = await tcp_allocation(port)
+            response = await connect(control, (HOST, backend))
+            reader, writer, bound = await connection_bind(
+                control, port, response.attributes["CONNECTION-ID"]
+            )
+            assert bound.message_class == Class.SUCCESS, bound.attributes
+            writer.write(b"before")
+            assert await asyncio.wait_for(reader.readexactly(6), STEP) == b"before"
+            # The same cluster, narrowed to a port range without the backend's port.
+            other = 1 if backend != 1 else 2
+            await stunner.apply(config(port, endpoint=f"{HOST}/32:<{other}-{other}>"))
+            assert await closed(reader)
+            stats = stunner.listeners["ns/gw/listener"].server.stats
+            assert stats.forbidden_dropped == 1
             writer.close()
             control.close()
 
