@@ -31,7 +31,10 @@ session is Python's ssl). The split is the TURN-UDP one (`native_udp`):
   progress (`NativeRelay.streams`) several times per deadline.
 - RFC 6062 data connections go back to Python: Python keeps its own descriptor of a new
   connection until its first frame is served (one more descriptor per connection for at most
-  `Limits.stream_deadline`). When that frame is a ConnectionBind, the engine lets go of the
+  `Limits.stream_deadline`), and only while the connections and the descriptors so kept stay
+  within the connection cap: past it the oldest kept one is let go (that connection can no
+  longer become a data connection: its ConnectionBind gets 400), so `--fd-reserve` stays free.
+  When that frame is a ConnectionBind, the engine lets go of the
   connection once the answer is written (`close_stream`: its close does not end the TCP
   connection while Python holds it), and at its SOURCE_CLOSED Python serves the connection as
   a plain byte pipe to its peer (`tcp_relay.DataConnection`); otherwise Python closes its copy.
@@ -104,6 +107,8 @@ class NativeTcpTransport(EngineCounted, TcpTransport):
         self._by_remote: dict[Any, NativeConnection] = {}
         self._allocations: dict[tuple[int, int], Allocation] = {}
         self._load: list[int] = []  # connections per engine
+        # Connections whose descriptor Python keeps until their first frame, oldest first.
+        self._holding: dict[NativeConnection, None] = {}
         self._sweeper: asyncio.TimerHandle | None = None
         self._unwatch: list[Any] = []
         self._final: native.NativeCounters | None = None  # after stop
@@ -161,9 +166,9 @@ class NativeTcpTransport(EngineCounted, TcpTransport):
             self._final.clusters = {}
         for connection in list(self._streams.values()):
             self._forget_connection(connection)
-            if connection.held is not None:
-                connection.held.close()
-                connection.held = None
+            held = self._unhold(connection)
+            if held is not None:
+                held.close()
 
     # --- accepting ------------------------------------------------------------------------
 
@@ -209,6 +214,13 @@ class NativeTcpTransport(EngineCounted, TcpTransport):
             self.release(admitted)
             conn.close()
             return
+        self._holding[connection] = None
+        while self._holding and len(self._connections) + len(self._holding) > self._cap:
+            oldest = next(iter(self._holding))  # out of descriptors to spare: let it go
+            oldest.downstream.splice = None
+            held = self._unhold(oldest)
+            if held is not None:
+                held.close()
         connection.downstream.send = functools.partial(_send, relay, connection.handle)
         self._streams[connection.key] = connection
         self._by_remote[remote] = connection
@@ -220,9 +232,14 @@ class NativeTcpTransport(EngineCounted, TcpTransport):
         relay = self.relays[connection.engine]
         asyncio.get_running_loop().call_soon(relay.close_stream, connection.handle)
 
+    def _unhold(self, connection: NativeConnection) -> socket.socket | None:
+        held, connection.held = connection.held, None
+        self._holding.pop(connection, None)
+        return held
+
     def _let_go(self, connection: NativeConnection) -> None:
         """After the first frame: Python's descriptor is kept only for a data connection."""
-        held, connection.held = connection.held, None
+        held = self._unhold(connection)
         if held is None:
             return
         if connection.peer is None:
@@ -238,8 +255,9 @@ class NativeTcpTransport(EngineCounted, TcpTransport):
             self._load[connection.engine] -= 1
         self._by_remote.pop(connection.downstream.remote, None)
         if connection.held is not None and connection.peer is None:
-            connection.held.close()  # closed before its first frame was served
-            connection.held = None
+            held = self._unhold(connection)
+            if held is not None:
+                held.close()  # closed before its first frame was served
         self.release(cast(TcpConnectionProtocol, connection))
         self.server.connection_lost(connection.downstream.remote)
 
