@@ -51,7 +51,7 @@ NEVER = "never-a-peer"  # unspecified, multicast, broadcast
 EMBEDDED_GUARDED = "ipv4-in-ipv6-loopback"  # an IPv6 spelling of a loopback/link-local IPv4
 OWN_ADDRESS = "own-address"  # stunnerd's own listener or relay socket
 NO_ROUTES = "no-routes"  # the listener routes to no cluster
-NOT_UDP = "cluster-not-udp"  # the only routed clusters are TCP (not relayed)
+NOT_UDP = "cluster-not-udp"  # the only routed clusters are of the other protocol (UDP/TCP)
 GUARDED = "loopback-or-link-local"  # loopback, link-local, cloud metadata
 PORT_RANGE = "port-outside-range"  # the IP is named, the port is outside the range
 NOT_RESOLVED = "dns-not-resolved"  # a STRICT_DNS cluster whose names have no address yet
@@ -175,12 +175,14 @@ def explain(
     *,
     resolved: Mapping[str, frozenset[IPAddress]] | None = None,
     is_own: Callable[[IPAddress, int], bool] | None = None,
+    protocol: str = "UDP",
 ) -> Verdict:
     """Whether a listener routing to `routes` admits the peer, and why (see the module doc).
 
     `peer_port` None: CreatePermission (any port). `resolved`: the current addresses of the
     STRICT_DNS names (None: unknown, offline). `is_own(ip, port)`: whether the address is one
-    of stunnerd's own sockets (checked only with a port, as the router does)."""
+    of stunnerd's own sockets (checked only with a port, as the router does). `protocol`: the
+    allocation's, UDP (RFC 8656) or TCP (RFC 6062); only clusters of that protocol admit."""
     ip = parse_peer_ip(canonical_peer_ip(peer_ip))
     if ip is None or (peer_port is not None and not 0 <= peer_port <= 65535):
         return Verdict(NOT_AN_IP, f"{peer_ip!r} (port {peer_port}) is not a peer address")
@@ -213,9 +215,11 @@ def explain(
         cluster = by_name.get(name)
         if cluster is None:
             continue
-        if cluster.protocol.upper() != "UDP":
-            found.setdefault(NOT_UDP, f"cluster {name} is {cluster.protocol}, not relayed")
-            allow.setdefault(NOT_UDP, "a UDP backend (this dataplane relays UDP only)")
+        if cluster.protocol.upper() != protocol:
+            found.setdefault(
+                NOT_UDP, f"cluster {name} is {cluster.protocol}, not {protocol}: not relayed"
+            )
+            allow.setdefault(NOT_UDP, f"a {protocol} cluster naming the peer")
             continue
         kind = cluster.type.upper()
         if kind == "STRICT_DNS":

@@ -111,6 +111,11 @@ class HttpServer:
         return None if self._site is None else self._site.stats
 
     @property
+    def bound_port(self) -> int | None:
+        """The port it listens on, None while it is not started."""
+        return self.port if self._runner is not None and self._runner.addresses else None
+
+    @property
     def port(self) -> int:
         assert self._runner is not None and self._runner.addresses
         port: int = self._runner.addresses[0][1]

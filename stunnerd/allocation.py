@@ -49,7 +49,7 @@ def address_family(ip: str) -> int:
 class Downstream:
     """The client side of one 5-tuple: where replies and relayed data to that client go."""
 
-    __slots__ = ("remote", "address", "send", "relay", "stream", "engine")
+    __slots__ = ("remote", "address", "send", "relay", "stream", "engine", "splice")
 
     def __init__(
         self,
@@ -58,6 +58,7 @@ class Downstream:
         stream: bool,
         relay: Callable[[bytes], bool | None] | None = None,
         engine: int = 0,
+        splice: Callable[[Any], None] | None = None,
     ) -> None:
         self.remote = remote  # the address as the socket reports it: the allocation key
         self.address = canonical_address(remote)  # what XOR-MAPPED-ADDRESS reports
@@ -69,12 +70,17 @@ class Downstream:
         # TURN-UDP on the native path: which of the listener's engines (one per socket of its
         # SO_REUSEPORT group) the kernel steers this 5-tuple to; its allocation lives there.
         self.engine = engine
+        # TURN-TCP/TLS: makes this connection the data connection of an RFC 6062 peer
+        # connection (`tcp_relay.PeerConnection`) after its ConnectionBind; None elsewhere.
+        self.splice = splice
 
 
 class PeerPolicy(Protocol):
     """Which cluster, if any, admits a peer for a listener (`router.Router`)."""
 
-    def cluster_of(self, listener: str, ip: str, port: int) -> str | None: ...
+    def cluster_of(
+        self, listener: str, ip: str, port: int, protocol: str = "UDP"
+    ) -> str | None: ...
 
 
 class RelaySocket(Protocol):

@@ -158,6 +158,12 @@ LIMIT_FLAGS: dict[str, tuple[str, str]] = {
     "max_peers_per_request": ("N", "XOR-PEER-ADDRESS per CreatePermission (508 past it)"),
     "max_permissions": ("N", "permissions per allocation (508 past it)"),
     "max_channels": ("N", "channel bindings per allocation (508 past it)"),
+    "max_peer_connections": ("N", "RFC 6062: TCP peer connections per TCP allocation (508)"),
+    "peer_connection_timeout": (
+        "SECONDS",
+        "RFC 6062: a Connect's time (447 past it), and a peer connection's wait for its "
+        "ConnectionBind",
+    ),
     "max_allocations": ("N", "allocations in the whole stunnerd; 0: no cap (508 past it)"),
     "allocation_rate": ("PER_S", "new allocations per second per client IP and process"),
     "error_rate": ("PER_S", "error answers per second per client address; more are dropped"),

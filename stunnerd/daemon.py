@@ -252,6 +252,7 @@ class Stunner:
         if workers is not None:
             await workers.sync(config, self.listeners.values())
         await self._reconcile_admin_servers(config)
+        self._guard_service_ports()
         log.info("applied config: %s", config)
 
     async def _reconcile_admin_servers(self, config: StunnerConfig) -> None:
@@ -282,6 +283,11 @@ class Stunner:
             if not await self._start_admin_server(server, url, default_port):
                 retry = self._retry_admin_server(server, url, default_port)
                 self._admin_retries[server.name] = (url, asyncio.create_task(retry))
+
+    def _guard_service_ports(self) -> None:
+        """The router refuses TCP peers at the HTTP servers' ports on stunnerd's addresses."""
+        ports = (self.health.bound_port, self.metrics.bound_port)
+        self.router.service_ports = frozenset(port for port in ports if port is not None)
 
     async def _start_admin_server(
         self, server: HttpServer, url: str, default_port: int, retrying: bool = False
@@ -319,6 +325,7 @@ class Stunner:
         while True:
             await asyncio.sleep(delay)
             if await self._start_admin_server(server, url, default_port, retrying=True):
+                self._guard_service_ports()
                 return
             delay = min(delay * 2, BUSY_RETRY_MAX)
 

@@ -56,6 +56,12 @@ class Limits:
     max_peers_per_request: int = 32
     max_permissions: int = 512
     max_channels: int = 512
+    # RFC 6062 TCP allocations: TCP connections to peers per allocation, pending or bound (a
+    # Connect past it gets 508, an inbound peer connection past it is closed), and how long a
+    # Connect may take (447 after it) and a peer connection waits for its ConnectionBind
+    # (closed after it): RFC 6062 §5.2/§5.3 say 30 s.
+    max_peer_connections: int = 128
+    peer_connection_timeout: float = 30.0
     # Allocations in the whole stunnerd (every process), and new allocations per second per
     # source IP (with a burst of twice that).
     max_allocations: int = DEFAULT_MAX_ALLOCATIONS

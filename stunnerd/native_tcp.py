@@ -29,6 +29,15 @@ session is Python's ssl). The split is the TURN-UDP one (`native_udp`):
 - Deadlines (`Limits.stream_deadline` for the first message and for a frame begun,
   `idle_timeout` without an allocation) are kept by a sweep over the engine's per-stream
   progress (`NativeRelay.streams`) several times per deadline.
+- RFC 6062 data connections go back to Python: Python keeps its own descriptor of a new
+  connection until its first frame is served (one more descriptor per connection for at most
+  `Limits.stream_deadline`), and only while the connections and the descriptors so kept stay
+  within the connection cap: past it the oldest kept one is let go (that connection can no
+  longer become a data connection: its ConnectionBind gets 400), so `--fd-reserve` stays free.
+  When that frame is a ConnectionBind, the engine lets go of the
+  connection once the answer is written (`close_stream`: its close does not end the TCP
+  connection while Python holds it), and at its SOURCE_CLOSED Python serves the connection as
+  a plain byte pipe to its peer (`tcp_relay.DataConnection`); otherwise Python closes its copy.
 - Bounded delay: `Limits.stream_latency_bound` and `stream_high_water` are the engine's
   (relaycore/stream.c): late relayed frames are dropped and counted ("latency"), never
   queued for seconds; a queue past the high-water mark drops ("backpressure").
@@ -50,6 +59,7 @@ from .native_glue import EngineCounted, NativeAllocation, decide_and_reinject, r
 from .sockets import bound_socket
 from .stun import FRAMING_ERRORS as STREAM_FRAMING_ERRORS
 from .stun import Address
+from .tcp_relay import DataConnection, PeerConnection
 from .transports import MAX_STREAM_BUFFER, TcpConnectionProtocol, TcpTransport
 from .turn import TurnServer
 
@@ -69,13 +79,15 @@ class NativeConnection:
     handle there). Quacks as the `TcpConnectionProtocol` that `TcpTransport.admit` counts (its
     `source`)."""
 
-    __slots__ = ("engine", "handle", "downstream", "source")
+    __slots__ = ("engine", "handle", "downstream", "source", "held", "peer")
 
-    def __init__(self, engine: int, downstream: Downstream) -> None:
+    def __init__(self, engine: int, downstream: Downstream, held: socket.socket) -> None:
         self.engine = engine
         self.handle = 0
         self.downstream = downstream
         self.source = downstream.address[0]
+        self.held: socket.socket | None = held  # Python's descriptor, until the first frame
+        self.peer: PeerConnection | None = None  # RFC 6062: bound by a ConnectionBind
 
     @property
     def key(self) -> tuple[int, int]:
@@ -95,6 +107,8 @@ class NativeTcpTransport(EngineCounted, TcpTransport):
         self._by_remote: dict[Any, NativeConnection] = {}
         self._allocations: dict[tuple[int, int], Allocation] = {}
         self._load: list[int] = []  # connections per engine
+        # Connections whose descriptor Python keeps until their first frame, oldest first.
+        self._holding: dict[NativeConnection, None] = {}
         self._sweeper: asyncio.TimerHandle | None = None
         self._unwatch: list[Any] = []
         self._final: native.NativeCounters | None = None  # after stop
@@ -152,6 +166,9 @@ class NativeTcpTransport(EngineCounted, TcpTransport):
             self._final.clusters = {}
         for connection in list(self._streams.values()):
             self._forget_connection(connection)
+            held = self._unhold(connection)
+            if held is not None:
+                held.close()
 
     # --- accepting ------------------------------------------------------------------------
 
@@ -171,8 +188,7 @@ class NativeTcpTransport(EngineCounted, TcpTransport):
                     loop.remove_reader(sock.fileno())
                     loop.call_later(ACCEPT_PAUSE, self._resume_accepting, sock)
                 return
-            with conn:  # the engine keeps a duplicate
-                self._adopt(conn, remote)
+            self._adopt(conn, remote)  # the engine keeps a duplicate
 
     def _resume_accepting(self, sock: socket.socket) -> None:
         if self._sock is sock:
@@ -180,28 +196,68 @@ class NativeTcpTransport(EngineCounted, TcpTransport):
 
     def _adopt(self, conn: socket.socket, remote: Any) -> None:
         if not self.relays:
+            conn.close()
             return
         engine = self._load.index(min(self._load))  # the engine serving the fewest
         relay = self.relays[engine]
-        connection = NativeConnection(engine, Downstream(remote, _discard, stream=True))
+        downstream = Downstream(remote, _discard, stream=True)
+        connection = NativeConnection(engine, downstream, conn)
+        downstream.splice = functools.partial(self._splice, connection)
         admitted = cast(TcpConnectionProtocol, connection)  # admit counts its `source`
         if not self.admit(admitted):
+            conn.close()
             return
         try:
             connection.handle = relay.add_stream(conn)
         except OSError as exc:
             log.warning("listener %s: cannot serve %s: %s", self.server.name, remote, exc)
             self.release(admitted)
+            conn.close()
             return
+        self._holding[connection] = None
+        while self._holding and len(self._connections) + len(self._holding) > self._cap:
+            oldest = next(iter(self._holding))  # out of descriptors to spare: let it go
+            oldest.downstream.splice = None
+            held = self._unhold(oldest)
+            if held is not None:
+                held.close()
         connection.downstream.send = functools.partial(_send, relay, connection.handle)
         self._streams[connection.key] = connection
         self._by_remote[remote] = connection
         self._load[engine] += 1
 
+    def _splice(self, connection: NativeConnection, peer: PeerConnection) -> None:
+        """A ConnectionBind: the engine lets go once the answer (queued next) is written."""
+        connection.peer = peer
+        relay = self.relays[connection.engine]
+        asyncio.get_running_loop().call_soon(relay.close_stream, connection.handle)
+
+    def _unhold(self, connection: NativeConnection) -> socket.socket | None:
+        held, connection.held = connection.held, None
+        self._holding.pop(connection, None)
+        return held
+
+    def _let_go(self, connection: NativeConnection) -> None:
+        """After the first frame: Python's descriptor is kept only for a data connection."""
+        held = self._unhold(connection)
+        if held is None:
+            return
+        if connection.peer is None:
+            held.close()
+            return
+        peer = connection.peer
+        loop = asyncio.get_running_loop()
+        task = loop.create_task(loop.connect_accepted_socket(lambda: DataConnection(peer), held))
+        task.add_done_callback(functools.partial(_adopted, held, peer))
+
     def _forget_connection(self, connection: NativeConnection) -> None:
         if self._streams.pop(connection.key, None) is not None and self._load:
             self._load[connection.engine] -= 1
         self._by_remote.pop(connection.downstream.remote, None)
+        if connection.held is not None and connection.peer is None:
+            held = self._unhold(connection)
+            if held is not None:
+                held.close()  # closed before its first frame was served
         self.release(cast(TcpConnectionProtocol, connection))
         self.server.connection_lost(connection.downstream.remote)
 
@@ -294,10 +350,16 @@ class NativeTcpTransport(EngineCounted, TcpTransport):
             self.server.handle_channel_data(data, downstream.remote)
         else:
             self.server.handle(data, downstream)
+        if connection.held is not None and connection.peer is None:
+            self._let_go(connection)  # not a data connection: the engine's alone
 
     def _closed(self, engine: int, packet: native.HandedUp) -> None:
         connection = self._streams.get((engine, packet.handle))
         if connection is None:
+            return
+        if connection.held is not None and connection.peer is not None:
+            self._forget_connection(connection)
+            self._let_go(connection)  # a data connection: Python's from now on
             return
         reason = packet.data.decode(errors="replace")
         framing = reason in FRAMING_ERRORS
@@ -330,6 +392,12 @@ class NativeTcpTransport(EngineCounted, TcpTransport):
         if self.relays:
             return native.NativeCounters.total([relay.counters() for relay in self.relays])
         return self._final
+
+
+def _adopted(held: socket.socket, peer: PeerConnection, task: asyncio.Future[Any]) -> None:
+    if task.cancelled() or task.exception() is not None:
+        held.close()
+        peer.client_lost()
 
 
 def _discard(data: bytes) -> None:

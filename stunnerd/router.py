@@ -9,8 +9,9 @@ a route naming no configured cluster admits no peer.
 - STRICT_DNS clusters list domain names, resolved in the background (`DnsResolver`). The peer IP
   must equal one of the current addresses of one of the domains; port ranges do not apply.
 
-This dataplane relays UDP only, so only UDP clusters admit peers; TCP clusters are accepted in
-the config and admit nothing (a warning says so).
+A cluster's `protocol` says which allocations it serves (Go STUNner v2's "TCP clusters"): a UDP
+cluster admits the peers of UDP allocations (RFC 8656), a TCP cluster those of TCP allocations
+(RFC 6062: Connect, and connections to a relay address), by the same endpoints and guards.
 
 Whatever the routes say (issue 15), no peer is ever: unspecified (0.0.0.0/8, ::), multicast,
 the limited broadcast address, or one of stunnerd's own listener or relay sockets (its listener
@@ -73,6 +74,7 @@ def relay_port_map(fd: int | None = None) -> tuple[int, mmap.mmap]:
     return fd, mmap.mmap(fd, RELAY_PORTS)
 
 
+CLUSTER_PROTOCOLS = ("UDP", "TCP")  # a UDP allocation's peers, a TCP allocation's (RFC 6062)
 CACHE_LIMIT = 65536  # decisions cached per kind before the cache is dropped and refilled
 DNS_UPDATE_INTERVAL = 5.0  # Go STUNner's dnsUpdateInterval
 
@@ -82,14 +84,16 @@ class _Matcher:
     """One cluster, parsed once per update."""
 
     name: str
+    protocol: str = "UDP"
     endpoints: tuple[EndpointRange, ...] = ()
     domains: tuple[str, ...] = ()
 
 
 def _build_matcher(cluster: ClusterSpec) -> _Matcher | None:
-    """The matcher of a UDP cluster, or None (with a warning) for one that admits nothing."""
+    """The matcher of a UDP or TCP cluster, or None (with a warning) for one that admits
+    nothing."""
     kind, protocol = cluster.type.upper(), cluster.protocol.upper()
-    if protocol != "UDP":
+    if protocol not in CLUSTER_PROTOCOLS:
         log.warning(
             "cluster %s: protocol %s is not relayed by this dataplane; it admits no peer",
             cluster.name,
@@ -97,7 +101,7 @@ def _build_matcher(cluster: ClusterSpec) -> _Matcher | None:
         )
         return None
     if kind == "STRICT_DNS":
-        return _Matcher(cluster.name, domains=tuple(d for d in cluster.endpoints if d))
+        return _Matcher(cluster.name, protocol, domains=tuple(d for d in cluster.endpoints if d))
     if kind != "STATIC":
         log.warning("cluster %s: unknown type %r; it admits no peer", cluster.name, cluster.type)
         return None
@@ -107,7 +111,7 @@ def _build_matcher(cluster: ClusterSpec) -> _Matcher | None:
             endpoints.append(parse_static_endpoint(text))
         except ValueError as exc:
             log.warning("cluster %s: endpoint ignored: %s", cluster.name, exc)
-    return _Matcher(cluster.name, endpoints=tuple(endpoints))
+    return _Matcher(cluster.name, protocol, endpoints=tuple(endpoints))
 
 
 class Router:
@@ -122,6 +126,10 @@ class Router:
         # of its relay sockets (a byte per port the allocations mark, `relay_port_map`).
         self.own_ips: frozenset[str] = frozenset()
         self.own_ports: frozenset[int] = frozenset()
+        # The ports of its HTTP servers (health check, metrics; the daemon sets them as they
+        # start): an RFC 6062 TCP peer on one of its own addresses never reaches them, even
+        # when a TCP cluster covers the pod's address.
+        self.service_ports: frozenset[int] = frozenset()
         # A listener on 0.0.0.0 or :: (and its relay sockets) answers on every address of the
         # host: then each of those is stunnerd's own too (`is_own_ip`), looked up once each.
         self._any_address = False
@@ -129,14 +137,17 @@ class Router:
         self.relay_ports = relay_ports if relay_ports is not None else bytearray(RELAY_PORTS)
         self._domains: set[str] = set()
         self._resolved: dict[str, frozenset[IPAddress]] = {}
+        # UDP and TCP peers: each protocol's decisions in a cache of its own.
         self._admit_cache: dict[tuple[str, str, int], str | None] = {}
-        self._permit_cache: dict[tuple[str, str], bool] = {}
+        self._tcp_admit_cache: dict[tuple[str, str, int], str | None] = {}
+        self._permit_cache: dict[tuple[str, str, str], bool] = {}
         self.epoch = 0  # bumped whenever cached decisions are dropped
         self._watchers: list[Callable[[], None]] = []
 
     def _invalidate(self) -> None:
         self.epoch += 1
         self._admit_cache.clear()
+        self._tcp_admit_cache.clear()
         self._permit_cache.clear()
         for dropped in list(self._watchers):
             dropped()
@@ -230,8 +241,10 @@ class Router:
                 return True
         return False
 
-    def _decide(self, listener: str, peer_ip: str, peer_port: int | None) -> str | None:
-        """The name of the first routed cluster that admits the peer, or None."""
+    def _decide(
+        self, listener: str, peer_ip: str, peer_port: int | None, protocol: str = "UDP"
+    ) -> str | None:
+        """The name of the first routed cluster of `protocol` that admits the peer, or None."""
         ip = parse_peer_ip(canonical_peer_ip(peer_ip))  # ::ffff:10.0.0.1 is 10.0.0.1
         if ip is None:
             log.debug("listener %s: peer %r is not an IP address", listener, peer_ip)
@@ -247,20 +260,27 @@ class Router:
         if refusal:
             log.debug("listener %s: peer %s refused: %s", listener, peer_ip, refusal)
             return None
-        if peer_port is not None and peer_port in self.own_ports and self.is_own_ip(str(ip)):
+        if peer_port is not None and self._own_port(peer_port) and self.is_own_ip(str(ip)):
             log.debug("listener %s: peer %s:%d is stunnerd itself", listener, peer_ip, peer_port)
             return None
         for matcher in self._routes.get(listener, ()):
-            if self._matches(matcher, ip, peer_port):
+            if matcher.protocol == protocol and self._matches(matcher, ip, peer_port):
                 return matcher.name
         return None
 
-    def explain(self, listener: str, peer_ip: str, peer_port: int | None = None) -> Verdict:
-        """Why `listener` admits or refuses the peer, in words (`stunner_api.peer_admission`):
-        computed when a refusal is logged, never per packet."""
+    def routes_protocol(self, listener: str, protocol: str) -> bool:
+        """Whether `listener` routes to any cluster of `protocol` (a TCP Allocate on a listener
+        routing to no TCP cluster is refused at once, as Go STUNner's HasRoutedCluster does)."""
+        return any(m.protocol == protocol for m in self._routes.get(listener, ()))
+
+    def explain(
+        self, listener: str, peer_ip: str, peer_port: int | None = None, protocol: str = "UDP"
+    ) -> Verdict:
+        """Why `listener` admits or refuses the peer of a `protocol` allocation, in words
+        (`stunner_api.peer_admission`): computed when a refusal is logged, never per packet."""
 
         def is_own(ip: IPAddress, port: int) -> bool:
-            own_port = port in self.own_ports or bool(self.relay_ports[port])
+            own_port = self._own_port(port) or bool(self.relay_ports[port])
             return own_port and self.is_own_ip(str(ip))
 
         return explain(
@@ -270,7 +290,11 @@ class Router:
             peer_port,
             resolved=self._resolved,
             is_own=is_own,
+            protocol=protocol,
         )
+
+    def _own_port(self, port: int) -> bool:
+        return port in self.own_ports or port in self.service_ports
 
     def is_own_ip(self, peer_ip: str) -> bool:
         """Whether `peer_ip` reaches stunnerd's own sockets: a listener's address or public
@@ -287,12 +311,13 @@ class Router:
             self._host_addresses[peer_ip] = own
         return own
 
-    def permits(self, listener: str, peer_ip: str) -> bool:
-        """CreatePermission/ChannelBind: whether a routed cluster admits `peer_ip` on any port."""
-        key = (listener, peer_ip)
+    def permits(self, listener: str, peer_ip: str, protocol: str = "UDP") -> bool:
+        """CreatePermission/ChannelBind: whether a routed cluster of `protocol` admits `peer_ip`
+        on any port."""
+        key = (listener, peer_ip, protocol)
         decision = self._permit_cache.get(key)
         if decision is None:
-            decision = self._decide(listener, peer_ip, None) is not None
+            decision = self._decide(listener, peer_ip, None, protocol) is not None
             if len(self._permit_cache) >= CACHE_LIMIT:
                 self._permit_cache.clear()
             self._permit_cache[key] = decision
@@ -302,12 +327,16 @@ class Router:
         """Per relayed packet, either direction: whether a routed cluster admits IP and port."""
         return self.cluster_of(listener, peer_ip, peer_port) is not None
 
-    def cluster_of(self, listener: str, peer_ip: str, peer_port: int) -> str | None:
-        """Per relayed packet: the routed cluster admitting IP and port (None: drop it).
-        Cached; the cache is cleared by every update."""
+    def cluster_of(
+        self, listener: str, peer_ip: str, peer_port: int, protocol: str = "UDP"
+    ) -> str | None:
+        """Per relayed packet (UDP), per TCP connection to or from a peer (TCP): the routed
+        cluster of `protocol` admitting IP and port (None: drop it). Cached; the cache is
+        cleared by every update."""
         key = (listener, peer_ip, peer_port)
+        cache = self._admit_cache if protocol == "UDP" else self._tcp_admit_cache
         try:
-            cluster = self._admit_cache[key]
+            cluster = cache[key]
         except KeyError:
             pass
         else:
@@ -316,10 +345,10 @@ class Router:
                 return None
             return cluster
         valid_port = isinstance(peer_port, int) and 0 <= peer_port <= 65535
-        cluster = self._decide(listener, peer_ip, peer_port) if valid_port else None
-        if len(self._admit_cache) >= CACHE_LIMIT:
-            self._admit_cache.clear()
-        self._admit_cache[key] = cluster
+        cluster = self._decide(listener, peer_ip, peer_port, protocol) if valid_port else None
+        if len(cache) >= CACHE_LIMIT:
+            cache.clear()
+        cache[key] = cluster
         if cluster is not None and self.relay_ports[peer_port] and self.is_own_ip(peer_ip):
             return None
         return cluster

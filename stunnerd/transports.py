@@ -23,6 +23,7 @@ from .auth import nonce_binding
 from .sockets import bound_socket, bound_udp_group
 from .stateless import STRANGER_IPS as STRANGER_IPS  # native_udp takes it from here
 from .stateless import UnsignedBudget, signed_nonce, unsigned_allocate
+from .tcp_relay import PeerConnection
 from .turn import TurnServer
 
 if TYPE_CHECKING:
@@ -368,7 +369,11 @@ class TcpConnectionProtocol(asyncio.Protocol):
     client has waited longer than `stream_latency_bound` (issue 21: `WriteAges`), so a slow
     reader or a busy CPU costs packets, never seconds of delay. Answers are never dropped for
     latency. One timer per connection, re-armed only when it fires, keeps the per-packet cost
-    at a clock read."""
+    at a clock read.
+
+    RFC 6062: after a ConnectionBind the connection is a data connection (`splice`): from then
+    on its bytes go unframed to its peer connection (`pipe`), and the peer's to it, without
+    deadlines; the peer connection's close closes it and its close the peer connection."""
 
     def __init__(self, server: TurnServer, owner: TcpTransport) -> None:
         self.server = server
@@ -385,11 +390,14 @@ class TcpConnectionProtocol(asyncio.Protocol):
         self._bound = server.context.limits.stream_latency_bound
         self._ages = WriteAges()
         self._socket: socket.socket | None = None
+        self.pipe: PeerConnection | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
         remote = transport.get_extra_info("peername")
-        self.downstream = Downstream(remote, self._send, stream=True, relay=self._relay)
+        self.downstream = Downstream(
+            remote, self._send, stream=True, relay=self._relay, splice=self._splice
+        )
         self._socket = transport.get_extra_info("socket")
         self.source = self.downstream.address[0]
         if not self.owner.admit(self):
@@ -431,9 +439,21 @@ class TcpConnectionProtocol(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self.paused = True
+        if self.pipe is not None and self.pipe.transport is not None:
+            self.pipe.transport.pause_reading()
 
     def resume_writing(self) -> None:
         self.paused = False
+        if self.pipe is not None and self.pipe.transport is not None:
+            self.pipe.transport.resume_reading()
+
+    def _splice(self, peer: PeerConnection) -> None:
+        """This connection is now `peer`'s data connection (after its ConnectionBind)."""
+        assert self.transport is not None
+        self.pipe = peer
+        self.paused = False  # its own flow control from now on: the pipe's
+        self._set_deadline(None)
+        peer.bind(self.transport)
 
     def _set_deadline(self, deadline: float | None) -> None:
         self._deadline = deadline
@@ -483,6 +503,9 @@ class TcpConnectionProtocol(asyncio.Protocol):
             self._set_deadline(self._now() + limits.idle_timeout)
 
     def data_received(self, data: bytes) -> None:
+        if self.pipe is not None:
+            self.pipe.from_client(data)
+            return
         buffer = self.buffer
         buffer += data
         server, downstream = self.server, self.downstream
@@ -505,6 +528,11 @@ class TcpConnectionProtocol(asyncio.Protocol):
                 server.handle_channel_data(frame, downstream.remote)
             else:
                 server.handle(frame, downstream)
+            if self.pipe is not None:  # a ConnectionBind: what follows it is the peer's
+                if buffer:
+                    self.pipe.from_client(bytes(buffer))
+                    buffer.clear()
+                return
         if len(buffer) > MAX_STREAM_BUFFER:
             self.close()
             return
@@ -515,6 +543,8 @@ class TcpConnectionProtocol(asyncio.Protocol):
             self._timer.cancel()
             self._timer = None
         self.owner.release(self)
+        if self.pipe is not None:
+            self.pipe.client_lost()
         if self.downstream is not None:
             self.server.connection_lost(self.downstream.remote)
 

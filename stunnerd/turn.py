@@ -19,7 +19,7 @@ import socket
 import struct
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,6 +45,7 @@ from .router import Router
 from .sockets import bound_udp
 from .stateless import unauthorized
 from .stun import Address, Class, Message, Method
+from .tcp_relay import TRANSPORT_TCP, PeerConnection, TcpRelay
 
 log = logging.getLogger("stunner.turn")
 
@@ -127,6 +128,7 @@ class Exchange:
 
 
 Handler = Callable[[Exchange], Message | None]
+AsyncHandler = Callable[[Exchange], Awaitable[Message]]
 
 
 class TurnServer:
@@ -160,14 +162,23 @@ class TurnServer:
         self.stats = ListenerCounters()
         self.scope = ListenerScope(name, context.router, self.stats, context.cluster_counters)
         self._responses: dict[tuple[Any, bytes], tuple[float, bytes]] = {}
-        self._pending: set[tuple[Any, bytes]] = set()  # Allocate requests being served
+        self._pending: set[tuple[Any, bytes]] = set()  # Allocate/Connect requests being served
+        # RFC 6062: peer connections awaiting their ConnectionBind, by CONNECTION-ID.
+        self.peer_connections: dict[int, PeerConnection] = {}
+        self._unwatch: Callable[[], None] | None = None  # the router, once TCP allocations exist
         self._handlers: dict[tuple[Class, Method], Handler] = {
             (Class.REQUEST, Method.BINDING): self._binding,
             (Class.REQUEST, Method.REFRESH): self._refresh,
             (Class.REQUEST, Method.CREATE_PERMISSION): self._create_permission,
             (Class.REQUEST, Method.CHANNEL_BIND): self._channel_bind,
+            (Class.REQUEST, Method.CONNECTION_BIND): self._connection_bind,
             (Class.INDICATION, Method.SEND): self._send_indication,
             (Class.INDICATION, Method.BINDING): _ignore,
+        }
+        # Requests served in a task: they wait for a socket (a bind, a connection to a peer).
+        self._async_handlers: dict[Method, AsyncHandler] = {
+            Method.ALLOCATE: self._allocate_steps,
+            Method.CONNECT: self._connect,
         }
 
     @property
@@ -232,12 +243,13 @@ class TurnServer:
         if key in self._pending:
             return  # the first copy is still being served (an Allocate binding its socket)
         exchange = Exchange(message, downstream)
-        if message.method == Method.ALLOCATE and message.message_class == Class.REQUEST:
+        steps = self._async_handlers.get(message.method)
+        if steps is not None and message.message_class == Class.REQUEST:
             if "MESSAGE-INTEGRITY" not in message.attributes:
                 self._answer(exchange, RequestError(401))  # at once: no task for a stranger
                 return
             self._pending.add(key)
-            task = asyncio.get_running_loop().create_task(self._allocate(exchange))
+            task = asyncio.get_running_loop().create_task(self._serve(exchange, steps))
             task.add_done_callback(lambda _: self._pending.discard(key))
             return
         handler = self._handlers.get((message.message_class, message.method))
@@ -383,8 +395,10 @@ class TurnServer:
 
     # --- authentication (RFC 8489 §9.2.4) --------------------------------------------------
 
-    def _authenticate(self, exchange: Exchange) -> str:
-        """Return the username or raise the RFC's error; keeps the key to sign the answer."""
+    def _authenticate(self, exchange: Exchange, control: Downstream | None = None) -> str:
+        """Return the username or raise the RFC's error; keeps the key to sign the answer.
+        `control`: a ConnectionBind's, whose nonce may also be its control connection's (RFC
+        6062 clients, coturn's among them, sign it with the nonce they already hold)."""
         request = exchange.request
         attrs = request.attributes
         # 1. No MESSAGE-INTEGRITY: 401 with REALM and NONCE.
@@ -395,8 +409,9 @@ class TurnServer:
         if username is None or "REALM" not in attrs or "NONCE" not in attrs:
             raise RequestError(400, "Bad Request: missing USERNAME, REALM or NONCE")
         # 3. A NONCE that is no longer valid: 438 with a new one.
-        if not self.context.nonces.is_valid(
-            attrs["NONCE"], self._nonce_binding(exchange.downstream)
+        nonces = self.context.nonces
+        if not nonces.is_valid(attrs["NONCE"], self._nonce_binding(exchange.downstream)) and (
+            control is None or not nonces.is_valid(attrs["NONCE"], self._nonce_binding(control))
         ):
             raise RequestError(438)
         # 4. An unknown username, or a wrong key: 401.
@@ -437,15 +452,15 @@ class TurnServer:
         response.attributes["XOR-MAPPED-ADDRESS"] = exchange.downstream.address
         return response
 
-    async def _allocate(self, exchange: Exchange) -> None:
+    async def _serve(self, exchange: Exchange, steps: AsyncHandler) -> None:
         try:
             self._check_attributes(exchange.request)
-            response = await self._allocate_steps(exchange)
+            response = await steps(exchange)
         except RequestError as error:
             self._answer(exchange, error)
             return
         except Exception:
-            log.exception("listener %s: error handling ALLOCATE", self.name)
+            log.exception("listener %s: error handling %s", self.name, exchange.request.method.name)
             self._answer(exchange, RequestError(500))
             return
         self._answer(exchange, response)
@@ -460,10 +475,17 @@ class TurnServer:
         #    that created it was answered from the response cache).
         if downstream.remote in self.allocations:
             raise RequestError(437)
-        # 3. REQUESTED-TRANSPORT: present, and UDP (TCP relaying is RFC 6062: not offered).
+        # 3. REQUESTED-TRANSPORT: present, and UDP, or TCP over a TURN-TCP/TLS connection
+        #    (RFC 6062 §5.1; a UDP or DTLS listener answers 442, as coturn does).
         transport = attrs.get("REQUESTED-TRANSPORT")
         if transport is None:
             raise RequestError(400, "Bad Request: missing REQUESTED-TRANSPORT")
+        if transport == TRANSPORT_TCP and downstream.splice is not None:
+            if any(a in attrs for a in _NOT_WITH_TCP):
+                raise RequestError(400, "Bad Request: not with a TCP allocation")
+            if not self.router.routes_protocol(self.name, "TCP"):
+                raise RequestError(403, "Forbidden: the listener routes to no TCP cluster")
+            return await self._allocate_relay(exchange, username, None, tcp=True)
         if transport != TRANSPORT_UDP:
             raise RequestError(442)
         # 4. DONT-FRAGMENT is accepted: relayed datagrams are sent as they are.
@@ -483,7 +505,7 @@ class TurnServer:
                 reserved.close()  # the relay transport took a duplicate, if it got that far
 
     async def _allocate_relay(
-        self, exchange: Exchange, username: str, reserved: socket.socket | None
+        self, exchange: Exchange, username: str, reserved: socket.socket | None, tcp: bool = False
     ) -> Message:
         """RFC 8656 §7.2 from step 6 on: families, quota, lifetime, the relay socket."""
         request, downstream = exchange.request, exchange.downstream
@@ -528,7 +550,11 @@ class TurnServer:
             # are only its own); a dual allocation is served here.
             native = len(families) == 1
             try:
-                token = await self._bind_relay(allocation, reserved, even_port, native)
+                if tcp:
+                    await self._open_tcp_relay(allocation)
+                    token = None
+                else:
+                    token = await self._bind_relay(allocation, reserved, even_port, native)
             except RequestError:
                 users.release(user_id)
                 raise
@@ -552,7 +578,8 @@ class TurnServer:
                 raise RequestError(508, "Insufficient Capacity: the connection closed")
             raise RequestError(437)
         self.allocations[downstream.remote] = allocation
-        self.router.relay_ports[allocation.relayed_address[1]] = 1  # never a peer (router.py)
+        if not tcp:  # a UDP relay port: never a peer (router.py); a TCP one: see tcp_relay.py
+            self.router.relay_ports[allocation.relayed_address[1]] = 1
         relayed: Any = allocation.relayed_address
         if second is not None:
             self.additional[downstream.remote] = second
@@ -560,8 +587,9 @@ class TurnServer:
             relayed = stun.Repeated((relayed, second.relayed_address))
         self.stats.allocations_total += 1
         log.info(
-            "listener %s: allocation created for %s: relay %s:%d, user %r, lifetime %ds",
+            "listener %s: %sallocation created for %s: relay %s:%d, user %r, lifetime %ds",
             self.name,
+            "TCP " if tcp else "",
             _fmt(downstream.address),
             *allocation.relayed_address,
             username,
@@ -721,6 +749,103 @@ class TurnServer:
         expiry = self.context.authenticator.expiry_of(username)
         return None if expiry is None else max(0.0, expiry - time.time())
 
+    async def _open_tcp_relay(self, allocation: Allocation) -> None:
+        """A TCP allocation's relayed address: a listening socket (`tcp_relay.TcpRelay`)."""
+        limits = self.context.limits
+        relay = TcpRelay(
+            allocation,
+            self.scope,
+            self.peer_connections,
+            limits.max_peer_connections,
+            limits.peer_connection_timeout,
+            limits.stream_high_water,
+        )
+        try:
+            port = await relay.open(self._bind_ip(allocation.family))
+        except OSError as exc:
+            raise RequestError(508, f"Insufficient Capacity: no relay socket: {exc}") from None
+        allocation.relayed_address = (self._relay_ip(allocation.family) or self.relay_ip, port)
+        allocation.relay = relay
+        if self._unwatch is None:  # a route change re-judges every peer connection
+            self._unwatch = self.router.watch(self._recheck_peer_connections)
+
+    def _recheck_peer_connections(self) -> None:
+        for allocation in self.allocations.values():
+            if isinstance(allocation.relay, TcpRelay):
+                allocation.relay.recheck()
+
+    async def _connect(self, exchange: Exchange) -> Message:
+        """RFC 6062 §5.2: a connection from the relayed address to a peer a routed TCP cluster
+        admits; answered with its CONNECTION-ID once made (447 when it cannot be)."""
+        request = exchange.request
+        allocation = self._allocation_of(exchange)
+        relay = allocation.relay
+        if not isinstance(relay, TcpRelay):
+            raise RequestError(400, "Bad Request: not a TCP allocation")
+        peer = request.attributes.get("XOR-PEER-ADDRESS")
+        if peer is None:
+            raise RequestError(400, "Bad Request: missing XOR-PEER-ADDRESS")
+        peer = (canonical_peer_ip(peer[0]), peer[1])  # ::ffff:10.0.0.1 is 10.0.0.1
+        if address_family(peer[0]) != allocation.family:
+            raise RequestError(443)
+        cluster = self.router.cluster_of(self.name, peer[0], peer[1], "TCP")
+        if cluster is None:
+            self._log_refusal("connect", allocation, peer[0], peer[1], "TCP")
+            raise RequestError(403)
+        if relay.busy_with(peer):
+            raise RequestError(446)
+        if relay.full():
+            raise RequestError(508, "Insufficient Capacity: too many peer connections")
+        connection_id = await relay.connect(peer, cluster)
+        if connection_id is None:
+            raise RequestError(447)
+        allocation.permit(peer[0], time.monotonic() + PERMISSION_LIFETIME)
+        response = _response_to(request)
+        response.attributes["CONNECTION-ID"] = connection_id
+        return response
+
+    def _connection_bind(self, exchange: Exchange) -> Message:
+        """RFC 6062 §5.4: a new connection becomes the data connection of a peer connection."""
+        request, downstream = exchange.request, exchange.downstream
+        if downstream.splice is None or downstream.remote in self.allocations:
+            raise RequestError(400, "Bad Request: ConnectionBind on a TURN-TCP/TLS data connection")
+        connection_id = request.attributes.get("CONNECTION-ID")
+        if connection_id is None:
+            raise RequestError(400, "Bad Request: missing CONNECTION-ID")
+        connection = self.peer_connections.get(connection_id)
+        if connection is None:
+            raise RequestError(400, "Bad Request: unknown CONNECTION-ID")
+        username = self._authenticate(exchange, connection.relay.allocation.downstream)
+        if username != connection.relay.allocation.username:
+            raise RequestError(441)
+        del self.peer_connections[connection_id]
+        downstream.splice(connection)
+        log.info(
+            "listener %s: data connection %s bound to peer %s",
+            self.name,
+            _fmt(downstream.address),
+            _fmt(connection.peer),
+        )
+        return _response_to(request)
+
+    def _log_refusal(
+        self, what: str, allocation: Allocation, ip: str, port: int | None, protocol: str
+    ) -> None:
+        if not log.isEnabledFor(logging.INFO):
+            return
+        # The explanation is computed only here, on a logged refusal (issue 23).
+        why = self.router.explain(self.name, ip, port, protocol)
+        log.info(
+            "%s denied on listener %s for client %s to peer %s: %s: %s%s",
+            what,
+            self.name,
+            _fmt(allocation.downstream.address),
+            ip if port is None else _fmt((ip, port)),
+            why.code,
+            why.reason,
+            f" (allowed by: {why.allow})" if why.allow else "",
+        )
+
     def _refresh(self, exchange: Exchange) -> Message:
         """RFC 8656 §7.3."""
         request, downstream = exchange.request, exchange.downstream
@@ -760,21 +885,10 @@ class TurnServer:
         for ip, _ in peers:
             if address_family(ip) not in families:
                 raise RequestError(443)
+        protocol = "TCP" if isinstance(allocation.relay, TcpRelay) else "UDP"
         for ip, _ in peers:
-            if not self.router.permits(self.name, ip):
-                if not log.isEnabledFor(logging.INFO):
-                    raise RequestError(403)
-                # The explanation is computed only here, on a logged refusal (issue 23).
-                why = self.router.explain(self.name, ip)
-                log.info(
-                    "permission denied on listener %s for client %s to peer %s: %s: %s%s",
-                    self.name,
-                    _fmt(allocation.downstream.address),
-                    ip,
-                    why.code,
-                    why.reason,
-                    f" (allowed by: {why.allow})" if why.allow else "",
-                )
+            if not self.router.permits(self.name, ip, protocol):
+                self._log_refusal("permission", allocation, ip, None, protocol)
                 raise RequestError(403)
         return peers
 
@@ -799,6 +913,8 @@ class TurnServer:
         """RFC 8656 §12.2."""
         request = exchange.request
         allocation = self._allocation_of(exchange)
+        if isinstance(allocation.relay, TcpRelay):
+            raise RequestError(400, "Bad Request: no channels on a TCP allocation")  # RFC 6062 §4
         channel = request.attributes.get("CHANNEL-NUMBER")
         if channel is None or not stun.is_valid_channel_number(channel):
             raise RequestError(400, "Bad Request: missing or invalid CHANNEL-NUMBER")
@@ -896,7 +1012,8 @@ class TurnServer:
         if self.allocations.get(allocation.downstream.remote) is allocation:
             del self.allocations[allocation.downstream.remote]
             self.context.users.release(allocation.user_id)
-            self.router.relay_ports[allocation.relayed_address[1]] = 0
+            if not isinstance(allocation.relay, TcpRelay):
+                self.router.relay_ports[allocation.relayed_address[1]] = 0
             second = self.additional.pop(allocation.downstream.remote, None)
             if second is not None:
                 self.router.relay_ports[second.relayed_address[1]] = 0
@@ -927,10 +1044,16 @@ class TurnServer:
     def close(self) -> None:
         for allocation in list(self.allocations.values()):
             self._delete(allocation)
+        if self._unwatch is not None:
+            self._unwatch()
+            self._unwatch = None
         self._responses.clear()
 
 
 _FAMILY_ATTRIBUTES = ("REQUESTED-ADDRESS-FAMILY", "ADDITIONAL-ADDRESS-FAMILY")
+# RFC 6062 §5.1: a TCP allocation has no even port, reservation or fragmentation flag; and one
+# relayed address (REQUESTED-ADDRESS-FAMILY chooses its family; a dual one is not offered).
+_NOT_WITH_TCP = ("EVEN-PORT", "RESERVATION-TOKEN", "DONT-FRAGMENT", "ADDITIONAL-ADDRESS-FAMILY")
 _PYTHON_RELAY_PATH = AsyncioRelayPath()
 
 _REFUSALS: dict[str, tuple[int, str | None]] = {

@@ -131,14 +131,24 @@ def test_bad_endpoint_is_skipped_not_fatal(caplog: pytest.LogCaptureFixture) -> 
     assert "cluster a: endpoint ignored: invalid endpoint 'dummy'" in caplog.text
 
 
-def test_tcp_and_unknown_type_clusters_admit_nothing(caplog: pytest.LogCaptureFixture) -> None:
+def test_tcp_clusters_admit_tcp_peers_only_and_unknown_types_nothing(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     router = router_with(
-        {"udp": ["t", "x"]},
-        Cluster("t", ["0.0.0.0/0"], protocol="TCP"),
+        {"udp": ["t", "x", "q"]},
+        Cluster("t", ["10.0.0.0/8:<5000-5001>"], protocol="TCP"),
         Cluster("x", ["0.0.0.0/0"], type="LOGICAL_DNS"),
+        Cluster("q", ["0.0.0.0/0"], protocol="QUIC"),
     )
-    assert not router.permits("udp", "10.0.0.1")
-    assert "cluster t: protocol TCP is not relayed" in caplog.text
+    assert not router.permits("udp", "10.0.0.1")  # a UDP allocation's peer
+    assert router.cluster_of("udp", "10.0.0.1", 5000) is None
+    assert router.permits("udp", "10.0.0.1", "TCP")  # an RFC 6062 allocation's
+    assert router.cluster_of("udp", "10.0.0.1", 5000, "TCP") == "t"
+    assert router.cluster_of("udp", "10.0.0.1", 5002, "TCP") is None
+    assert router.routes_protocol("udp", "TCP") and not router.routes_protocol("udp", "UDP")
+    assert router.explain("udp", "10.0.0.1", 5000).code == "cluster-not-udp"
+    assert router.explain("udp", "10.0.0.1", 5000, "TCP").cluster == "t"
+    assert "cluster q: protocol QUIC is not relayed" in caplog.text
     assert "cluster x: unknown type 'LOGICAL_DNS'" in caplog.text
 
 

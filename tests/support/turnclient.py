@@ -13,6 +13,7 @@ import hashlib
 import hmac
 import json
 import socket
+import ssl
 import struct
 import time
 from collections.abc import AsyncIterator
@@ -277,6 +278,14 @@ class RawTcpClient(RawClient):
     async def connect(cls, server: tuple[str, int], **kwargs: str) -> RawClient:
         client = cls(server, **kwargs)
         reader, client.writer = await asyncio.open_connection(*server)
+        client._reading = asyncio.get_running_loop().create_task(client._read(reader))
+        return client
+
+    @classmethod
+    async def connect_tls(cls, server: tuple[str, int], context: ssl.SSLContext) -> RawClient:
+        """The same over TURN-TLS."""
+        client = cls(server)
+        reader, client.writer = await asyncio.open_connection(*server, ssl=context)
         client._reading = asyncio.get_running_loop().create_task(client._read(reader))
         return client
 
