@@ -2,8 +2,8 @@
 
 - the native relay core (stunnerd._relay, issue 16): a C extension. Without a compiler or
   Python headers the install goes on with a warning and stunnerd relays in Python
-  (`stunnerd.native.available()` says why). Linux only (epoll, recvmmsg, sendmmsg, eventfd,
-  TCP_NOTSENT_LOWAT), and it links OpenSSL's libcrypto (headers: Debian's libssl-dev), the
+  (`stunnerd.transport.native.available()` says why). Linux only (epoll, recvmmsg, sendmmsg,
+  eventfd, TCP_NOTSENT_LOWAT), and it links OpenSSL's libcrypto (headers: Debian's libssl-dev), the
   library CPython's hashlib and ssl use already.
 - the kernel offload (issue 30): stunnerd/offload/relay.bpf.c compiled by clang's BPF target
   into stunnerd/offload/relay.bpf.o, beside the module that loads it (`OffloadBuild`). Clang

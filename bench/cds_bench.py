@@ -45,7 +45,7 @@ from reconciler.cds_store import ConfigStore
 from reconciler.demo_example import EXAMPLE, prepare
 from reconciler.local import LocalSettings, run_local
 from stunner_api.dataplane import StunnerConfig, validate_config
-from stunnerd.sources import CdsSource
+from stunnerd.process.sources import CdsSource
 
 GATEWAY_ID = "stunner/local-gateway"
 TARGET = 1.0  # seconds

@@ -234,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     for tool in ("turnserver", "openssl"):
         if shutil.which(tool) is None:
             sys.exit(f"dtls_flood_bench: `{tool}` is not installed")
-    from stunnerd.certificates import self_signed_certificate
+    from stunnerd.transport.certificates import self_signed_certificate
 
     cert, key = self_signed_certificate("127.0.0.1")
     rows = []

@@ -55,8 +55,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from turn_bench import REALM, Server, cpu_seconds, reply_to  # noqa: E402
 from turn_bench import _AllocClient as Endpoint  # noqa: E402  (a socket and its replies)
 
-from stunnerd.auth import long_term_key  # noqa: E402
-from stunnerd.stun import Class, Message, Method  # noqa: E402
+from stunner_api.stun import Class, Message, Method  # noqa: E402
+from stunnerd.turn.auth import long_term_key  # noqa: E402
 
 USER, PASSWORD = "user", "pass"
 KEY = long_term_key(USER, REALM, PASSWORD)

@@ -46,8 +46,8 @@ import machine_figures as mf  # noqa: E402  (bench/ is not a package)
 import turn_bench  # noqa: E402
 from native_relay_bench import transact  # noqa: E402
 
-from stunnerd.auth import long_term_key  # noqa: E402
-from stunnerd.stun import Class, Message, Method  # noqa: E402
+from stunner_api.stun import Class, Message, Method  # noqa: E402
+from stunnerd.turn.auth import long_term_key  # noqa: E402
 
 CHANNEL = 0x4000
 PEER_HOST = "127.0.0.2"  # not one of stunnerd's own addresses: the offload relays to it

@@ -4,8 +4,8 @@ Every server relays the same closed loop on 127.0.0.1: `relay_load` (bench/relay
 generator built here with gcc) keeps WINDOW packets per client in flight, clients -> server ->
 echo peer -> server -> clients, and counts what arrives. Servers, each its own process:
 
-- native: one `stunnerd.native.NativeRelay` engine (its thread) in a small host process that
-  mirrors each allocation, permission, channel and verdict as the TURN server will;
+- native: one `stunnerd.transport.native.NativeRelay` engine (its thread) in a small host process
+  that mirrors each allocation, permission, channel and verdict as the TURN server will;
 - stunnerd: today's stunnerd, `--udp-thread-num=1` (one process, the pure-Python UDP path),
   allocations made over TURN with long-term credentials;
 - coturn: `turnserver`, if installed (the anchor of bench/turn_bench.py).
@@ -38,8 +38,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import turn_bench  # noqa: E402  (bench/ is not a package)
 
-from stunnerd.auth import long_term_key  # noqa: E402
-from stunnerd.stun import Class, Message, Method, StunError, parse_message  # noqa: E402
+from stunner_api.stun import Class, Message, Method, StunError, parse_message  # noqa: E402
+from stunnerd.turn.auth import long_term_key  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 CHANNEL = 0x4000
@@ -56,7 +56,7 @@ def log(text: str) -> None:
 
 def host_native() -> int:
     """Run one engine; commands on stdin: "alloc CLIENT_PORT PEER_PORT MODE", "quit"."""
-    from stunnerd import native
+    from stunnerd.transport import native
 
     listener = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
     listener.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
@@ -78,7 +78,7 @@ def host_native() -> int:
             relay_port = relay.getsockname()[1]
             expires = time.monotonic() + 3600
             handle = engine.add_allocation(client, relay, expires)
-            relay.close()  # the engine keeps its own duplicate (stunnerd.native's plan)
+            relay.close()  # the engine keeps its own duplicate (stunnerd.transport.native's plan)
             engine.set_permission(handle, HOST, expires)
             if words[3] == "chan":
                 engine.bind_channel(handle, CHANNEL, peer, expires)

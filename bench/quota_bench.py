@@ -3,8 +3,9 @@
     .venv/bin/python bench/quota_bench.py [--trials 40] [--pods 10] [--users 1000]
 
 1. The window (README "Cluster-wide user quotas", "What holds"): the real CDS server
-   (reconciler.cds) on 127.0.0.1 and two stunnerd config sources (stunnerd.sources.CdsSource)
-   with their reporters (stunnerd.usage) over real WebSockets; the time from an allocation
+   (reconciler.cds) on 127.0.0.1 and two stunnerd config sources
+   (stunnerd.process.sources.CdsSource)
+   with their reporters (stunnerd.process.usage) over real WebSockets; the time from an allocation
    counted on pod A to pod B counting it among its others. "idle": the change comes after a
    quiet period (sent at once); "busy": right after the previous change (the report waits for
    REPORT_INTERVAL).
@@ -27,9 +28,9 @@ from reconciler.cds_quota import UsageBoard
 from reconciler.cds_store import ConfigStore
 from stunner_api.cds import REPORT_INTERVAL
 from stunner_api.dataplane import validate_config
-from stunnerd.ledger import LocalQuota
-from stunnerd.sources import CdsSource
-from stunnerd.usage import UsageReporter
+from stunnerd.process.sources import CdsSource
+from stunnerd.process.usage import UsageReporter
+from stunnerd.turn.ledger import LocalQuota
 
 ID = "bench/gw"
 

@@ -7,7 +7,8 @@ every 0.3 s to a real reconciler's CDS; what that costs the reconciler and an ho
 The reconciler runs in its own process, in cluster mode (`python -m reconciler`, `--cds-auth`
 required) against the fake API server of tests/ (in this process), with one Gateway of
 `userQuota: 2` and two honest stunnerd pods: stunnerd's own CDS client and quota ledger
-(stunnerd.sources, stunnerd.usage), each with the bound token of a Pod of the Gateway; pod 1
+(stunnerd.process.sources, stunnerd.process.usage), each with the bound token of a Pod of the
+Gateway; pod 1
 holds one allocation of user-1. Each flood is measured for `--seconds` after the same time with
 no flood (the anchor of the run), on a fresh reconciler:
 
@@ -61,9 +62,9 @@ from stunner_api.vocabulary import (  # noqa: E402
     RELATED_GATEWAY_NAME,
     RELATED_GATEWAY_NAMESPACE,
 )
-from stunnerd.ledger import LocalQuota  # noqa: E402
-from stunnerd.sources import CdsSource  # noqa: E402
-from stunnerd.usage import UsageReporter  # noqa: E402
+from stunnerd.process.sources import CdsSource  # noqa: E402
+from stunnerd.process.usage import UsageReporter  # noqa: E402
+from stunnerd.turn.ledger import LocalQuota  # noqa: E402
 from tests.reconciler import clusterkit as k  # noqa: E402
 from tests.support.fakeapi import FakeApiServer  # noqa: E402
 from tests.support.ports import free_port  # noqa: E402

@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 from reconciler.render import RenderSettings, render  # noqa: E402
 from reconciler.store import Snapshot  # noqa: E402
-from stunnerd.certificates import self_signed_certificate  # noqa: E402
+from stunnerd.transport.certificates import self_signed_certificate  # noqa: E402
 
 BUDGET_SECONDS = 2.0
 NAMESPACES = 20

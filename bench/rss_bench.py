@@ -28,11 +28,11 @@ MODES = [
     ("Python path, `-u 1`", "stunnerd-py", 1),
 ]
 IMPORTS = [
-    "asyncio", "uvloop", "pydantic", "stunner_api.dataplane", "stunnerd.native",
-    "stunnerd.worker_process", "stunnerd.cli",
+    "asyncio", "uvloop", "pydantic", "stunner_api.dataplane", "stunnerd.transport.native",
+    "stunnerd.process.worker_process", "stunnerd.process.cli",
     # Loaded only when a config needs them: a TLS/DTLS listener, an admin endpoint (health
     # check, metrics), a metrics scrape, a CDS watch.
-    "cryptography.x509", "stunnerd.dtls", "aiohttp.web", "prometheus_client",
+    "cryptography.x509", "stunnerd.transport.dtls", "aiohttp.web", "prometheus_client",
     "websockets.asyncio.client",
 ]  # fmt: skip
 

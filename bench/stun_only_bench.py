@@ -21,12 +21,12 @@ import sys
 import time
 from collections.abc import Callable
 
-from stunnerd.allocation import Downstream
-from stunnerd.auth import Authenticator, long_term_key
-from stunnerd.limits import Limits
-from stunnerd.router import Router
-from stunnerd.stun import Class, Message, Method
-from stunnerd.turn import ServerContext, TurnServer
+from stunner_api.stun import Class, Message, Method
+from stunnerd.turn.allocation import Downstream
+from stunnerd.turn.auth import Authenticator, long_term_key
+from stunnerd.turn.limits import Limits
+from stunnerd.turn.router import Router
+from stunnerd.turn.server import ServerContext, TurnServer
 
 REALM = "stunner.l7mp.io"
 CLIENT = ("192.0.2.1", 40000)

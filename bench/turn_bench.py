@@ -45,8 +45,8 @@ from typing import Any, cast
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # tests.support: the suite's free_port, as the other benches
 
-from stunnerd.auth import long_term_key  # noqa: E402
-from stunnerd.stun import Class, Message, Method, StunError, parse_message  # noqa: E402
+from stunner_api.stun import Class, Message, Method, StunError, parse_message  # noqa: E402
+from stunnerd.turn.auth import long_term_key  # noqa: E402
 from tests.support.ports import free_port  # noqa: E402
 
 USER = "user"
@@ -330,7 +330,7 @@ class Server:
     def _tls_listener(self) -> list[dict[str, Any]]:
         if self.tls_port is None:
             return []
-        from stunnerd.certificates import self_signed_certificate
+        from stunnerd.transport.certificates import self_signed_certificate
 
         cert, key = self_signed_certificate("127.0.0.1")  # base64 PEM, as the config has it
         return [
@@ -340,7 +340,7 @@ class Server:
 
     def _tls_files(self) -> tuple[str, str]:
         """coturn's certificate and key: PEM files in the work directory."""
-        from stunnerd.certificates import self_signed_certificate
+        from stunnerd.transport.certificates import self_signed_certificate
 
         paths = []
         for kind, text in zip(("cert", "key"), self_signed_certificate("127.0.0.1"), strict=True):

@@ -25,9 +25,9 @@ import threading
 import time
 from typing import Any
 
-from stunnerd import stun
-from stunnerd.auth import long_term_key
-from stunnerd.stun import Class, Message, Method
+from stunner_api import stun
+from stunner_api.stun import Class, Message, Method
+from stunnerd.turn.auth import long_term_key
 
 USER, PASSWORD, REALM = "user", "pass", "stunner.l7mp.io"
 CHANNEL = 0x4001

@@ -1,6 +1,6 @@
 """Sessions, the CDS's side: ask a Gateway's stunnerd pods, on their config watches, for their
 live allocations or to end some, and gather the answers (stunner_api.sessions; README
-"Sessions: list and end allocations"; stunnerd's side is stunnerd.sessions).
+"Sessions: list and end allocations"; stunnerd's side is stunnerd.process.sessions).
 
 A stunnerd that speaks sessions says so on each connection with an empty report (request
 `stunner_api.sessions.HELLO`), naming its pod; only such watchers are asked (a Go stunnerd, or a

@@ -1,5 +1,5 @@
 """STATIC cluster endpoints, parsed once for both sides: the config validator (`dataplane`)
-and the dataplane's peer router (`stunnerd.router`).
+and the dataplane's peer router (`stunnerd.turn.router`).
 
 An endpoint is an IP address or CIDR prefix with an optional inclusive peer-port range:
 "10.0.0.1", "10.0.0.0/8", "1.2.3.4/16:<1-2>", "::1", "2001:db8::/32:<1-2>".

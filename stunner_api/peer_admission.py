@@ -3,7 +3,7 @@
 `explain` takes what a listener routes to (cluster names), the dataplane's clusters, the
 peer's IP (and port, when a packet is relayed) and says which cluster admits the peer, or
 which rule refuses it, with a reason code, the words, and the setting that would allow it.
-stunnerd's router (`stunnerd.router`) logs it when it refuses a peer; `stunner explain` prints
+stunnerd's router (`stunnerd.turn.router`) logs it when it refuses a peer; `stunner explain` prints
 it per listener. The per-packet fast path stays in the router; a test holds both to the same
 answers.
 

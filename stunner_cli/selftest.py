@@ -115,8 +115,8 @@ async def _ask(transport: str, server: tuple[str, int], requests: list[bytes]) -
 
 async def _try_stun_only(transport: str, server: tuple[str, int], timeout: float) -> str:
     """A STUN-only listener: Binding answered with the mapped address, an Allocate refused 403."""
-    from stunnerd import stun
-    from stunnerd.stun import Class, Message, Method
+    from stunner_api import stun
+    from stunner_api.stun import Class, Message, Method
 
     allocate = Message(Method.ALLOCATE, Class.REQUEST)
     allocate.attributes["REQUESTED-TRANSPORT"] = 17

@@ -1,6 +1,6 @@
 """The one client of the config discovery service (CDS): stunnerd's config source
-(stunnerd.sources.CdsSource, one config) and the auth service (reconciler.auth, every config)
-both speak the CDS through `CdsClient`.
+(stunnerd.process.sources.CdsSource, one config) and the auth service (reconciler.auth, every
+config) both speak the CDS through `CdsClient`.
 
 - `client.get(path, query)`: one `GET` (blocking: run it in a thread), the body, or `CdsError`
   whose message says what failed (the server's `{code, message}` when it sent one).

@@ -64,7 +64,8 @@ def _imports_relay(tree: ast.AST, package: str) -> bool:
 
 
 def test_one_module_of_stunnerd_imports_the_c_extension() -> None:
-    """LAYOUT.md's last import contract: the C relay extension has one door, stunnerd.native.
+    """LAYOUT.md's last import contract: the C relay extension has one door,
+    stunnerd.transport.native.
     lint-imports cannot check it (its module graph holds .py files only, not the .so), so
     this reads every module of stunnerd."""
     importers = set()
@@ -73,7 +74,7 @@ def test_one_module_of_stunnerd_imports_the_c_extension() -> None:
         package = module if path.name == "__init__.py" else module.rpartition(".")[0]
         if _imports_relay(ast.parse(path.read_text(), str(path)), package):
             importers.add(module.removesuffix(".__init__"))
-    assert importers == {"stunnerd.native"}
+    assert importers == {"stunnerd.transport.native"}
 
 
 PACKAGES = (

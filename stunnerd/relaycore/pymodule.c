@@ -675,7 +675,7 @@ static PyObject *stream_framing(PyObject *module, PyObject *args) {
     return Py_BuildValue("(lz)", length, why);
 }
 
-/* --- the engine's nonces, on their own (tests: they match stunnerd.auth.NonceManager's) --- */
+/* --- the engine's nonces, on their own (tests: they match stunnerd.turn.auth.NonceManager's) --- */
 
 static int nonce_key(relay_nonce_key *k, Py_buffer *secret, double lifetime, Py_buffer *name) {
     int rc = relay_nonce_init(k, secret->buf, (size_t)secret->len, lifetime, name->buf,

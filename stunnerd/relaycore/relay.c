@@ -581,7 +581,7 @@ static int parse_xor_address(const uint8_t *v, size_t len, const uint8_t *tid, r
 }
 
 /* The plain Send indication: XOR-PEER-ADDRESS, DATA, optionally a matching FINGERPRINT last,
- * nothing else (stunnerd.stun.parse_send_indication, byte for byte). 1 with the peer and the
+ * nothing else (stunner_api.stun.parse_send_indication, byte for byte). 1 with the peer and the
  * payload, 0 for anything else. */
 int relay_parse_send(const uint8_t *b, size_t len, relay_addr *peer, const uint8_t **payload,
                      size_t *plen) {
@@ -649,7 +649,7 @@ int relay_has_integrity(const uint8_t *b, size_t len) {
  * budget, spending one token if so: a token bucket of 2 * rate tokens refilled at `rate` per
  * second, kept as GCRA's theoretical arrival time `tat` (the bucket is full when tat <= now;
  * each message moves tat by 1/rate; a message is admitted while tat - now <= 2 - 1/rate, the
- * time the bucket takes to refill all but one token). stunnerd.limits.RateLimiter decides
+ * time the bucket takes to refill all but one token). stunnerd.turn.limits.RateLimiter decides
  * exactly the same with (tokens, time). The table holds at most bucket_limit IPs: when it is
  * full, the full buckets are forgotten (a new one starts full: nothing is lost), and only if
  * every bucket is in use the table starts afresh (counted in bucket_resets). */

@@ -111,13 +111,13 @@ enum { CL_TX_PACKETS, CL_TX_BYTES, CL_RX_PACKETS, CL_RX_BYTES };               /
 #define RELAY_BUCKET_LIMIT 65536 /* source IPs with a stranger's budget in use (relay_strangers) */
 #define RELAY_BATCH 32
 #define RELAY_BUFFER 65536
-#define RELAY_MAX_MESSAGE 4096 /* STUN over UDP, by default (stunnerd.limits.max_udp_message) */
+#define RELAY_MAX_MESSAGE 4096 /* STUN over UDP, by default (stunnerd.turn.limits.max_udp_message) */
 #define RELAY_COOKIE 0x2112A442u /* STUN's magic cookie (RFC 8489 §5) */
-#define RELAY_MAX_ATTRIBUTES 64 /* stunnerd.limits.max_attributes, by default */
+#define RELAY_MAX_ATTRIBUTES 64 /* stunnerd.turn.limits.max_attributes, by default */
 /* Batches' worth of datagrams read from the listener socket with it never found empty, after
  * which the engine is behind, by default (32 x 32): strangers' unsigned messages are then
  * dropped (DROP_SHED) until a read finds the socket empty, as the Python path sheds them
- * (stunnerd.transports.SHED_AFTER), so a flood the thread cannot answer in full costs a read
+ * (stunnerd.transport.transports.SHED_AFTER), so a flood the thread cannot answer in full costs a read
  * each and established clients' packets behind it are not kept waiting. */
 #define RELAY_SHED_AFTER 32
 #define RELAY_ANSWER_MAX 256    /* a 401 the engine answers itself (stateless.c) */
@@ -167,7 +167,7 @@ typedef struct {
 } relay_queue;
 
 /* The key of the engine's stateless nonces (stateless.c): HMAC-SHA256 with the stunnerd's
- * secret, as stunnerd.auth.NonceManager computes it, bound to one listener (its name) and one
+ * secret, as stunnerd.turn.auth.NonceManager computes it, bound to one listener (its name) and one
  * client address. The digest states are OpenSSL's (opaque here); NULL: no key. */
 typedef struct {
     void *inner, *outer, *scratch; /* EVP_MD_CTX: after the key's ipad and opad blocks */
@@ -381,7 +381,7 @@ typedef struct relay_stream {
     struct relay_stream *next_dirty, *next_dead;
 } relay_stream;
 
-#define RELAY_STREAM_BUFFER (4 * 65536) /* stunnerd.transports.MAX_STREAM_BUFFER */
+#define RELAY_STREAM_BUFFER (4 * 65536) /* stunnerd.transport.transports.MAX_STREAM_BUFFER */
 #define RELAY_STREAM_NOTSENT 16384      /* TCP_NOTSENT_LOWAT of a stream */
 #define RELAY_STREAM_TAG (1ull << 62)   /* epoll tags of streams; allocations' stay below */
 
@@ -398,9 +398,9 @@ int relay_stream_send(relay_engine *e, uint64_t handle, const uint8_t *data, siz
 int relay_close_stream(relay_engine *e, uint64_t handle);
 /* The length of the frame that begins `b` (of `len` bytes buffered): 0 until its 4-byte
  * header is there, -1 if it is neither STUN (length a multiple of 4, the magic cookie once 8
- * bytes are there) nor ChannelData (padded to 4) (stunnerd.stun.stream_frame_length, byte for
+ * bytes are there) nor ChannelData (padded to 4) (stunner_api.stun.stream_frame_length, byte for
  * byte: an unpadded ChannelData message puts the stream out of step, found at the next STUN
- * header). relay_stream_framing_error says why, in stunnerd.stun's words. */
+ * header). relay_stream_framing_error says why, in stunner_api.stun's words. */
 long relay_stream_frame_length(const uint8_t *b, size_t len);
 const char *relay_stream_framing_error(const uint8_t *b, size_t len);
 /* Bytes read from a stream at `now` (age: how long they waited in the socket, seconds): framed,

@@ -7,10 +7,10 @@
  * a nonce that is an HMAC over its expiry and the client's address, so nothing is stored per
  * source and the signed retry verifies in any process of the stunnerd (one secret for all).
  *
- * The nonce is stunnerd.auth.NonceManager's, byte for byte: hex(expiry in ms since the epoch,
+ * The nonce is stunnerd.turn.auth.NonceManager's, byte for byte: hex(expiry in ms since the epoch,
  * 16 digits) followed by the first 16 bytes, in hex, of HMAC-SHA256(secret, that text, NUL,
  * the binding), where the binding is the listener's name, NUL, the client's IP as 16 bytes
- * (IPv4 as IPv4-mapped IPv6) and its port (2 bytes, big-endian): stunnerd.auth.nonce_binding.
+ * (IPv4 as IPv4-mapped IPv6) and its port (2 bytes, big-endian): stunnerd.turn.auth.nonce_binding.
  * HMAC-SHA256 is OpenSSL's (libcrypto, which CPython's hashlib uses too): the key's inner and
  * outer digest states are computed once, each MAC copies them.
  */
@@ -37,7 +37,7 @@
 #define EXPIRY_HEX 16
 #define MAC_BYTES 16
 
-static const char REASON[] = "Unauthenticated"; /* stunnerd.stun.ERROR_REASONS[401] */
+static const char REASON[] = "Unauthenticated"; /* stunner_api.stun.ERROR_REASONS[401] */
 
 
 double relay_wall(void) {
@@ -179,7 +179,7 @@ void relay_unsigned_budget(relay_engine *e, double rate) {
 }
 
 /* GCRA as stranger_admitted (relay.c): a bucket of 2 * rate tokens refilled at `rate` per
- * second, as stunnerd.limits.RateLimiter's total bucket. */
+ * second, as stunnerd.turn.limits.RateLimiter's total bucket. */
 int relay_unsigned_admitted(relay_engine *e, double now) {
     double interval = 1.0 / e->unsigned_rate, tolerance = 2.0 - interval;
     double tat = e->unsigned_tat > now ? e->unsigned_tat : now;

@@ -21,8 +21,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from stunner_api.vocabulary import CDS_TOKEN_AUDIENCE
 from stunner_cli import offline
-from stunnerd.cli import build_parser as stunnerd_parser
-from stunnerd.cli import limits_from
+from stunnerd.process.cli import build_parser as stunnerd_parser
+from stunnerd.process.cli import limits_from
 from tests.charts.conftest import CHART, NAMESPACE, ROOT, chart_api, of_kind, refused, render
 from tests.support.ports import free_port
 

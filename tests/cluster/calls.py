@@ -21,7 +21,7 @@ import struct
 import time
 from dataclasses import dataclass, field
 
-from stunnerd.stun import Class
+from stunner_api.stun import Class
 from tests.support.turnclient import RawClient, RawTcpClient, error_code
 
 CHANNEL = 0x4000

@@ -32,8 +32,8 @@ from typing import Any
 
 import pytest
 
+from stunner_api.stun import Class, Message, Method
 from stunner_api.vocabulary import RELATED_GATEWAY_NAME
-from stunnerd.stun import Class, Message, Method
 from tests.cluster import test_quickstart_cluster as quickstart
 from tests.cluster.conftest import MEASURED, Kube, wait_for
 from tests.cluster.test_quickstart_cluster import (

@@ -27,8 +27,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from reconciler.render.deployment import CONTAINER_NAME
+from stunner_api.stun import Class, Message, Method
 from stunner_api.vocabulary import RELATED_GATEWAY_NAME
-from stunnerd.stun import Class, Message, Method
 from tests.cluster import test_quickstart_cluster as quickstart
 from tests.cluster.conftest import MEASURED, Kube, wait_for
 from tests.cluster.test_quickstart_cluster import (

@@ -43,7 +43,7 @@ from typing import Any
 
 import pytest
 
-from stunnerd.stun import Class, Message
+from stunner_api.stun import Class, Message
 from tests.charts.test_quickstart import quick_start
 from tests.cluster.conftest import MEASURED, ROOT, Kube, Settings, wait_for
 from tests.support.turnclient import RawClient, error_code

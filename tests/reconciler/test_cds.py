@@ -25,7 +25,7 @@ from websockets.asyncio.client import connect
 from reconciler.cds import cds_app, serve
 from reconciler.cds_store import ConfigStore
 from stunner_api.dataplane import StunnerConfig, validate_config, zero_config
-from stunnerd.sources import CdsSource, SourceError
+from stunnerd.process.sources import CdsSource, SourceError
 
 STEP = 5.0
 

@@ -27,7 +27,7 @@ from stunner_api.cds import config_path
 from stunner_api.dataplane import StunnerConfig, validate_config
 from stunner_api.vocabulary import NODE_ADDRESS_PLACEHOLDER
 from stunner_client.cds import CdsClient
-from stunnerd.sources import CdsSource
+from stunnerd.process.sources import CdsSource
 from tests.support.ports import free_port
 from tests.support.turnclient import HOST, RawClient, running_stunner, start_peer
 

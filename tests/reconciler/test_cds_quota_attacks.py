@@ -2,8 +2,9 @@
 
 Cluster mode against the fake API server (whose TokenReview names the pod a bound token was
 issued to, as kube-apiserver does), a GatewayConfig with `userQuota: 2`. The honest pods are
-stunnerd's own CDS client and quota ledger (stunnerd.sources.CdsSource, stunnerd.usage,
-stunnerd.ledger) over real sockets, each with the projected token of a Pod labelled as the
+stunnerd's own CDS client and quota ledger (stunnerd.process.sources.CdsSource,
+stunnerd.process.usage,
+stunnerd.turn.ledger) over real sockets, each with the projected token of a Pod labelled as the
 Gateway's dataplane (as render labels its Deployment's pods). The red team's four attacks come
 from watchers whose tokens the CDS accepts for reading the config:
 
@@ -49,9 +50,9 @@ from stunner_api.vocabulary import (
     RELATED_GATEWAY_NAME,
     RELATED_GATEWAY_NAMESPACE,
 )
-from stunnerd.ledger import GRANTED, LocalQuota
-from stunnerd.sources import CdsSource
-from stunnerd.usage import UsageReporter
+from stunnerd.process.sources import CdsSource
+from stunnerd.process.usage import UsageReporter
+from stunnerd.turn.ledger import GRANTED, LocalQuota
 from tests.reconciler import clusterkit as k
 from tests.support.fakeapi import FakeApiServer
 

@@ -27,7 +27,7 @@ import yaml
 
 from reconciler.render import Plan, RenderSettings, render
 from reconciler.store import Snapshot
-from stunnerd.sources import FileSource
+from stunnerd.process.sources import FileSource
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "render"
 CASES = sorted(p.name for p in DATA.iterdir() if (p / "objects.yaml").is_file())

@@ -16,7 +16,7 @@ import pytest
 
 from reconciler.render import Plan, RenderSettings, addresses, render
 from reconciler.store import Snapshot
-from stunnerd.certificates import self_signed_certificate
+from stunnerd.transport.certificates import self_signed_certificate
 from tests.reconciler import clusterkit as k
 from tests.reconciler.clusterkit import Obj, dataplane, gateway_config, listener
 from tests.support.objects import secret

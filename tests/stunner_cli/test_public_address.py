@@ -3,8 +3,8 @@
 End to end, with no cluster: the reconciler in cluster mode against the fake API server renders
 the Gateway and creates its Service (a LoadBalancer, which the fake gives node ports and no
 ingress: a cluster with no load-balancer controller); its CDS is reached through the fake's
-service proxy; a stunnerd /status (stunnerd.admin's own) serves the config the CDS serves; the
-CLI runs as a process, as `helm stunner` runs it.
+service proxy; a stunnerd /status (stunnerd.surface.admin's own) serves the config the CDS serves;
+the CLI runs as a process, as `helm stunner` runs it.
 
 - No Node has an address: `ice` prints no ICE configuration (it would say 0.0.0.0), says on
   stderr what is missing for which Gateway and listener, and exits 1; `status` says pending.
@@ -29,7 +29,7 @@ from aiohttp import web
 from reconciler.cds_access import Account
 from stunner_api.dataplane import StunnerConfig
 from stunner_cli.cluster import READER_ACCOUNT
-from stunnerd.admin import status_of
+from stunnerd.surface.admin import status_of
 from tests.reconciler import clusterkit as k
 from tests.support.fakeapi import FakeApiServer
 from tests.support.objects import cds_service
@@ -39,7 +39,8 @@ NODE_ADDRESS = "192.0.2.7"  # TEST-NET-1: never dialled, only printed
 
 
 class DataplaneView:
-    """What stunnerd.admin's /status reads, over the config the reconciler's CDS serves now."""
+    """What stunnerd.surface.admin's /status reads, over the config the reconciler's CDS serves
+    now."""
 
     def __init__(self, configs: Mapping[str, StunnerConfig]) -> None:
         self.configs = configs

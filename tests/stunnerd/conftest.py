@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from stunnerd import native
+from stunnerd.transport import native
 
 STUNNERD = [sys.executable, "-m", "stunnerd"]
 

@@ -43,8 +43,8 @@ def test_config_errors_never_echo_a_secret(tmp_path: Path, case: str, dry_run: b
 
 
 def test_limit_flags_and_env_reach_the_limits(monkeypatch: pytest.MonkeyPatch) -> None:
-    from stunnerd.cli import build_parser, limits_from
-    from stunnerd.limits import Limits
+    from stunnerd.process.cli import build_parser, limits_from
+    from stunnerd.turn.limits import Limits
 
     monkeypatch.setenv("STUNNER_MAX_ALLOCATIONS", "7")
     args = build_parser().parse_args(["--max-permissions", "3", "--idle-timeout", "2.5"])
@@ -59,7 +59,7 @@ def test_limit_flags_and_env_reach_the_limits(monkeypatch: pytest.MonkeyPatch) -
 def test_watch_mode_ignores_a_broken_config_without_echoing_a_secret(
     tmp_path: Path, case: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from stunnerd.sources import FileSource
+    from stunnerd.process.sources import FileSource
 
     config = tmp_path / "stunnerd.yaml"
     config.write_text(BROKEN[case])

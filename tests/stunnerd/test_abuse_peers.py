@@ -17,8 +17,8 @@ import urllib.request
 
 import pytest
 
-from stunnerd.router import PEER_POLICY, Router
-from stunnerd.stun import Class, Message, Method
+from stunner_api.stun import Class, Message, Method
+from stunnerd.turn.router import PEER_POLICY, Router
 from tests.support.turnclient import (
     HOST,
     RawClient,

@@ -14,11 +14,11 @@ import asyncio
 
 import pytest
 
-from stunnerd import stun
-from stunnerd.daemon import Stunner
-from stunnerd.limits import Limits, RateLimiter
-from stunnerd.stun import Class, Message, Method
-from stunnerd.transports import has_integrity
+from stunner_api import stun
+from stunner_api.stun import Class, Message, Method
+from stunnerd.process.daemon import Stunner
+from stunnerd.transport.transports import has_integrity
+from stunnerd.turn.limits import Limits, RateLimiter
 from tests.support.turnclient import HOST, RawClient, start_peer
 
 from .test_abuse_turn import _dropped, run

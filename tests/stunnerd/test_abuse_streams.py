@@ -25,14 +25,14 @@ from pathlib import Path
 
 import pytest
 
-from stunnerd import stun
-from stunnerd.auth import long_term_key
-from stunnerd.daemon import Stunner
-from stunnerd.limits import Limits
-from stunnerd.metrics import render_metrics
-from stunnerd.native_tcp import NativeTcpTransport
-from stunnerd.stun import Class, Message, Method
-from stunnerd.transports import TcpConnectionProtocol
+from stunner_api import stun
+from stunner_api.stun import Class, Message, Method
+from stunnerd.process.daemon import Stunner
+from stunnerd.surface.metrics import render_metrics
+from stunnerd.transport.native_tcp import NativeTcpTransport
+from stunnerd.transport.transports import TcpConnectionProtocol
+from stunnerd.turn.auth import long_term_key
+from stunnerd.turn.limits import Limits
 from tests.support.turnclient import (
     HOST,
     PASSWORD,

@@ -25,12 +25,13 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from stunnerd import native, stun
-from stunnerd.daemon import Stunner
-from stunnerd.limits import Limits
-from stunnerd.metrics import render_metrics
-from stunnerd.native_udp import NativeUdpTransport
-from stunnerd.stun import Class, Message, Method
+from stunner_api import stun
+from stunner_api.stun import Class, Message, Method
+from stunnerd.process.daemon import Stunner
+from stunnerd.surface.metrics import render_metrics
+from stunnerd.transport import native
+from stunnerd.transport.native_udp import NativeUdpTransport
+from stunnerd.turn.limits import Limits
 from tests.support.turnclient import (
     HOST,
     RawClient,

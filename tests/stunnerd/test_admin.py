@@ -25,12 +25,12 @@ from prometheus_client import ProcessCollector
 from prometheus_client.parser import text_string_to_metric_families
 
 from stunner_api.dataplane import StunnerConfig, zero_config
-from stunnerd import admin
-from stunnerd.admin import HttpServer
-from stunnerd.counters import ClusterCounters, ListenerCounters
-from stunnerd.daemon import Stunner
-from stunnerd.metrics import format_value, render_metrics
-from stunnerd.stun import Class
+from stunner_api.stun import Class
+from stunnerd.process.daemon import Stunner
+from stunnerd.surface import admin
+from stunnerd.surface.admin import HttpServer
+from stunnerd.surface.metrics import format_value, render_metrics
+from stunnerd.turn.counters import ClusterCounters, ListenerCounters
 from tests.support.turnclient import (
     HOST,
     PASSWORD,
@@ -221,8 +221,8 @@ def test_second_signal_exits_at_once(tmp_path: Path, stunnerd: StartStunnerd) ->
 
 SIGNALS_ON_THE_WAY_OUT = """
 import asyncio, os, signal, sys
-from stunnerd.serving import serve
-from stunnerd.daemon import Stunner
+from stunnerd.process.serving import serve
+from stunnerd.process.daemon import Stunner
 from stunner_api.dataplane import StunnerConfig
 
 async def main() -> int:

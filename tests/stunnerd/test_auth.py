@@ -10,7 +10,7 @@ import string
 import pytest
 
 from stunner_api.ice import ephemeral_password, ephemeral_username
-from stunnerd.auth import (
+from stunnerd.turn.auth import (
     Authenticator,
     AuthError,
     NonceManager,

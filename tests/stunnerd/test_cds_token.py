@@ -25,7 +25,7 @@ import pytest
 from reconciler.cds_access import MAX_TTL, Access, TokenVerifier
 from reconciler.kube.api import Api
 from stunner_api.vocabulary import CDS_TOKEN_AUDIENCE
-from stunnerd.sources import CdsSource, SourceError
+from stunnerd.process.sources import CdsSource, SourceError
 from tests.cds_server import CdsServer, run_cds_server
 from tests.support.fakeapi import FakeApiServer
 from tests.support.turnclient import HOST, free_port, make_config

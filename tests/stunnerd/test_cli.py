@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from stunnerd import stun
-from stunnerd.stun import Class, Message, Method
+from stunner_api import stun
+from stunner_api.stun import Class, Message, Method
 from tests.support.turnclient import HOST, RawClient, binding_answered, free_port, make_config
 
 from .conftest import StartStunnerd
@@ -291,13 +291,13 @@ def test_an_unknown_key_is_a_warning_at_start(tmp_path: Path, stunnerd: StartStu
 # Loaded only for a TLS/DTLS listener (cryptography, pyOpenSSL: ~12 MiB of RSS), an admin
 # endpoint (aiohttp: ~10 MiB), a metrics scrape (prometheus_client) or a CDS watch (websockets).
 DEFERRED_MODULES = (
-    *("cryptography", "OpenSSL", "stunnerd.certificates", "stunnerd.dtls"),
+    *("cryptography", "OpenSSL", "stunnerd.transport.certificates", "stunnerd.transport.dtls"),
     *("aiohttp", "prometheus_client", "websockets"),
 )
 LOADED_BY_A_PLAIN_STUNNERD = """
 import asyncio, json, sys
-import stunnerd.cli
-from stunnerd.daemon import Stunner
+import stunnerd.process.cli
+from stunnerd.process.daemon import Stunner
 from stunner_api.dataplane import StunnerConfig
 
 async def serve() -> None:
@@ -325,7 +325,7 @@ def test_a_turn_udp_and_tcp_stunnerd_loads_no_tls_or_admin_server_machinery() ->
     )
     assert done.returncode == 0, done.stderr
     loaded = json.loads(done.stdout.splitlines()[-1])
-    assert "stunnerd.transports" in loaded  # the daemon did build its listeners
+    assert "stunnerd.transport.transports" in loaded  # the daemon did build its listeners
     deferred = [m for m in loaded if m.split(".")[0] in DEFERRED_MODULES or m in DEFERRED_MODULES]
     assert deferred == []
 

@@ -16,7 +16,7 @@ import socket
 import time
 from pathlib import Path
 
-from stunnerd.stun import Class
+from stunner_api.stun import Class
 from tests.cds_server import run_cds_server
 from tests.support.turnclient import HOST, RawClient, free_port, make_config
 

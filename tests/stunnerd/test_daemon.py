@@ -15,12 +15,12 @@ from functools import partial
 import pytest
 
 from stunner_api.dataplane import StunnerConfig
-from stunnerd.auth import NonceManager
-from stunnerd.core import DataplaneCore, Plan
-from stunnerd.daemon import ApplyError
-from stunnerd.ledger import LocalQuota, Reservations
-from stunnerd.listener import Listener
-from stunnerd.stun import Class
+from stunner_api.stun import Class
+from stunnerd.process.core import DataplaneCore, Plan
+from stunnerd.process.daemon import ApplyError
+from stunnerd.transport.listener import Listener
+from stunnerd.turn.auth import NonceManager
+from stunnerd.turn.ledger import LocalQuota, Reservations
 from tests.support.turnclient import (
     HOST,
     RawClient,
@@ -122,7 +122,7 @@ def test_config_that_cannot_be_applied_is_refused_whole() -> None:
 
 
 def test_certificate_change_restarts_that_listener_only() -> None:
-    from stunnerd.certificates import self_signed_certificate
+    from stunnerd.transport.certificates import self_signed_certificate
 
     async def main() -> None:
         udp_port, tls_port = free_port(), free_port()
@@ -156,8 +156,8 @@ def test_certificate_change_restarts_that_listener_only() -> None:
 def test_log_levels_follow_every_reconcile_unless_overridden() -> None:
     import logging
 
-    from stunnerd import logs
-    from stunnerd.daemon import Stunner
+    from stunnerd.process.daemon import Stunner
+    from stunnerd.surface import logs
 
     turn = logging.getLogger("stunner.turn")
 

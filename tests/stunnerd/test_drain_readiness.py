@@ -25,7 +25,7 @@ from collections.abc import Callable
 
 import pytest
 
-from stunnerd.stun import Class, Message
+from stunner_api.stun import Class, Message
 from tests.support.turnclient import RawClient, binding_answered, error_code, free_port
 
 from .conftest import StartStunnerd

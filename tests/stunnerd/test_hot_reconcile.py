@@ -14,7 +14,7 @@ import socket
 import pytest
 
 from stunner_api.dataplane import StunnerConfig
-from stunnerd.daemon import ApplyError
+from stunnerd.process.daemon import ApplyError
 from tests.support.turnclient import (
     HOST,
     RawClient,

@@ -13,9 +13,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stunnerd import stun
-from stunnerd.allocation import Downstream
-from stunnerd.stun import Class, Message, Method
+from stunner_api import stun
+from stunner_api.stun import Class, Message, Method
+from stunnerd.turn.allocation import Downstream
 from tests.support.turnclient import HOST, RawClient, free_port, make_config, running_stunner
 
 VALID = [

@@ -15,8 +15,8 @@ import socket
 import pytest
 
 from stunner_api.vocabulary import LISTENER_PROTOCOL_TABLE, ProtocolFacts
-from stunnerd.daemon import ApplyError, Stunner
-from stunnerd.listener import TRANSPORTS
+from stunnerd.process.daemon import ApplyError, Stunner
+from stunnerd.transport.listener import TRANSPORTS
 from tests.support.turnclient import HOST, free_port, running_stunner
 
 from .test_tls_dtls import tls_config

@@ -14,7 +14,7 @@ from stunner_api.dataplane import validate_config
 from stunner_api.rules import Request, Settings
 from stunner_api.rules.gatewayconfig import gatewayconfig_log_level
 from stunner_api.vocabulary import LogLevel, parse_log_spec, skipped_part_reason
-from stunnerd import logs
+from stunnerd.surface import logs
 
 
 def gwconfig(log_level: str) -> dict[str, Any]:

@@ -17,7 +17,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from stunnerd import native, stun
+from stunner_api import stun
+from stunnerd.transport import native
 
 pytestmark = pytest.mark.skipif(
     not native.available(), reason=f"native relay: {native.unavailable_reason()}"

@@ -1,4 +1,4 @@
-"""The native engine parses exactly what the Python path parses (stunnerd.stun, turn.py).
+"""The native engine parses exactly what the Python path parses (stunner_api.stun, turn.py).
 
 A stranger's STUN past its budget (issue 20): the engine drops as unauthenticated exactly
 what the Python path (`transports.has_integrity`) rate-limits; and it answers a stranger's
@@ -23,10 +23,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from stunnerd import native, stun
-from stunnerd.limits import Limits
-from stunnerd.stun import Class, Message, Method
-from stunnerd.transports import has_integrity
+from stunner_api import stun
+from stunner_api.stun import Class, Message, Method
+from stunnerd.transport import native
+from stunnerd.transport.transports import has_integrity
+from stunnerd.turn.limits import Limits
 
 from .test_native_relay import CHANNEL, CLUSTER, Rig
 
@@ -272,7 +273,7 @@ def test_unsigned_allocates_are_answered_as_the_python_path_answers_them(
     exactly when the Python path does (stateless.unsigned_allocate), whatever the attributes,
     FINGERPRINT right or wrong, headers that lie about their lengths."""
     from stunnerd import _relay
-    from stunnerd.stateless import unsigned_allocate
+    from stunnerd.turn.stateless import unsigned_allocate
 
     body = b"".join(
         struct.pack("!HH", kind, len(value)) + value + bytes(-len(value) % 4)

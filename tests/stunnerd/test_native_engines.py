@@ -14,12 +14,12 @@ import time
 
 import pytest
 
-from stunnerd import native
-from stunnerd.admin import render_metrics, status_of
-from stunnerd.daemon import Stunner
-from stunnerd.native_udp import NativeUdpTransport
-from stunnerd.stun import Class
-from stunnerd.worker_pool import usable_cpus
+from stunner_api.stun import Class
+from stunnerd.process.daemon import Stunner
+from stunnerd.process.worker_pool import usable_cpus
+from stunnerd.surface.admin import render_metrics, status_of
+from stunnerd.transport import native
+from stunnerd.transport.native_udp import NativeUdpTransport
 from tests.support.turnclient import (
     HOST,
     RawClient,

@@ -21,13 +21,13 @@ from typing import Any
 import pytest
 from setuptools import Distribution
 
-from stunnerd import native
-from stunnerd.daemon import Stunner
-from stunnerd.listener import Listener
-from stunnerd.native_tcp import NativeTcpTransport
-from stunnerd.native_udp import NativeUdpTransport
-from stunnerd.stun import Class, Message, Method
-from stunnerd.transports import TcpTransport, UdpTransport
+from stunner_api.stun import Class, Message, Method
+from stunnerd.process.daemon import Stunner
+from stunnerd.transport import native
+from stunnerd.transport.listener import Listener
+from stunnerd.transport.native_tcp import NativeTcpTransport
+from stunnerd.transport.native_udp import NativeUdpTransport
+from stunnerd.transport.transports import TcpTransport, UdpTransport
 from tests.support.turnclient import (
     HOST,
     Peer,
@@ -233,9 +233,11 @@ def test_without_the_extension_turn_udp_and_tcp_relay_in_python(
 ) -> None:
     """An install where the extension did not build keeps today's path, with a warning."""
     monkeypatch.delenv("STUNNER_NATIVE", raising=False)
-    monkeypatch.setattr("stunnerd.native._relay", None)
-    monkeypatch.setattr("stunnerd.native._IMPORT_ERROR", "No module named 'stunnerd._relay'")
-    monkeypatch.setattr("stunnerd.listener._told", set())
+    monkeypatch.setattr("stunnerd.transport.native._relay", None)
+    monkeypatch.setattr(
+        "stunnerd.transport.native._IMPORT_ERROR", "No module named 'stunnerd._relay'"
+    )
+    monkeypatch.setattr("stunnerd.transport.listener._told", set())
 
     async def main() -> None:
         peer = await start_peer(echo=True)

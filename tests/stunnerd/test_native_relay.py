@@ -1,4 +1,4 @@
-"""The native relay engine (stunnerd.native, stunnerd/relaycore/) on real loopback sockets.
+"""The native relay engine (stunnerd.transport.native, stunnerd/relaycore/) on loopback.
 
 A client socket sends through the engine's listener socket to a peer socket and back; the test
 plays the TURN server's part by mirroring allocations, permissions, channels and verdicts.
@@ -16,9 +16,10 @@ from typing import Any
 
 import pytest
 
-from stunnerd import native, stun
-from stunnerd.limits import Limits
-from stunnerd.stun import Class, Message, Method
+from stunner_api import stun
+from stunner_api.stun import Class, Message, Method
+from stunnerd.transport import native
+from stunnerd.turn.limits import Limits
 
 pytestmark = pytest.mark.skipif(
     not native.available(), reason=f"native relay: {native.unavailable_reason()}"

@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from stunnerd import native
-from stunnerd.stun import Class, Message, Method
+from stunner_api.stun import Class, Message, Method
+from stunnerd.transport import native
 
 from .test_native_relay import Rig, drops, udp, wait_for
 

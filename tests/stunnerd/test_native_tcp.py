@@ -24,12 +24,13 @@ from collections.abc import Callable
 
 import pytest
 
-from stunnerd import native, stun
-from stunnerd.daemon import Stunner
-from stunnerd.limits import Limits
-from stunnerd.metrics import render_metrics
-from stunnerd.native_tcp import NativeTcpTransport
-from stunnerd.stun import Class, Message, Method
+from stunner_api import stun
+from stunner_api.stun import Class, Message, Method
+from stunnerd.process.daemon import Stunner
+from stunnerd.surface.metrics import render_metrics
+from stunnerd.transport import native
+from stunnerd.transport.native_tcp import NativeTcpTransport
+from stunnerd.turn.limits import Limits
 from tests.support.turnclient import HOST, Peer, free_port, start_peer
 
 from .test_abuse_streams import closed_within, tcp_allocation, tcp_stunner
@@ -188,7 +189,7 @@ def test_connections_spread_over_several_engines_and_their_counters_add_up(
     are the engines' sum, and closing every connection empties both."""
     monkeypatch.setenv("STUNNER_NATIVE", "1")
     monkeypatch.setattr(
-        "stunnerd.listener.NativeTcpTransport",
+        "stunnerd.transport.listener.NativeTcpTransport",
         lambda server, engines: NativeTcpTransport(server, engines=2),
     )
 
@@ -227,7 +228,7 @@ def test_a_frame_longer_than_the_stream_buffer_closes_at_its_header(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("STUNNER_NATIVE", "1")
-    monkeypatch.setattr("stunnerd.native_tcp.MAX_STREAM_BUFFER", 1024)
+    monkeypatch.setattr("stunnerd.transport.native_tcp.MAX_STREAM_BUFFER", 1024)
 
     async def main() -> None:
         port = free_port()

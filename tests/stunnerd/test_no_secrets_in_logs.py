@@ -15,9 +15,9 @@ import time
 import pytest
 
 from stunner_api.ice import ephemeral_password, ephemeral_username
-from stunnerd import logs
-from stunnerd.admin import status_of
-from stunnerd.daemon import ApplyError
+from stunnerd.process.daemon import ApplyError
+from stunnerd.surface import logs
+from stunnerd.surface.admin import status_of
 from tests.support.turnclient import (
     HOST,
     RawClient,

@@ -26,9 +26,10 @@ from typing import Any
 
 import pytest
 
-from stunnerd import native, stun
-from stunnerd.admin import status_of
-from stunnerd.daemon import Stunner
+from stunner_api import stun
+from stunnerd.process.daemon import Stunner
+from stunnerd.surface.admin import status_of
+from stunnerd.transport import native
 from tests.support.netns import loopback_up, run_in_new_namespace
 from tests.support.turnclient import (
     HOST,

@@ -32,9 +32,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stunnerd import native, stun
+from stunner_api import stun
 from stunnerd.offload import bpf, layout, program
 from stunnerd.offload.layout import Route
+from stunnerd.transport import native
 from tests.support.netns import ROOT, VethPair, loopback_up, run_in_new_namespace, veth_pair
 from tests.support.packets import checksums_valid, ones_complement_sum, udp_frame
 from tests.support.turnclient import Peer, RawClient, free_port, make_config, running_stunner

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 import pytest
 
 from stunner_api import peer_admission as pa
-from stunnerd.router import Router
-from stunnerd.stun import Class
+from stunner_api.stun import Class
+from stunnerd.turn.router import Router
 from tests.support.turnclient import (
     HOST,
     RawClient,

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from stunnerd.listener import _relay_note
-from stunnerd.sockets import local_bind_address
+from stunnerd.transport.listener import _relay_note
+from stunnerd.turn.sockets import local_bind_address
 
 PUBLIC = "198.51.100.7"  # TEST-NET-2: no address of this host
 

@@ -26,16 +26,16 @@ import pytest
 from reconciler.cds import cds_app, serve
 from reconciler.cds_store import ConfigStore
 from stunner_api.dataplane import StunnerConfig, validate_config
+from stunner_api.stun import Class
 from stunner_api.vocabulary import NODE_ADDRESS_PLACEHOLDER, RELAY_STUN_SERVER_ENV
-from stunnerd.daemon import Stunner
-from stunnerd.relay_discovery import (
+from stunnerd.process.daemon import Stunner
+from stunnerd.process.relay_discovery import (
     DiscoveryError,
     RelayDiscovery,
     mapped_address,
     patch,
     relay_discovery_from_env,
 )
-from stunnerd.stun import Class
 from tests.stunnerd.conftest import StartStunnerd
 from tests.support.ports import free_port
 from tests.support.stunserver import FakeStunServer

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from stunnerd.daemon import Stunner
-from stunnerd.relay_discovery import RelayDiscovery, host_broadcasts, refusal
+from stunnerd.process.daemon import Stunner
+from stunnerd.process.relay_discovery import RelayDiscovery, host_broadcasts, refusal
 from tests.stunnerd.test_relay_discovery import ID, POD, adopted, config, discovery_log, relayed
 from tests.support.ports import free_port
 from tests.support.stunserver import FakeStunServer

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from stunnerd.router import CACHE_LIMIT, DnsResolver, Router, parse_peer_ip
+from stunnerd.turn.router import CACHE_LIMIT, DnsResolver, Router, parse_peer_ip
 
 
 @dataclass(frozen=True)

@@ -221,7 +221,7 @@ def test_sessions_are_listed_and_ended_across_pods(
 
 async def _serving(client: RawClient) -> bool:
     """The pod answers a Binding (it runs its config)."""
-    from stunnerd.stun import Class, Message, Method
+    from stunner_api.stun import Class, Message, Method
 
     try:
         await client.request(Message(Method.BINDING, Class.REQUEST), sign=False, timeout=0.5)

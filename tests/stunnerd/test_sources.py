@@ -27,7 +27,7 @@ from reconciler.cds_store import ConfigStore
 from stunner_api.cds import OPEN_TIMEOUT, PONG_WAIT
 from stunner_api.dataplane import ConfigError, StunnerConfig
 from stunner_client.cds import RECONNECT_FIRST, reconnect_waits, retry_after
-from stunnerd.sources import CdsSource, FileSource, SourceError, source_for
+from stunnerd.process.sources import CdsSource, FileSource, SourceError, source_for
 from tests.cds_server import run_cds_server
 from tests.support.turnclient import free_port
 

@@ -27,11 +27,11 @@ from typing import Any
 
 import pytest
 
-from stunnerd import transports
-from stunnerd.daemon import Stunner
-from stunnerd.limits import Limits
-from stunnerd.stun import Class, Message, Method
-from stunnerd.transports import READ_BATCH
+from stunner_api.stun import Class, Message, Method
+from stunnerd.process.daemon import Stunner
+from stunnerd.transport import transports
+from stunnerd.transport.transports import READ_BATCH
+from stunnerd.turn.limits import Limits
 from tests.support import flood
 from tests.support.turnclient import (
     HOST,

@@ -18,11 +18,12 @@ from typing import Any
 
 import pytest
 
-from stunnerd import native, stun
-from stunnerd.auth import NonceManager, nonce_binding
-from stunnerd.limits import Limits
-from stunnerd.stateless import UnsignedBudget, unauthorized, unsigned_allocate
-from stunnerd.stun import Class, Message, Method
+from stunner_api import stun
+from stunner_api.stun import Class, Message, Method
+from stunnerd.transport import native
+from stunnerd.turn.auth import NonceManager, nonce_binding
+from stunnerd.turn.limits import Limits
+from stunnerd.turn.stateless import UnsignedBudget, unauthorized, unsigned_allocate
 from tests.support import flood
 
 from .test_native_relay import Rig, drops, udp, wait_for

@@ -15,10 +15,10 @@ import socket
 
 import pytest
 
-from stunnerd import stun
-from stunnerd.limits import Limits
-from stunnerd.metrics import render_metrics
-from stunnerd.stun import Class, Message, Method
+from stunner_api import stun
+from stunner_api.stun import Class, Message, Method
+from stunnerd.surface.metrics import render_metrics
+from stunnerd.turn.limits import Limits
 from tests.support.turnclient import HOST, free_port, start_peer
 
 from .test_abuse_streams import tcp_allocation, tcp_stunner

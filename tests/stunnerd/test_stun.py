@@ -12,8 +12,8 @@ from typing import Any
 import aioice.stun
 import pytest
 
-from stunnerd import stun
-from stunnerd.stun import Class, Message, Method, StunError
+from stunner_api import stun
+from stunner_api.stun import Class, Message, Method, StunError
 
 DATA = pathlib.Path(__file__).parents[1] / "data" / "stun"
 SHORT_TERM_KEY = b"VOkJxbRl1RmTxUk/WvJxBt"  # RFC 5769 §2.1-2.3

@@ -7,8 +7,8 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stunnerd import stun
-from stunnerd.stun import Class, Message, Method, StunError
+from stunner_api import stun
+from stunner_api.stun import Class, Message, Method, StunError
 
 FUZZ = settings(max_examples=300, deadline=None)
 ROUND_TRIP = settings(max_examples=150, deadline=None)

@@ -26,14 +26,14 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from stunner_api import stun
 from stunner_api.dataplane import validate_config
 from stunner_api.restart import ListenerChange, listener_changes
-from stunnerd import stun
-from stunnerd.daemon import Stunner
-from stunnerd.limits import Limits
-from stunnerd.metrics import render_metrics
-from stunnerd.stun import Class, Message, Method
-from stunnerd.turn import STUN_ONLY_REASON
+from stunner_api.stun import Class, Message, Method
+from stunnerd.process.daemon import Stunner
+from stunnerd.surface.metrics import render_metrics
+from stunnerd.turn.limits import Limits
+from stunnerd.turn.server import STUN_ONLY_REASON
 from tests.support.turnclient import (
     HOST,
     REALM,

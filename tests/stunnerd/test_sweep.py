@@ -9,11 +9,11 @@ import socket
 import time
 from collections import defaultdict
 
-from stunnerd.allocation import Allocation, Downstream, ListenerScope
-from stunnerd.auth import Authenticator
-from stunnerd.counters import ClusterCounters, ListenerCounters
-from stunnerd.router import Router
-from stunnerd.turn import ServerContext, TurnServer
+from stunnerd.turn.allocation import Allocation, Downstream, ListenerScope
+from stunnerd.turn.auth import Authenticator
+from stunnerd.turn.counters import ClusterCounters, ListenerCounters
+from stunnerd.turn.router import Router
+from stunnerd.turn.server import ServerContext, TurnServer
 
 PEER = ("192.0.2.7", 5000)
 

@@ -22,12 +22,13 @@ from typing import Any
 
 import pytest
 
+from stunner_api import stun
 from stunner_api.dataplane_load import load_config
-from stunnerd import certificates, stun
-from stunnerd.daemon import Stunner
-from stunnerd.limits import Limits
-from stunnerd.native_tcp import NativeTcpTransport
-from stunnerd.stun import Class, Message, Method
+from stunner_api.stun import Class, Message, Method
+from stunnerd.process.daemon import Stunner
+from stunnerd.transport import certificates
+from stunnerd.transport.native_tcp import NativeTcpTransport
+from stunnerd.turn.limits import Limits
 from tests.support.turnclient import (
     HOST,
     PASSWORD,

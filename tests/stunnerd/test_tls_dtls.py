@@ -26,12 +26,13 @@ from aioice.turn import create_turn_endpoint
 from cryptography import x509
 from OpenSSL import SSL
 
+from stunner_api import stun
 from stunner_api.dataplane import StunnerConfig
 from stunner_api.dataplane_load import load_config
-from stunnerd import certificates, dtls, stun
-from stunnerd.daemon import ApplyError, Stunner
-from stunnerd.stun import Class, Message, Method
-from stunnerd.transports import DtlsTransport
+from stunner_api.stun import Class, Message, Method
+from stunnerd.process.daemon import ApplyError, Stunner
+from stunnerd.transport import certificates, dtls
+from stunnerd.transport.transports import DtlsTransport
 from tests.support.turnclient import (
     HOST,
     PASSWORD,

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from stunnerd.stun import Class
+from stunner_api.stun import Class
 from tests.support.turnclient import (
     RawClient,
     RawTcpClient,

@@ -11,7 +11,7 @@ import asyncio
 
 import pytest
 
-from stunnerd.stun import Class
+from stunner_api.stun import Class
 from tests.support.turnclient import (
     RawClient,
     error_code,

@@ -16,9 +16,9 @@ import sys
 
 import pytest
 
-from stunnerd.allocation import FAMILY_IPV4, FAMILY_IPV6
-from stunnerd.relay_families import other_family_address
-from stunnerd.stun import Class
+from stunner_api.stun import Class
+from stunnerd.turn.allocation import FAMILY_IPV4, FAMILY_IPV6
+from stunnerd.turn.relay_families import other_family_address
 from tests.support.netns import ip, loopback_up, run_in_new_namespace, veth_pair
 from tests.support.turnclient import (
     RawClient,

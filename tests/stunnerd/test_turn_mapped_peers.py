@@ -15,7 +15,7 @@ import asyncio
 import pytest
 
 from stunner_api.peer_admission import canonical_peer_ip
-from stunnerd.stun import Class
+from stunner_api.stun import Class
 from tests.support.turnclient import (
     RawClient,
     error_code,

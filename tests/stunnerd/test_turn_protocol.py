@@ -20,10 +20,10 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from stunnerd import stun
-from stunnerd.auth import NonceManager
-from stunnerd.ledger import Reservations
-from stunnerd.stun import Class, Message, Method
+from stunner_api import stun
+from stunner_api.stun import Class, Message, Method
+from stunnerd.turn.auth import NonceManager
+from stunnerd.turn.ledger import Reservations
 from tests.support.turnclient import (
     HOST,
     REALM,

@@ -1,5 +1,5 @@
 """Cluster-wide user quotas, stunnerd's pure parts: the ledger counting the other pods'
-allocations, and the reporter's frames (stunnerd.usage). Real sockets:
+allocations, and the reporter's frames (stunnerd.process.usage). Real sockets:
 tests/stunnerd/test_cluster_quota.py.
 
 We test: an Allocate is admitted while own + others < quota, and the CDS gone (others cleared)
@@ -28,9 +28,9 @@ from stunner_api.cds import (
     encode_usage,
     parse_usage,
 )
-from stunnerd.ledger import GRANTED, OVER_QUOTA, LocalQuota
-from stunnerd.sources import CdsSource
-from stunnerd.usage import UsageReporter
+from stunnerd.process.sources import CdsSource
+from stunnerd.process.usage import UsageReporter
+from stunnerd.turn.ledger import GRANTED, OVER_QUOTA, LocalQuota
 from tests.cds_server import run_cds_server
 from tests.reconciler.test_cds import eventually
 from tests.support.turnclient import HOST, free_port, make_config

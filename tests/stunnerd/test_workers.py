@@ -24,13 +24,18 @@ from collections.abc import AsyncIterator
 import pytest
 
 from stunner_api.dataplane import StunnerConfig
-from stunnerd.admin import render_metrics, status_of
-from stunnerd.auth import NonceManager
-from stunnerd.channel import HEADER, Channel
-from stunnerd.daemon import Stunner
-from stunnerd.ledger import LocalQuota
-from stunnerd.stun import Class
-from stunnerd.worker_pool import WorkerPool, cgroup_cpu_limit, udp_process_count, usable_cpus
+from stunner_api.stun import Class
+from stunnerd.process.channel import HEADER, Channel
+from stunnerd.process.daemon import Stunner
+from stunnerd.process.worker_pool import (
+    WorkerPool,
+    cgroup_cpu_limit,
+    udp_process_count,
+    usable_cpus,
+)
+from stunnerd.surface.admin import render_metrics, status_of
+from stunnerd.turn.auth import NonceManager
+from stunnerd.turn.ledger import LocalQuota
 from tests.support.turnclient import (
     HOST,
     USERNAME,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from typing import cast
 
-from stunnerd.stun import Class, Message, Method, StunError, parse_message
+from stunner_api.stun import Class, Message, Method, StunError, parse_message
 
 STEP = 20.0  # seconds a test waits for a condition before it fails
 

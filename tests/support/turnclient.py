@@ -19,12 +19,12 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any, cast
 
+from stunner_api import stun
 from stunner_api.dataplane import StunnerConfig
 from stunner_api.dataplane_load import load_config
-from stunnerd import stun
-from stunnerd.auth import NonceManager, long_term_key
-from stunnerd.daemon import Stunner
-from stunnerd.stun import Class, Message, Method
+from stunner_api.stun import Class, Message, Method
+from stunnerd.process.daemon import Stunner
+from stunnerd.turn.auth import NonceManager, long_term_key
 from tests.support.ports import free_port as free_port  # the tests import it from here
 
 HOST = "127.0.0.1"

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import native, stun
-from .allocation import Allocation
-from .counters import ClusterCounters, ListenerCounters
-from .stun import Address
-from .turn import TurnServer
+from stunner_api import stun
+from stunner_api.stun import Address
+
+from ..turn.allocation import Allocation
+from ..turn.counters import ClusterCounters, ListenerCounters
+from ..turn.server import TurnServer
+from . import native
 
 
 def _unchanged(handle: int) -> None:

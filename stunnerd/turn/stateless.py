@@ -28,7 +28,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from . import stun
+from stunner_api import stun
+
 from .limits import Limits, RateLimiter
 
 _ALLOCATE_REQUEST = 0x0003

@@ -30,8 +30,9 @@ import socket
 from collections.abc import Callable, MutableMapping
 from typing import Protocol, cast
 
+from stunner_api.stun import Address, Class, Message, Method
+
 from .allocation import Allocation, ListenerScope, canonical_address
-from .stun import Address, Class, Message, Method
 
 log = logging.getLogger("stunner.turn")
 

@@ -17,14 +17,15 @@ import ssl
 from collections.abc import Callable, Container
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
-from . import stun
-from .allocation import Downstream
-from .auth import nonce_binding
-from .sockets import bound_socket, bound_udp_group
-from .stateless import STRANGER_IPS as STRANGER_IPS  # native_udp takes it from here
-from .stateless import UnsignedBudget, signed_nonce, unsigned_allocate
-from .tcp_relay import PeerConnection
-from .turn import TurnServer
+from stunner_api import stun
+
+from ..turn.allocation import Downstream
+from ..turn.auth import nonce_binding
+from ..turn.server import TurnServer
+from ..turn.sockets import bound_socket, bound_udp_group
+from ..turn.stateless import STRANGER_IPS as STRANGER_IPS  # native_udp takes it from here
+from ..turn.stateless import UnsignedBudget, signed_nonce, unsigned_allocate
+from ..turn.tcp_relay import PeerConnection
 
 if TYPE_CHECKING:
     from .dtls import DtlsListenerProtocol

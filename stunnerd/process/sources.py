@@ -19,7 +19,8 @@ The CDS side is spoken by the one CDS client, stunner_client.cds.CdsClient.
 
 The CDS watch ignores the zero config, which the CDS sends when the Gateway is deleted: a draining
 stunnerd keeps serving its last config (Go's `suppressDelete`). With a `reporter` (cluster-wide
-user quotas, stunnerd.usage), its reports are sent on the watch and the CDS's usage frames go to
+user quotas, stunnerd.process.usage), its reports are sent on the watch and the CDS's usage frames
+go to
 it, never taken for configs.
 """
 
@@ -89,7 +90,7 @@ class ConfigSource(Protocol):
 
 class UsageLink(Reporter, Protocol):
     """A `Reporter` that also takes the CDS's frames that are not configs: usage frames and
-    sessions commands (stunnerd.sessions.WatchLink)."""
+    sessions commands (stunnerd.process.sessions.WatchLink)."""
 
     def takes(self, frame: str | bytes) -> bool: ...
 

@@ -1,6 +1,7 @@
 """Serving a configured Stunner until it is told to stop: the config watch (a refused config
 leaves the running one in place; one refused for a busy port is retried), the signals (SIGTERM
-and SIGINT drain, SIGHUP re-reads the config) and the drain. stunnerd.cli builds the Stunner and
+and SIGINT drain, SIGHUP re-reads the config) and the drain. stunnerd.process.cli builds the
+Stunner and
 its config source from the command line and hands them here."""
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 relay ports reserved by EVEN-PORT.
 
 Both live in the primary process. A UDP worker process holds a stand-in that asks the primary
-over its control channel (`stunnerd.worker_process`): the quota holds for the whole stunnerd, and
+over its control channel (`stunnerd.process.worker_process`): the quota holds for the whole
+stunnerd, and
 a RESERVATION-TOKEN is honoured whichever process the client's second Allocate reaches (the
 kernel hashes each 5-tuple to one process, and an RTP/RTCP pair has two). The quota is the
 `Quota` protocol: `LocalQuota` here (the primary's, or a stunnerd without workers), a worker's
@@ -43,8 +44,8 @@ class LocalQuota:
     in total, for --max-allocations; one per stunnerd (in its primary). While `draining`, no
     allocation is granted.
 
-    Cluster-wide (stunnerd.usage): `others` holds, per user id, the allocations the other pods
-    of the Gateway hold, as the CDS last said (empty while it is unreachable: then this pod
+    Cluster-wide (stunnerd.process.usage): `others` holds, per user id, the allocations the other
+    pods of the Gateway hold, as the CDS last said (empty while it is unreachable: then this pod
     counts its own only), and `on_change` is called whenever `counts` changes."""
 
     def __init__(self, max_total: int = 0) -> None:

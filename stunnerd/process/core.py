@@ -18,15 +18,15 @@ from dataclasses import dataclass
 
 from stunner_api.dataplane import StunnerConfig
 
-from . import logs
-from .auth import Authenticator, AuthError, NonceManager
-from .counters import ClusterCounters, merge
-from .ledger import Quota, Reservations
-from .limits import Limits
-from .listener import Listener
-from .offload.engine import KernelOffload
-from .router import DnsResolver, Router
-from .turn import ServerContext
+from ..offload.engine import KernelOffload
+from ..surface import logs
+from ..transport.listener import Listener
+from ..turn.auth import Authenticator, AuthError, NonceManager
+from ..turn.counters import ClusterCounters, merge
+from ..turn.ledger import Quota, Reservations
+from ..turn.limits import Limits
+from ..turn.router import DnsResolver, Router
+from ..turn.server import ServerContext
 
 log = logging.getLogger("stunner.stunnerd")
 

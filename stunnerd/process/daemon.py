@@ -25,18 +25,18 @@ from stunner_api.restart import (  # the rule `helm stunner diff` predicts with
     restart_needed,
 )
 
-from .admin import HttpServer, health_routes, metrics_routes, relocate
-from .auth import NonceManager
+from ..surface.admin import HttpServer, health_routes, metrics_routes, relocate
+from ..transport.listener import Listener
+from ..turn.auth import NonceManager
+from ..turn.counters import ClusterCounters, ListenerCounters, merge
+from ..turn.ledger import LocalQuota, Reservations
+from ..turn.limits import Limits
+from ..turn.router import Router
+from ..turn.server import ServerContext
 from .core import ApplyError as ApplyError
 from .core import DataplaneCore, Plan
-from .counters import ClusterCounters, ListenerCounters, merge
-from .ledger import LocalQuota, Reservations
-from .limits import Limits
-from .listener import Listener
 from .relay_discovery import RelayDiscovery
-from .router import Router
 from .sessions import SessionDesk, WatchLink
-from .turn import ServerContext
 from .usage import UsageReporter
 from .worker_pool import WorkerCounters, WorkerPool
 
@@ -85,9 +85,9 @@ class Stunner:
             workers.users if workers is not None else LocalQuota(self.limits.max_allocations)
         )
         self.reservations = workers.reservations if workers is not None else Reservations()
-        # Cluster-wide user quotas: the CDS watch reports through it (stunnerd.usage).
+        # Cluster-wide user quotas: the CDS watch reports through it (stunnerd.process.usage).
         self.usage = UsageReporter(self.users)
-        # Sessions (stunnerd.sessions): listed and ended on the CDS's say, on the same watch.
+        # Sessions (stunnerd.process.sessions): listed and ended on the CDS's say, same watch.
         self.sessions = SessionDesk(lambda: self.listeners)
         self.watch_link = WatchLink(self.usage, self.sessions)
         self.core = DataplaneCore(

@@ -25,15 +25,15 @@ from typing import Any
 from stunner_api.dataplane import ListenerConfig
 from stunner_api.vocabulary import ListenerProtocol
 
+from ..surface.runtime import port_holders
+from ..turn.counters import ClusterCounters, ListenerCounters
+from ..turn.server import ServerContext, TurnServer
+from ..turn.sockets import local_bind_address
 from . import native
-from .counters import ClusterCounters, ListenerCounters
 from .native_glue import EngineCounted
 from .native_tcp import NativeTcpTransport
 from .native_udp import NativeUdpTransport
-from .runtime import port_holders
-from .sockets import local_bind_address
 from .transports import DtlsTransport, TcpTransport, Transport, UdpTransport
-from .turn import ServerContext, TurnServer
 
 log = logging.getLogger("stunner.listener")
 

@@ -110,10 +110,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from .counters import ClusterCounters, ListenerCounters
+from ..turn.counters import ClusterCounters, ListenerCounters
 
 try:
-    from . import _relay
+    from .. import _relay
 except ImportError as exc:  # built without a compiler, or not on Linux
     _relay = None  # type: ignore[assignment]
     _IMPORT_ERROR: str | None = str(exc)
@@ -147,7 +147,7 @@ def available() -> bool:
 def stream_framing(data: bytes) -> tuple[int, str | None]:
     """How the engine frames a TCP stream that begins with `data`: the first frame's length (0
     until its header is there, -1 for garbage) and why it is garbage (None when it is not):
-    stunnerd.stun.stream_frame_length's answer and words (tests/stunnerd's differential test)."""
+    stunner_api.stun.stream_frame_length's answer and words (tests/stunnerd's differential test)."""
     assert _relay is not None, unavailable_reason()
     return _relay.stream_framing(data)
 

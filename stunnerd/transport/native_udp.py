@@ -1,7 +1,8 @@
 """TURN-UDP on the native relay engine (issue 16): the engine carries the media, Python keeps
 the protocol.
 
-`NativeUdpTransport` is the TURN-UDP transport when `stunnerd.native` is available (built, and
+`NativeUdpTransport` is the TURN-UDP transport when `stunnerd.transport.native` is available
+(built, and
 STUNNER_NATIVE is not 0). The listener binds one socket per usable CPU (`-u`) in one
 SO_REUSEPORT group, and an engine (`native.NativeRelay`) on each, all in this process (issue
 30: one interpreter answers every request; a relay thread per CPU carries the media). An engine
@@ -42,13 +43,14 @@ import socket
 import time
 from typing import Any
 
+from stunner_api.stun import Address
+
+from ..turn.allocation import Allocation, RelaySocket
+from ..turn.server import TurnServer
 from . import native
-from .allocation import Allocation, RelaySocket
 from .native_glue import EngineCounted, NativeAllocation, decide_and_reinject, relayed_peer
 from .offloaded import OffloadedAllocations
-from .stun import Address
 from .transports import STRANGER_IPS, ListenerSocket, UdpListenerProtocol, UdpTransport
-from .turn import TurnServer
 
 log = logging.getLogger("stunner.listener")
 
@@ -173,7 +175,7 @@ class NativeUdpTransport(EngineCounted, UdpTransport):
         self._allocations.pop((engine, handle), None)
         self._offloaded.forget((engine, handle))
 
-    # --- the kernel offload (stunnerd.offloaded) -------------------------------------------------
+    # --- the kernel offload (stunnerd.transport.offloaded) ----------------------------------
 
     def _sync_offload(self, engine: int, handle: int) -> None:
         if self._offloaded.idle((engine, handle)):

@@ -31,10 +31,10 @@ from typing import Any, Protocol, cast
 
 from OpenSSL import SSL
 
-from .allocation import Downstream, canonical_address
+from ..turn.allocation import Downstream, canonical_address
+from ..turn.server import TurnServer
+from ..turn.stateless import STRANGER_IPS, UnsignedBudget
 from .certificates import load_certificate
-from .stateless import STRANGER_IPS, UnsignedBudget
-from .turn import TurnServer
 
 log = logging.getLogger("stunner.listener")
 

@@ -23,9 +23,11 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from stunner_api import stun
 from stunner_api.peer_admission import canonical_peer_ip
+from stunner_api.stun import Address, Class, Message, Method
 
-from . import stun
+from ..offload.engine import KernelOffload
 from .allocation import (
     FAMILY_IPV4,
     FAMILY_IPV6,
@@ -39,12 +41,10 @@ from .auth import Authenticator, NonceManager, nonce_binding
 from .counters import ClusterCounters, ListenerCounters
 from .ledger import DRAINING, FULL, GRANTED, LocalQuota, Quota, Reservations
 from .limits import Limits, RateLimiter
-from .offload.engine import KernelOffload
 from .relay_families import default_family, other_family_address, relayed_families
 from .router import Router
 from .sockets import bound_udp
 from .stateless import unauthorized
-from .stun import Address, Class, Message, Method
 from .tcp_relay import TRANSPORT_TCP, PeerConnection, TcpRelay
 
 log = logging.getLogger("stunner.turn")
@@ -997,8 +997,8 @@ class TurnServer:
                     allocation.mirror.refreshed(allocation.expires_at)
 
     def end(self, allocation: Allocation, why: str) -> None:
-        """End `allocation` now (stunnerd.sessions: the operator or a revocation says so): its
-        relay socket closes, and later requests on its 5-tuple get 437."""
+        """End `allocation` now (stunnerd.process.sessions: the operator or a revocation says
+        so): its relay socket closes, and later requests on its 5-tuple get 437."""
         log.info(
             "listener %s: allocation %s of %s ended: %s",
             self.name,

@@ -5,7 +5,7 @@ each: `native_udp.NativeUdpTransport`.)
 Go stunnerd reads each UDP listener with N goroutines on N SO_REUSEPORT sockets. A Python
 process has one GIL, so here the N sockets are served by N processes: the primary (this
 process: config, admin servers, TCP/TLS/DTLS listeners, and the first socket of each UDP
-listener) and N-1 workers (`stunnerd.worker_process`).
+listener) and N-1 workers (`stunnerd.process.worker_process`).
 
 - The primary binds all N sockets of a listener before any is read (`Listener`), keeps a copy
   of each, and hands socket i to worker i over the worker's control channel. The kernel hashes
@@ -36,12 +36,12 @@ from typing import Any
 
 from stunner_api.dataplane import StunnerConfig
 
+from ..transport.listener import Listener
+from ..turn.counters import ClusterCounters, ListenerCounters, merge
+from ..turn.ledger import GRANTED, LocalQuota, Reservations
+from ..turn.limits import Limits
+from ..turn.router import relay_port_map
 from .channel import Channel, Received
-from .counters import ClusterCounters, ListenerCounters, merge
-from .ledger import GRANTED, LocalQuota, Reservations
-from .limits import Limits
-from .listener import Listener
-from .router import relay_port_map
 
 log = logging.getLogger("stunner.stunnerd")
 
@@ -179,7 +179,7 @@ class WorkerPool:
             process = await asyncio.create_subprocess_exec(
                 sys.executable,
                 "-m",
-                "stunnerd.worker_process",
+                "stunnerd.process.worker_process",
                 str(theirs.fileno()),
                 str(index + 1),
                 *self._log_args,

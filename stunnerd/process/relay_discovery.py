@@ -49,10 +49,10 @@ import ifaddr
 
 from stunner_api.annotations import Refused, host_port
 from stunner_api.dataplane import StunnerConfig
+from stunner_api.stun import Class, Message, Method, StunError, parse_message
 from stunner_api.vocabulary import RELAY_STUN_SERVER_ENV
 
-from .sockets import local_bind_address
-from .stun import Class, Message, Method, StunError, parse_message
+from ..turn.sockets import local_bind_address
 
 log = logging.getLogger("stunner.relay-discovery")
 

@@ -1,7 +1,7 @@
 """`stunnerd [flags] [turn-URI]`: the command line of Go stunnerd, where it applies.
 
 Here are the flags, the config source they name, and the Stunner (and UDP worker pool) they
-build; serving it (the config watch, signals, drain) is stunnerd.serving's."""
+build; serving it (the config watch, signals, drain) is stunnerd.process.serving's."""
 
 from __future__ import annotations
 
@@ -17,14 +17,15 @@ from stunner_api.dataplane import ConfigError, StunnerConfig, redacted, zero_con
 from stunner_api.turn_uri import config_from_uri
 from stunner_api.vocabulary import FORCE_READY_ENV
 
-from . import logs, native
-from .admin import parse_address
-from .auth import NonceManager
+from ..surface import logs
+from ..surface.admin import parse_address
+from ..surface.runtime import event_loop_factory
+from ..transport import native
+from ..turn.auth import NonceManager
+from ..turn.ledger import LocalQuota
+from ..turn.limits import Limits
 from .daemon import Stunner
-from .ledger import LocalQuota
-from .limits import Limits
 from .relay_discovery import relay_discovery_from_env
-from .runtime import event_loop_factory
 from .serving import serve
 from .sources import DEFAULT_CDS_ADDRESS, CdsSource, ConfigSource, SourceError, source_for
 from .worker_pool import WorkerPool, udp_process_count, usable_cpus
@@ -226,7 +227,7 @@ def config_source(args: argparse.Namespace) -> ConfigSource | StunnerConfig:
 
 def _self_signed_certificate(hostname: str) -> tuple[str, str]:
     """For a turns:// or turn+dtls URI only: cryptography is not loaded for a plain one."""
-    from .certificates import self_signed_certificate
+    from ..transport.certificates import self_signed_certificate
 
     return self_signed_certificate(hostname)
 
@@ -243,7 +244,8 @@ async def run(args: argparse.Namespace, stunner: Stunner) -> int:
         origin = config_source(args)
         source = None if isinstance(origin, StunnerConfig) else origin
         if isinstance(source, CdsSource):
-            # Cluster-wide user quotas (stunnerd.usage) and sessions (stunnerd.sessions).
+            # Cluster-wide user quotas (stunnerd.process.usage) and sessions
+            # (stunnerd.process.sessions).
             source.reporter = stunner.watch_link
         if args.watch and not args.dry_run and source is not None:
             # Watch mode starts empty (not ready) and takes its config from the source.

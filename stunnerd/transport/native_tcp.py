@@ -1,7 +1,8 @@
 """TURN-TCP on the native relay engine (issue 21): C frames the streams and carries the media,
 Python keeps the protocol.
 
-`NativeTcpTransport` is the TURN-TCP transport when `stunnerd.native` is available (built, and
+`NativeTcpTransport` is the TURN-TCP transport when `stunnerd.transport.native` is available
+(built, and
 STUNNER_NATIVE is not 0); TURN-TLS stays on the Python path (`transports.TcpTransport`: the TLS
 session is Python's ssl). The split is the TURN-UDP one (`native_udp`):
 
@@ -53,15 +54,16 @@ import socket
 import time
 from typing import Any, cast
 
+from stunner_api.stun import FRAMING_ERRORS as STREAM_FRAMING_ERRORS
+from stunner_api.stun import Address
+
+from ..turn.allocation import Allocation, Downstream, RelaySocket
+from ..turn.server import TurnServer
+from ..turn.sockets import bound_socket
+from ..turn.tcp_relay import DataConnection, PeerConnection
 from . import native
-from .allocation import Allocation, Downstream, RelaySocket
 from .native_glue import EngineCounted, NativeAllocation, decide_and_reinject, relayed_peer
-from .sockets import bound_socket
-from .stun import FRAMING_ERRORS as STREAM_FRAMING_ERRORS
-from .stun import Address
-from .tcp_relay import DataConnection, PeerConnection
 from .transports import MAX_STREAM_BUFFER, TcpConnectionProtocol, TcpTransport
-from .turn import TurnServer
 
 log = logging.getLogger("stunner.listener")
 

@@ -22,9 +22,9 @@ from urllib.parse import urlsplit
 
 from stunner_api.dataplane import StunnerConfig, redacted
 
-from .counters import ListenerCounters
+from ..turn.counters import ListenerCounters
+from ..turn.router import PEER_POLICY
 from .metrics import CONTENT_TYPE, MetricsView, render_metrics
-from .router import PEER_POLICY
 
 if TYPE_CHECKING:
     from aiohttp import web

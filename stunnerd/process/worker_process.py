@@ -1,4 +1,4 @@
-"""A UDP worker process, `python -m stunnerd.worker_process CONTROL_FD INDEX` (from WorkerPool).
+"""A UDP worker process, `python -m stunnerd.process.worker_process CONTROL_FD INDEX`.
 
 It serves the sockets the primary hands it, one per TURN-UDP listener, with the config the
 primary last synced; it has no config source, admin server or other listeners of its own.
@@ -23,16 +23,16 @@ from typing import Any
 
 from stunner_api.dataplane import ConfigError, ListenerConfig, StunnerConfig, validate_config
 
-from . import logs
-from .auth import NonceManager
+from ..surface import logs
+from ..surface.runtime import cpu_seconds, event_loop_factory, rss_bytes
+from ..transport.listener import Listener
+from ..turn.auth import NonceManager
+from ..turn.ledger import FULL, Quota, Reservations
+from ..turn.limits import Limits
+from ..turn.router import relay_port_map
+from ..turn.server import ServerContext
 from .channel import Channel, Received
 from .core import ApplyError, Build, DataplaneCore, Plan
-from .ledger import FULL, Quota, Reservations
-from .limits import Limits
-from .listener import Listener
-from .router import relay_port_map
-from .runtime import cpu_seconds, event_loop_factory, rss_bytes
-from .turn import ServerContext
 
 log = logging.getLogger("stunner.stunnerd")
 
@@ -246,7 +246,7 @@ async def _report(channel: Channel, dataplane: WorkerDataplane) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="stunnerd.worker_process")
+    parser = argparse.ArgumentParser(prog="stunnerd.process.worker_process")
     parser.add_argument("control_fd", type=int)
     parser.add_argument("index", type=int)
     parser.add_argument("--log", default=logs.DEFAULT_LEVEL_SPEC)

@@ -32,7 +32,7 @@ from stunner_api.cds import (
     usage_key,
 )
 
-from .ledger import LocalQuota
+from ..turn.ledger import LocalQuota
 
 log = logging.getLogger("stunner.quota")
 

@@ -57,7 +57,7 @@ class ListenerCounters(Counters):
     refused_draining: int = 0
     refused_rate: int = 0
     refused_revoked: int = 0  # a user id in auth.revoked_users (403; issue 29)
-    # Of rx/tx above, what the kernel offload relayed (stunnerd.offloaded; issue 30).
+    # Of rx/tx above, what the kernel offload relayed (stunnerd.transport.offloaded; issue 30).
     offloaded_rx_packets: int = 0
     offloaded_rx_bytes: int = 0
     offloaded_tx_packets: int = 0
@@ -84,7 +84,7 @@ class ClusterCounters(Counters):
 
 
 # Why an Allocate was refused, as ListenerCounters counts it (refused_<reason>) and the metric
-# stunner_listener_allocations_refused labels it; the first three are stunnerd.ledger's.
+# stunner_listener_allocations_refused labels it; the first three are stunnerd.turn.ledger's.
 ALLOCATION_REFUSALS = ("quota", "full", "draining", "rate", "revoked")
 
 C = TypeVar("C", bound=Counters)

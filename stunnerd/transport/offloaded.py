@@ -20,10 +20,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from .allocation import Allocation
-from .offload.engine import AllocationRoutes, plan_channels
-from .offload.layout import Address, Usage
-from .turn import TurnServer
+from ..offload.engine import AllocationRoutes, plan_channels
+from ..offload.layout import Address, Usage
+from ..turn.allocation import Allocation
+from ..turn.server import TurnServer
 
 CHANNEL_HEADER = 4
 Key = tuple[int, int]  # (engine, the engine's handle)

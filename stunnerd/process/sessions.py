@@ -5,8 +5,8 @@ allocations"; the CDS side is reconciler.cds_sessions).
 `SessionDesk` reads the listeners of this process (`listeners()`: name -> Listener) on demand:
 nothing is kept or sent until the CDS asks. `WatchLink` is what the CDS watch carries for this
 stunnerd (stunner_client.cds.Reporter): the usage reports of cluster-wide user quotas
-(stunnerd.usage) and the sessions answers, one stream of frames, and the CDS's frames of both
-kinds dispatched to their owner.
+(stunnerd.process.usage) and the sessions answers, one stream of frames, and the CDS's frames of
+both kinds dispatched to their owner.
 
 A session's user is its user id (the part of an ephemeral username after its timestamp), never
 the username's password or the key. Packets and bytes (payload) each way count what Python, the
@@ -39,9 +39,9 @@ from stunner_api.sessions import (
     session_record,
 )
 
-from .allocation import Allocation
-from .listener import Listener
-from .native_glue import NativeAllocation
+from ..transport.listener import Listener
+from ..transport.native_glue import NativeAllocation
+from ..turn.allocation import Allocation
 from .usage import UsageReporter
 
 log = logging.getLogger("stunner.sessions")
@@ -62,7 +62,7 @@ def address_text(address: tuple[Any, ...]) -> str:
 def record_of(listener: Listener, allocation: Allocation, now: float, pod: str) -> dict[str, Any]:
     """One allocation as the CDS is told (stunner_api.sessions.session_record)."""
     a = allocation
-    # Python's own relaying and the kernel offload's (stunnerd.offloaded) are on the
+    # Python's own relaying and the kernel offload's (stunnerd.transport.offloaded) are on the
     # allocation; the native engine's in the engine (payload bytes each).
     counters: tuple[int, ...] = (a.rx_packets, a.rx_bytes, a.tx_packets, a.tx_bytes)
     if isinstance(a.mirror, NativeAllocation):

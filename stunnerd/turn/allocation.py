@@ -22,9 +22,10 @@ import time
 from collections.abc import Callable, MutableMapping
 from typing import Any, Protocol, cast
 
-from . import stun
+from stunner_api import stun
+from stunner_api.stun import Address
+
 from .counters import ClusterCounters, ListenerCounters
-from .stun import Address
 
 log = logging.getLogger("stunner.turn")
 

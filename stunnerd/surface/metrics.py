@@ -19,7 +19,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from functools import cache
 from typing import TYPE_CHECKING, Any, Protocol
 
-from .counters import ClusterCounters, Counters, ListenerCounters
+from ..turn.counters import ClusterCounters, Counters, ListenerCounters
 
 if TYPE_CHECKING:
     from prometheus_client.core import Metric
