@@ -242,10 +242,7 @@ class DtlsSession:
                 return
             if not message:
                 break
-            if (message[0] & 0xC0) == 0x40:
-                server.handle_channel_data(message, self.remote)
-            else:
-                server.handle(message, self.downstream)
+            server.handle_frame(message, self.downstream)
         self.flush()  # alerts, renegotiation refusal
 
     def close(self, notify: bool = True) -> None:

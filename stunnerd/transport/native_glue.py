@@ -116,7 +116,7 @@ def decide_and_reinject(
 
 def relayed_peer(allocation: Allocation, data: bytes) -> Address | None:
     """The peer a client's ChannelData or Send indication is for, as Python's state says."""
-    if len(data) >= 4 and (data[0] & 0xC0) == 0x40:
+    if len(data) >= 4 and stun.is_channel_data(data):
         binding = allocation.channels.get(int.from_bytes(data[:2], "big"))
         return binding[0] if binding is not None else None
     if data[:2] == stun.SEND_INDICATION_PREFIX:

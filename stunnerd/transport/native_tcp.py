@@ -348,10 +348,7 @@ class NativeTcpTransport(EngineCounted, TcpTransport):
             peer = relayed_peer(allocation, data)
             if peer is not None and self._decided(engine, peer, packet) != native.UP:
                 return
-        if (data[0] & 0xC0) == 0x40:
-            self.server.handle_channel_data(data, downstream.remote)
-        else:
-            self.server.handle(data, downstream)
+        self.server.handle_frame(data, downstream)
         if connection.held is not None and connection.peer is None:
             self._let_go(connection)  # not a data connection: the engine's alone
 

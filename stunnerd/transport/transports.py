@@ -95,7 +95,9 @@ class UdpListenerProtocol(asyncio.DatagramProtocol):
         # hop costs ~0.1 us of a ~5 us budget. ChannelData from a client with an allocation
         # goes straight to that allocation, one dict lookup and one method call, without
         # passing through TurnServer.handle.
-        if data and (data[0] & 0xC0) == 0x40:
+        if (
+            data and (data[0] & 0xC0) == 0x40
+        ):  # stun.is_channel_data, inline (TurnServer.handle_frame)
             server = self.server
             allocation = server.allocations.get(addr)
             if allocation is None:
@@ -525,10 +527,7 @@ class TcpConnectionProtocol(asyncio.Protocol):
             frame = bytes(buffer[:length])
             del buffer[:length]
             received = True
-            if (frame[0] & 0xC0) == 0x40:
-                server.handle_channel_data(frame, downstream.remote)
-            else:
-                server.handle(frame, downstream)
+            server.handle_frame(frame, downstream)
             if self.pipe is not None:  # a ConnectionBind: what follows it is the peer's
                 if buffer:
                     self.pipe.from_client(bytes(buffer))

@@ -279,6 +279,15 @@ class TurnServer:
         if message.unknown_required:
             raise RequestError(420, attributes={"UNKNOWN-ATTRIBUTES": message.unknown_required})
 
+    def handle_frame(self, data: bytes, downstream: Downstream) -> None:
+        """One message from a client, of either kind: the first two bits tell ChannelData (0b01)
+        from STUN (0b00), RFC 8656 §12. Every transport demultiplexes here, but TURN-UDP's hot
+        path, which sends ChannelData straight to its allocation (transports.py)."""
+        if stun.is_channel_data(data):
+            self.handle_channel_data(data, downstream.remote)
+        else:
+            self.handle(data, downstream)
+
     def handle_channel_data(self, data: bytes, remote: Any) -> None:
         allocation = self.allocations.get(remote)
         if self.additional and allocation is not None and remote in self.additional:
