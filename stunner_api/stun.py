@@ -41,7 +41,7 @@ Address = tuple[str, int]
 
 _HEADER = struct.Struct("!HHI12s")
 _ATTRIBUTE_HEADER = struct.Struct("!HH")
-_CHANNEL_HEADER = struct.Struct("!HH")
+CHANNEL_HEADER = struct.Struct("!HH")  # channel number, length (RFC 8656 §12.4)
 _ADDRESS_HEADER = struct.Struct("!BBH")
 COOKIE_BYTES = _COOKIE_BYTES = COOKIE.to_bytes(4, "big")
 _PADDING = (b"", b"\x00", b"\x00\x00", b"\x00\x00\x00")
@@ -683,7 +683,7 @@ def is_channel_data(data: bytes | bytearray | memoryview) -> bool:
 
 def pack_channel_data(channel: int, payload: bytes, pad: bool = False) -> bytes:
     """Channel number, length, payload; `pad` to a multiple of 4 over TCP/TLS (RFC 8656 §12.5)."""
-    header = _CHANNEL_HEADER.pack(channel, len(payload))
+    header = CHANNEL_HEADER.pack(channel, len(payload))
     if pad:
         return header + payload + _PADDING[-len(payload) % 4]
     return header + payload
@@ -694,7 +694,7 @@ def unpack_channel_data(data: bytes | bytearray | memoryview) -> tuple[int, byte
     follow the payload (UDP senders may pad, stream senders must)."""
     if len(data) < 4:
         raise StunError("ChannelData message is shorter than 4 bytes")
-    channel, length = _CHANNEL_HEADER.unpack_from(data)
+    channel, length = CHANNEL_HEADER.unpack_from(data)
     if not CHANNEL_MIN <= channel <= CHANNEL_MAX:
         raise StunError("ChannelData channel number is out of range")
     if len(data) < 4 + length:

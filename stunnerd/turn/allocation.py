@@ -17,22 +17,16 @@ import logging
 import math
 import secrets
 import socket
-import struct
 import time
 from collections.abc import Callable, MutableMapping
 from typing import Any, Protocol, cast
 
 from stunner_api import stun
-from stunner_api.stun import Address
+from stunner_api.stun import FAMILY_IPV4, FAMILY_IPV6, Address
 
 from .counters import ClusterCounters, ListenerCounters
 
 log = logging.getLogger("stunner.turn")
-
-FAMILY_IPV4 = 0x01
-FAMILY_IPV6 = 0x02
-
-_CHANNEL_HEADER = struct.Struct("!HH")
 
 
 def canonical_address(addr: tuple[Any, ...]) -> Address:
@@ -231,7 +225,7 @@ class Allocation(asyncio.DatagramProtocol):
         stats.rx_bytes += len(data)
         if len(data) < 4:
             return
-        channel, length = _CHANNEL_HEADER.unpack_from(data)
+        channel, length = stun.CHANNEL_HEADER.unpack_from(data)
         binding = self.channels.get(channel)
         if binding is None or len(data) < 4 + length:
             stats.dropped += 1

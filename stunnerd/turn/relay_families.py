@@ -22,7 +22,7 @@ import ipaddress
 import socket
 from collections.abc import Mapping
 
-from .allocation import FAMILY_IPV4, FAMILY_IPV6
+from stunner_api.stun import FAMILY_IPV4, FAMILY_IPV6
 
 # admin.relay_address_family -> the families it relays in (None: the listener address's).
 FAMILIES: Mapping[str, tuple[int, ...] | None] = {

@@ -25,12 +25,10 @@ from typing import Any
 
 from stunner_api import stun
 from stunner_api.peer_admission import canonical_peer_ip
-from stunner_api.stun import Address, Class, Message, Method
+from stunner_api.stun import FAMILY_IPV4, FAMILY_IPV6, Address, Class, Message, Method
 
 from ..offload.engine import KernelOffload
 from .allocation import (
-    FAMILY_IPV4,
-    FAMILY_IPV6,
     Allocation,
     AsyncioRelayPath,
     Downstream,
