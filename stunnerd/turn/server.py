@@ -39,9 +39,8 @@ from .auth import Authenticator, NonceManager, nonce_binding
 from .counters import ClusterCounters, ListenerCounters
 from .ledger import DRAINING, FULL, GRANTED, LocalQuota, Quota, Reservations
 from .limits import Limits, RateLimiter
-from .relay_families import default_family, other_family_address, relayed_families
+from .relay_addresses import NoRelaySocket, RelayAddresses, default_family
 from .router import Router
-from .sockets import bound_udp
 from .stateless import unauthorized
 from .tcp_relay import TRANSPORT_TCP, PeerConnection, TcpRelay
 
@@ -53,7 +52,6 @@ PERMISSION_LIFETIME = 300  # RFC 8656 §9
 CHANNEL_LIFETIME = 600  # RFC 8656 §12
 RESPONSE_CACHE_TTL = 40.0  # a client gives up on a transaction after 39.5 s (RFC 8489 §6.2.1)
 RESPONSE_CACHE_MAX = 65536
-EVEN_PORT_ATTEMPTS = 16
 
 TRANSPORT_UDP = 17
 # The 403's reason phrase in STUN-only mode (auth type none): short, as the answer goes to an
@@ -94,7 +92,7 @@ class ServerContext:
     limits: Limits = field(default_factory=Limits)
     # The kernel offload of this process (admin.offload_engine; off by default).
     offload: KernelOffload = field(default_factory=KernelOffload)
-    # admin.relay_address_family: the families allocations are made in (relay_families).
+    # admin.relay_address_family: the families allocations are made in (relay_addresses).
     relay_address_family: str = ""
 
     def __post_init__(self) -> None:
@@ -148,12 +146,12 @@ class TurnServer:
         self.relay_ip = relay_ip
         self.bind_ip = bind_ip or relay_ip
         self.relay_family = address_family(relay_ip)
+        self.addresses = RelayAddresses(self.relay_ip, self.bind_ip)
         self.context = context
         self.allocations: dict[Any, Allocation] = {}  # Downstream.remote -> allocation
         # A dual allocation's relay in its second family (RFC 8656 §7.2, IPv6): the same
         # client's, with its own socket, permissions and channels; the first one rules its life.
         self.additional: dict[Any, Allocation] = {}
-        self._other_relay_ip: dict[int, str | None] = {}  # family -> this host's, once looked up
         # Stream clients whose Allocate is between its quota and its registration: False once
         # the connection is lost meanwhile (the allocation is then undone, not left to expire).
         self._opening: dict[Any, bool] = {}
@@ -517,7 +515,7 @@ class TurnServer:
         """RFC 8656 §7.2 from step 6 on: families, quota, lifetime, the relay socket."""
         request, downstream = exchange.request, exchange.downstream
         attrs = request.attributes
-        # 6./7. Address families (relay_families): the requested one, or both.
+        # 6./7. Address families (relay_addresses): the requested one, or both.
         families, extra = self._families(attrs, reserved)
         family = families[0]
         # 8. Quota (admin.user_quota): 486 once the user has that many allocations. 508 while
@@ -617,7 +615,7 @@ class TurnServer:
         """RFC 8656 §7.2 steps 6-7: the families to allocate in (the first rules the
         allocation), and a dual request's ADDRESS-ERROR-CODE for a family not relayed here;
         400 for a malformed request, 440 when no family asked for is relayed here."""
-        offered = self._offered_families()
+        offered = self.addresses.offered(self.context.relay_address_family)
         additional = attrs.get("ADDITIONAL-ADDRESS-FAMILY")
         if reserved is not None:
             families = [FAMILY_IPV6 if reserved.family == socket.AF_INET6 else FAMILY_IPV4]
@@ -640,26 +638,6 @@ class TurnServer:
         if not families or any(f not in offered for f in families):
             raise RequestError(440)
         return families, {}
-
-    def _offered_families(self) -> tuple[int, ...]:
-        """The families this listener relays in and has an address of (relay_families)."""
-        choice = self.context.relay_address_family
-        wanted = relayed_families(choice, self.relay_family)
-        return tuple(f for f in wanted if self._relay_ip(f) is not None)
-
-    def _relay_ip(self, family: int) -> str | None:
-        """The relay address clients are told in `family`: the listener's, or this host's
-        address of the other family (looked up once)."""
-        if family == self.relay_family:
-            return self.relay_ip
-        if family not in self._other_relay_ip:
-            self._other_relay_ip[family] = other_family_address(self.relay_ip, family)
-        return self._other_relay_ip[family]
-
-    def _bind_ip(self, family: int) -> str:
-        """Where a relay socket of `family` binds: the listener's local address, or the other
-        family's relay address (this host's own)."""
-        return self.bind_ip if family == self.relay_family else self._relay_ip(family) or ""
 
     async def _bind_additional(
         self, allocation: Allocation, families: list[int], lifetime: int, extra: dict[str, Any]
@@ -698,47 +676,27 @@ class TurnServer:
     ) -> bytes | None:
         """Open the allocation's relay socket: the reserved one, an even port (and, with the R
         bit, the next port reserved under the token returned), or any port. 508 if none."""
-        # The relay socket binds the listener's local address (the wildcard only where that is
-        # one); clients are told the relay address (`relay_ip`, the same but behind NAT).
-        wildcard = self._bind_ip(allocation.family)
         if reserved is not None:
             await self._open_relay(allocation, reserved.dup(), native)
             return None
-        for _ in range(EVEN_PORT_ATTEMPTS if even_port is not None else 1):
-            family = socket.AF_INET6 if allocation.family == FAMILY_IPV6 else socket.AF_INET
-            sock = socket.socket(family, socket.SOCK_DGRAM)
-            try:
-                sock.bind((wildcard, 0))
-            except OSError as exc:
-                sock.close()
-                raise RequestError(508, f"Insufficient Capacity: no relay socket: {exc}") from None
-            port = sock.getsockname()[1]
-            if even_port is None or (port % 2 == 0 and not even_port):
-                await self._open_relay(allocation, sock, native)
-                return None
-            if port % 2 == 0 and port < 65535:
-                next_port = bound_udp(wildcard, port + 1)
-                if next_port is not None:
-                    token = secrets.token_bytes(8)
-                    await self.context.reservations.reserve(token, next_port)
-                    await self._open_relay(allocation, sock, native)
-                    return token
-            sock.close()
-        raise RequestError(508, "Insufficient Capacity: no even relay port free")
+        try:
+            sock, following = self.addresses.udp_socket(allocation.family, even_port)
+        except NoRelaySocket as exc:
+            raise RequestError(508, f"Insufficient Capacity: {exc}") from None
+        token = None
+        if following is not None:
+            token = secrets.token_bytes(8)
+            await self.context.reservations.reserve(token, following)
+        await self._open_relay(allocation, sock, native)
+        return token
 
     async def _open_relay(
         self, allocation: Allocation, sock: socket.socket, native: bool = True
     ) -> None:
         """Serve a bound relay socket on the listener's relay path (which takes it over), or
         on the Python path (`native` False: a relay the native engine does not serve)."""
-        sock.setblocking(False)
-        for option in (socket.SO_RCVBUF, socket.SO_SNDBUF):
-            try:
-                sock.setsockopt(socket.SOL_SOCKET, option, 1 << 20)
-            except OSError:
-                pass
         allocation.relayed_address = (
-            self._relay_ip(allocation.family) or "",
+            self.addresses.told(allocation.family) or "",
             sock.getsockname()[1],
         )
         path = self.scope.relay_path if native else _PYTHON_RELAY_PATH
@@ -768,10 +726,10 @@ class TurnServer:
             limits.stream_high_water,
         )
         try:
-            port = await relay.open(self._bind_ip(allocation.family))
+            port = await relay.open(self.addresses.bind_address(allocation.family))
         except OSError as exc:
             raise RequestError(508, f"Insufficient Capacity: no relay socket: {exc}") from None
-        allocation.relayed_address = (self._relay_ip(allocation.family) or self.relay_ip, port)
+        allocation.relayed_address = (self.addresses.told(allocation.family) or self.relay_ip, port)
         allocation.relay = relay
         if self._unwatch is None:  # a route change re-judges every peer connection
             self._unwatch = self.router.watch(self._recheck_peer_connections)

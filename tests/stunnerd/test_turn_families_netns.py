@@ -17,7 +17,7 @@ import sys
 import pytest
 
 from stunner_api.stun import FAMILY_IPV4, FAMILY_IPV6, Class
-from stunnerd.turn.relay_families import other_family_address
+from stunnerd.turn.relay_addresses import other_family_address
 from tests.support.netns import ip, loopback_up, run_in_new_namespace, veth_pair
 from tests.support.turnclient import (
     RawClient,
