@@ -143,10 +143,7 @@ class TurnServer:
         # The relay address clients are told (XOR-RELAYED-ADDRESS), and the local address the
         # listener and relay sockets bind: the same, but where the relay address is not one of
         # this host's (a node's public address behind 1:1 NAT: `local_bind_address`).
-        self.relay_ip = relay_ip
-        self.bind_ip = bind_ip or relay_ip
-        self.relay_family = address_family(relay_ip)
-        self.addresses = RelayAddresses(self.relay_ip, self.bind_ip)
+        self.addresses = RelayAddresses(relay_ip, bind_ip or relay_ip)
         self.context = context
         self.allocations: dict[Any, Allocation] = {}  # Downstream.remote -> allocation
         # A dual allocation's relay in its second family (RFC 8656 §7.2, IPv6): the same
@@ -176,6 +173,23 @@ class TurnServer:
             Method.ALLOCATE: self._allocate_steps,
             Method.CONNECT: self._connect,
         }
+
+    @property
+    def relay_ip(self) -> str:
+        return self.addresses.relay_ip
+
+    @property
+    def relay_family(self) -> int:
+        return self.addresses.family
+
+    @property
+    def bind_ip(self) -> str:
+        return self.addresses.local_ip
+
+    @bind_ip.setter
+    def bind_ip(self, ip: str) -> None:
+        """Where the listener's sockets bind (`Listener` knows it once its socket is bound)."""
+        self.addresses.local_ip = ip
 
     @property
     def router(self) -> Router:
