@@ -588,6 +588,22 @@ def parse_message(data: bytes | bytearray | memoryview, max_attributes: int = 0)
     return message
 
 
+def method_bits(data: bytes | bytearray | memoryview) -> int:
+    """The method of a STUN message from its first two bytes, known or not (RFC 8489 §5: the
+    class bits C1 and C0 sit between the method's)."""
+    return _method_of((data[0] << 8) | data[1])
+
+
+def error_to_header(header: bytes, code: int, reason: str) -> bytes:
+    """An error response to the request whose 20-byte header this is: its method (known or
+    not) and transaction id echoed, ERROR-CODE `code` with `reason`, nothing else (the answer
+    to a request the parser would not take, before any attribute is read)."""
+    message_type = (struct.unpack_from("!H", header)[0] & 0x3EEF) | Class.ERROR
+    value = pack_error_code((code, reason))
+    attribute = struct.pack("!HH", 0x0009, len(value)) + value + bytes(-len(value) % 4)
+    return struct.pack("!HHI", message_type, len(attribute), COOKIE) + header[8:20] + attribute
+
+
 def is_stun(data: bytes | bytearray | memoryview) -> bool:
     """Cheap pre-check: first two bits 0, a full header, the magic cookie."""
     return len(data) >= HEADER_LENGTH and data[0] & 0xC0 == 0 and data[4:8] == _COOKIE_BYTES

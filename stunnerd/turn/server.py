@@ -16,7 +16,6 @@ import logging
 import math
 import secrets
 import socket
-import struct
 import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
@@ -233,7 +232,9 @@ class TurnServer:
         except stun.UnknownMethodError as exc:
             if exc.message_class == Class.REQUEST and self._may_answer_error(downstream):
                 header = bytes(data[:20])
-                self._send(downstream, _header_error(header, 400, "Bad Request: unknown method"))
+                self._send(
+                    downstream, stun.error_to_header(header, 400, "Bad Request: unknown method")
+                )
             return
         except stun.StunError as exc:
             log.debug(
@@ -352,10 +353,10 @@ class TurnServer:
         log.debug(
             "listener %s: method 0x%03x from %s: 403, STUN only",
             self.name,
-            _method_bits(data),
+            stun.method_bits(data),
             _fmt(downstream.address),
         )
-        self._send(downstream, _header_error(bytes(data[:20]), 403, STUN_ONLY_REASON))
+        self._send(downstream, stun.error_to_header(bytes(data[:20]), 403, STUN_ONLY_REASON))
 
     # --- answering -----------------------------------------------------------------------------
 
@@ -1059,24 +1060,6 @@ def _error_for(transaction_id: bytes, method: Method, error: RequestError) -> Me
     response.attributes["ERROR-CODE"] = (error.code, error.reason)
     response.attributes.update(error.attributes)
     return response
-
-
-def _method_bits(data: bytes) -> int:
-    """The method of a STUN message, from its first two bytes (RFC 8489 §5: the class bits
-    C1 and C0 sit between the method's)."""
-    message_type = (data[0] << 8) | data[1]
-    return (message_type & 0x000F) | ((message_type & 0x00E0) >> 1) | ((message_type & 0x3E00) >> 2)
-
-
-def _header_error(header: bytes, code: int, text: str) -> bytes:
-    """An error response to the request whose 20-byte header this is, echoing its method
-    (known or not) with ERROR-CODE `code` and the reason `text`; nothing else."""
-    message_type = (struct.unpack_from("!H", header)[0] & 0x3EEF) | Class.ERROR
-    reason = text.encode()
-    value = struct.pack("!HBB", 0, code // 100, code % 100) + reason
-    value += bytes(-len(value) % 4)
-    attribute = struct.pack("!HH", 0x0009, 4 + len(reason)) + value
-    return struct.pack("!HHI", message_type, len(attribute), stun.COOKIE) + header[8:20] + attribute
 
 
 def _fmt(address: Address) -> str:
