@@ -93,6 +93,7 @@ def stunner_families(view: MetricsView) -> Iterator[Metric]:
         dropped.add_metric([name, "invalid"], counters.dropped)
         dropped.add_metric([name, "forbidden"], counters.forbidden_dropped)
         dropped.add_metric([name, "stun_only"], counters.stun_only)
+        dropped.add_metric([name, "bandwidth"], counters.bandwidth_dropped)
     yield dropped
     refused = CounterMetricFamily(
         "stunner_listener_allocations_refused",

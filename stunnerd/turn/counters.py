@@ -50,6 +50,9 @@ class ListenerCounters(Counters):
     framing_dropped: int = 0  # TCP/TLS streams closed on data that is not a frame (stun.py)
     rate_limited: int = 0  # error answers not sent past --error-rate
     stun_only: int = 0  # TURN messages a STUN-only listener refused (403, or dropped unanswered)
+    bandwidth_dropped: int = (
+        0  # relayed past its allocation's cap (auth.allocation_bandwidth_limit)
+    )
     # Allocates refused, by reason (ALLOCATION_REFUSALS below): over admin.user_quota (486); 508
     # past --max-allocations, while draining, or past the source's --allocation-rate.
     refused_quota: int = 0
