@@ -1,12 +1,13 @@
 """Bandwidth caps (issue 29; coturn's max-bps): auth.allocation_bandwidth_limit, on both relay
-paths of a TURN-UDP listener (pure Python and the native engine), over real sockets on loopback.
+paths (pure Python and the native engine) of a TURN-UDP and a TURN-TCP listener, over real
+sockets on loopback.
 
-Two real TURN clients (two users: TURN REST credentials) of one stunnerd relay ChannelData to one UDP peer. The capped client sends
-three times the cap; what reaches the peer, measured over 3 s once the start's burst has passed,
-is within 5 % of the cap; the other client, sending half the cap at the same time, loses
-nothing (each allocation has its own bucket); every packet the cap refused is counted as
-`stunner_listener_dropped_packets{reason="bandwidth"}`. The cap then changes in place (a new
-config applied to the same stunnerd, the same allocation): the rate follows the new cap.
+Two real TURN clients (two users: TURN REST credentials) of one stunnerd relay ChannelData to one
+UDP peer. The capped client sends three times the cap; what reaches the peer, measured over 3 s once
+the start's burst has passed, is within 5 % of the cap; the other client, sending half the cap at
+the same time, loses nothing (each allocation has its own bucket); every packet the cap refused is
+counted as `stunner_listener_dropped_packets{reason="bandwidth"}`. The cap then changes in place (a
+new config applied to the same stunnerd, the same allocation): the rate follows the new cap.
 
 The rates are set by pacing the senders; the measure is the peer's (bytes between two arrivals
 over the time between them), so a busy machine slows what is sent, not what is measured,
@@ -20,6 +21,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from stunner_api.ice import ephemeral_password, ephemeral_username
@@ -31,11 +33,11 @@ from tests.support.turnclient import (
     SECRET,
     Peer,
     RawClient,
+    RawTcpClient,
     error_code,
     free_port,
     make_config,
     running_stunner,
-    start_peer,
 )
 
 CAP = 800_000  # bits per second: 100 kB/s
@@ -44,27 +46,26 @@ PAYLOAD = 1000  # bytes of each ChannelData's payload
 CHANNEL = 0x4000
 WARM_UP = 0.5  # seconds of arrivals left out: the bucket's initial burst (0.2 s of the cap)
 WINDOW = 3.0  # seconds measured
-LISTENER = "testns/gw/turn-udp"
 
 
-def capped_config(port: int, limit: int) -> Any:
+def capped_config(port: int, limit: int, protocol: str) -> Any:
     auth = {
         "type": "ephemeral",
         "realm": REALM,
         "credentials": {"secret": SECRET},
         "allocation_bandwidth_limit": limit,
     }
-    return make_config(port, ["127.0.0.0/8"], auth=auth, protocols=("TURN-UDP",))
+    return make_config(port, ["127.0.0.0/8"], auth=auth, protocols=(protocol,))
 
 
-def dropped_for_bandwidth(stunner: Stunner) -> float:
+def dropped_for_bandwidth(stunner: Stunner, listener: str) -> float:
     """stunner_listener_dropped_packets_total{reason="bandwidth"} of the listener (/metrics)."""
     families = text_string_to_metric_families(render_metrics(stunner))
     family = next(f for f in families if f.name == "stunner_listener_dropped_packets")
     return sum(
         s.value
         for s in family.samples
-        if s.labels == {"name": LISTENER, "reason": "bandwidth"} and s.name.endswith("_total")
+        if s.labels == {"name": listener, "reason": "bandwidth"} and s.name.endswith("_total")
     )
 
 
@@ -109,7 +110,9 @@ async def channel_to(client: RawClient, peer_port: int) -> tuple[str, int]:
     return relay
 
 
-async def send_paced(client: RawClient, per_second: int, sent: list[int], stop: asyncio.Event):
+async def send_paced(
+    client: RawClient, per_second: int, sent: list[int], stop: asyncio.Event
+) -> None:
     """ChannelData of PAYLOAD bytes at `per_second` packets a second (in 10 ms ticks, caught up
     after a slow tick), counted in sent[0], until `stop`."""
     payload = bytes(PAYLOAD)
@@ -135,15 +138,19 @@ async def measured(peer: Arrivals, relay: tuple[str, int]) -> float:
     return float(await wait_until(lambda: peer.rate(relay, since), timeout=60.0))
 
 
+@pytest.mark.parametrize("protocol", ["TURN-UDP", "TURN-TCP"])
 def test_a_capped_allocation_relays_at_its_cap_and_another_is_unaffected(
-    relay_path: str,
+    relay_path: str, protocol: str
 ) -> None:
+    client = RawClient if protocol == "TURN-UDP" else RawTcpClient
+    listener = f"testns/gw/{protocol.lower()}"
+
     async def scenario() -> None:
         port = free_port()
-        async with running_stunner(capped_config(port, CAP)) as stunner:
+        async with running_stunner(capped_config(port, CAP, protocol)) as stunner:
             peer = await peer_arrivals()
-            heavy = await RawClient.connect((HOST, port), **user("alice"))
-            light = await RawClient.connect((HOST, port), **user("bob"))
+            heavy = await client.connect((HOST, port), **user("alice"))
+            light = await client.connect((HOST, port), **user("bob"))
             stop = asyncio.Event()
             senders: list[asyncio.Task[None]] = []
             try:
@@ -163,7 +170,7 @@ def test_a_capped_allocation_relays_at_its_cap_and_another_is_unaffected(
                 assert abs(got - rate) <= 0.05 * rate, (relay_path, got, rate)
 
                 # In place: the same stunnerd, the same allocation, a new cap.
-                await stunner.apply(capped_config(port, NEW_CAP))
+                await stunner.apply(capped_config(port, NEW_CAP, protocol))
                 got = await measured(peer, heavy_relay)
                 new_rate = NEW_CAP / 8
                 assert abs(got - new_rate) <= 0.05 * new_rate, (relay_path, got, new_rate)
@@ -174,13 +181,14 @@ def test_a_capped_allocation_relays_at_its_cap_and_another_is_unaffected(
                 await wait_until(lambda: len(peer.times.get(light_relay, [])) == light_sent[0])
                 await wait_until(
                     lambda: (
-                        len(peer.times.get(heavy_relay, [])) + dropped_for_bandwidth(stunner)
+                        len(peer.times.get(heavy_relay, []))
+                        + dropped_for_bandwidth(stunner, listener)
                         >= heavy_sent[0] - 5
                     ),
                 )
                 refused = heavy_sent[0] - len(peer.times[heavy_relay])
                 assert refused > heavy_sent[0] / 3, (heavy_sent, refused)
-                assert refused - 5 <= dropped_for_bandwidth(stunner) <= refused
+                assert refused - 5 <= dropped_for_bandwidth(stunner, listener) <= refused
             finally:
                 stop.set()
                 for task in senders:
