@@ -17,6 +17,8 @@ as long as the senders stay above the cap.
 from __future__ import annotations
 
 import asyncio
+import json
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -25,8 +27,11 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from stunner_api.ice import ephemeral_password, ephemeral_username
+from stunner_api.stun import Class, Message, Method
 from stunnerd.process.daemon import Stunner
 from stunnerd.surface.metrics import render_metrics
+from stunnerd.transport import native
+from tests.support.netns import loopback_up, run_in_new_namespace
 from tests.support.turnclient import (
     HOST,
     REALM,
@@ -38,7 +43,10 @@ from tests.support.turnclient import (
     free_port,
     make_config,
     running_stunner,
+    start_peer,
 )
+
+from .test_offload_program import unavailable as offload_unavailable
 
 CAP = 800_000  # bits per second: 100 kB/s
 NEW_CAP = 1_600_000  # 200 kB/s
@@ -101,11 +109,11 @@ async def peer_arrivals() -> Arrivals:
     return peer
 
 
-async def channel_to(client: RawClient, peer_port: int) -> tuple[str, int]:
+async def channel_to(client: RawClient, peer_port: int, host: str = HOST) -> tuple[str, int]:
     """Allocate, permit and bind CHANNEL to the peer; the relay address."""
     response = await client.allocate()
     assert error_code(response) is None, response.attributes
-    assert error_code(await client.channel_bind(CHANNEL, (HOST, peer_port))) is None
+    assert error_code(await client.channel_bind(CHANNEL, (host, peer_port))) is None
     relay: tuple[str, int] = response.attributes["XOR-RELAYED-ADDRESS"]
     return relay
 
@@ -198,3 +206,66 @@ def test_a_capped_allocation_relays_at_its_cap_and_another_is_unaffected(
                 peer.close()
 
     asyncio.run(scenario())
+
+
+# --- the kernel offload declines capped allocations ------------------------------------------
+
+
+def offloaded_config(port: int, limit: int) -> Any:
+    auth = {"type": "ephemeral", "realm": REALM, "credentials": {"secret": SECRET}}
+    admin = {"offload_engine": "TC", "offload_interfaces": ["lo"]}
+    return make_config(
+        port,
+        ["127.0.0.2/32"],
+        auth={**auth, "allocation_bandwidth_limit": limit},
+        protocols=("TURN-UDP",),
+        admin=admin,
+    )
+
+
+async def offload_session() -> dict[str, Any]:
+    """One allocation with a channel to a peer the offload would carry, under a cap, without
+    it, and under it again (in place): the kernel's channels each time, and what the peer got."""
+    port = free_port()
+    peer = await start_peer(echo=False, host="127.0.0.2")
+    kernel: dict[str, list[int]] = {}
+    async with running_stunner(offloaded_config(port, CAP)) as stunner:
+        client = await RawClient.connect((HOST, port), **user("alice"))
+
+        async def channels(stage: str) -> None:
+            client.send_channel_data(CHANNEL, stage.encode())
+            # answered after the ChannelData was handled (one client, one socket, in order)
+            await client.request(Message(Method.BINDING, Class.REQUEST), sign=False)
+            loaded = stunner.core.offload.loaded
+            assert loaded is not None, "the offload is on"
+            maps = loaded.maps
+            kernel[stage] = [int.from_bytes(k[-4:-2], "big") for k in maps["from_clients"].keys()]
+
+        await channel_to(client, peer.port, "127.0.0.2")
+        await channels("capped")
+        await stunner.apply(offloaded_config(port, 0))
+        await channels("uncapped")
+        await stunner.apply(offloaded_config(port, CAP))
+        await channels("capped again")
+        await wait_until(lambda: len(peer.received) == 3, timeout=5.0)
+        client.close()
+    peer.close()
+    return {"kernel": kernel, "peer got": sorted(data.decode() for data, _ in peer.received)}
+
+
+def offload_declines() -> None:
+    loopback_up()
+    sys.stdout.write(json.dumps(asyncio.run(offload_session())))
+
+
+@pytest.mark.skipif(not native.available(), reason=f"native: {native.unavailable_reason()}")
+def test_the_kernel_offload_leaves_a_capped_allocation_to_the_engine() -> None:
+    """The kernel has no bucket: with the offload on, a capped allocation's channel gets no
+    route in the kernel (the native engine relays it, under its cap), gets one once the cap is
+    lifted in place, and loses it when the cap comes back; nothing is lost meanwhile."""
+    reason = offload_unavailable()
+    if reason is not None:
+        pytest.skip(reason)
+    result = json.loads(run_in_new_namespace(__name__, "offload_declines"))
+    assert result["kernel"] == {"capped": [], "uncapped": [CHANNEL], "capped again": []}
+    assert result["peer got"] == ["capped", "capped again", "uncapped"]
