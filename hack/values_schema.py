@@ -93,6 +93,12 @@ CONSTRAINTS: dict[str, dict[str, Any]] = {
     "gatewayConfig.realm": {"type": "string", "minLength": 1},
     "gatewayConfig.authSecretName": {"type": "string", "pattern": DNS_SUBDOMAIN},
     "gatewayConfig.userQuota": {"type": "integer", "minimum": 0},
+    # 0 (no cap) or within stunner_api.bandwidth's bounds (the webhook says why)
+    "gatewayConfig.allocationBandwidthLimit": {
+        "type": "integer",
+        "minimum": 0,
+        "maximum": 100_000_000_000,
+    },
     # Annotation values are strings (--set-string for "true" or a number).
     "loadBalancer.annotations": {"type": "object", "additionalProperties": {"type": "string"}},
 }

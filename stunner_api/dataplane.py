@@ -294,6 +294,9 @@ class AuthConfig(_GoStruct):
     # that end when their username's timestamp passes (eturnal's strict_expiry).
     revoked_users: list[str] = Field(default_factory=list)
     strict_expiry: bool = False
+    # Ours (issue 29; coturn's max-bps): each allocation's relayed traffic, each direction on
+    # its own, capped at this many bits per second (stunner_api.bandwidth); 0: no cap.
+    allocation_bandwidth_limit: int = Field(default=0, ge=0)
 
     @field_validator("type", mode="before")
     @classmethod
@@ -338,6 +341,7 @@ class AuthConfig(_GoStruct):
             [
                 ("revoked_users", sorted(set(self.revoked_users))),
                 ("strict_expiry", self.strict_expiry),
+                ("allocation_bandwidth_limit", self.allocation_bandwidth_limit),
             ]
         )
 
@@ -356,6 +360,8 @@ class AuthConfig(_GoStruct):
             status.append(f"revoked={len(set(self.revoked_users))}")
         if self.strict_expiry:
             status.append("strict-expiry=true")
+        if self.allocation_bandwidth_limit:
+            status.append(f"bandwidth-limit={self.allocation_bandwidth_limit}bps")
         return "auth:{" + ",".join(status) + "}"
 
 

@@ -149,6 +149,9 @@ class GatewayConfigSpec(Model):
     # and allocations of ephemeral credentials that end with them (auth.strict_expiry).
     revoked_users: list[str] | None = None
     strict_expiry: bool | None = None
+    # Ours (issue 29; coturn's max-bps): bits per second each allocation may relay, each
+    # direction on its own (rendered as auth.allocation_bandwidth_limit; stunner_api.bandwidth).
+    allocation_bandwidth_limit: int | None = None
 
 
 class GatewayConfig(Resource):

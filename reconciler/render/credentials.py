@@ -119,7 +119,8 @@ def auth(gateway_config: Object, snapshot: Snapshot) -> dict[str, Any]:
 
 def sessions_policy(spec: Mapping[str, Any]) -> dict[str, Any]:
     """Ours (issue 29): `revokedUsers` as auth.revoked_users (sorted, once each), and
-    `strictExpiry: true` as auth.strict_expiry; nothing when unset (Go's config)."""
+    `strictExpiry: true` as auth.strict_expiry, a positive `allocationBandwidthLimit` as
+    auth.allocation_bandwidth_limit; nothing when unset (Go's config)."""
     out: dict[str, Any] = {}
     revoked = spec.get("revokedUsers")
     if isinstance(revoked, list):
@@ -128,6 +129,9 @@ def sessions_policy(spec: Mapping[str, Any]) -> dict[str, Any]:
             out["revoked_users"] = users
     if spec.get("strictExpiry") is True:
         out["strict_expiry"] = True
+    limit = spec.get("allocationBandwidthLimit")
+    if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0:
+        out["allocation_bandwidth_limit"] = limit
     return out
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from stunner_api.annotations import GATEWAY_CONFIG
+from stunner_api.bandwidth import MAX_BANDWIDTH_LIMIT, MIN_BANDWIDTH_LIMIT
 from stunner_api.rules.base import (
     Problem,
     Request,
@@ -301,6 +302,31 @@ def gatewayconfig_sessions(req: Request) -> list[Problem]:
     return problems
 
 
+def gatewayconfig_bandwidth_limit(req: Request) -> list[Problem]:
+    """allocationBandwidthLimit: bits per second, 0 (no cap) or within MIN_BANDWIDTH_LIMIT and
+    MAX_BANDWIDTH_LIMIT (stunner_api.bandwidth)."""
+    field = "spec.allocationBandwidthLimit"
+    limit = req.spec.get("allocationBandwidthLimit")
+    if limit is None or limit == 0 and not isinstance(limit, bool):
+        return []
+    if not isinstance(limit, int) or isinstance(limit, bool):
+        return [error(field, f"must be an integer (bits per second), got {limit!r}", REASON)]
+    if limit < 0:
+        return [error(field, f"must not be negative (0: no cap), got {limit}", REASON)]
+    if limit < MIN_BANDWIDTH_LIMIT:
+        return [
+            error(
+                field,
+                f"at least {MIN_BANDWIDTH_LIMIT} bits per second (one narrowband audio stream; "
+                f"0: no cap), got {limit}: the unit is bits, not kilobits",
+                REASON,
+            )
+        ]
+    if limit > MAX_BANDWIDTH_LIMIT:
+        return [error(field, f"at most {MAX_BANDWIDTH_LIMIT} bits per second, got {limit}", REASON)]
+    return []
+
+
 RULES = [
     gatewayconfig_schema,
     gatewayconfig_realm,
@@ -311,4 +337,5 @@ RULES = [
     gatewayconfig_log_level,
     gatewayconfig_annotations,
     gatewayconfig_sessions,
+    gatewayconfig_bandwidth_limit,
 ]

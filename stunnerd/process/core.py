@@ -112,6 +112,7 @@ class DataplaneCore:
         context.relay_address_family = config.admin.relay_address_family
         context.revoked_users = frozenset(config.auth.revoked_users)
         context.strict_expiry = config.auth.strict_expiry
+        context.allocation_bandwidth_limit = config.auth.allocation_bandwidth_limit
 
         if plan.release is not None and plan.stop:
             await plan.release([lst for lst in self.listeners.values() if lst not in plan.stop])
@@ -154,7 +155,7 @@ class DataplaneCore:
         self.router.update({lc.name: lc.routes for lc in config.listeners}, config.clusters, own)
         self.context = context
         for listener in self.listeners.values():
-            listener.server.enforce_auth()  # revoked users, strict expiry (issue 29)
+            listener.server.enforce_auth()  # revoked, strict expiry, bandwidth (issue 29)
         self._resolver.follow()
 
     async def _restart(self, stopped: Iterable[Listener]) -> None:

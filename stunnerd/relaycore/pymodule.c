@@ -246,6 +246,14 @@ static PyObject *Engine_allocation_traffic(EngineObject *self, PyObject *args) {
                          (unsigned long long)t[2], (unsigned long long)t[3]);
 }
 
+static PyObject *Engine_set_bandwidth(EngineObject *self, PyObject *args) {
+    unsigned long long handle;
+    double rate, burst;
+    if (!PyArg_ParseTuple(args, "Kdd", &handle, &rate, &burst) || engine_check(self) < 0)
+        return NULL;
+    return result(relay_set_bandwidth(&self->engine, handle, rate, burst));
+}
+
 static PyObject *Engine_remove_allocation(EngineObject *self, PyObject *args) {
     unsigned long long handle;
     if (!PyArg_ParseTuple(args, "K", &handle) || engine_check(self) < 0) return NULL;
@@ -620,6 +628,8 @@ static PyMethodDef Engine_methods[] = {
     {"refresh_allocation", (PyCFunction)Engine_refresh_allocation, METH_VARARGS, NULL},
     {"allocation_traffic", (PyCFunction)Engine_allocation_traffic, METH_VARARGS,
      "-> (rx packets, rx bytes, tx packets, tx bytes)"},
+    {"set_bandwidth", (PyCFunction)Engine_set_bandwidth, METH_VARARGS,
+     "Cap an allocation: bytes per second (0: none) and burst bytes, each direction."},
     {"remove_allocation", (PyCFunction)Engine_remove_allocation, METH_VARARGS, NULL},
     {"set_permission", (PyCFunction)Engine_set_permission, METH_VARARGS, NULL},
     {"remove_permission", (PyCFunction)Engine_remove_permission, METH_VARARGS, NULL},

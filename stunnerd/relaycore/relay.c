@@ -28,7 +28,7 @@
 const char *const relay_drop_names[DROP_COUNT] = {
     "no_permission", "forbidden", "expired", "too_big", "send_error", "queue_full", "invalid",
     "rate_limited", "unauthenticated_rate", "unauthenticated_total", "shed", "latency",
-    "backpressure",
+    "backpressure", "bandwidth",
 };
 
 /* --- small helpers ------------------------------------------------------------------------ */
@@ -411,6 +411,22 @@ int relay_allocation_traffic(relay_engine *e, uint64_t handle, uint64_t traffic[
     return a ? 0 : -ENOENT;
 }
 
+int relay_set_bandwidth(relay_engine *e, uint64_t handle, double rate, double burst) {
+    pthread_mutex_lock(&e->lock);
+    relay_alloc *a = alloc_of(e, handle);
+    if (a) {
+        double now = relay_now();
+        a->cap_rate = rate > 0 ? rate : 0;
+        a->cap_burst = burst;
+        for (int i = 0; i < 2; i++) {
+            a->cap_tokens[i] = burst;
+            a->cap_stamp[i] = now;
+        }
+    }
+    pthread_mutex_unlock(&e->lock);
+    return a ? 0 : -ENOENT;
+}
+
 int relay_remove_allocation(relay_engine *e, uint64_t handle) {
     pthread_mutex_lock(&e->lock);
     relay_alloc *a = alloc_of(e, handle);
@@ -695,6 +711,20 @@ static int permitted(relay_alloc *a, const relay_addr *peer, double now) {
     return p && p->expiry > now;
 }
 
+/* The allocation's bandwidth cap, one direction (stunner_api.bandwidth.TokenBucket): refill
+ * for the time since the last packet; pass (spending `len`) unless the bucket is empty. */
+static int within_cap(relay_alloc *a, int direction, size_t len, double now) {
+    if (a->cap_rate <= 0) return 1;
+    if (now > a->cap_stamp[direction]) {
+        double tokens = a->cap_tokens[direction] + (now - a->cap_stamp[direction]) * a->cap_rate;
+        a->cap_tokens[direction] = tokens < a->cap_burst ? tokens : a->cap_burst;
+        a->cap_stamp[direction] = now;
+    }
+    if (a->cap_tokens[direction] <= 0) return 0;
+    a->cap_tokens[direction] -= (double)len;
+    return 1;
+}
+
 static int client_to_peer(relay_engine *e, relay_alloc *a, const relay_addr *peer,
                           uint8_t *payload, size_t plen, size_t len, double now,
                           relay_send *out) {
@@ -704,6 +734,7 @@ static int client_to_peer(relay_engine *e, relay_alloc *a, const relay_addr *pee
     e->listener[CTR_RX_BYTES] += len;
     if (!ok) return drop(e, DROP_NO_PERMISSION);
     if (verdict < 0) return drop(e, DROP_FORBIDDEN);
+    if (!within_cap(a, RELAY_TO_PEERS, plen, now)) return drop(e, DROP_BANDWIDTH);
     out->dstlen = relay_sockaddr_from_addr(&out->dst, a->family, peer);
     if (out->dstlen == 0) return drop(e, DROP_SEND_ERROR);
     out->fd = a->fd;
@@ -725,6 +756,7 @@ static int peer_to_client(relay_engine *e, relay_alloc *a, const relay_addr *pee
     int verdict = verdict_of(e, peer);
     if (verdict == -2) return RELAY_UP;
     if (verdict < 0) return drop(e, DROP_FORBIDDEN);
+    if (!within_cap(a, RELAY_TO_CLIENT, plen, now)) return drop(e, DROP_BANDWIDTH);
     uint8_t *h = out->header;
     relay_entry *ch = table_find(&a->chan_peer, peer);
     static const uint8_t zeros[4] = {0};

@@ -68,6 +68,10 @@ typedef struct relay_alloc {
     /* What the engine relayed for it (sessions, issue 29): CTR_RX_* from the client to its
      * peers, CTR_TX_* from its peers to the client (payload bytes), as decided */
     uint64_t traffic[4];
+    /* Its bandwidth cap (auth.allocation_bandwidth_limit, issue 29; stunner_api.bandwidth's
+     * rule): bytes per second (0: none), the burst, and a bucket per direction (RELAY_TO_PEERS,
+     * RELAY_TO_CLIENT): its tokens and when they were last refilled */
+    double cap_rate, cap_burst, cap_tokens[2], cap_stamp[2];
     struct relay_alloc *next_dead;
 } relay_alloc;
 
@@ -95,11 +99,13 @@ enum relay_drop {
     DROP_SHED, /* ... while the engine is behind (shed_after full reads in a row) */
     DROP_LATENCY,      /* TURN-TCP: older than the latency bound (stream.c) */
     DROP_BACKPRESSURE, /* TURN-TCP: past the high-water mark of the client's output queue */
+    DROP_BANDWIDTH,    /* past its allocation's bandwidth cap (relay_set_bandwidth) */
     DROP_COUNT
 };
 extern const char *const relay_drop_names[DROP_COUNT];
 
 enum { CTR_RX_PACKETS, CTR_RX_BYTES, CTR_TX_PACKETS, CTR_TX_BYTES };          /* listener */
+enum { RELAY_TO_PEERS, RELAY_TO_CLIENT };                      /* a bandwidth cap's buckets */
 enum { CL_TX_PACKETS, CL_TX_BYTES, CL_RX_PACKETS, CL_RX_BYTES };               /* cluster */
 
 #define RELAY_MAX_CLUSTERS 4096
@@ -282,6 +288,9 @@ int relay_add_allocation(relay_engine *e, const relay_addr *client, int relay_fd
                          uint64_t stream, uint64_t *handle);
 int relay_refresh_allocation(relay_engine *e, uint64_t handle, double expires);
 int relay_allocation_traffic(relay_engine *e, uint64_t handle, uint64_t traffic[4]);
+/* Cap what an allocation relays, each direction: `rate` bytes per second, `burst` bytes
+ * (rate 0: no cap); both buckets start full. stunner_api.bandwidth's rule, checked per packet. */
+int relay_set_bandwidth(relay_engine *e, uint64_t handle, double rate, double burst);
 int relay_remove_allocation(relay_engine *e, uint64_t handle);
 int relay_set_permission(relay_engine *e, uint64_t handle, const relay_addr *peer_ip,
                          double expires);

@@ -86,13 +86,8 @@ def stunner_families(view: MetricsView) -> Iterator[Metric]:
         labels=["name", "reason"],
     )
     for name, counters in stats:
-        dropped.add_metric([name, "backpressure"], counters.backpressure_dropped)
-        dropped.add_metric([name, "latency"], counters.latency_dropped)
-        dropped.add_metric([name, "framing"], counters.framing_dropped)
-        dropped.add_metric([name, "rate_limit"], counters.rate_limited)
-        dropped.add_metric([name, "invalid"], counters.dropped)
-        dropped.add_metric([name, "forbidden"], counters.forbidden_dropped)
-        dropped.add_metric([name, "stun_only"], counters.stun_only)
+        for reason, count in counters.drops().items():
+            dropped.add_metric([name, reason], count)
     yield dropped
     refused = CounterMetricFamily(
         "stunner_listener_allocations_refused",

@@ -216,6 +216,7 @@ class NativeCounters:
             rate_limited=sum(drops.get(cause, 0) for cause in _RATE_LIMITS),
             latency_dropped=drops.get("latency", 0),
             backpressure_dropped=drops.get("backpressure", 0),
+            bandwidth_dropped=drops.get("bandwidth", 0),
         )
 
     def cluster_counters(self) -> dict[str, ClusterCounters]:
@@ -241,9 +242,9 @@ class NativeCounters:
 
 
 # The engine's drop causes counted as rate_limited (the metric's reason="rate_limit"); with the
-# stream ones and forbidden, those not counted as dropped (reason="invalid").
+# stream ones, forbidden and bandwidth, those not counted as dropped (reason="invalid").
 _RATE_LIMITS = ("rate_limited", "unauthenticated_rate", "unauthenticated_total", "shed")
-_NOT_INVALID = (*_RATE_LIMITS, "latency", "backpressure", "forbidden")
+_NOT_INVALID = (*_RATE_LIMITS, "latency", "backpressure", "forbidden", "bandwidth")
 
 
 class StreamProgress(NamedTuple):
@@ -373,6 +374,10 @@ class NativeRelay:
         """What the engine relayed for one allocation: rx packets, rx bytes (from the client),
         tx packets, tx bytes (to it). KeyError/ValueError once it is gone."""
         return self._engine.allocation_traffic(handle)
+
+    def set_bandwidth(self, handle: int, rate: float, burst: float) -> None:
+        """Cap an allocation at `rate` bytes per second each way, `burst` bytes (0: no cap)."""
+        self._engine.set_bandwidth(handle, rate, burst)
 
     def remove_allocation(self, handle: int) -> None:
         self._engine.remove_allocation(handle)

@@ -77,6 +77,10 @@ class NativeAllocation:
         self.engine.bind_channel(self.handle, channel, peer, expires_at)
         self._changed(self.handle)
 
+    def limited(self, rate: float, burst: float) -> None:
+        self.engine.set_bandwidth(self.handle, rate, burst)
+        self._changed(self.handle)  # the kernel offload declines a capped allocation
+
     def forgotten(self, ips: list[str], channels: list[int]) -> None:
         for ip in ips:
             self.engine.remove_permission(self.handle, ip)

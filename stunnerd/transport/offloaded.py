@@ -1,15 +1,17 @@
 """The kernel offload of one TURN-UDP listener's allocations (issue 30): what the native UDP
 transport (`native_udp`) tells the kernel, and what it counts of what the kernel relayed.
 
-`OffloadedAllocations.sync(handle, allocation)` runs after every change the allocation's mirror
-is told of (a bind, a permission, a refresh, an expiry sweep) and, through `sync_all`, after
-every router invalidation (a route, config or DNS change): the allocation's routes in the
-kernel become exactly the channels `stunnerd.offload.engine.plan_channels` finds offloadable
-now, or none when the offload is off. `forget` empties them at the allocation's end,
-`close` at the listener's. What the kernel relayed is counted as the native engine counts what
-it relays itself: a client's datagram (payload and the 4-byte ChannelData header) on the
-listener, the payload on the peer's cluster and on the allocation itself (what `stunner
-sessions` shows); every second (`sweep`) and at every removal.
+`OffloadedAllocations.sync(handle, allocation)` runs after every change the allocation's mirror is
+told of (a bind, a permission, a refresh, an expiry sweep) and, through `sync_all`, after every
+router invalidation (a route, config or DNS change): the allocation's routes in the kernel become
+exactly the channels `stunnerd.offload.engine.plan_channels` finds offloadable now, or none when the
+offload is off or the allocation is capped (auth.allocation_bandwidth_limit: the kernel has no
+bucket, so a capped allocation stays with the native engine, which enforces it; a cap set in place
+takes its routes back out of the kernel). `forget` empties them at the allocation's end, `close` at
+the listener's. What the kernel relayed is counted as the native engine counts what it relays
+itself: a client's datagram (payload and the 4-byte ChannelData header) on the listener, the payload
+on the peer's cluster and on the allocation itself (what `stunner sessions` shows); every second
+(`sweep`) and at every removal.
 
 An allocation is known by its `Key`: the engine it lives in (a listener runs one per socket of
 its SO_REUSEPORT group, all in this process) and the engine's handle for it; the process's one
@@ -47,7 +49,13 @@ class OffloadedAllocations:
         offload = self.server.context.offload
         routes = self._routes.get(key)
         listener = self._listener_address()
-        if allocation is None or relay is None or listener is None or not offload.active:
+        if (
+            allocation is None
+            or relay is None
+            or listener is None
+            or not offload.active
+            or allocation.cap is not None  # capped: the engine's buckets see every packet
+        ):
             if routes is not None:
                 self.forget(key)
             return

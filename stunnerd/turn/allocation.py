@@ -22,6 +22,7 @@ from collections.abc import Callable, MutableMapping
 from typing import Any, Protocol, cast
 
 from stunner_api import stun
+from stunner_api.bandwidth import AllocationCap, bucket_rate
 from stunner_api.stun import FAMILY_IPV4, FAMILY_IPV6, Address
 
 from .counters import ClusterCounters, ListenerCounters
@@ -98,6 +99,9 @@ class AllocationMirror(Protocol):
 
     def forgotten(self, ips: list[str], channels: list[int]) -> None: ...
 
+    def limited(self, rate: float, burst: float) -> None:
+        """Its bandwidth cap (bytes per second and burst bytes; 0: none) changed."""
+
 
 class RelayPath(Protocol):
     """Serves a new allocation's bound relay socket (taking it over) and returns it."""
@@ -166,6 +170,8 @@ class Allocation(asyncio.DatagramProtocol):
         self.created = time.monotonic()
         self.rx_packets = self.rx_bytes = self.tx_packets = self.tx_bytes = 0
         self.hard_expiry = math.inf  # auth.strict_expiry: its credential's expiry (monotonic)
+        # auth.allocation_bandwidth_limit: what it may relay, each direction (None: no cap)
+        self.cap: AllocationCap | None = None
 
     # --- relay socket events: data from peers -------------------------------------------
 
@@ -179,6 +185,10 @@ class Allocation(asyncio.DatagramProtocol):
         cluster = scope.policy.cluster_of(scope.name, peer[0], peer[1])
         if cluster is None or peer[0] not in self.permissions:
             _count_drop(scope.stats, peer[0] in self.permissions)
+            return
+        cap = self.cap
+        if cap is not None and not cap.to_client.admit(len(data), time.monotonic()):
+            scope.stats.bandwidth_dropped += 1
             return
         counters = scope.cluster_counters[cluster]
         counters.rx_packets += 1
@@ -207,6 +217,10 @@ class Allocation(asyncio.DatagramProtocol):
         cluster = scope.policy.cluster_of(scope.name, peer[0], peer[1])
         if cluster is None or self.relay is None or peer[0] not in self.permissions:
             _count_drop(scope.stats, peer[0] in self.permissions and self.relay is not None)
+            return
+        cap = self.cap
+        if cap is not None and not cap.to_peers.admit(len(payload), time.monotonic()):
+            scope.stats.bandwidth_dropped += 1
             return
         if payload:
             self.relay.sendto(payload, peer)
@@ -239,6 +253,16 @@ class Allocation(asyncio.DatagramProtocol):
         self.hard_expiry = at
         self.expires_at = min(self.expires_at, at)
         self.due = min(self.due, self.expires_at)
+
+    def limit_bandwidth(self, bits_per_second: int) -> None:
+        """Cap what it relays at `bits_per_second` each way (0: no cap); in place, its buckets
+        kept while the cap is the same (stunner_api.bandwidth)."""
+        cap = self.cap
+        if (cap.bits_per_second if cap is not None else 0) == bits_per_second:
+            return
+        self.cap = AllocationCap(bits_per_second, time.monotonic()) if bits_per_second else None
+        if self.mirror is not None:
+            self.mirror.limited(*bucket_rate(bits_per_second))
 
     def refresh(self, lifetime: int) -> None:
         self.expires_at = min(time.monotonic() + lifetime, self.hard_expiry)

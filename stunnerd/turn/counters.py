@@ -50,6 +50,9 @@ class ListenerCounters(Counters):
     framing_dropped: int = 0  # TCP/TLS streams closed on data that is not a frame (stun.py)
     rate_limited: int = 0  # error answers not sent past --error-rate
     stun_only: int = 0  # TURN messages a STUN-only listener refused (403, or dropped unanswered)
+    bandwidth_dropped: int = (
+        0  # relayed past its allocation's cap (auth.allocation_bandwidth_limit)
+    )
     # Allocates refused, by reason (ALLOCATION_REFUSALS below): over admin.user_quota (486); 508
     # past --max-allocations, while draining, or past the source's --allocation-rate.
     refused_quota: int = 0
@@ -68,6 +71,10 @@ class ListenerCounters(Counters):
         field_name = f"refused_{reason}"
         setattr(self, field_name, getattr(self, field_name) + 1)
 
+    def drops(self) -> dict[str, int]:
+        """Packets dropped so far, by reason (every one of DROP_REASONS)."""
+        return {reason: getattr(self, field) for reason, field in DROP_REASONS.items()}
+
     def refusals(self) -> dict[str, int]:
         """Allocates refused so far, by reason (every one of ALLOCATION_REFUSALS)."""
         return {reason: getattr(self, f"refused_{reason}") for reason in ALLOCATION_REFUSALS}
@@ -82,6 +89,19 @@ class ClusterCounters(Counters):
     rx_packets: int = 0
     rx_bytes: int = 0
 
+
+# Why a packet was dropped, as the metric stunner_listener_dropped_packets labels it, and the
+# ListenerCounters field that counts it.
+DROP_REASONS = {
+    "backpressure": "backpressure_dropped",
+    "latency": "latency_dropped",
+    "framing": "framing_dropped",
+    "rate_limit": "rate_limited",
+    "invalid": "dropped",
+    "forbidden": "forbidden_dropped",
+    "stun_only": "stun_only",
+    "bandwidth": "bandwidth_dropped",  # past auth.allocation_bandwidth_limit (issue 29)
+}
 
 # Why an Allocate was refused, as ListenerCounters counts it (refused_<reason>) and the metric
 # stunner_listener_allocations_refused labels it; the first three are stunnerd.turn.ledger's.

@@ -82,6 +82,8 @@ class ServerContext:
     revoked_users: frozenset[str] = frozenset()
     # auth.strict_expiry: an ephemeral credential's allocation ends at its timestamp
     strict_expiry: bool = False
+    # auth.allocation_bandwidth_limit: bits per second each allocation relays each way (0: any)
+    allocation_bandwidth_limit: int = 0
     users: Quota = field(default_factory=LocalQuota)
     reservations: Reservations = field(default_factory=Reservations)
     # cluster name -> traffic to and from its peers
@@ -598,11 +600,13 @@ class TurnServer:
                 raise RequestError(508, "Insufficient Capacity: the connection closed")
             raise RequestError(437)
         self.allocations[downstream.remote] = allocation
+        if second is not None:
+            self.additional[downstream.remote] = second
+        self._limit_bandwidth(allocation)
         if not tcp:  # a UDP relay port: never a peer (router.py); a TCP one: see tcp_relay.py
             self.router.relay_ports[allocation.relayed_address[1]] = 1
         relayed: Any = allocation.relayed_address
         if second is not None:
-            self.additional[downstream.remote] = second
             self.router.relay_ports[second.relayed_address[1]] = 1
             relayed = stun.Repeated((relayed, second.relayed_address))
         self.stats.allocations_total += 1
@@ -962,14 +966,24 @@ class TurnServer:
 
     # --- housekeeping ------------------------------------------------------------------------
 
+    def _limit_bandwidth(self, allocation: Allocation) -> None:
+        """auth.allocation_bandwidth_limit on `allocation` (a dual one's second relay shares its
+        cap): each relay path enforces it (the native engine told through the mirror)."""
+        allocation.limit_bandwidth(self.context.allocation_bandwidth_limit)
+        second = self.additional.get(allocation.downstream.remote)
+        if second is not None:
+            second.cap = allocation.cap
+
     def enforce_auth(self) -> None:
         """After a config change: end the allocations of revoked users (auth.revoked_users),
-        and with auth.strict_expiry, hold the others to their credential's expiry."""
+        with auth.strict_expiry hold the others to their credential's expiry, and cap them at
+        auth.allocation_bandwidth_limit (in place)."""
         now, wall = time.monotonic(), time.time()
         for allocation in list(self.allocations.values()):
             if allocation.user_id in self.context.revoked_users:
                 self.end(allocation, "its user is revoked (auth.revoked_users)")
                 continue
+            self._limit_bandwidth(allocation)
             expiry = self.context.authenticator.expiry_of(allocation.username)
             if self.context.strict_expiry and expiry is not None:
                 allocation.cap_expiry(now + max(0.0, expiry - wall))

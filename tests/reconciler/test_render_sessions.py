@@ -1,6 +1,7 @@
 """Render of the GatewayConfig's sessions fields (issue 29): `revokedUsers` becomes the
 dataplane's `auth.revoked_users` (sorted, once each, empty ids left out) and `strictExpiry:
-true` its `auth.strict_expiry`; unset, the auth section is Go's, byte for byte; the dataplane
+true` its `auth.strict_expiry`, `allocationBandwidthLimit` (bits per second) its
+`auth.allocation_bandwidth_limit`; unset, the auth section is Go's, byte for byte; the dataplane
 model takes them back and serializes them the same."""
 
 from __future__ import annotations
@@ -34,7 +35,22 @@ def test_revoked_users_and_strict_expiry_are_rendered_into_auth() -> None:
     assert "alice" not in str(model)  # the status line counts them, it does not list them
 
 
+def test_the_bandwidth_limit_is_rendered_into_auth() -> None:
+    rendered = auth(gatewayconfig(allocationBandwidthLimit=2_000_000), Snapshot({}))
+    assert rendered["allocation_bandwidth_limit"] == 2_000_000
+    model = AuthConfig.model_validate(rendered)
+    assert model.to_dict()["allocation_bandwidth_limit"] == 2_000_000
+    assert "bandwidth-limit=2000000bps" in str(model)
+    # 0 is no cap: nothing rendered, as unset
+    assert "allocation_bandwidth_limit" not in auth(
+        gatewayconfig(allocationBandwidthLimit=0), Snapshot({})
+    )
+
+
 def test_unset_they_leave_gos_auth_section_as_it_was() -> None:
-    rendered = auth(gatewayconfig(strictExpiry=False, revokedUsers=[]), Snapshot({}))
+    rendered = auth(
+        gatewayconfig(strictExpiry=False, revokedUsers=[], allocationBandwidthLimit=0),
+        Snapshot({}),
+    )
     assert set(rendered) == {"type", "realm", "credentials"}
     assert set(AuthConfig.model_validate(rendered).to_dict()) == {"type", "realm", "credentials"}

@@ -69,6 +69,7 @@ from stunner_api.rules.gatewayconfig import (
     gatewayconfig_annotations,
     gatewayconfig_auth_ref,
     gatewayconfig_auth_type,
+    gatewayconfig_bandwidth_limit,
     gatewayconfig_inline_auth,
     gatewayconfig_log_level,
     gatewayconfig_realm,
@@ -397,6 +398,23 @@ CASES: list[tuple[Rule, dict[str, Any], list[str]]] = [
         [],
     ),
     (gatewayconfig_sessions, gwconfig(revokedUsers=["alice", " "]), ["an empty user id"]),
+    (gatewayconfig_bandwidth_limit, gwconfig(allocationBandwidthLimit=2_000_000), []),
+    (gatewayconfig_bandwidth_limit, gwconfig(allocationBandwidthLimit=0), []),
+    (
+        gatewayconfig_bandwidth_limit,
+        gwconfig(allocationBandwidthLimit=-1),
+        ["spec.allocationBandwidthLimit: must not be negative (0: no cap), got -1"],
+    ),
+    (
+        gatewayconfig_bandwidth_limit,
+        gwconfig(allocationBandwidthLimit=500),
+        ["spec.allocationBandwidthLimit: at least 8000 bits per second"],
+    ),
+    (
+        gatewayconfig_bandwidth_limit,
+        gwconfig(allocationBandwidthLimit="2M"),
+        ["spec.allocationBandwidthLimit: must be an integer (bits per second), got '2M'"],
+    ),
     (
         gatewayconfig_sessions,
         gwconfig(revokedUsers=[f"u{i}" for i in range(4097)]),
