@@ -40,7 +40,6 @@ one stopped) and the command exits 1, for the kubelet to restart it.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import gc
 import logging
@@ -54,18 +53,18 @@ from stunner_api.cds import DEFAULT_PORT as DEFAULT_CDS_PORT
 from stunner_api.vocabulary import (
     CDS_TOKEN_AUDIENCE,
     ENDPOINT_SLICE,
-    OWNED_BY_LABEL,
     POD,
     SYSTEM_NAMESPACE,
     WRITTEN_KINDS,
 )
 
 from . import events
-from .apply import Memo, Write, owned_by, plan_writes
+from .apply import Write, owned_by
 from .cds import HANDLERS_KEY, CdsHandlers, cds_app, serve
 from .cds_access import MAX_TTL, Access, Account, AuthMode, ReviewUnavailable, TokenVerifier
 from .cds_quota import dataplane_pod
 from .cds_store import ConfigStore
+from .health import Health
 from .kube.api import Api, ConfigUnavailable, describe, load_client, refusal
 from .kube.informer import BACKOFF_INITIAL, BACKOFF_MAX, NOT_SERVED_RETRY, WATCH_TIMEOUT, Informer
 from .kube.lease import (
@@ -76,7 +75,7 @@ from .kube.lease import (
     LeaseElector,
     default_identity,
 )
-from .kube.writer import Writer, WriteResult
+from .kube.writer import Writer
 from .loop import THROTTLE, Reconciler
 from .metrics import Metrics, ServedInThread, health_app, metrics_app
 from .relevance import References
@@ -84,8 +83,10 @@ from .render import Plan, Renderer, RenderSettings
 from .render.finalize import finalized
 from .render.inputs import account_name
 from .render.tracked import same_kinds
-from .store import STALE_AFTER, WATCHED, Cache, Kind, Object, Snapshot, labels_of
+from .store import STALE_AFTER, WATCHED, Cache, Kind, Object, Snapshot
 from .supervise import Supervisor
+from .write_backoff import WriteBackoff
+from .write_queue import WriteQueue
 
 log = logging.getLogger("stunner.reconciler")
 
@@ -97,10 +98,6 @@ REFERENCING_KINDS = (
     Kind.STUNNER_UDP_ROUTE,
     Kind.GATEWAY_API_UDP_ROUTE,
 )
-# Writes in flight at once: a write waits on the API server most of its time (its answer and
-# the admission chain), so a few in flight keep it busy (bench/reconciler_bench.py: the first
-# pass over 1,000 Gateways is 4,000 writes).
-WRITERS = 4
 WRITE_BACKOFF_INITIAL = 0.5
 WRITE_BACKOFF_MAX = 60.0
 FINALIZE_TIMEOUT = 2.0  # seconds --enable-finalizer's writes may take on shutdown (as Go)
@@ -116,7 +113,6 @@ DEFAULT_HEALTH_PORT = 8081  # Go's --health-probe-bind-address
 # frees is freed frozen or not).
 GC_REFREEZE = 600.0
 LOOP_STALL = 30.0  # seconds without a turn of the event loop after which /healthz fails
-HEARTBEAT = 1.0  # seconds between two beats of the event loop
 # Written and never read by render (our Deployments, DaemonSets, ServiceAccounts): a change of
 # one is diffed against the last plan, with no render.
 WRITTEN_ONLY = frozenset(k.kind for k in WRITTEN_KINDS if not k.rendered)
@@ -170,13 +166,6 @@ class ClusterSettings:
     # --cds-leader-only (the chart's with more than one replica): only the leader serves the
     # CDS and is ready; a standby answers 503 with Retry-After (see the module's docstring).
     cds_leader_only: bool = False
-
-
-@dataclass
-class _Backoff:
-    delay: float
-    due: float
-    failures: int = 1  # refusals in a row
 
 
 class ClusterMode:
@@ -240,15 +229,22 @@ class ClusterMode:
         self.writing = True  # false from shutdown on
         self.cds_handlers: CdsHandlers | None = None  # run_cluster's, once the CDS serves
         self.rendered_once = False
-        self.writes_sent = 0
-        self.applying = False  # a pass of writes (and the Events it records) is under way
-        self.heartbeat = time.monotonic()  # the event loop's last turn (_beat)
-        self.last_writes: list[Write] = []
-        self._backoff: dict[tuple[str, str, str, str], _Backoff] = {}
-        self.memo: Memo = {}
+        self.writes = WriteQueue(
+            self.writer,
+            self.cache,
+            self.metrics,
+            self.recorder,
+            WriteBackoff(settings.write_backoff_initial, settings.write_backoff_max),
+            leading=lambda: self.leading,
+            ours=lambda: self.ours,
+        )
+        self.health = Health(
+            self.cache.freshness,
+            lambda: self.rendered_once,
+            self.standing_by,
+            loop_stall=settings.loop_stall,
+        )
         self._frozen_at: int | None = None  # cache.changes at the last gc.freeze()
-        self._apply_wanted = asyncio.Event()
-        self._retry_timer: asyncio.TimerHandle | None = None
         self._loop = asyncio.get_running_loop()
         self.access: Access | None = None
         if settings.cds_auth == AuthMode.REQUIRED:
@@ -276,30 +272,20 @@ class ClusterMode:
         """Nothing under way or due now: no render wanted or running, no pass of writes wanted
         or running. (A refused write waiting for its retry is not under way: it may be refused
         for good. A replica that does not lead is idle once it rendered: it writes nothing.)"""
-        return self.reconciler.idle and not self.applying and not self._apply_wanted.is_set()
-
-    def alive(self) -> tuple[bool, str]:
-        """Whether the event loop still turns (from the probes' thread)."""
-        stalled = time.monotonic() - self.heartbeat
-        if stalled > self.settings.loop_stall:
-            return False, f"event loop stalled for {stalled:.0f} s"
-        return True, "ok"
-
-    async def _beat(self) -> None:
-        while True:
-            self.heartbeat = time.monotonic()
-            await asyncio.sleep(min(HEARTBEAT, self.settings.loop_stall / 4))
+        return self.reconciler.idle and self.writes.idle
 
     def ready(self) -> tuple[bool, str]:
-        fresh, why = self.cache.freshness()
-        if not fresh:
-            return False, why
-        if not self.rendered_once:
-            return False, "first render pending"
-        standby = self.standing_by()
-        if standby is not None:
-            return False, standby
-        return True, why
+        """/readyz's answer (`health`)."""
+        return self.health.ready()
+
+    @property
+    def writes_sent(self) -> int:
+        return self.writes.writes_sent
+
+    @property
+    def last_writes(self) -> list[Write]:
+        """The last pass's writes (those not backing off)."""
+        return self.writes.last_writes
 
     def standing_by(self) -> str | None:
         """Why this replica serves no CDS now (`cds_leader_only` and not the leader); None
@@ -360,7 +346,7 @@ class ClusterMode:
             # Render reads no Deployment, DaemonSet or ServiceAccount: one of ours edited or
             # deleted (or our own write's echo) only needs the diff against the last plan, which
             # writes it back.
-            self._apply_wanted.set()
+            self.writes.want()
             return
         self.reconciler.trigger()
 
@@ -397,7 +383,7 @@ class ClusterMode:
     def _published(self, plan: object) -> None:
         """On the loop, after a render's configs went out: the writes may follow."""
         self.rendered_once = True
-        self._apply_wanted.set()
+        self.writes.want()
 
     async def _first_render(self) -> None:
         while not self.cache.synced:
@@ -422,110 +408,7 @@ class ClusterMode:
             gc.freeze()
             self._frozen_at = self.cache.changes
 
-    # --- writing -------------------------------------------------------------------------------
-
-    def writes_for(self, plan: Plan) -> list[Write]:
-        services = [s for s in self.cache.all_of("Service") if labels_of(s).get(OWNED_BY_LABEL)]
-        return plan_writes(
-            plan,
-            self.cache.get,
-            self.ours,
-            deployments=self.cache.all_of("Deployment"),
-            services=services,
-            memo=self.memo,
-            daemonsets=self.cache.all_of("DaemonSet"),
-            service_accounts=self.cache.all_of("ServiceAccount"),
-        )
-
-    def _diff_and_send(self, plan: Plan, now: float) -> list[WriteResult]:
-        """In a thread: the writes the plan needs (those not backing off), sent while this
-        replica may write."""
-        writes = [w for w in self.writes_for(plan) if self._due(w, now)]
-        self.last_writes = writes
-
-        def send(write: Write) -> WriteResult | None:
-            return self.writer.send(write) if self.leading else None
-
-        # The ServiceAccounts go first and are answered before the rest is sent: a Deployment
-        # naming an account not yet made has its pods refused until the account exists.
-        first = [w for w in writes if w.kind == "ServiceAccount"]
-        answered: list[WriteResult | None] = []
-        for phase in (first, [w for w in writes if w.kind != "ServiceAccount"]):
-            if len(phase) <= 1:
-                answered += [send(w) for w in phase]
-                continue
-            # each write is one object's: within a phase they go in any order, WRITERS at a time
-            with concurrent.futures.ThreadPoolExecutor(WRITERS, "reconciler-writer") as pool:
-                answered += pool.map(send, phase)
-        return [result for result in answered if result is not None]
-
-    def _send_until(self, writes: Sequence[Write], deadline: float) -> list[WriteResult]:
-        """In a thread: the writes, one by one, while time is left."""
-        return [self.writer.send(w) for w in writes if time.monotonic() < deadline]
-
-    async def _apply_loop(self) -> None:
-        while True:
-            await self._apply_wanted.wait()
-            self._apply_wanted.clear()
-            plan = self.reconciler.last_plan
-            if not self.leading or not isinstance(plan, Plan):
-                continue
-            # The diff and the writes run in a thread: the loop keeps rendering and serving.
-            self.applying = True
-            try:
-                results = await asyncio.to_thread(self._diff_and_send, plan, time.monotonic())
-                worth = self._account(results)
-                if worth and self.leading:
-                    await asyncio.to_thread(self.recorder.record, worth)
-            finally:
-                self.applying = False
-
-    @staticmethod
-    def _write_key(write: Write) -> tuple[str, str, str, str]:
-        return (write.kind, write.namespace, write.name, str(write.verb))
-
-    def _due(self, write: Write, now: float) -> bool:
-        backoff = self._backoff.get(self._write_key(write))
-        return backoff is None or backoff.due <= now
-
-    def _account(self, results: Sequence[WriteResult]) -> list[events.EventSpec]:
-        """Count the results, back off the refused writes; the events they are worth."""
-        now = time.monotonic()
-        worth: list[events.EventSpec] = []
-        for result in results:
-            if result.skipped:
-                log.info("%s not sent: %s", result.write, result.skipped)
-                continue
-            self.writes_sent += 1
-            key = self._write_key(result.write)
-            label = "ok" if result.ok else str(result.code)
-            self.metrics.api_writes.labels(str(result.write.verb), result.write.kind, label).inc()
-            if result.ok:
-                self._backoff.pop(key, None)
-                worth += events.for_success(result.write, result.previous)
-                continue
-            previous = self._backoff.get(key)
-            delay = (
-                min(previous.delay * 2, self.settings.write_backoff_max)
-                if previous
-                else self.settings.write_backoff_initial
-            )
-            if result.code == 409:  # re-read already: try again at once, then back off
-                delay = 0.0 if previous is None else delay
-            failures = previous.failures + 1 if previous else 1
-            self._backoff[key] = _Backoff(
-                delay or self.settings.write_backoff_initial, now + delay, failures
-            )
-            log.warning("%s refused (%s); retrying in %.1f s", result.write, result.error, delay)
-            worth += events.for_failure(result.write, result.previous, failures, result.error)
-        if self._backoff:
-            due = min(b.due for b in self._backoff.values())
-            if self._retry_timer is not None:
-                self._retry_timer.cancel()
-            self._retry_timer = self._loop.call_later(
-                max(0.0, due - time.monotonic()), self._apply_wanted.set
-            )
-        return worth
+    # --- leadership ----------------------------------------------------------------------------
 
     async def _follow_leadership(self) -> None:
         assert self.elector is not None
@@ -533,7 +416,7 @@ class ClusterMode:
             await self.elector.changed.wait()
             self.elector.changed.clear()
             if self.elector.leading:
-                self._apply_wanted.set()
+                self.writes.want()
             elif self.settings.cds_leader_only:
                 await self._hand_over_watches()
 
@@ -568,12 +451,8 @@ class ClusterMode:
         if finalize and isinstance(plan, Plan):
             controller = self.settings.render_settings.controller_name
             final = finalized(plan, controller, datetime.now(UTC))
-            deadline = time.monotonic() + FINALIZE_TIMEOUT
-            results = await asyncio.to_thread(self._send_until, self.writes_for(final), deadline)
-            worth = self._account(results)
-            if worth and time.monotonic() < deadline:
-                await asyncio.to_thread(self.recorder.record, worth)
-            log.info("finalized: %d of our objects deleted or invalidated", len(results))
+            sent = await self.writes.send_final(final, time.monotonic() + FINALIZE_TIMEOUT)
+            log.info("finalized: %d of our objects deleted or invalidated", sent)
         if self.elector is not None:
             await self.elector.stop(release=True)
         if self.settings.cds_leader_only:
@@ -607,7 +486,7 @@ async def run_cluster(settings: ClusterSettings) -> AsyncIterator[Running]:
     # Health, readiness and metrics answer from their own thread, whatever the loop is doing.
     probes = ServedInThread(
         [
-            (health_app(mode.ready, mode.alive), settings.health_address),
+            (health_app(mode.health.ready, mode.health.alive), settings.health_address),
             (metrics_app(mode.metrics), settings.metrics_address),
         ]
     )
@@ -630,9 +509,9 @@ async def run_cluster(settings: ClusterSettings) -> AsyncIterator[Running]:
         supervisor = mode.supervisor
         supervisor.spawn("render loop", mode.reconciler.run())
         supervisor.spawn("first render", mode._first_render(), oneshot=True)
-        supervisor.spawn("apply loop", mode._apply_loop())
+        supervisor.spawn("apply loop", mode.writes.run(lambda: mode.reconciler.last_plan))
         supervisor.spawn("cache freezer", mode._freeze_cache())
-        supervisor.spawn("heartbeat", mode._beat())
+        supervisor.spawn("heartbeat", mode.health.beat())
         if mode.elector is not None:
             supervisor.spawn("leader election", mode.elector.run())
             supervisor.spawn("leadership follower", mode._follow_leadership())
