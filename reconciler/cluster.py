@@ -96,6 +96,7 @@ REFERENCING_KINDS = (
     Kind.GATEWAY_CONFIG,
     Kind.STUNNER_UDP_ROUTE,
     Kind.GATEWAY_API_UDP_ROUTE,
+    Kind.GATEWAY_API_TCP_ROUTE,
 )
 # Writes in flight at once: a write waits on the API server most of its time (its answer and
 # the admission chain), so a few in flight keep it busy (bench/reconciler_bench.py: the first

@@ -77,6 +77,7 @@ from stunner_api.rules.gatewayconfig import (
     gatewayconfig_stun_mode,
 )
 from stunner_api.rules.staticservice import staticservice_prefixes, staticservice_schema
+from stunner_api.rules.tcproute import tcproute_backend_ports, tcproute_listeners
 from stunner_api.rules.udproute import (
     udproute_backend_kinds,
     udproute_backend_ports,
@@ -289,10 +290,11 @@ def route(
     parents: list[Any] | None = None,
     api: str = "stunner.l7mp.io/v1",
     rules: int = 1,
+    kind: str = "UDPRoute",
 ) -> dict[str, Any]:
     return {
         "apiVersion": api,
-        "kind": "UDPRoute",
+        "kind": kind,
         "metadata": {"name": "r", "namespace": "stunner"},
         "spec": {
             "parentRefs": [{"name": "udp-gateway"}] if parents is None else parents,
@@ -317,6 +319,10 @@ def dataplane(name: str = "default", **spec: Any) -> dict[str, Any]:
         "metadata": {"name": name},
         "spec": {"image": "l7mp/stunnerd:latest", **spec},
     }
+
+
+def tcp_route(*backends: dict[str, Any], parents: list[Any] | None = None) -> dict[str, Any]:
+    return route(*backends, parents=parents, api=V1ALPHA2, kind="TCPRoute")
 
 
 def run(rule: Rule, obj: dict[str, Any], operation: str = "CREATE") -> tuple[list[str], list[str]]:
@@ -497,6 +503,20 @@ CASES: list[tuple[Rule, dict[str, Any], list[str]]] = [
     (udproute_backend_ports, route({"name": "s", "endPort": 9}), ["endPort: needs port"]),
     (udproute_backend_ports, route({"name": "s", "port": 9, "endPort": 8}), ["must not be below"]),
     (udproute_backend_ports, route({"name": "s"}, api=V1ALPHA2), ["port: required by"]),
+    (tcproute_backend_ports, tcp_route({"name": "s", "port": 5432}), []),
+    (
+        tcproute_backend_ports,
+        tcp_route({"name": "s", "kind": "StaticService", "group": SGROUP}),
+        [],
+    ),
+    (
+        tcproute_backend_ports,
+        tcp_route({"name": "s"}),
+        ["backendRefs[0].port: required for a Service: the port its TCP peers are reached on"],
+    ),
+    (tcproute_backend_ports, tcp_route({"name": "s", "port": 9, "endPort": 8}), ["not be below"]),
+    (tcproute_listeners, tcp_route(parents=[{"name": "udp-gateway"}]), []),
+    (tcproute_listeners, tcp_route(parents=[{"name": "udp-gateway", "sectionName": "x"}]), []),
     (staticservice_prefixes, ssvc("192.0.2.0/24", "198.51.100.7", "2001:db8::/32"), []),
     (staticservice_prefixes, ssvc("0.0.0.0/0", "::/0"), []),  # warnings
     (staticservice_prefixes, ssvc("192.0.2.0/33"), ["spec.prefixes[0]: must be a CIDR"]),
@@ -662,6 +682,13 @@ WARNINGS: list[tuple[Rule, dict[str, Any], str]] = [
     ),
     (gateway_annotations, annotated(nodeport='{"ghost":31000}'), "no listener named 'ghost'"),
     (udproute_backend_kinds, route(rules=2), "only the first rule is used"),
+    (
+        tcproute_listeners,
+        tcp_route(parents=[{"name": "udp-gateway", "sectionName": "udp"}]),
+        "spec.parentRefs[0].sectionName: 'udp': a TURN-UDP listener carries no TCP allocations "
+        "(RFC 6062 runs over TURN-TCP or TURN-TLS only): attach the TCPRoute to a TURN-TCP or "
+        "TURN-TLS listener",
+    ),
     (
         dataplane_resource,
         dataplane(dataplaneResource="DaemonSet", replicas=3),
