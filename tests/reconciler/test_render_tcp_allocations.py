@@ -106,7 +106,8 @@ def test_a_rendered_tcproute_admits_a_tcp_connect_to_its_backend(tmp_path: Path)
             port = free_port()
             stunner = await rendered_stunnerd(tmp_path, objects(port, backend, "TCPRoute"))
             try:
-                (cluster,) = stunner.config.clusters if stunner.config else ()
+                assert stunner.config is not None
+                (cluster,) = stunner.config.clusters
                 assert (cluster.name, cluster.protocol) == ("tcp:stunner/echo", "TCP")
                 control = await tcp_allocation(port)
                 response = await connect(control, (HOST, backend))
