@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -92,6 +93,7 @@ from stunner_api.vocabulary import (
     ConditionReason,
 )
 from tests.support import lookups, objects
+from tests.support.docs import documentation_text
 from tests.support.objects import secret
 from tests.support.pki import key_pem, self_signed
 
@@ -1142,3 +1144,19 @@ def test_no_message_shows_what_a_secret_holds(s: dict[str, Any]) -> None:
         text = " ".join([verdict.message, *verdict.warning_messages])
         for word in secret_words(s):
             assert word not in text, (word, text)
+
+
+def test_the_documented_tcproute_passes_every_tcproute_rule() -> None:
+    """The TCPRoute example of the documentation (docs/reference/stunnerd.md, TCP backends) is
+    one the rules admit without a word."""
+    blocks = re.findall(r"^```yaml\n(.*?)^```", documentation_text(), re.DOTALL | re.MULTILINE)
+    routes = [
+        doc
+        for block in blocks
+        for doc in yaml.safe_load_all(block)
+        if isinstance(doc, dict) and doc.get("kind") == "TCPRoute"
+    ]
+    assert routes, "the documentation shows no TCPRoute"
+    for obj in routes:
+        for rule in RULES["TCPRoute"]:
+            assert run(rule, obj) == ([], []), rule.__name__
