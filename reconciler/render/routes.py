@@ -67,7 +67,7 @@ def route_order_of(route: Object) -> int:
 
 
 def is_tcp_route(route: Object) -> bool:
-    return route_order_of(route) == 2
+    return route.get("kind") == GATEWAY_API_TCP_ROUTE.kind
 
 
 def route_id(route: Object) -> str:
