@@ -4,9 +4,9 @@ Render is level-based and reads the whole snapshot (and itself renders again onl
 the cluster whose reads changed), so an event only decides *whether* to render soon. Only
 objects of our GatewayClasses matter:
 - a GatewayClass whose controllerName is ours (before or after the change);
-- a Gateway of one of our classes, a UDPRoute with such a Gateway as a parent, a GatewayConfig,
-  Dataplane, StaticService or ReferenceGrant: when something other than `status` changed
-  (our own status writes come back as events and must not render again);
+- a Gateway of one of our classes, a route (UDPRoute, TCPRoute) with such a Gateway as a
+  parent, a GatewayConfig, Dataplane, StaticService or ReferenceGrant: when something other
+  than `status` changed (our own status writes come back as events and must not render again);
 - a Secret, Service or EndpointSlice only when something rendered refers to it (`References`,
   recomputed after every render): a listener's certificate, a GatewayConfig's authRef, a route's
   backend Service and its EndpointSlices, a Gateway's own Service (its load-balancer address);
@@ -26,6 +26,7 @@ from typing import Any
 from stunner_api.vocabulary import OWNED_BY_LABEL, OWNED_BY_VALUE, RELATED_GATEWAY_NAME
 
 from .store import (
+    ROUTE_KINDS,
     SERVICE_NAME_LABEL,
     Kind,
     Object,
@@ -84,7 +85,7 @@ class References:
                 ns = str(auth_ref.get("namespace") or namespace_of(gateway_config))
                 secrets.add((ns, str(auth_ref.get("name") or "")))
         services: set[Key] = set()
-        for kind in (Kind.STUNNER_UDP_ROUTE, Kind.GATEWAY_API_UDP_ROUTE):
+        for kind in ROUTE_KINDS:
             for route in snapshot.all(kind):
                 if not _parents_ours(route, gateway_keys):
                     continue
@@ -119,7 +120,7 @@ class References:
         if kind == Kind.GATEWAY:
             ours = any(_spec(o).get("gatewayClassName") in self.classes for o in (new, old) if o)
             return ours and _changed(new, old, status=False)
-        if kind in (Kind.STUNNER_UDP_ROUTE, Kind.GATEWAY_API_UDP_ROUTE):
+        if kind in ROUTE_KINDS:
             ours = any(_parents_ours(o, self.gateways) for o in (new, old) if o)
             return ours and _changed(new, old, status=False)
         if kind in (Kind.GATEWAY_CONFIG, Kind.DATAPLANE, Kind.STATIC_SERVICE):

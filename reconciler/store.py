@@ -56,6 +56,7 @@ class Kind(StrEnum):
     GATEWAY = vocabulary.GATEWAY.name
     STUNNER_UDP_ROUTE = vocabulary.STUNNER_UDP_ROUTE.name
     GATEWAY_API_UDP_ROUTE = vocabulary.GATEWAY_API_UDP_ROUTE.name
+    GATEWAY_API_TCP_ROUTE = vocabulary.GATEWAY_API_TCP_ROUTE.name
     STATIC_SERVICE = vocabulary.STATIC_SERVICE.name
     SERVICE = vocabulary.SERVICE.name
     ENDPOINT_SLICE = vocabulary.ENDPOINT_SLICE.name
@@ -64,6 +65,9 @@ class Kind(StrEnum):
     NODE = vocabulary.NODE.name
     REFERENCE_GRANT = vocabulary.REFERENCE_GRANT.name
 
+
+# The routes: each names parent Gateways and backends, and becomes a cluster where it attaches.
+ROUTE_KINDS = (Kind.STUNNER_UDP_ROUTE, Kind.GATEWAY_API_UDP_ROUTE, Kind.GATEWAY_API_TCP_ROUTE)
 
 # (API group, kind) -> Kind, from the table's rendered rows.
 KINDS: Mapping[tuple[str, str], Kind] = {(k.group, k.kind): Kind(k.name) for k in RENDERED_KINDS}

@@ -19,6 +19,7 @@ from typing import Protocol
 
 from stunner_api.dataplane import StunnerConfig
 from stunner_api.endpoints import IPAddress, normalize_ip, parse_static_endpoint
+from stunner_api.vocabulary import LISTENER_PROTOCOL_TABLE
 
 _net = ipaddress.ip_network
 NEVER_PEERS = (  # whatever the routes say
@@ -201,11 +202,12 @@ def explain(
             OWN_ADDRESS,
             f"{_peer(ip, peer_port)} is stunnerd's own listener or relay socket: never relayed to",
         )
+    route_kind = "TCPRoute" if protocol == "TCP" else "UDPRoute"  # what renders such clusters
     if not routes:
         return Verdict(
             NO_ROUTES,
             "the listener routes to no cluster",
-            "a UDPRoute attached to this listener, with a backend naming the peer",
+            f"a {route_kind} attached to this listener, with a backend naming the peer",
         )
     by_name = {c.name: c for c in clusters}
     guard = guarded(ip)
@@ -294,7 +296,7 @@ def explain(
     return Verdict(
         NO_ROUTE,
         f"no routed cluster names {ip} (routes: {', '.join(named) or 'none configured'}){note}",
-        f"an endpoint covering {ip} in a routed cluster (a backend of a UDPRoute of this "
+        f"an endpoint covering {ip} in a routed cluster (a backend of a {route_kind} of this "
         "listener, e.g. a StaticService prefix)",
     )
 
@@ -326,7 +328,9 @@ def explain_config(
     peer_port: int | None = None,
     resolved: Mapping[str, frozenset[IPAddress]] | None = None,
 ) -> list[tuple[str, Verdict]]:
-    """`explain` for each listener of a dataplane config (what `stunner explain` prints).
+    """`explain` for each listener of a dataplane config (what `stunner explain` prints): the
+    peer of a UDP allocation; and, on a TURN-TCP or TURN-TLS listener routing to a TCP cluster (a
+    TCPRoute's), the peer of a TCP allocation too, as "<listener> (TCP allocations)".
     stunnerd's own addresses are the listeners' addresses and public addresses with their
     ports (the relay ports of live allocations only a running stunnerd knows)."""
     if config.auth.stun_only:
@@ -343,12 +347,23 @@ def explain_config(
     def is_own(ip: IPAddress, port: int) -> bool:
         return (ip, port) in own
 
-    return [
-        (
-            lc.name,
-            explain(
-                lc.routes, config.clusters, peer_ip, peer_port, resolved=resolved, is_own=is_own
-            ),
-        )
-        for lc in config.listeners
-    ]
+    tcp_clusters = {c.name for c in config.clusters if c.protocol.upper() == "TCP"}
+    out: list[tuple[str, Verdict]] = []
+    for lc in config.listeners:
+        facts = LISTENER_PROTOCOL_TABLE.get(lc.protocol)
+        protocols = ["UDP"]
+        if facts is not None and facts.stream and tcp_clusters.intersection(lc.routes):
+            protocols.append("TCP")
+        for protocol in protocols:
+            name = lc.name if protocol == "UDP" else f"{lc.name} (TCP allocations)"
+            verdict = explain(
+                lc.routes,
+                config.clusters,
+                peer_ip,
+                peer_port,
+                resolved=resolved,
+                is_own=is_own,
+                protocol=protocol,
+            )
+            out.append((name, verdict))
+    return out

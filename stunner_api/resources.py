@@ -33,6 +33,7 @@ from stunner_api.vocabulary import (
     DEFAULT_TLS_MODE,
     GATEWAY,
     GATEWAY_API_GROUP,
+    GATEWAY_API_TCP_ROUTE,
     GATEWAY_API_UDP_ROUTE,
     GATEWAY_CLASS,
     GATEWAY_CONFIG,
@@ -220,6 +221,13 @@ class UDPRoute(Resource):
     spec: UDPRouteSpec = Field(default_factory=UDPRouteSpec)
 
 
+class TCPRoute(Resource):
+    """The Gateway API TCPRoute (v1alpha2, experimental channel): a UDPRoute's schema (parent
+    references, rules of backend references), its backends reached over TCP."""
+
+    spec: UDPRouteSpec = Field(default_factory=UDPRouteSpec)
+
+
 # --- StaticService ----------------------------------------------------------------------------
 
 
@@ -275,6 +283,7 @@ MODELS: dict[KindInfo, type[Resource]] = {
     GATEWAY: Gateway,
     GATEWAY_API_UDP_ROUTE: UDPRoute,
     STUNNER_UDP_ROUTE: UDPRoute,
+    GATEWAY_API_TCP_ROUTE: TCPRoute,
     GATEWAY_CONFIG: GatewayConfig,
     STATIC_SERVICE: StaticService,
     DATAPLANE: Dataplane,

@@ -144,6 +144,19 @@ GATEWAY_API_UDP_ROUTE = KindInfo(
     rendered=True,
     written=True,
 )
+# Gateway API's TCPRoute (experimental channel only: v1alpha2, a CRD the chart does not ship):
+# TCP backends of RFC 6062 TCP allocations, a cluster of protocol TCP. Watched only where the
+# API server serves it (the informer finds it not served and looks again later).
+GATEWAY_API_TCP_ROUTE = KindInfo(
+    GATEWAY_API_GROUP,
+    "TCPRoute",
+    "tcproutes",
+    ("v1alpha2",),
+    judged=True,
+    watch=("v1alpha2",),
+    rendered=True,
+    written=True,
+)
 STATIC_SERVICE = KindInfo(
     STUNNER_GROUP,
     "StaticService",
@@ -208,6 +221,7 @@ KINDS: tuple[KindInfo, ...] = (
     GATEWAY,
     STUNNER_UDP_ROUTE,
     GATEWAY_API_UDP_ROUTE,
+    GATEWAY_API_TCP_ROUTE,
     STATIC_SERVICE,
     SERVICE,
     ENDPOINT_SLICE,

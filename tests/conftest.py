@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
-from tests.envtest.cluster import OUR_CRDS
+from tests.envtest.cluster import OUR_CRDS, TCP_ROUTE_CRD
 from tests.envtest.controlplane import ASSETS_VARIABLE, CHANNEL_VARIABLE, NO_ASSETS, ControlPlane
 from tests.support.shared import gateway_api_crds
 
@@ -59,5 +59,5 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlP
     directory = tmp_path_factory.mktemp("envtest")
     assets = Path(os.environ[ASSETS_VARIABLE])
     with ControlPlane(assets, directory, controller_manager=True) as plane:
-        plane.install_crds(sorted(OUR_CRDS.glob("*.yaml")) + gateway_crds)
+        plane.install_crds([*sorted(OUR_CRDS.glob("*.yaml")), *gateway_crds, TCP_ROUTE_CRD])
         yield plane

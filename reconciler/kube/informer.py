@@ -4,7 +4,8 @@ List, then watch from the list's resourceVersion with bookmarks (the official cl
 `watch.Watch` helper), resuming from the last resourceVersion seen when a stream ends; a 410 Gone
 relists; any other failure is retried with exponential back-off (`BACKOFF_INITIAL` doubling to
 `BACKOFF_MAX`) and counted as a watch restart. A kind the API server does not serve (its CRD is
-not installed) is cached as empty and looked for again every `NOT_SERVED_RETRY` seconds.
+not installed, as Gateway API's experimental TCPRoute may not be) is cached as empty and looked for
+again every `NOT_SERVED_RETRY` seconds (logged once, at the first look).
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ class Informer:
             target=self._main, name=f"watch-{watched.name}", daemon=True
         )
         self.version = ""
+        self._said_not_served = False  # "not served" is logged once, not at every look
 
     def start(self) -> None:
         self._thread.start()
@@ -112,12 +114,14 @@ class Informer:
                     continue
                 if exc.status == 404 and not self.version:
                     # Not served (its CRD is not installed): none of them, and look again later.
-                    log.info(
-                        "%s is not served (versions %s): none cached; looking again in %.0f s",
+                    log.log(
+                        logging.DEBUG if self._said_not_served else logging.INFO,
+                        "%s is not served (versions %s): none cached; looking again every %g s",
                         self.watched.name,
                         ", ".join(self.watched.versions),
                         self.not_served_retry,
                     )
+                    self._said_not_served = True
                     self.cache.replace(self.watched, [], "")
                     self._stop.wait(self.not_served_retry)
                     continue

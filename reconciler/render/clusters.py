@@ -1,4 +1,5 @@
-"""The cluster of a UDPRoute (ANCHORS §2.3): what the routes stage gives a route it attaches.
+"""The cluster of a UDPRoute (ANCHORS §2.3) or a TCPRoute: what the routes stage gives a route
+it attaches.
 
 The EndpointSlice addresses of Service backends (every one, ready or not: the list is a
 permission, and a starting or terminating pod still carries calls, of both families) plus
@@ -8,7 +9,10 @@ StaticService prefixes, the `:<port-endPort>` suffix; STRICT_DNS cluster DNS nam
 endpoint discovery is off.
 
 Unlike Go STUNner, a backend in another namespace needs a ReferenceGrant there, and a cluster
-whose backends are all TCP Service ports is a TCP cluster (Go always renders UDP).
+whose backends are all TCP Service ports is a TCP cluster (Go always renders UDP). A Gateway API
+TCPRoute's cluster is always of protocol TCP (the peers of RFC 6062 TCP allocations), named
+"tcp:<namespace>/<name>", and its backends' port and endPort apply as a STUNner UDPRoute's do
+(the port is the one TCP peers are reached on; a Gateway API UDPRoute's is ignored).
 """
 
 from __future__ import annotations
@@ -18,11 +22,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stunner_api.endpoints import is_ip
-from stunner_api.vocabulary import BACKEND_KINDS, STUNNER_GROUP, group_of
+from stunner_api.vocabulary import BACKEND_KINDS, GATEWAY_API_TCP_ROUTE, STUNNER_GROUP, group_of
 from stunner_api.vocabulary import ConditionReason as Reason
 
 from ..store import Kind, Object, Snapshot, name_of, namespace_of
 from .plan import RenderSettings
+
+TCP_CLUSTER_PREFIX = "tcp:"  # a TCPRoute's cluster: "tcp:<namespace>/<name>"
 
 
 def _spec(obj: Object | None) -> Mapping[str, Any]:
@@ -86,10 +92,15 @@ def _service_transports(service: Object, ref: Mapping[str, Any]) -> set[str]:
     return set(selected) or {"UDP"}
 
 
-def cluster(route: Object, snapshot: Snapshot, settings: RenderSettings) -> Cluster:
-    """The cluster of a UDPRoute: its first rule's backends (the other rules are not used)."""
+def cluster(
+    route: Object, snapshot: Snapshot, settings: RenderSettings, cluster_name: str
+) -> Cluster:
+    """The cluster `cluster_name` of a route: its first rule's backends (the other rules are not
+    used)."""
     route_namespace, route_group = namespace_of(route), group_of(str(route.get("apiVersion")))
-    result = Cluster(name=f"{route_namespace}/{name_of(route)}")
+    route_kind = str(route.get("kind"))
+    tcp_route = route_kind == GATEWAY_API_TCP_ROUTE.kind
+    result = Cluster(name=cluster_name)
     rules_ = [r for r in _spec(route).get("rules") or [] if isinstance(r, Mapping)]
     refs = (
         [r for r in (rules_[0].get("backendRefs") or []) if isinstance(r, Mapping)]
@@ -97,7 +108,7 @@ def cluster(route: Object, snapshot: Snapshot, settings: RenderSettings) -> Clus
         else []
     )
     # The Gateway API UDPRoute's port is required by its schema and ignored (GATEWAY.md).
-    ports_apply = route_group == STUNNER_GROUP
+    ports_apply = route_group == STUNNER_GROUP or tcp_route
     resolved: list[tuple[str, list[str]]] = []  # (cluster type, endpoints) per backend
     transports: set[str] = set()
     for ref in refs:
@@ -110,13 +121,13 @@ def cluster(route: Object, snapshot: Snapshot, settings: RenderSettings) -> Clus
             )
             continue
         if not snapshot.permits(
-            (route_group, "UDPRoute", route_namespace), (group, kind, namespace, name)
+            (route_group, route_kind, route_namespace), (group, kind, namespace, name)
         ):
             result.problems.append(
                 (
                     Reason.REF_NOT_PERMITTED,
                     f"backend {where} is in another namespace and no ReferenceGrant there "
-                    f"permits UDPRoutes of {route_namespace}",
+                    f"permits {route_kind}s of {route_namespace}",
                 )
             )
             continue
@@ -162,5 +173,5 @@ def cluster(route: Object, snapshot: Snapshot, settings: RenderSettings) -> Clus
                     "Services without endpoint discovery (STRICT_DNS) cannot share a route",
                 )
             )
-    result.protocol = "TCP" if transports == {"TCP"} else "UDP"
+    result.protocol = "TCP" if tcp_route or transports == {"TCP"} else "UDP"
     return result

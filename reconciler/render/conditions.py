@@ -158,7 +158,7 @@ def listener_refs_unresolved(reason: str, message: str) -> Condition:
     return Condition(ConditionType.RESOLVED_REFS, "False", reason, message)
 
 
-# --- UDPRoute ---------------------------------------------------------------------------------
+# --- UDPRoute and TCPRoute -------------------------------------------------------------------
 
 
 def route_accepted(gateway: str, reason: str, message: str | None = None) -> Condition:

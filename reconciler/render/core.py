@@ -4,7 +4,7 @@ The stages (context.py) are pure functions, one per output: for every GatewayCla
 controllerName is ours, the classes stage judges its GatewayConfig and Dataplane and resolves
 its credentials (any error invalidates the class and every Gateway of it). Then each Gateway of
 the class is planned by the listeners stage (a problem of one listener keeps only that listener
-out, any other error keeps the Gateway out); UDPRoutes attach to the rendered listeners that
+out, any other error keeps the Gateway out); routes attach to the rendered listeners that
 allow them (the routes stage; each attached route becomes one cluster); and each rendered
 Gateway gets its public addresses, its dataplane config, its Service, ServiceAccount and
 Deployment, and last its status. This module only runs them and puts their results in order.
@@ -57,7 +57,8 @@ def _status_key(update: StatusUpdate) -> SortKey:
     elif update.kind == "Gateway":
         key = (1, update.namespace, update.name)
     else:
-        key = (2, routes.route_order(update.api_version), update.namespace, update.name)
+        order = routes.route_order(update.api_version, update.kind)
+        key = (2, order, update.namespace, update.name)
     return key
 
 
@@ -139,9 +140,11 @@ def _run_part(ctx: Context, part: Part, of_classes: Mapping[str, ClassContext]) 
     stunner_ids = {id_of(r) for r in part.stunner_routes}
     attached: dict[tuple[GatewayKey, int], set[str]] = {}
     backends: dict[str, Cluster] = {}
-    for order, masking, group in ((0, (), part.stunner_routes), (1, stunner_ids, part.api_routes)):
+    none: set[str] = set()
+    masks = ((0, none, part.stunner_routes), (1, stunner_ids, part.api_routes))
+    for order, masking, group in (*masks, (2, none, part.tcp_routes)):
         for route in group:
-            route_id = id_of(route)
+            route_id = routes.route_id(route)
             tag = (3, order, namespace_of(route), name_of(route))
             found = run.take(tag, routes.attach(ctx, route, plans, route_id in masking))
             if found.cluster is not None:

@@ -1,8 +1,11 @@
-"""The routes stage: a UDPRoute attached to the listeners of its parent Gateways that allow it.
+"""The routes stage: a UDPRoute or TCPRoute attached to the listeners of its parent Gateways that
+allow it.
 
 Each parentRef naming a Gateway of ours gets a verdict (Accepted, NotAllowedByListeners,
 NoMatchingParent, or Pending: masked by a STUNner UDPRoute of the same name, or its Gateway not
-accepted); an attached route becomes one cluster (clusters.py) in its Gateway's config. The
+accepted); an attached route becomes one cluster (clusters.py) in its Gateway's config, a
+TCPRoute a cluster of protocol TCP on TURN-TCP and TURN-TLS listeners only (a TURN-UDP or
+TURN-DTLS listener carries no TCP allocations: NotAllowedByListeners, saying so). The
 route's status (its parents of ours, beside those of other controllers) is written here.
 """
 
@@ -14,12 +17,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from stunner_api.rules import Problem, Severity
-from stunner_api.vocabulary import GATEWAY_API_GROUP, group_of
+from stunner_api.rules.tcproute import tcp_allocations_refused
+from stunner_api.vocabulary import GATEWAY_API_GROUP, GATEWAY_API_TCP_ROUTE, group_of
 from stunner_api.vocabulary import ConditionReason as Reason
 
 from ..store import Kind, Object, labels_of, matches_selector, namespace_of
 from . import conditions as cond
-from .clusters import Cluster, cluster
+from .clusters import TCP_CLUSTER_PREFIX, Cluster, cluster
 from .context import (
     Context,
     GatewayKey,
@@ -28,6 +32,7 @@ from .context import (
     Staged,
     finding,
     findings_of,
+    id_of,
     spec_of,
     status_update,
 )
@@ -49,10 +54,27 @@ def gateway_parent_refs(route: Object) -> list[Mapping[str, Any]]:
     ]
 
 
-def route_order(api_version: str) -> int:
-    """STUNner's UDPRoutes (of `api_version`) render before Gateway API's (one of the same name
-    masks the other)."""
+def route_order(api_version: str, kind: str) -> int:
+    """STUNner's UDPRoutes render before Gateway API's (one of the same name masks the other),
+    and TCPRoutes last (0, 1, 2)."""
+    if kind == GATEWAY_API_TCP_ROUTE.kind:
+        return 2
     return 1 if group_of(api_version) == GATEWAY_API_GROUP else 0
+
+
+def route_order_of(route: Object) -> int:
+    return route_order(str(route.get("apiVersion")), str(route.get("kind")))
+
+
+def is_tcp_route(route: Object) -> bool:
+    return route.get("kind") == GATEWAY_API_TCP_ROUTE.kind
+
+
+def route_id(route: Object) -> str:
+    """A route's id, the name of its cluster: "<namespace>/<name>" (a STUNner and a Gateway API
+    UDPRoute of one name share it: one masks the other), "tcp:<namespace>/<name>" for a TCPRoute
+    (its own cluster beside a UDPRoute of its name)."""
+    return f"{TCP_CLUSTER_PREFIX}{id_of(route)}" if is_tcp_route(route) else id_of(route)
 
 
 @dataclass(frozen=True)
@@ -92,7 +114,7 @@ def _namespace_allowed(
 def _kind_allowed(listener: ListenerPlan, route: Object) -> bool:
     kinds = (listener.spec.get("allowedRoutes") or {}).get("kinds") or []
     return not kinds or any(
-        k.get("kind") == "UDPRoute"
+        k.get("kind") == route.get("kind")
         and (k.get("group") or GATEWAY_API_GROUP) == group_of(str(route.get("apiVersion")))
         for k in kinds
         if isinstance(k, Mapping)
@@ -146,16 +168,36 @@ def _parent(
         parent = RouteParent(parent_ref, Reason.NO_MATCHING_PARENT, message)
     else:
         port = ref.get("port")
-        accepting = [
+        candidates = [
             lst
             for lst in _named(plan, section)
-            if lst.rendered
-            and (port is None or port == lst.port)
+            if lst.rendered and (port is None or port == lst.port)
+        ]
+        # A TCPRoute is for TCP allocations, which run over TURN-TCP and TURN-TLS only.
+        refused = {
+            lst.index: why
+            for lst in candidates
+            if is_tcp_route(route) and (why := tcp_allocations_refused(lst.protocol)) is not None
+        }
+        accepting = [
+            lst
+            for lst in candidates
+            if lst.index not in refused
             and _kind_allowed(lst, route)
             and _namespace_allowed(ctx, lst, plan.gateway, route)
         ]
-        verdict = Reason.ACCEPTED if accepting else Reason.NOT_ALLOWED_BY_LISTENERS
-        parent = RouteParent(parent_ref, verdict)
+        if accepting:
+            parent = RouteParent(parent_ref, Reason.ACCEPTED)
+        elif refused:
+            why = "; ".join(
+                f"listener {lst.name!r}: {refused[lst.index]}"
+                for lst in candidates
+                if lst.index in refused
+            )
+            message = f"parent {where} rejects the route: {why}"
+            parent = RouteParent(parent_ref, Reason.NOT_ALLOWED_BY_LISTENERS, message)
+        else:
+            parent = RouteParent(parent_ref, Reason.NOT_ALLOWED_BY_LISTENERS)
     return parent, [lst.index for lst in accepting]
 
 
@@ -210,7 +252,7 @@ def attach(
             listeners += [(key, index) for index in indexes]
     backends = None
     if parents and not masked:
-        backends = cluster(route, ctx.snapshot, ctx.settings)
+        backends = cluster(route, ctx.snapshot, ctx.settings, route_id(route))
         path = "spec.rules[0].backendRefs"
         found += [finding(route, path, message, reason) for reason, message in backends.problems]
     attached = Attached(backends, tuple(listeners))

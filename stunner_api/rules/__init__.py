@@ -17,8 +17,8 @@ messages; the schema rule of each kind reports type errors through the models of
 `stunner_api.resources`. Pure: the Kubernetes API is reached only through the `Lookup` passed in.
 
 Whose objects: GatewayClasses are ours when their controllerName is ours; Gateways when their
-class is (looked up); Gateway API UDPRoutes (every served version) when one of their parent
-Gateways is (looked up: other controllers serve UDPRoutes too, with backends of their own).
+class is (looked up); Gateway API UDPRoutes (every served version) and TCPRoutes when one of their
+parent Gateways is (looked up: other controllers serve UDPRoutes too, with backends of their own).
 STUNner's own kinds (GatewayConfig, StaticService, Dataplane, STUNner's UDPRoute) are always
 judged; anything else gets an empty verdict.
 
@@ -43,6 +43,7 @@ from stunner_api.rules import (
     gatewayclass,
     gatewayconfig,
     staticservice,
+    tcproute,
     udproute,
 )
 from stunner_api.rules.base import (
@@ -61,6 +62,8 @@ from stunner_api.rules.base import (
 from stunner_api.rules.defaults import json_pointer, patch_for
 from stunner_api.vocabulary import (
     GATEWAY,
+    GATEWAY_API_GROUP,
+    GATEWAY_API_TCP_ROUTE,
     GATEWAY_API_UDP_ROUTE,
     ConditionReason,
     group_of,
@@ -90,9 +93,13 @@ RULES: dict[str, list[Rule]] = {
     "GatewayConfig": list(gatewayconfig.RULES),
     "Gateway": list(gateway.RULES),
     "UDPRoute": list(udproute.RULES),
+    "TCPRoute": list(tcproute.RULES),
     "StaticService": list(staticservice.RULES),
     "Dataplane": list(dataplane.RULES),
 }
+
+# The Gateway API route kinds STUNner judges only when one of their parent Gateways is ours.
+ROUTE_KINDS = frozenset({GATEWAY_API_UDP_ROUTE.kind, GATEWAY_API_TCP_ROUTE.kind})
 
 # Rules that judge a DELETE; every other rule judges CREATE and UPDATE only (deleting an
 # invalid object is always fine).
@@ -101,7 +108,7 @@ ON_DELETE: frozenset[Rule] = frozenset(dataplane.ON_DELETE)
 
 def is_ours(obj: dict[str, Any], lookup: Lookup, settings: Settings) -> bool:
     """Whether STUNner's rules apply: our kinds, our GatewayClasses, Gateways of our classes,
-    Gateway API UDPRoutes attached to such a Gateway.
+    Gateway API UDPRoutes and TCPRoutes attached to such a Gateway.
 
     Raises LookupFailed when a Gateway's class, or a route's parent, cannot be read."""
     kind = str(obj.get("kind"))
@@ -111,9 +118,7 @@ def is_ours(obj: dict[str, Any], lookup: Lookup, settings: Settings) -> bool:
         return bool(as_dict(obj.get("spec")).get("controllerName") == settings.controller_name)
     if kind == "Gateway":
         return _class_is_ours(as_dict(obj.get("spec")).get("gatewayClassName"), lookup, settings)
-    if kind == GATEWAY_API_UDP_ROUTE.kind and group_of(str(obj.get("apiVersion"))) == (
-        GATEWAY_API_UDP_ROUTE.group
-    ):
+    if group_of(str(obj.get("apiVersion"))) == GATEWAY_API_GROUP and kind in ROUTE_KINDS:
         namespace = str(as_dict(obj.get("metadata")).get("namespace") or "default")
         return any(
             _class_is_ours(as_dict(gateway.get("spec")).get("gatewayClassName"), lookup, settings)

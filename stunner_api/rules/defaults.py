@@ -103,7 +103,7 @@ def _gateway(p: Patcher) -> None:
         p.default([*base, "allowedRoutes", "namespaces", "from"], DEFAULT_ROUTE_NAMESPACES_FROM)
 
 
-def _udproute(p: Patcher) -> None:
+def _route(p: Patcher) -> None:
     spec = as_dict(p.doc.get("spec"))
     namespace = as_dict(p.doc.get("metadata")).get("namespace")
     for i, ref in enumerate(as_list(spec.get("parentRefs"))):
@@ -152,7 +152,8 @@ DEFAULTS: dict[str, Callable[[Patcher], None]] = {
     "GatewayClass": _gatewayclass,
     "GatewayConfig": _gatewayconfig,
     "Gateway": _gateway,
-    "UDPRoute": _udproute,
+    "UDPRoute": _route,
+    "TCPRoute": _route,  # the same fields as a UDPRoute
     "Dataplane": _dataplane,
 }
 

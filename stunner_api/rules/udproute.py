@@ -85,14 +85,12 @@ def udproute_backend_kinds(req: Request) -> list[Problem]:
     return problems
 
 
-def udproute_backend_ports(req: Request) -> list[Problem]:
-    """port and endPort are 1..65535; endPort needs port and is not below it. A Gateway API
-    UDPRoute (any version) requires a port for a Service backend."""
-    problems = []
+def port_range_problems(req: Request) -> Iterator[tuple[str, dict[str, Any], list[Problem]]]:
+    """Each backendRef with its path and the problems of its port and endPort: 1..65535,
+    endPort needs port and is not below it (a UDPRoute's and a TCPRoute's)."""
     reason = ConditionReason.UNSUPPORTED_VALUE
-    gateway_api = req.group == GATEWAY_API_GROUP
-    stunner_v1 = api_version(STUNNER_UDP_ROUTE.group, STUNNER_UDP_ROUTE.preferred_version)
     for path, ref in _backend_refs(req):
+        problems = []
         port, end_port = ref.get("port"), ref.get("endPort")
         for key, value in (("port", port), ("endPort", end_port)):
             if is_int(value) and not 1 <= value <= 65535:
@@ -107,7 +105,23 @@ def udproute_backend_ports(req: Request) -> list[Problem]:
             problems.append(
                 error(f"{path}.endPort", f"must not be below port {port}, got {end_port}", reason)
             )
-        if gateway_api and port is None and ref.get("kind", SERVICE.kind) == SERVICE.kind:
+        yield path, ref, problems
+
+
+def udproute_backend_ports(req: Request) -> list[Problem]:
+    """port and endPort are 1..65535; endPort needs port and is not below it. A Gateway API
+    UDPRoute (any version) requires a port for a Service backend."""
+    problems = []
+    reason = ConditionReason.UNSUPPORTED_VALUE
+    gateway_api = req.group == GATEWAY_API_GROUP
+    stunner_v1 = api_version(STUNNER_UDP_ROUTE.group, STUNNER_UDP_ROUTE.preferred_version)
+    for path, ref, found in port_range_problems(req):
+        problems += found
+        if (
+            gateway_api
+            and ref.get("port") is None
+            and ref.get("kind", SERVICE.kind) == (SERVICE.kind)
+        ):
             problems.append(
                 error(
                     f"{path}.port",

@@ -23,6 +23,7 @@ from tests.support.fakeapi import (
     CORE_TYPES,
     GATEWAY_TYPES,
     SUBJECT_ACCESS_REVIEWS,
+    TCP_ROUTE_TYPES,
     TOKEN_REVIEWS,
     FakeApiServer,
     ResourceType,
@@ -56,7 +57,8 @@ class RecordingApiServer(FakeApiServer):
     def __init__(self) -> None:
         from tests.reconciler.clusterkit import EVENT_TYPE
 
-        super().__init__((*CORE_TYPES, *GATEWAY_TYPES, EVENT_TYPE))  # and Events, recorded
+        # And Events, recorded; and Gateway API's TCPRoute (its CRD is not the chart's).
+        super().__init__((*CORE_TYPES, *GATEWAY_TYPES, *TCP_ROUTE_TYPES, EVENT_TYPE))
         self.watched: set[Grant] = set()
 
     def watch_events(self, rt: ResourceType, ns: str | None, query: dict[str, str]) -> Any:
@@ -129,19 +131,26 @@ def test_reconciler_roles_grant_exactly_what_cluster_mode_asks(
 ) -> None:
     """Cluster mode through every kind of request it makes: the first pass (creates, status),
     a Dataplane edit (an update), a conflict (a re-read), a switch to a DaemonSet (created, the
-    Deployment deleted) and an edit of it, a Gateway API UDPRoute's status, an edit of the
-    Gateway's ServiceAccount (written back), the disable-managed-dataplane annotation (the
-    DaemonSet deleted), an invalid Gateway (its Service and ServiceAccount deleted), the Events
+    Deployment deleted) and an edit of it, a Gateway API UDPRoute's and TCPRoute's status, an
+    edit of the Gateway's ServiceAccount (written back), the disable-managed-dataplane annotation
+    (the DaemonSet deleted), an invalid Gateway (its Service and ServiceAccount deleted), the Events
     these record, and the Lease."""
     from tests.reconciler import clusterkit as k
 
     gw_route = k.route(name="gw-route") | {"apiVersion": "gateway.networking.k8s.io/v1"}
     gw_route["spec"]["rules"] = [{"backendRefs": [{"name": "media", "port": 9000}]}]
+    tcp_route = gw_route | {
+        "apiVersion": "gateway.networking.k8s.io/v1alpha2",
+        "kind": "TCPRoute",
+        "metadata": {"name": "tcp-route", "namespace": k.NS},
+    }
     lease = {"lease_duration": 1.5, "renew_deadline": 1.0, "retry_period": 0.2}
 
     async def scenario() -> None:
-        k.world(api, gw_route)
+        k.world(api, gw_route, tcp_route)
         async with k.reconciler(api, tmp_path, leader_elect=True, identity="a", **lease) as r:
+            tcp_status = ("gateway.networking.k8s.io", "tcproutes/status", "patch")
+            await k.eventually(lambda: _asked(api, tcp_status))
             # Leading and at rest (settled waits for both): otherwise the first pass would
             # write the edited Dataplane's Deployment.
             await k.settled(r, api)

@@ -20,6 +20,9 @@ from tests.support.docs import documentation_text
 from tests.support.shared import ROOT, SPEC
 
 OUR_CRDS = ROOT / "charts" / "stunner" / "crds"
+# Gateway API's TCPRoute is of its experimental channel, which the chart does not ship: the tests'
+# own minimal CRD stands in for it (tests/data/crds: any object, as v1alpha2).
+TCP_ROUTE_CRD = ROOT / "tests" / "data" / "crds" / "tcproutes.yaml"
 
 WEBHOOK_USER = "stunner-webhook"
 VALIDATE = "validate.stunner.l7mp.io"

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -78,6 +79,7 @@ from stunner_api.rules.gatewayconfig import (
     gatewayconfig_stun_mode,
 )
 from stunner_api.rules.staticservice import staticservice_prefixes, staticservice_schema
+from stunner_api.rules.tcproute import tcproute_backend_ports, tcproute_listeners
 from stunner_api.rules.udproute import (
     udproute_backend_kinds,
     udproute_backend_ports,
@@ -92,6 +94,7 @@ from stunner_api.vocabulary import (
     ConditionReason,
 )
 from tests.support import lookups, objects
+from tests.support.docs import documentation_text
 from tests.support.objects import secret
 from tests.support.pki import key_pem, self_signed
 
@@ -290,10 +293,11 @@ def route(
     parents: list[Any] | None = None,
     api: str = "stunner.l7mp.io/v1",
     rules: int = 1,
+    kind: str = "UDPRoute",
 ) -> dict[str, Any]:
     return {
         "apiVersion": api,
-        "kind": "UDPRoute",
+        "kind": kind,
         "metadata": {"name": "r", "namespace": "stunner"},
         "spec": {
             "parentRefs": [{"name": "udp-gateway"}] if parents is None else parents,
@@ -318,6 +322,10 @@ def dataplane(name: str = "default", **spec: Any) -> dict[str, Any]:
         "metadata": {"name": name},
         "spec": {"image": "l7mp/stunnerd:latest", **spec},
     }
+
+
+def tcp_route(*backends: dict[str, Any], parents: list[Any] | None = None) -> dict[str, Any]:
+    return route(*backends, parents=parents, api=V1ALPHA2, kind="TCPRoute")
 
 
 def run(rule: Rule, obj: dict[str, Any], operation: str = "CREATE") -> tuple[list[str], list[str]]:
@@ -515,6 +523,20 @@ CASES: list[tuple[Rule, dict[str, Any], list[str]]] = [
     (udproute_backend_ports, route({"name": "s", "endPort": 9}), ["endPort: needs port"]),
     (udproute_backend_ports, route({"name": "s", "port": 9, "endPort": 8}), ["must not be below"]),
     (udproute_backend_ports, route({"name": "s"}, api=V1ALPHA2), ["port: required by"]),
+    (tcproute_backend_ports, tcp_route({"name": "s", "port": 5432}), []),
+    (
+        tcproute_backend_ports,
+        tcp_route({"name": "s", "kind": "StaticService", "group": SGROUP}),
+        [],
+    ),
+    (
+        tcproute_backend_ports,
+        tcp_route({"name": "s"}),
+        ["backendRefs[0].port: required for a Service: the port its TCP peers are reached on"],
+    ),
+    (tcproute_backend_ports, tcp_route({"name": "s", "port": 9, "endPort": 8}), ["not be below"]),
+    (tcproute_listeners, tcp_route(parents=[{"name": "udp-gateway"}]), []),
+    (tcproute_listeners, tcp_route(parents=[{"name": "udp-gateway", "sectionName": "x"}]), []),
     (staticservice_prefixes, ssvc("192.0.2.0/24", "198.51.100.7", "2001:db8::/32"), []),
     (staticservice_prefixes, ssvc("0.0.0.0/0", "::/0"), []),  # warnings
     (staticservice_prefixes, ssvc("192.0.2.0/33"), ["spec.prefixes[0]: must be a CIDR"]),
@@ -680,6 +702,13 @@ WARNINGS: list[tuple[Rule, dict[str, Any], str]] = [
     ),
     (gateway_annotations, annotated(nodeport='{"ghost":31000}'), "no listener named 'ghost'"),
     (udproute_backend_kinds, route(rules=2), "only the first rule is used"),
+    (
+        tcproute_listeners,
+        tcp_route(parents=[{"name": "udp-gateway", "sectionName": "udp"}]),
+        "spec.parentRefs[0].sectionName: 'udp': a TURN-UDP listener carries no TCP allocations "
+        "(RFC 6062 runs over TURN-TCP or TURN-TLS only): attach the TCPRoute to a TURN-TCP or "
+        "TURN-TLS listener",
+    ),
     (
         dataplane_resource,
         dataplane(dataplaneResource="DaemonSet", replicas=3),
@@ -1133,3 +1162,19 @@ def test_no_message_shows_what_a_secret_holds(s: dict[str, Any]) -> None:
         text = " ".join([verdict.message, *verdict.warning_messages])
         for word in secret_words(s):
             assert word not in text, (word, text)
+
+
+def test_the_documented_tcproute_passes_every_tcproute_rule() -> None:
+    """The TCPRoute example of the documentation (docs/reference/stunnerd.md, TCP backends) is
+    one the rules admit without a word."""
+    blocks = re.findall(r"^```yaml\n(.*?)^```", documentation_text(), re.DOTALL | re.MULTILINE)
+    routes = [
+        doc
+        for block in blocks
+        for doc in yaml.safe_load_all(block)
+        if isinstance(doc, dict) and doc.get("kind") == "TCPRoute"
+    ]
+    assert routes, "the documentation shows no TCPRoute"
+    for obj in routes:
+        for rule in RULES["TCPRoute"]:
+            assert run(rule, obj) == ([], []), rule.__name__

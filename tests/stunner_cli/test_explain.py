@@ -6,7 +6,9 @@ an unrouted IP and the cloud metadata address are refused with the rule and the 
 would allow them (exit 1); a dataplane config file works too, STUN-only included; bad peers and
 a missing Gateway name are usage errors (exit 2) and an unknown Gateway says what was rendered;
 no credential is printed. Online, through a fake API server and a real CDS, the running config
-is explained.
+is explained. A TURN-TCP listener routing to a TCPRoute's cluster also judges the peer as a TCP
+allocation's ("<listener> (TCP allocations)": admitted, port outside the range, no route naming a
+TCPRoute); a TURN-UDP listener gets no such line.
 """
 
 from __future__ import annotations
@@ -154,3 +156,32 @@ def test_online_the_running_config_is_explained(
     assert admitted[0] == 0 and "ns/gw/a: admitted via route ns/media" in admitted[1]
     assert refused[0] == 1 and "ns/gw/a: refused (no-route)" in refused[1]
     assert "p-secret" not in admitted[1] + refused[1]
+
+
+def tcproute_manifests(tmp_path: Path) -> str:
+    """The render case tcproute (a TURN-UDP and a TURN-TCP listener, TCPRoutes) as a folder."""
+    render_data = ROOT / "tests" / "data" / "render"
+    for name, source in (("common.yaml", "common.yaml"), ("routes.yaml", "tcproute/objects.yaml")):
+        (tmp_path / name).write_text((render_data / source).read_text())
+    return str(tmp_path)
+
+
+def test_a_tcp_peer_of_a_tcproute_is_judged_as_a_tcp_allocations_peer(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    manifests = tcproute_manifests(tmp_path)
+    code, out, _ = run(capsys, "stunner/tcp-gateway", "10.244.0.21:7881", "-f", manifests)
+    assert code == 0, out
+    tcp = "stunner/tcp-gateway/tcp-listener (TCP allocations)"
+    assert f"{tcp}: admitted via route tcp:stunner/media-tcp" in out, out
+    # The UDP allocations' verdict of the same listener: its clusters are TCP.
+    assert "stunner/tcp-gateway/tcp-listener: refused (cluster-not-udp)" in out, out
+    # The TURN-UDP listener carries no TCP allocations: no such line for it.
+    assert "udp-listener (TCP allocations)" not in out
+    # Port 9: the UDPRoute of the same name admits it for UDP allocations, not the TCPRoute.
+    code, out, _ = run(capsys, "stunner/tcp-gateway", "10.244.0.21:9", "-f", manifests)
+    assert "udp-listener: admitted via route stunner/media-tcp" in out, out
+    assert f"{tcp}: refused (port-outside-range): port 9 is outside 7881-7881" in out, out
+    code, out, _ = run(capsys, "stunner/tcp-gateway", "10.0.0.1:7881", "-f", manifests)
+    assert code == 1, out
+    assert f"{tcp}: refused (no-route)" in out and "a backend of a TCPRoute" in out, out

@@ -162,6 +162,14 @@ def _served(
     return tuple(ResourceType(group, v, plural, kind, **flags) for v in versions)
 
 
+# Gateway API's TCPRoute, of its experimental channel, which the chart does not ship: a fake serves
+# it only where a test registers it, as a cluster serves it once tests/data/crds/tcproutes.yaml
+# (or the experimental channel) is applied.
+TCP_ROUTE_TYPES = _served(
+    "gateway.networking.k8s.io", ("v1alpha2",), "tcproutes", "TCPRoute", status_subresource=True
+)
+
+
 # As the CRDs serve them: charts/stunner/crds and Gateway API v1.6.1 (UDPRoute as its
 # experimental channel serves it: v1 and v1alpha2; the standard channel serves v1 only).
 # tests/support/test_fakeapi.py checks this against the CRD files.

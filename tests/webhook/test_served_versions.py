@@ -35,6 +35,13 @@ INVALID: dict[str, tuple[dict[str, Any], str]] = {
         },
         "spec.rules[0].backendRefs[0]",
     ),
+    "TCPRoute": (
+        {
+            "parentRefs": [{"name": "udp-gateway"}],
+            "rules": [{"backendRefs": [{"name": "svc"}]}],  # a Service without its port
+        },
+        "spec.rules[0].backendRefs[0].port",
+    ),
     "GatewayConfig": ({"realm": "Not A Realm"}, "spec.realm"),
     "Dataplane": (
         {"image": "l7mp/stunnerd", "imagePullPolicy": "Sometimes"},

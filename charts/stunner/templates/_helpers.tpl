@@ -120,6 +120,7 @@ gateway.networking.k8s.io:
   gatewayclasses: {versions: [v1, v1beta1], delete: false}
   gateways: {versions: [v1, v1beta1], delete: false}
   udproutes: {versions: [v1, v1alpha2], delete: false}
+  tcproutes: {versions: [v1alpha2], delete: false}
 {{- end -}}
 
 {{/*
