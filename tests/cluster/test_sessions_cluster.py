@@ -112,24 +112,28 @@ def _rows(listed: str) -> list[dict[str, Any]]:
     return [s for answer in json.loads(listed) for s in answer.get("sessions") or []]
 
 
-async def _client_seen(release: Release, server: tuple[str, int], pod: str) -> dict[str, Any]:
-    """An allocation through `server`: the client address stunnerd's log and `sessions` name."""
+async def _client_seen(release: Release, server: tuple[str, int]) -> dict[str, Any]:
+    """An allocation through `server`: the client address `sessions` and the relaying pod's log
+    name (kube-proxy may send it to either pod)."""
     async with turn_allocation(server) as (client, allocated):
         assert allocated.message_class == Class.SUCCESS, error_code(allocated)
         assert client.transport is not None
         local = client.transport.get_extra_info("sockname")
-        relay = allocated.attributes["XOR-RELAYED-ADDRESS"]
-        relay_text = f"relay {relay[0]}:{relay[1]}"
+        relay = "{}:{}".format(*allocated.attributes["XOR-RELAYED-ADDRESS"])
+
+        def listed() -> dict[str, Any] | None:
+            rows = _rows(_sessions(release, "-o", "json"))
+            return next((r for r in rows if r.get("relay") == relay), None)
+
+        row = await asyncio.to_thread(wait_for, f"the allocation {relay} in sessions", listed, 30)
 
         def logged() -> str | None:
-            log = release.kube.ok("logs", pod, "-n", GATEWAY_NS, "--all-containers")
+            log = release.kube.ok("logs", row["pod"], "-n", GATEWAY_NS, "--all-containers")
             lines = [ln for ln in log.splitlines() if "allocation created" in ln]
-            lines = [ln for ln in lines if relay_text in ln]
+            lines = [ln for ln in lines if f"relay {relay}" in ln]
             return lines[-1] if lines else None
 
-        line = await asyncio.to_thread(wait_for, f"the allocation in {pod}'s log", logged, 30)
-        rows = _rows(await asyncio.to_thread(_sessions, release, "-o", "json"))
-        (row,) = [r for r in rows if r.get("relay") == f"{relay[0]}:{relay[1]}"]
+        line = await asyncio.to_thread(wait_for, f"{row['pod']}'s log of it", logged, 30)
         return {"local": f"{local[0]}:{local[1]}", "log": line, "session": row}
 
 
@@ -146,7 +150,7 @@ def test_external_traffic_policy_local_keeps_the_hosts_address(gateway: Release)
     host = _own_address(server)
     # Cluster (the default): what the client address is without the annotation
     assert _service_policy(kube) == "Cluster"
-    before = asyncio.run(_client_seen(gateway, server, second["pod"]))
+    before = asyncio.run(_client_seen(gateway, server))
     assert not before["session"]["client"].startswith(f"{host}:"), before
     kube.ok("annotate", "gateway", GATEWAY, "-n", GATEWAY_NS, f"{ETP_ANNOTATION}=local")
     started = time.monotonic()
@@ -155,7 +159,7 @@ def test_external_traffic_policy_local_keeps_the_hosts_address(gateway: Release)
     MEASURED[f"{gateway.name}: ETP Local: the Service said Local"] = (
         f"{time.monotonic() - started:.1f} s after the annotation"
     )
-    after = asyncio.run(_client_seen(gateway, server, second["pod"]))
+    after = asyncio.run(_client_seen(gateway, server))
     MEASURED[f"{gateway.name}: ETP Cluster via {server[0]}:{nodeport}"] = (
         f"the host {before['local']} seen as {before['session']['client']}: {before['log']}"
     )
@@ -163,6 +167,7 @@ def test_external_traffic_policy_local_keeps_the_hosts_address(gateway: Release)
         f"the host {after['local']} seen as {after['session']['client']}: {after['log']}"
     )
     assert after["session"]["client"] == after["local"], after
+    assert after["session"]["pod"] == second["pod"], "ETP Local: relayed by another node's pod"
     assert f"for {after['local']}" in after["log"], after
 
 
