@@ -6,9 +6,11 @@ UDP and TURN-TCP, 50 timestamped packets a second each, echoed by the echo pod),
 records calls kept, packets lost, the longest gap and the time until a new call works; the
 numbers go to the run's summary (`cluster phases`) and tests/cluster/README.md's fault table.
 
-- A rollout of the Gateway's stunnerd Deployment (``kubectl rollout restart``, what a ``helm
-  upgrade`` to a new image does): the calls on the old pod keep relaying until they end (0
-  lost), new calls land on the new pod, and the old pod leaves once its calls have ended.
+- A rollout of the Gateway's stunnerd Deployment (``kubectl rollout restart``), then a ``helm
+  upgrade --set image.tag=...`` to a new tag (both images tagged anew and loaded), which rolls the
+  control plane and, through the reconciler, stunnerd: the calls on the old pod keep relaying
+  until they end (0 lost), new calls land on the new pod, and the old pod leaves once its calls
+  have ended.
 - The reconciler's pod deleted, and the webhook scaled to 0: nothing lost, new calls work.
 - The CDS unreachable for 60 s (a rule in each stunnerd pod's network namespace drops its
   packets to the CDS Service): relaying goes on (0 lost), new calls work, and a route applied
@@ -49,8 +51,10 @@ from tests.cluster.test_quickstart_cluster import (
     GATEWAY,
     GATEWAY_NS,
     NAMESPACE,
+    RELEASE,
     Release,
     echo_peer,
+    image_loads,
     images,
     pod_condition,
     release,
@@ -131,7 +135,11 @@ def _record(name: str, results: list[calls.CallResult], new_call: float | None) 
 # --- a rollout ------------------------------------------------------------------------------
 
 
-async def _rollout_with_calls(release: Release, peer: tuple[str, int]) -> dict[str, Any]:
+async def _rollout_with_calls(
+    release: Release, peer: tuple[str, int], roll: Callable[[], Any], within: float = 60
+) -> dict[str, Any]:
+    """Calls through the one stunnerd pod; `roll()` FAULT_AT s in; the new pod, the calls,
+    a new call's pod and when the old pod left."""
     kube = release.kube
     server = (release.state["address"], 3478)
     (old,) = [p for p in _stunnerd_pods(kube) if not p["metadata"].get("deletionTimestamp")]
@@ -139,9 +147,7 @@ async def _rollout_with_calls(release: Release, peer: tuple[str, int]) -> dict[s
     running = _start_calls(release, peer)
     await asyncio.sleep(FAULT_AT)
     fault = time.monotonic()
-    await asyncio.to_thread(
-        kube.ok, "rollout", "restart", f"deployment/{GATEWAY}", "-n", GATEWAY_NS
-    )
+    await asyncio.to_thread(roll)
 
     def replaced() -> dict[str, Any] | None:
         pods = _stunnerd_pods(kube)
@@ -151,7 +157,7 @@ async def _rollout_with_calls(release: Release, peer: tuple[str, int]) -> dict[s
         return fresh[0] if fresh and gone else None
 
     new = await asyncio.to_thread(
-        wait_for, "a new stunnerd pod Ready, the old one told", replaced, 60
+        wait_for, "a new stunnerd pod Ready, the old one told", replaced, within
     )
     endpoints = await asyncio.to_thread(_endpoints, kube)
     replaced_after = time.monotonic() - fault
@@ -179,24 +185,23 @@ async def _rollout_with_calls(release: Release, peer: tuple[str, int]) -> dict[s
     }
 
 
-def test_a_rollout_keeps_live_calls_and_new_calls_land_on_the_new_pod(
-    gateway: Release, echo_peer: tuple[str, int]
-) -> None:
-    result = asyncio.run(_rollout_with_calls(gateway, echo_peer))
+def _rolled_without_hurt(release: Release, what: str, result: dict[str, Any]) -> None:
+    """What a rollout measured, recorded; its calls on the old pod kept and lossless, a new call
+    on the new pod, the old pod gone once its calls ended."""
     results: list[calls.CallResult] = result["results"]
-    _record(f"{gateway.name}: rollout restart", results, None)
-    MEASURED[f"{gateway.name}: rollout: new pod Ready"] = (
-        f"{result['replaced_after']:.1f} s after the restart; a new call relayed by it "
+    _record(f"{release.name}: {what}", results, None)
+    MEASURED[f"{release.name}: {what}: new pod Ready"] = (
+        f"{result['replaced_after']:.1f} s after it began; a new call relayed by it "
         f"{result['new_call']:.1f} s later"
     )
-    MEASURED[f"{gateway.name}: rollout: endpoints once the new pod was Ready"] = json.dumps(
+    MEASURED[f"{release.name}: {what}: endpoints once the new pod was Ready"] = json.dumps(
         result["endpoints"]
     )
     left = result["old_left"]
-    MEASURED[f"{gateway.name}: rollout: old pod left after its calls ended"] = (
+    MEASURED[f"{release.name}: {what}: old pod left after its calls ended"] = (
         "not within 60 s" if left is None else f"{left:.1f} s"
     )
-    MEASURED[f"{gateway.name}: rollout: the calls' longest gaps began"] = ", ".join(
+    MEASURED[f"{release.name}: {what}: the calls' longest gaps began"] = ", ".join(
         f"{r.transport} {r.gap_at:.1f} s" for r in results
     )
     assert all(r.relayed == result["old_ip"] for r in results), [r.relayed for r in results]
@@ -206,6 +211,59 @@ def test_a_rollout_keeps_live_calls_and_new_calls_land_on_the_new_pod(
     broken = [r for r in results if not r.kept or r.lost]
     assert not broken, f"calls on the old pod hurt by the rollout: {broken}"
     assert left is not None, "the old pod stayed after its calls had ended (and deleted theirs)"
+
+
+def test_a_rollout_keeps_live_calls_and_new_calls_land_on_the_new_pod(
+    gateway: Release, echo_peer: tuple[str, int]
+) -> None:
+    def restart() -> None:
+        gateway.kube.ok("rollout", "restart", f"deployment/{GATEWAY}", "-n", GATEWAY_NS)
+
+    _rolled_without_hurt(
+        gateway, "rollout restart", asyncio.run(_rollout_with_calls(gateway, echo_peer, restart))
+    )
+
+
+UPGRADE_TAG = "upgraded"  # the quick start's images tagged anew: an upgrade to a new image tag
+
+
+def _retag(release: Release, images: dict[str, str]) -> str:
+    """Both images under UPGRADE_TAG too, handed to every node; their new repository:tag."""
+    builder = release.settings.builder[0]
+    tagged = []
+    for image in images:
+        new = f"{image.rsplit(':', 1)[0]}:{UPGRADE_TAG}"
+        done = subprocess.run([builder, "tag", image, new], capture_output=True, text=True,
+                              check=False)  # fmt: skip
+        assert done.returncode == 0, f"{builder} tag {image} {new}: {done.stderr}"
+        tagged.append(new)
+    for shell in image_loads(release.settings, tagged):
+        done = subprocess.run(shell, shell=True, capture_output=True, text=True, check=False)
+        assert done.returncode == 0, f"{shell}: {done.stdout}{done.stderr}"
+    return UPGRADE_TAG
+
+
+def test_helm_upgrade_to_a_new_image_tag_keeps_live_calls(
+    gateway: Release, echo_peer: tuple[str, int], images: dict[str, str]
+) -> None:
+    tag = _retag(gateway, images)
+
+    def upgrade() -> None:
+        done = gateway.run_helm(
+            "upgrade", RELEASE, "charts/stunner", "-n", NAMESPACE, "--reuse-values",
+            "--set", f"image.tag={tag}",
+        )  # fmt: skip
+        assert done.returncode == 0, f"helm upgrade --set image.tag={tag}: {done.stderr}"
+
+    started = time.monotonic()
+    result = asyncio.run(_rollout_with_calls(gateway, echo_peer, upgrade, within=180))
+    _rolled_without_hurt(gateway, f"helm upgrade image.tag={tag}", result)
+    pods = _live_pods(gateway.kube)
+    running = {c["image"] for p in pods for c in p["spec"]["containers"]}
+    assert all(i.endswith(f":{tag}") for i in running), f"stunnerd pods run {running}"
+    MEASURED[f"{gateway.name}: helm upgrade image.tag={tag}: the phase"] = (
+        f"{time.monotonic() - started:.1f} s; stunnerd runs {sorted(running)}"
+    )
 
 
 # --- faults that keep every call -------------------------------------------------------------

@@ -81,7 +81,8 @@ def _translate_build(settings: Settings, words: list[str]) -> list[str]:
     return [*settings.builder[:1], "build", *settings.builder[1:], *words[2:]]
 
 
-def _loads(settings: Settings, images: list[str]) -> list[str]:
+def image_loads(settings: Settings, images: list[str]) -> list[str]:
+    """The shell commands that hand `images` to every node (STUNNER_TEST_IMAGE_LOAD)."""
     if "{images}" in settings.image_load:
         return [settings.image_load.format(images=" ".join(images))]
     return [settings.image_load.format(image=image) for image in images]
@@ -103,7 +104,7 @@ def images(settings: Settings) -> dict[str, str]:
         _timed(f"build {image}", started)
         built[image] = " ".join(command)
     started = time.monotonic()
-    for shell in _loads(settings, load[3:]):
+    for shell in image_loads(settings, load[3:]):
         done = subprocess.run(
             shell, shell=True, cwd=ROOT, capture_output=True, text=True, check=False
         )
