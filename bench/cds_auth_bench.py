@@ -34,9 +34,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from cds_bench import percentiles, say  # noqa: E402  (bench/ is on the path: run as a script)
 
-from reconciler.cds import cds_app, serve  # noqa: E402
-from reconciler.cds_access import MAX_TTL, Access, TokenVerifier  # noqa: E402
-from reconciler.cds_store import ConfigStore  # noqa: E402
+from reconciler.cds.access import MAX_TTL, Access, TokenVerifier  # noqa: E402
+from reconciler.cds.server import cds_app, serve  # noqa: E402
+from reconciler.cds.store import ConfigStore  # noqa: E402
 from reconciler.kube.api import Api  # noqa: E402
 from stunner_api.dataplane import validate_config  # noqa: E402
 from stunner_api.vocabulary import CDS_TOKEN_AUDIENCE  # noqa: E402

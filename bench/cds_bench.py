@@ -40,8 +40,8 @@ from pathlib import Path
 
 from websockets.asyncio.client import connect
 
-from reconciler.cds import HANDLERS_KEY, cds_app, serve
-from reconciler.cds_store import ConfigStore
+from reconciler.cds.server import HANDLERS_KEY, cds_app, serve
+from reconciler.cds.store import ConfigStore
 from reconciler.demo_example import EXAMPLE, prepare
 from reconciler.local import LocalSettings, run_local
 from stunner_api.dataplane import StunnerConfig, validate_config

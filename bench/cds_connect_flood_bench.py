@@ -1,7 +1,7 @@
 """The CDS under a connect flood: honest connect latency and watches, this tree beside another
 checkout (`--anchor-tree`, e.g. main's) measured in the same run.
 
-For each tree: the CDS application (reconciler.cds, its CDS_LIMITS) is served in a process of
+For each tree: the CDS application (reconciler.cds.server, its CDS_LIMITS) is served in a process of
 its own, with one config; `--flooders` processes (tests/support/flood.py, `connect`) open TCP
 connections from one source IP at up to `--rate` a second each for `--seconds`, each closed unread
 once 512 newer ones are open; meanwhile `--connects` honest connects (from other IPs, 8 at a
@@ -33,8 +33,8 @@ from typing import Any
 HERE = Path(__file__).resolve().parent.parent
 SERVER = """
 import asyncio, sys
-from reconciler.cds import CDS_LIMITS, cds_app
-from reconciler.cds_store import ConfigStore
+from reconciler.cds.server import CDS_LIMITS, cds_app
+from reconciler.cds.store import ConfigStore
 from stunner_http.server import LIMITS_KEY, serve
 from tests.reconciler.test_cds import make_config
 async def main():

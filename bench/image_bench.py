@@ -30,8 +30,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from reconciler.cds import cds_app  # noqa: E402
-from reconciler.cds_store import ConfigStore  # noqa: E402
+from reconciler.cds.server import cds_app  # noqa: E402
+from reconciler.cds.store import ConfigStore  # noqa: E402
 from stunner_api.dataplane import validate_config  # noqa: E402
 from tests.image.conftest import IMAGE_PREFIX, Stage, run_stage, stages  # noqa: E402
 from tests.support.background import Background  # noqa: E402

@@ -3,13 +3,13 @@
     .venv/bin/python bench/quota_bench.py [--trials 40] [--pods 10] [--users 1000]
 
 1. The window (README "Cluster-wide user quotas", "What holds"): the real CDS server
-   (reconciler.cds) on 127.0.0.1 and two stunnerd config sources
+   (reconciler.cds.server) on 127.0.0.1 and two stunnerd config sources
    (stunnerd.process.sources.CdsSource)
    with their reporters (stunnerd.process.usage) over real WebSockets; the time from an allocation
    counted on pod A to pod B counting it among its others. "idle": the change comes after a
    quiet period (sent at once); "busy": right after the previous change (the report waits for
    REPORT_INTERVAL).
-2. The CDS's work (reconciler.cds_quota.UsageBoard): per report (`report`, what the event loop
+2. The CDS's work (reconciler.cds.quota.UsageBoard): per report (`report`, what the event loop
    does for each report frame besides parsing it: the running totals, O(the report)), and per
    flush (`flush`, at most once per REPORT_INTERVAL a config: every reporter's others), for
    `--pods` reporting pods of one Gateway, each with `--users` users.
@@ -23,9 +23,9 @@ import statistics
 import time
 import timeit
 
-from reconciler.cds import cds_app, serve
-from reconciler.cds_quota import UsageBoard
-from reconciler.cds_store import ConfigStore
+from reconciler.cds.quota import UsageBoard
+from reconciler.cds.server import cds_app, serve
+from reconciler.cds.store import ConfigStore
 from stunner_api.cds import REPORT_INTERVAL
 from stunner_api.dataplane import validate_config
 from stunnerd.process.sources import CdsSource

@@ -38,7 +38,7 @@ from stunner_api.vocabulary import (
     SYSTEM_NAMESPACE,
 )
 
-from .cds_access import Account, AuthMode, parse_readers
+from .cds.access import Account, AuthMode, parse_readers
 from .files import ManifestError
 from .local import DEFAULT_AUTH_PORT, LocalSettings, run_local
 from .loop import THROTTLE

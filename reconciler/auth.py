@@ -1,5 +1,5 @@
 """The auth service (ANCHORS §5, Go's `authd`): TURN credentials and ICE-server JSON over the
-configs the CDS serves, beside the CDS server (reconciler.cds).
+configs the CDS serves, beside the CDS server (reconciler.cds.server).
 
 `auth_app(store)` serves its TURN REST endpoints: `GET /` (credentials) and `GET /ice`
 (ICE-server JSON), computed by `stunner_api.ice` over a `ConfigStore`. Like Go's, it is
@@ -36,8 +36,8 @@ from stunner_api.vocabulary import CDS_TOKEN_FILE_ENV
 from stunner_client.cds import CdsClient, CdsError
 from stunner_http.server import LIMITS_KEY, NAME_KEY, RateLimitedLog, ServerLimits
 
-from .cds import MAX_CLIENT_MESSAGE, STORE_KEY, Handler, json_error, json_errors, serve
-from .cds_store import ConfigStore
+from .cds.server import MAX_CLIENT_MESSAGE, STORE_KEY, Handler, json_error, json_errors, serve
+from .cds.store import ConfigStore
 
 auth_log = logging.getLogger("stunner.auth-service")
 log = logging.getLogger("stunner.auth")

@@ -23,7 +23,7 @@ serving until the process ends, so stunnerd sees no gap it does not have to.
 
 Leader-only CDS (`cds_leader_only`, --cds-leader-only; the chart's with `reconciler.replicas`
 above 1): only the leader serves configs and takes usage reports, so the cluster-wide user quotas
-(reconciler.cds_usage) are counted in one place. A standby renders as every replica does, but
+(reconciler.cds.usage) are counted in one place. A standby renders as every replica does, but
 answers /readyz with 503 (so the CDS Service routes to the leader only) and every CDS request
 with 503 and `Retry-After` (a stunnerd that reaches it anyway retries, through the Service);
 a leader that stops leading (a lost renewal, SIGTERM) closes its watches (1001), whose stunnerds
@@ -60,10 +60,10 @@ from stunner_api.vocabulary import (
 
 from . import events
 from .apply import Write, owned_by
-from .cds import HANDLERS_KEY, CdsHandlers, cds_app, serve
-from .cds_access import MAX_TTL, Access, Account, AuthMode, ReviewUnavailable, TokenVerifier
-from .cds_quota import dataplane_pod
-from .cds_store import ConfigStore
+from .cds.access import MAX_TTL, Access, Account, AuthMode, ReviewUnavailable, TokenVerifier
+from .cds.quota import dataplane_pod
+from .cds.server import HANDLERS_KEY, CdsHandlers, cds_app, serve
+from .cds.store import ConfigStore
 from .health import Health
 from .kube.api import Api, ConfigUnavailable, describe, load_client, refusal
 from .kube.informer import BACKOFF_INITIAL, BACKOFF_MAX, NOT_SERVED_RETRY, WATCH_TIMEOUT, Informer
@@ -158,7 +158,7 @@ class ClusterSettings:
     enable_finalizer: bool = False
     # False (--disable-endpointslice-controller): EndpointSlices are not watched at all.
     watch_endpoint_slices: bool = True
-    # --cds-auth: "required", every CDS request shows a ServiceAccount token (cds_access);
+    # --cds-auth: "required", every CDS request shows a ServiceAccount token (cds.access);
     # "off", anyone who reaches the port reads every config (Go's behaviour).
     cds_auth: AuthMode = AuthMode.REQUIRED
     cds_readers: frozenset[Account] = frozenset()  # --cds-readers: may read every config
@@ -295,7 +295,7 @@ class ClusterMode:
             return None
         return "standing by: the CDS is served by the leader only (--cds-leader-only)"
 
-    # --- who reads the configs (cds_access) ---------------------------------------------------
+    # --- who reads the configs (cds.access) ---------------------------------------------------
 
     def _review_token(self, token: str) -> dict[str, Any]:
         """In a thread: the TokenReview of a CDS caller's token."""
@@ -332,7 +332,7 @@ class ClusterMode:
         self._loop.call_soon_threadsafe(self._consider, new, old)
 
     def _pod_changed(self, new: Object | None, old: Object | None) -> None:
-        """A Gateway's dataplane pod seen or gone: who may report usage (cds_usage)."""
+        """A Gateway's dataplane pod seen or gone: who may report usage (cds.usage)."""
         was = dataplane_pod(old) if old is not None else None
         now = dataplane_pod(new) if new is not None else None
         if was is not None and was != now:

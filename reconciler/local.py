@@ -31,8 +31,8 @@ from typing import IO, Any
 from stunner_api.cds import DEFAULT_PORT as DEFAULT_CDS_PORT
 
 from .auth import auth_app
-from .cds import cds_app, serve
-from .cds_store import ConfigStore
+from .cds.server import cds_app, serve
+from .cds.store import ConfigStore
 from .files import ManifestDir
 from .loop import THROTTLE, Reconciler, Rendered
 from .render import RenderSettings, render

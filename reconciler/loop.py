@@ -31,7 +31,7 @@ from typing import Any, Protocol
 
 from stunner_api.dataplane import StunnerConfig
 
-from .cds_store import ConfigStore
+from .cds.store import ConfigStore
 
 log = logging.getLogger("stunner.reconciler")
 

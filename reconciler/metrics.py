@@ -207,7 +207,7 @@ class ServedInThread:
             self._started.set()
 
     async def _serve(self) -> None:
-        from .cds import serve
+        from .cds.server import serve
 
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()

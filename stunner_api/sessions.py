@@ -18,7 +18,7 @@ its age and remaining lifetime in seconds, and its packets and bytes each way wh
 path counts them per allocation (null where it does not: the native engine and the kernel
 offload count per listener).
 
-The CDS serves them to the CLI (its readers only, reconciler.cds_access):
+The CDS serves them to the CLI (its readers only, reconciler.cds.access):
 `GET SESSIONS_PATH` lists every pod's sessions of a Gateway, `POST DISCONNECT_PATH?user=U` (or
 `?allocation=ID`) ends them on every pod and answers what ended.
 """

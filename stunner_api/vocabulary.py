@@ -207,7 +207,7 @@ SERVICE_ACCOUNT = KindInfo(
     owned_only=True,
     written=True,
 )
-# The Gateways' dataplane pods, watched only to know who may report usage (reconciler.cds_usage).
+# The Gateways' dataplane pods, watched only to know who may report usage (reconciler.cds.usage).
 POD = KindInfo(CORE_GROUP, "Pod", "pods", ("v1",), watch=("v1",), selector=DATAPLANE_POD_SELECTOR)
 LEASE = KindInfo("coordination.k8s.io", "Lease", "leases", ("v1",))  # leader election
 EVENT = KindInfo("events.k8s.io", "Event", "events", ("v1",))  # what the reconciler did

@@ -2,7 +2,7 @@
 service proxy to the CDS, the pod proxy to stunnerd's /status), never to a pod IP, by the CLI's
 one door to it, stunner_cli.kube.
 
-The CDS serves configs only to ServiceAccount tokens of its audience (reconciler.cds_access).
+The CDS serves configs only to ServiceAccount tokens of its audience (reconciler.cds.access).
 The API server's service proxy strips `Authorization` (kubernetes/kubernetes#38775), so the CLI
 mints a short-lived token (TokenRequest, `READER_TOKEN_SECONDS`) for the chart's reader account
 (`READER_ACCOUNT` in the CDS's namespace) and sends it as `X-Stunner-Authorization`: whoever RBAC

@@ -1,4 +1,4 @@
-"""The real CDS server (`reconciler.cds`) on a free port, with what the client tests look at.
+"""The real CDS server (`reconciler.cds.server`) on a free port, with what the client tests look at.
 
 `async with run_cds_server() as cds:` serves a fresh `ConfigStore` on 127.0.0.1 (port 0: any
 free port; `cds.address` is `http://127.0.0.1:<port>`). `cds.set_config("ns/name", config)` (a
@@ -6,7 +6,7 @@ free port; `cds.address` is `http://127.0.0.1:<port>`). `cds.set_config("ns/name
 refuse), `cds.delete("ns/name")` (its watchers get the zero config), `await cds.disconnect_all()`
 (the clients should reconnect). `cds.requests` records every request path with its query, and
 `cds.origins` the Origin header of every WebSocket client. `access` (a middleware such as
-`reconciler.cds_access.Access.middleware`) decides who reads what, as in cluster mode.
+`reconciler.cds.access.Access.middleware`) decides who reads what, as in cluster mode.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
-from reconciler.cds import HANDLERS_KEY, cds_app, serve
-from reconciler.cds_store import ConfigStore
+from reconciler.cds.server import HANDLERS_KEY, cds_app, serve
+from reconciler.cds.store import ConfigStore
 from stunner_api.dataplane import StunnerConfig
 
 

@@ -27,8 +27,8 @@ import pytest
 import yaml
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from reconciler.cds import cds_app
-from reconciler.cds_store import ConfigStore
+from reconciler.cds.server import cds_app
+from reconciler.cds.store import ConfigStore
 from reconciler.local import LocalSettings, run_local
 from reconciler.render import RenderSettings, render
 from reconciler.render import credentials as render_credentials

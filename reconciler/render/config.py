@@ -86,7 +86,7 @@ def admin(
 def relay_address(gateway: Object, gateway_config: Object, limits: Limits) -> str:
     """A rendered listener's `address`: the pod's address (stunnerd expands it), or with relay
     address discovery the node placeholder, which the CDS replaces for each stunnerd with its
-    Node's public address (reconciler.cds; the pod sends its node name, STUNNER_NODENAME)."""
+    Node's public address (reconciler.cds.server; the pod sends its node name, STUNNER_NODENAME)."""
     if annotation(RELAY_ADDRESS_DISCOVERY_ROW, gateway, gateway_config, limits):
         return NODE_ADDRESS_PLACEHOLDER
     return STUNNER_ADDR

@@ -1,6 +1,6 @@
 """Sessions, stunnerd's side: answer the CDS's requests on the config watch with this pod's live
 allocations, and end the ones it names (stunner_api.sessions; README "Sessions: list and end
-allocations"; the CDS side is reconciler.cds_sessions).
+allocations"; the CDS side is reconciler.cds.sessions).
 
 `SessionDesk` reads the listeners of this process (`listeners()`: name -> Listener) on demand:
 nothing is kept or sent until the CDS asks. `WatchLink` is what the CDS watch carries for this

@@ -1,6 +1,6 @@
 """Cluster-wide user quotas, stunnerd's side: report this pod's allocation counts per user to
 the CDS on the config watch, and count what the CDS says the other pods hold (README
-"Cluster-wide user quotas"; the frames are stunner_api.cds's, the CDS side reconciler.cds_quota).
+"Cluster-wide user quotas"; the frames are stunner_api.cds's, the CDS side reconciler.cds.quota).
 
 `UsageReporter` is the primary process's, over its `LocalQuota` (which the UDP workers ask too):
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from reconciler.cds_access import Account, AuthMode
+from reconciler.cds.access import Account, AuthMode
 from reconciler.render.deployment import CDS_TOKEN_SOURCE
 from stunner_api.vocabulary import CDS_TOKEN_DIR, CDS_TOKEN_FILE, CDS_TOKEN_FILE_ENV
 from tests.charts.conftest import NAMESPACE, of_kind, render

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from reconciler.cds import cds_app
-from reconciler.cds_store import ConfigStore
+from reconciler.cds.server import cds_app
+from reconciler.cds.store import ConfigStore
 from stunner_api.dataplane import StunnerConfig, validate_config
 from stunner_cli import offline
 from tests.charts.conftest import NAMESPACE, ROOT, of_kind, render

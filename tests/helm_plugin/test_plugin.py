@@ -1,6 +1,6 @@
 """`helm stunner ...` with real helm 3 and helm 4: the plugin installed with `helm plugin install
-./helm-plugin`, reaching the real CDS server (reconciler/cds.py) through the fake API server's
-service proxy, and the offline render/check over manifest files."""
+./helm-plugin`, reaching the real CDS server (reconciler/cds/server.py) through the fake API
+server's service proxy, and the offline render/check over manifest files."""
 
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ import pytest
 import yaml
 from aiohttp import web
 
-from reconciler.cds import cds_app
-from reconciler.cds_store import ConfigStore
+from reconciler.cds.server import cds_app
+from reconciler.cds.store import ConfigStore
 from stunner_api.dataplane import validate_config
 from stunner_cli import offline
 from tests.charts.conftest import HELMS, ROOT, helm_binary

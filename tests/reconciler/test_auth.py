@@ -18,9 +18,9 @@ import pytest
 
 from reconciler import auth
 from reconciler.auth import apply_frame, follow, run
-from reconciler.cds import cds_app, serve
-from reconciler.cds_access import Access, Account, TokenVerifier
-from reconciler.cds_store import ConfigStore
+from reconciler.cds.access import Access, Account, TokenVerifier
+from reconciler.cds.server import cds_app, serve
+from reconciler.cds.store import ConfigStore
 from reconciler.kube.api import Api
 from stunner_api.dataplane import StunnerConfig, validate_config
 from stunner_api.vocabulary import CDS_TOKEN_AUDIENCE

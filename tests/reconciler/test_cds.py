@@ -1,4 +1,4 @@
-"""The CDS server (reconciler.cds), spoken to by stunnerd's own client and by raw clients.
+"""The CDS server (reconciler.cds.server), spoken to by stunnerd's own client and by raw clients.
 
 We test: GET of one config, a namespace and all configs; 404 with `{code, message}` for an
 unknown id; a watch gets the current config and every change, over stunnerd's `CdsSource`; a
@@ -22,8 +22,8 @@ import aiohttp
 import pytest
 from websockets.asyncio.client import connect
 
-from reconciler.cds import cds_app, serve
-from reconciler.cds_store import ConfigStore
+from reconciler.cds.server import cds_app, serve
+from reconciler.cds.store import ConfigStore
 from stunner_api.dataplane import StunnerConfig, validate_config, zero_config
 from stunnerd.process.sources import CdsSource, SourceError
 

@@ -26,7 +26,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from reconciler.cds_access import (
+from reconciler.cds.access import (
     MAX_TTL,
     Account,
     AuthMode,

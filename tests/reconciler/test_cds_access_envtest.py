@@ -14,9 +14,9 @@ import asyncio
 import aiohttp
 import pytest
 
-from reconciler.cds import cds_app, serve
-from reconciler.cds_access import Access, TokenVerifier
-from reconciler.cds_store import ConfigStore
+from reconciler.cds.access import Access, TokenVerifier
+from reconciler.cds.server import cds_app, serve
+from reconciler.cds.store import ConfigStore
 from reconciler.kube.api import Api, load_client
 from stunner_api.dataplane import validate_config
 from stunner_api.vocabulary import CDS_TOKEN_AUDIENCE

@@ -21,8 +21,8 @@ import aiohttp
 import pytest
 
 from reconciler.auth import auth_app
-from reconciler.cds import serve
-from reconciler.cds_store import ConfigStore
+from reconciler.cds.server import serve
+from reconciler.cds.store import ConfigStore
 from stunner_api.dataplane import StunnerConfig, validate_config
 
 NOW = 1_700_000_000

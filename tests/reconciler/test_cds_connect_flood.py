@@ -19,8 +19,8 @@ import struct
 
 import aiohttp
 
-from reconciler.cds import CDS_LIMITS, cds_app
-from reconciler.cds_store import ConfigStore
+from reconciler.cds.server import CDS_LIMITS, cds_app
+from reconciler.cds.store import ConfigStore
 from stunner_http.server import LIMITS_KEY, serve
 from tests.reconciler.test_cds import make_config
 from tests.support import flood

@@ -29,8 +29,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from reconciler.cds import CDS_LIMITS, HANDLERS_KEY, cds_app, serve
-from reconciler.cds_store import ConfigStore
+from reconciler.cds.server import CDS_LIMITS, HANDLERS_KEY, cds_app, serve
+from reconciler.cds.store import ConfigStore
 from stunner_http.server import LIMITS_KEY, Served, ServerLimits
 from tests.reconciler.test_cds import STEP, eventually, make_config, run
 from tests.support.sockets import closed_by_server

@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 
-from reconciler.cds import cds_app, serve
-from reconciler.cds_store import ConfigStore
+from reconciler.cds.server import cds_app, serve
+from reconciler.cds.store import ConfigStore
 from stunner_api.cds import config_path
 from stunner_api.dataplane import StunnerConfig, validate_config
 from stunner_api.vocabulary import NODE_ADDRESS_PLACEHOLDER

@@ -1,7 +1,7 @@
-"""Cluster-wide user quotas on the CDS: the pure board (reconciler.cds_quota) and the real
-server (reconciler.cds, reconciler.cds_usage) spoken to by real WebSocket clients, where the CDS
-checks no tokens (local mode): every watcher reports for itself. Who may report where tokens are
-checked: tests/reconciler/test_cds_quota_attacks.py.
+"""Cluster-wide user quotas on the CDS: the pure board (reconciler.cds.quota) and the real
+server (reconciler.cds.server, reconciler.cds.usage) spoken to by real WebSocket clients, where
+the CDS checks no tokens (local mode): every watcher reports for itself. Who may report where
+tokens are checked: tests/reconciler/test_cds_quota_attacks.py.
 
 We test the board: each reporter is told the sum of the OTHER reporters' counts of its config,
 per user, only when that changes and only when flushed; another config's reports do not mix in;
@@ -30,10 +30,10 @@ from typing import Any
 import aiohttp
 import pytest
 
-from reconciler.cds import HANDLERS_KEY, WATCH_BUDGET
-from reconciler.cds_quota import NO_OTHERS, UsageBoard, others_of
-from reconciler.cds_store import ConfigStore
-from reconciler.cds_usage import NO_QUOTA
+from reconciler.cds.quota import NO_OTHERS, UsageBoard, others_of
+from reconciler.cds.server import HANDLERS_KEY, WATCH_BUDGET
+from reconciler.cds.store import ConfigStore
+from reconciler.cds.usage import NO_QUOTA
 from stunner_api.cds import (
     MAX_USAGE_COUNT,
     MAX_USAGE_USERS,

@@ -31,7 +31,7 @@ from typing import Any
 import aiohttp
 from aiohttp import WSMsgType
 
-from reconciler.cds_access import Account
+from reconciler.cds.access import Account
 from reconciler.cluster import Running
 from reconciler.render.inputs import account_name
 from stunner_api.cds import (

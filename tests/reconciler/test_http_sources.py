@@ -26,9 +26,9 @@ from typing import Any
 import aiohttp
 
 from reconciler.auth import auth_app
-from reconciler.cds import CDS_LIMITS, cds_app, serve
-from reconciler.cds_access import Access, TokenVerifier
-from reconciler.cds_store import ConfigStore
+from reconciler.cds.access import Access, TokenVerifier
+from reconciler.cds.server import CDS_LIMITS, cds_app, serve
+from reconciler.cds.store import ConfigStore
 from reconciler.demo_example import prepare
 from stunner_api.vocabulary import CDS_TOKEN_AUDIENCE
 from stunner_http.admission import Admission, Holdings, source_share

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
-from reconciler.cds_store import ConfigStore
+from reconciler.cds.store import ConfigStore
 from reconciler.local import renderer
 from reconciler.loop import Reconciler, Rendered
 from reconciler.render import RenderSettings

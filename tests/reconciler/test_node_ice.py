@@ -19,7 +19,7 @@ from typing import Any
 
 import aiohttp
 
-from reconciler.cds_store import ConfigStore
+from reconciler.cds.store import ConfigStore
 from reconciler.render import Plan, Renderer, RenderSettings, render
 from reconciler.store import Snapshot
 from stunner_api.vocabulary import (

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from reconciler.cds import cds_app
-from reconciler.cds_access import Access, Account, TokenVerifier
-from reconciler.cds_store import ConfigStore
+from reconciler.cds.access import Access, Account, TokenVerifier
+from reconciler.cds.server import cds_app
+from reconciler.cds.store import ConfigStore
 from reconciler.kube.api import Api
 from stunner_api.dataplane import validate_config
 from stunner_api.vocabulary import CDS_TOKEN_AUDIENCE

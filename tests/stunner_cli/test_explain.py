@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from reconciler.cds import cds_app
-from reconciler.cds_store import ConfigStore
+from reconciler.cds.server import cds_app
+from reconciler.cds.store import ConfigStore
 from stunner_api.dataplane import validate_config
 from stunner_cli.__main__ import main as stunner
 from tests.support.background import Background

@@ -26,7 +26,7 @@ from typing import Any
 
 from aiohttp import web
 
-from reconciler.cds_access import Account
+from reconciler.cds.access import Account
 from stunner_api.dataplane import StunnerConfig
 from stunner_cli.cluster import READER_ACCOUNT
 from stunnerd.surface.admin import status_of

@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from reconciler.cds import cds_app
-from reconciler.cds_store import ConfigStore
+from reconciler.cds.server import cds_app
+from reconciler.cds.store import ConfigStore
 from stunner_api.dataplane import validate_config
 from stunner_cli.targets import parse_target
 from tests.support import ports

@@ -1,6 +1,6 @@
 """stunnerd shows its pod's projected ServiceAccount token to the CDS (issue 20 #5).
 
-The CDS here is the real server with cluster mode's access check (reconciler.cds_access), whose
+The CDS here is the real server with cluster mode's access check (reconciler.cds.access), whose
 TokenReviews go through the reconciler's own Kubernetes door to the fake API server; the tokens
 are ones the fake issued, as the kubelet writes them into the projected volume.
 
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from reconciler.cds_access import MAX_TTL, Access, TokenVerifier
+from reconciler.cds.access import MAX_TTL, Access, TokenVerifier
 from reconciler.kube.api import Api
 from stunner_api.vocabulary import CDS_TOKEN_AUDIENCE
 from stunnerd.process.sources import CdsSource, SourceError

@@ -1,6 +1,6 @@
 """Cluster-wide user quotas: three real stunnerd processes, started as the chart starts them
 (`stunnerd -w --udp-thread-num=16 -c http://CDS`), watch one Gateway's config on one real CDS
-server (reconciler.cds) with `user_quota: 2`, each pod on its own loopback address
+server (reconciler.cds.server) with `user_quota: 2`, each pod on its own loopback address
 (`$STUNNER_ADDR`), and the real TURN client (aioice, stunner_client.turn) allocates.
 
 We test: allocations on two pods count together, so the third Allocate gets 486 on every pod;

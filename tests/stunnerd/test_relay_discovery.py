@@ -23,8 +23,8 @@ from typing import Any, cast
 
 import pytest
 
-from reconciler.cds import cds_app, serve
-from reconciler.cds_store import ConfigStore
+from reconciler.cds.server import cds_app, serve
+from reconciler.cds.store import ConfigStore
 from stunner_api.dataplane import StunnerConfig, validate_config
 from stunner_api.stun import Class
 from stunner_api.vocabulary import NODE_ADDRESS_PLACEHOLDER, RELAY_STUN_SERVER_ENV

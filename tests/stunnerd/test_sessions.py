@@ -1,7 +1,8 @@
 """Sessions across pods (issue 29): three real stunnerd processes, started as the chart starts
 them (`stunnerd -w -c http://CDS`), watch one Gateway's config on one real CDS server
-(reconciler.cds) with TURN REST (ephemeral) credentials, each pod on its own loopback address,
-and real TURN clients (the raw client: it refreshes after the end) allocate over UDP and TCP.
+(reconciler.cds.server) with TURN REST (ephemeral) credentials, each pod on its own loopback
+address, and real TURN clients (the raw client: it refreshes after the end) allocate over UDP
+and TCP.
 
 We test: GET /api/v1/sessions/NS/GW lists exactly the allocations made, on the pods they were
 made on, with their user ids, relay addresses, peers, channels and (Python path) counters, and no
@@ -26,7 +27,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from reconciler.cds_access import Access, Account, TokenVerifier
+from reconciler.cds.access import Access, Account, TokenVerifier
 from reconciler.kube.api import Api
 from stunner_api.dataplane_load import load_config
 from stunner_api.ice import ephemeral_password, ephemeral_username

@@ -22,8 +22,8 @@ from typing import Any
 
 import pytest
 
-from reconciler.cds import cds_app, serve
-from reconciler.cds_store import ConfigStore
+from reconciler.cds.server import cds_app, serve
+from reconciler.cds.store import ConfigStore
 from stunner_api.cds import OPEN_TIMEOUT, PONG_WAIT
 from stunner_api.dataplane import ConfigError, StunnerConfig
 from stunner_client.cds import RECONNECT_FIRST, reconnect_waits, retry_after

@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 from aiohttp import web
 
-from reconciler.cds import serve
+from reconciler.cds.server import serve
 from stunner_client.echo import EchoPeer
 
 

@@ -15,7 +15,7 @@ replaced with its Node's address (`patched`), else with `$STUNNER_ADDR`, and a w
 offered its config again when its Node's address changes. `node_local` is render's per-Gateway
 list of the public addresses of the Nodes it runs on (the auth service's per-node ICE URIs).
 
-Cluster-wide user quotas: `usage` (reconciler.cds_usage) takes the watchers' usage reports and
+Cluster-wide user quotas: `usage` (reconciler.cds.usage) takes the watchers' usage reports and
 tells them the others'; the store keeps it told of each config's quota.
 
 Secrets are in the configs and nowhere else: logs name ids, never content.
@@ -40,10 +40,10 @@ from stunner_api.cds import (
 from stunner_api.dataplane import StunnerConfig, zero_config
 from stunner_api.endpoints import is_ip
 
-from .cds_access import Allowed
-from .cds_quota import PodClaim
-from .cds_sessions import SessionBoard
-from .cds_usage import UsageDesk
+from .access import Allowed
+from .quota import PodClaim
+from .sessions import SessionBoard
+from .usage import UsageDesk
 
 log = logging.getLogger("stunner.cds-server")
 
@@ -64,7 +64,7 @@ class Selector:
 
     namespace: str = ""
     name: str = ""
-    # The caller's access (reconciler.cds_access), asked anew for every config; None: all.
+    # The caller's access (reconciler.cds.access), asked anew for every config; None: all.
     allowed: Allowed | None = field(default=None, compare=False)
 
     def matches(self, id: str) -> bool:
@@ -87,11 +87,11 @@ class Watcher:
     selector: Selector
     peer: str
     node: str = ""  # the `node` parameter: whose public address the placeholder becomes
-    # Where the CDS checks tokens (reconciler.cds_access): the pod the watcher may report usage
+    # Where the CDS checks tokens (reconciler.cds.access): the pod the watcher may report usage
     # as (its token's), None when it may not; where it checks none, every watcher reports.
     authenticated: bool = False
     pod: PodClaim | None = None
-    # Sessions (reconciler.cds_sessions): the pod it answers for, once it said it speaks them.
+    # Sessions (reconciler.cds.sessions): the pod it answers for, once it said it speaks them.
     sessions_pod: str = ""
     pending: dict[str, str] = field(default_factory=dict)
     ready: asyncio.Event = field(default_factory=asyncio.Event)
@@ -135,7 +135,7 @@ class ConfigStore:
         self.dropped_watchers = 0
         # Cluster-wide user quotas: the reports of the watchers that send them.
         self.usage = UsageDesk(usage_interval)
-        # Sessions: the requests to the pods in flight (reconciler.cds_sessions).
+        # Sessions: the requests to the pods in flight (reconciler.cds.sessions).
         self.sessions = SessionBoard()
         # Relay address discovery: Node name -> its public address as given (ExternalIP or
         # ExternalDNS), and the IP address each resolves to (an IP resolves to itself).

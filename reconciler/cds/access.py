@@ -15,8 +15,8 @@ yet started) being allowed to read. The lists (`/api/v1/configs`, `/api/v1/confi
 only what the caller may read.
 
 A projected (bound) token names its pod: the TokenReview answers its name and uid in
-`status.user.extra` (reconciler.cds_quota.PodClaim), kept as the account's `pod`. Usage
-reports of cluster-wide user quotas count only from a pod of the Gateway (reconciler.cds_store):
+`status.user.extra` (reconciler.cds.quota.PodClaim), kept as the account's `pod`. Usage
+reports of cluster-wide user quotas count only from a pod of the Gateway (reconciler.cds.store):
 the middleware leaves the pod a caller may report as under REPORTER_KEY, None for a reader (who
 never reports) or a token bound to no pod.
 
@@ -67,7 +67,7 @@ from stunner_api.cds import InvalidId, config_id, split_id
 from stunner_api.vocabulary import CDS_AUTH_HEADERS, CDS_SERVICE_NAME, CDS_TOKEN_AUDIENCE
 from stunner_http.server import RateLimitedLog
 
-from .cds_quota import PodClaim
+from .quota import PodClaim
 
 log = logging.getLogger("stunner.cds-server")
 
@@ -133,7 +133,7 @@ class Account:
 # pod its token is bound to), None when it may not (a reader, a token bound to no pod).
 REPORTER_KEY: web.RequestKey[PodClaim | None] = web.RequestKey("stunner.cds.reporter")
 # The caller's account (`namespace/name`), and whether it is one of the readers: only they may
-# list and end sessions (reconciler.cds_sessions), and the CDS logs who ended what.
+# list and end sessions (reconciler.cds.sessions), and the CDS logs who ended what.
 ACCOUNT_KEY: web.RequestKey[str] = web.RequestKey("stunner.cds.account")
 READER_KEY: web.RequestKey[bool] = web.RequestKey("stunner.cds.reader")
 

@@ -1,6 +1,6 @@
 """Cluster-wide user quotas on the CDS: who may report, the running sums of the reports, and
 what each reporting pod is told (README "Cluster-wide user quotas"; the frames are
-stunner_api.cds's, the I/O around the board reconciler.cds_store's).
+stunner_api.cds's, the I/O around the board reconciler.cds.store's).
 
 Who reports (issue 28): where the CDS checks tokens, a Gateway's own dataplane pods, one report
 per pod. A bound (projected) token names its pod (`PodClaim`, from the TokenReview), and a pod is
@@ -57,7 +57,7 @@ from stunner_api.vocabulary import (
     RELATED_GATEWAY_NAMESPACE,
 )
 
-from .store import labels_of, meta, name_of, namespace_of
+from ..store import labels_of, meta, name_of, namespace_of
 
 K = TypeVar("K", bound=Hashable)
 W = TypeVar("W", bound=Hashable)

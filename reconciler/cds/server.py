@@ -1,5 +1,5 @@
 """The config discovery service (CDS) server: the HTTP and WebSocket side of the store of
-rendered configs (`ConfigStore`, reconciler.cds_store: the configs by id, their watchers, the
+rendered configs (`ConfigStore`, reconciler.cds.store: the configs by id, their watchers, the
 Nodes' public addresses).
 
 `cds_app(store)` serves what stunnerd's CDS client speaks (`stunner_api.cds`, ANCHORS §1.12):
@@ -8,11 +8,11 @@ GET `/api/v1/configs[/{namespace}[/{name}]]`, and the same with `?watch=true` ov
 id is a 404 `{code, message}` (a watch on it is accepted and waits: stunnerd may start before
 its Gateway renders). The server pings every watcher and drops one that does not answer. A
 watcher sends its keepalive and nothing else, or, on a watch of one config, usage reports of
-cluster-wide user quotas (reconciler.cds_usage: a Gateway's own pod, on a config with a quota,
+cluster-wide user quotas (reconciler.cds.usage: a Gateway's own pod, on a config with a quota,
 is then sent the other reporting pods' counts; a report of anyone else counts nothing and is not
 parsed; a watcher that never reports gets configs only). One past WATCH_BUDGET frames is closed
 with 1008, as is a frame that is not a valid report and a watch whose token is revoked (one whose
-token expires with 1000: reconciler.cds_access, `LAPSED_KEY`); an unmasked frame with 1002
+token expires with 1000: reconciler.cds.access, `LAPSED_KEY`); an unmasked frame with 1002
 (stunner_http.websocket). Per-watcher log lines come at a bounded rate (LOG_PERIOD).
 
 Relay address discovery (Go's node patcher): a request's `node` parameter names the requesting
@@ -103,10 +103,10 @@ from stunner_http.server import (
 from stunner_http.server import serve as serve_http
 from stunner_http.websocket import FrameBudget, WebSocketGuard
 
-from .cds_access import ACCOUNT_KEY, ALLOWED_KEY, LAPSED_KEY, READER_KEY, REPORTER_KEY, Lapsed
-from .cds_sessions import ASKS_PER_SECOND
-from .cds_store import ConfigStore, Selector, Watcher
-from .cds_usage import LOG_PERIOD
+from .access import ACCOUNT_KEY, ALLOWED_KEY, LAPSED_KEY, READER_KEY, REPORTER_KEY, Lapsed
+from .sessions import ASKS_PER_SECOND
+from .store import ConfigStore, Selector, Watcher
+from .usage import LOG_PERIOD
 
 log = logging.getLogger("stunner.cds-server")
 
@@ -236,7 +236,7 @@ class CdsHandlers:
             selector,
             peer=request.remote or "?",
             node=request.query.get(NODE_PARAM, ""),
-            authenticated=REPORTER_KEY in request,  # cds_access checked its token
+            authenticated=REPORTER_KEY in request,  # cds.access checked its token
             pod=request.get(REPORTER_KEY),
         )
         # No await from here to the registration: no change can slip in between.
@@ -462,7 +462,7 @@ def cds_app(
     retry_after: float = 1.0,
 ) -> web.Application:
     """The CDS as an aiohttp application over `store`; `access`: a middleware that decides
-    who reads what (`reconciler.cds_access.Access.middleware`), None: everyone reads all;
+    who reads what (`reconciler.cds.access.Access.middleware`), None: everyone reads all;
     `standby`: while it gives a reason, every request is answered 503 (`standby_refusal`),
     before any token is checked."""
     handlers = CdsHandlers(store, write_timeout=write_timeout, heartbeat=heartbeat)

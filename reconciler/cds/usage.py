@@ -1,4 +1,4 @@
-"""Cluster-wide user quotas, the CDS's side around the pure board (reconciler.cds_quota, which
+"""Cluster-wide user quotas, the CDS's side around the pure board (reconciler.cds.quota, which
 says who reports and what each is told): which watcher's report counts, the pods known to be
 the Gateways', and when the reporters are told (README "Cluster-wide user quotas").
 
@@ -33,7 +33,7 @@ from typing import Protocol
 from stunner_api.cds import REPORT_INTERVAL
 from stunner_http.server import RateLimitedLog
 
-from .cds_quota import PodClaim, UsageBoard
+from .quota import PodClaim, UsageBoard
 
 log = logging.getLogger("stunner.cds-server")
 
@@ -45,7 +45,7 @@ NO_QUOTA = "no user quota"
 
 
 class Reporting(Protocol):
-    """What the desk needs of a watcher (reconciler.cds_store.Watcher)."""
+    """What the desk needs of a watcher (reconciler.cds.store.Watcher)."""
 
     peer: str
     pod: PodClaim | None

@@ -11,7 +11,7 @@ whose token is bound to a pod may answer, and its pod is the token's, not the na
 ANSWER_TIMEOUT seconds, for every answer: what they said, and which pods stayed silent.
 
 Each request costs every pod of the Gateway a frame on its watch, which the CDS budgets
-(reconciler.cds.WATCH_BUDGET: a watcher past it is closed): `admit(id)` lets at most
+(reconciler.cds.server.WATCH_BUDGET: a watcher past it is closed): `admit(id)` lets at most
 ASKS_PER_SECOND requests a second reach one Gateway's pods (the CDS answers the others 429).
 """
 
@@ -33,7 +33,7 @@ SESSIONS_FRAME = "\x00sessions"  # a watcher's pending sessions frame (config id
 
 
 class Answering(Protocol):
-    """What the board needs of a watcher (reconciler.cds_store.Watcher)."""
+    """What the board needs of a watcher (reconciler.cds.store.Watcher)."""
 
     sessions_pod: str
 
