@@ -30,7 +30,7 @@ from ..turn.counters import ClusterCounters, ListenerCounters
 from ..turn.server import ServerContext, TurnServer
 from ..turn.sockets import local_bind_address
 from . import native
-from .native_glue import EngineCounted
+from .native_glue import NativeEngines
 from .native_tcp import NativeTcpTransport
 from .native_udp import NativeUdpTransport
 from .transports import DtlsTransport, TcpTransport, Transport, UdpTransport
@@ -150,7 +150,7 @@ class Listener:
     def stats(self) -> ListenerCounters:
         """The listener's counters: the TURN server's plus what the native engine relayed."""
         transport = self.transport
-        if not isinstance(transport, EngineCounted):
+        if not isinstance(transport, NativeEngines):
             return self.server.stats
         total = ListenerCounters()
         total.add(self.server.stats)
@@ -160,7 +160,7 @@ class Listener:
     def cluster_counters(self) -> Mapping[str, ClusterCounters]:
         """Per cluster, what the native engine relayed (Python's count is the context's)."""
         transport = self.transport
-        return transport.cluster_counters() if isinstance(transport, EngineCounted) else {}
+        return transport.cluster_counters() if isinstance(transport, NativeEngines) else {}
 
     def offload_state(self) -> dict[str, Any]:
         """Whether the kernel offload relays this listener's ChannelData, and if not, why:

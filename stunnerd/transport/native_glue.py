@@ -1,12 +1,13 @@
 """What the two native transports (native_udp, native_tcp) share of the C engine: an
 allocation's relay socket inside the engine and the mirror of its state (`NativeAllocation`),
-the engines' counters as a listener's (`EngineCounted`), the decision a packet the engine hands
-up gets (`decide_and_reinject`), and the peer a client's packet is for as Python's state says
-(`relayed_peer`).
+the engines, their allocations, a peer's packet they hand up and their counters as a listener's
+(`NativeEngines`), the decision a packet an engine hands up gets (`decide_and_reinject`), and
+the peer a client's packet is for as Python's state says (`relayed_peer`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from stunner_api import stun
@@ -89,21 +90,67 @@ class NativeAllocation:
         self._changed(self.handle)
 
 
-class EngineCounted:
-    """The counters of a transport whose native engines count its traffic (`_counters`: their
-    total, or the last one kept after they stopped; None before any ran)."""
+class NativeEngines:
+    """What a transport on native engines keeps of them, the same for TURN-UDP and TURN-TCP:
+    its engines (`relays`), its allocations by (engine, handle) (`engine_allocations`), what to
+    undo when they stop (`unwatch_on_stop`), a peer's packet an engine handed up (`from_peer`:
+    the router decides, the verdict is installed, the packet re-injected and, if it goes up,
+    given to its allocation), and the engines' counters as a listener's (their total, or the
+    last one kept after they stopped; empty before any ran). Mixed in before the Python
+    transport it extends, whose `server` it reads."""
 
-    def _counters(self) -> native.NativeCounters | None:
-        raise NotImplementedError
+    server: TurnServer
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.relays: list[native.NativeRelay] = []
+        self.engine_allocations: dict[tuple[int, int], Allocation] = {}  # (engine, handle) -> it
+        self.unwatch_on_stop: list[Callable[[], None]] = []
+        self.last_counters: native.NativeCounters | None = None  # after stop
+
+    def from_peer(self, engine: int, packet: native.HandedUp) -> None:
+        """A peer's packet `engine` had no verdict for: decided, and relayed up if allowed."""
+        allocation = self.engine_allocations.get((engine, packet.handle))
+        if allocation is None:
+            return  # removed while its packet waited
+        if self.decided(engine, (packet.address[0], packet.address[1]), packet) != native.UP:
+            return
+        allocation.datagram_received(packet.data, packet.address)
+
+    def decided(self, engine: int, peer: Address, packet: native.HandedUp) -> int:
+        """The router's verdict for `peer` installed in `engine`, and `packet` decided again."""
+        return decide_and_reinject(self.relays[engine], self.server, peer, packet)
+
+    def stop_engines(self) -> None:
+        """Stop and close every engine (and what each holds), keeping their last counters; the
+        engines' cluster counters outlive them in the process's, as Python's do."""
+        relays, self.relays = self.relays, []
+        if not relays:
+            return
+        for unwatch in self.unwatch_on_stop:
+            unwatch()
+        self.unwatch_on_stop = []
+        self.last_counters = native.NativeCounters.total([relay.counters() for relay in relays])
+        for relay in relays:
+            relay.close()
+        for name, counters in self.last_counters.cluster_counters().items():
+            self.server.scope.cluster_counters[name].add(counters)
+        self.last_counters.clusters = {}
+
+    def engine_counters(self) -> native.NativeCounters | None:
+        """The engines' total while they run, the last one after; None before any ran."""
+        if self.relays:
+            return native.NativeCounters.total([relay.counters() for relay in self.relays])
+        return self.last_counters
 
     def listener_counters(self) -> ListenerCounters:
         """What the engines consumed of the listener's traffic (Python's is the server's)."""
-        counted = self._counters()
+        counted = self.engine_counters()
         return counted.listener() if counted is not None else ListenerCounters()
 
     def cluster_counters(self) -> dict[str, ClusterCounters]:
         """The engines' per-cluster counters while they run (then they are in the process's)."""
-        counted = self._counters()
+        counted = self.engine_counters()
         return counted.cluster_counters() if counted is not None else {}
 
 

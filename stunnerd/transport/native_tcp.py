@@ -55,14 +55,13 @@ import time
 from typing import Any, cast
 
 from stunner_api.stun import FRAMING_ERRORS as STREAM_FRAMING_ERRORS
-from stunner_api.stun import Address
 
 from ..turn.allocation import Allocation, Downstream, RelaySocket
 from ..turn.server import TurnServer
 from ..turn.sockets import bound_socket
 from ..turn.tcp_relay import DataConnection, PeerConnection
 from . import native
-from .native_glue import EngineCounted, NativeAllocation, decide_and_reinject, relayed_peer
+from .native_glue import NativeAllocation, NativeEngines, relayed_peer
 from .transports import MAX_STREAM_BUFFER, TcpConnectionProtocol, TcpTransport
 
 log = logging.getLogger("stunner.listener")
@@ -96,24 +95,20 @@ class NativeConnection:
         return (self.engine, self.handle)
 
 
-class NativeTcpTransport(EngineCounted, TcpTransport):
+class NativeTcpTransport(NativeEngines, TcpTransport):
     """TURN-TCP with the native relay engine (see the module docstring)."""
 
     def __init__(self, server: TurnServer, engines: int = 1) -> None:
         super().__init__(server)
-        self.relays: list[native.NativeRelay] = []
         self._engines = max(1, engines)
         self._sock: socket.socket | None = None
-        # (engine, stream handle) -> connection; (engine, allocation handle) -> allocation
+        # (engine, stream handle) -> connection
         self._streams: dict[tuple[int, int], NativeConnection] = {}
         self._by_remote: dict[Any, NativeConnection] = {}
-        self._allocations: dict[tuple[int, int], Allocation] = {}
         self._load: list[int] = []  # connections per engine
         # Connections whose descriptor Python keeps until their first frame, oldest first.
         self._holding: dict[NativeConnection, None] = {}
         self._sweeper: asyncio.TimerHandle | None = None
-        self._unwatch: list[Any] = []
-        self._final: native.NativeCounters | None = None  # after stop
         limits = server.context.limits
         self._sweep_every = max(0.05, min(1.0, limits.stream_deadline / 4, limits.idle_timeout / 4))
 
@@ -140,7 +135,7 @@ class NativeTcpTransport(EngineCounted, TcpTransport):
         loop = asyncio.get_running_loop()
         for engine, relay in enumerate(relays):
             relay.attach(loop, functools.partial(self._handed_up, engine))
-            self._unwatch.append(self.server.router.watch(relay.clear_verdicts))
+            self.unwatch_on_stop.append(self.server.router.watch(relay.clear_verdicts))
         loop.add_reader(sock.fileno(), self._accept)
         self.server.scope.relay_path = self
         self._sweeper = loop.call_later(self._sweep_every, self._sweep)
@@ -154,18 +149,7 @@ class NativeTcpTransport(EngineCounted, TcpTransport):
         if self._sweeper is not None:
             self._sweeper.cancel()
             self._sweeper = None
-        relays, self.relays = self.relays, []
-        if relays:
-            for unwatch in self._unwatch:
-                unwatch()
-            self._unwatch = []
-            self._final = native.NativeCounters.total([relay.counters() for relay in relays])
-            for relay in relays:
-                relay.close()  # closes every connection it holds
-            # The engines' cluster counters outlive them in the process's, as Python's do.
-            for name, counters in self._final.cluster_counters().items():
-                self.server.scope.cluster_counters[name].add(counters)
-            self._final.clusters = {}
+        self.stop_engines()  # an engine closes every connection it holds
         for connection in list(self._streams.values()):
             self._forget_connection(connection)
             held = self._unhold(connection)
@@ -316,11 +300,11 @@ class NativeTcpTransport(EngineCounted, TcpTransport):
         forget = functools.partial(self._forget, connection.engine)
         relayed = NativeAllocation(relay, handle, sockname, forget)
         allocation.mirror = relayed
-        self._allocations[(connection.engine, handle)] = allocation
+        self.engine_allocations[(connection.engine, handle)] = allocation
         return relayed
 
     def _forget(self, engine: int, handle: int) -> None:
-        self._allocations.pop((engine, handle), None)
+        self.engine_allocations.pop((engine, handle), None)
 
     # --- what the engine handed up ----------------------------------------------------------
 
@@ -332,7 +316,7 @@ class NativeTcpTransport(EngineCounted, TcpTransport):
                 elif packet.source == native.SOURCE_CLOSED:
                     self._closed(engine, packet)
                 elif packet.source == native.SOURCE_PEER:
-                    self._from_peer(engine, packet)
+                    self.from_peer(engine, packet)
             except Exception:  # a bug must not take the listener down
                 log.exception("listener %s: error handling a packet", self.server.name)
 
@@ -346,7 +330,7 @@ class NativeTcpTransport(EngineCounted, TcpTransport):
         allocation = self.server.allocations.get(downstream.remote)
         if allocation is not None and allocation.mirror is not None:
             peer = relayed_peer(allocation, data)
-            if peer is not None and self._decided(engine, peer, packet) != native.UP:
+            if peer is not None and self.decided(engine, peer, packet) != native.UP:
                 return
         self.server.handle_frame(data, downstream)
         if connection.held is not None and connection.peer is None:
@@ -372,25 +356,6 @@ class NativeTcpTransport(EngineCounted, TcpTransport):
             reason,
         )
         self._forget_connection(connection)
-
-    def _from_peer(self, engine: int, packet: native.HandedUp) -> None:
-        allocation = self._allocations.get((engine, packet.handle))
-        if allocation is None:
-            return  # removed while its packet waited
-        peer = (packet.address[0], packet.address[1])
-        if self._decided(engine, peer, packet) != native.UP:
-            return
-        allocation.datagram_received(packet.data, packet.address)
-
-    def _decided(self, engine: int, peer: Address, packet: native.HandedUp) -> int:
-        return decide_and_reinject(self.relays[engine], self.server, peer, packet)
-
-    # --- counters (EngineCounted) -----------------------------------------------------------
-
-    def _counters(self) -> native.NativeCounters | None:
-        if self.relays:
-            return native.NativeCounters.total([relay.counters() for relay in self.relays])
-        return self._final
 
 
 def _adopted(held: socket.socket, peer: PeerConnection, task: asyncio.Future[Any]) -> None:

@@ -41,14 +41,13 @@ import functools
 import logging
 import socket
 import time
-from typing import Any
 
 from stunner_api.stun import Address
 
 from ..turn.allocation import Allocation, RelaySocket
 from ..turn.server import TurnServer
 from . import native
-from .native_glue import EngineCounted, NativeAllocation, decide_and_reinject, relayed_peer
+from .native_glue import NativeAllocation, NativeEngines, relayed_peer
 from .offloaded import OffloadedAllocations
 from .transports import STRANGER_IPS, ListenerSocket, UdpListenerProtocol, UdpTransport
 
@@ -61,22 +60,18 @@ log = logging.getLogger("stunner.listener")
 STRANGER_QUEUE_SHARE = 128
 
 
-class NativeUdpTransport(EngineCounted, UdpTransport):
+class NativeUdpTransport(NativeEngines, UdpTransport):
     """TURN-UDP with the native relay engine (see the module docstring): one engine, with its
     thread, per socket of the listener's SO_REUSEPORT group (`sockets`, by default one per
     usable CPU), all in this process; a UDP worker process's copy (`given`) runs one."""
 
     def __init__(self, server: TurnServer, sockets: int, given: socket.socket | None) -> None:
         super().__init__(server, sockets, given)
-        self.relays: list[native.NativeRelay] = []
         self._socks: list[socket.socket] = []
         # today's path, for what each engine hands up (the engine has spent strangers' tokens)
         self._pythons: list[UdpListenerProtocol] = []
-        self._allocations: dict[tuple[int, int], Allocation] = {}  # (engine, handle) -> it
         # the process's one kernel program carries every engine's allocations (issue 30)
         self._offloaded = OffloadedAllocations(server, self._listener_address)
-        self._unwatch: list[Any] = []
-        self._final: native.NativeCounters | None = None  # after stop
 
     async def start(self, port: int) -> None:
         socks = [self.listener_socket(port), *self.worker_sockets]
@@ -111,9 +106,9 @@ class NativeUdpTransport(EngineCounted, UdpTransport):
             python.connection_made(ListenerSocket(sock))
             self._pythons.append(python)
             relay.attach(loop, functools.partial(self._handed_up, engine))
-            self._unwatch.append(self.server.router.watch(relay.clear_verdicts))
+            self.unwatch_on_stop.append(self.server.router.watch(relay.clear_verdicts))
         self.server.scope.relay_path = self
-        self._unwatch.append(self.server.router.watch(self._sync_every_offload))
+        self.unwatch_on_stop.append(self.server.router.watch(self._sync_every_offload))
 
     def _answer_unsigned(self, relay: native.NativeRelay) -> None:
         """Let the engine answer strangers' unsigned Allocates with a stateless 401 (issue 28):
@@ -129,18 +124,7 @@ class NativeUdpTransport(EngineCounted, UdpTransport):
 
     async def stop(self) -> None:
         self._offloaded.close()
-        relays, self.relays = self.relays, []
-        if relays:
-            for unwatch in self._unwatch:
-                unwatch()
-            self._unwatch = []
-            self._final = native.NativeCounters.total([relay.counters() for relay in relays])
-            for relay in relays:
-                relay.close()
-            # The engines' cluster counters outlive them in the process's, as Python's do.
-            for name, counters in self._final.cluster_counters().items():
-                self.server.scope.cluster_counters[name].add(counters)
-            self._final.clusters = {}
+        self.stop_engines()
         for sock in self._socks:
             sock.close()
         self._socks = []
@@ -168,11 +152,11 @@ class NativeUdpTransport(EngineCounted, UdpTransport):
             functools.partial(self._sync_offload, engine),
         )
         allocation.mirror = relayed
-        self._allocations[(engine, handle)] = allocation
+        self.engine_allocations[(engine, handle)] = allocation
         return relayed
 
     def _forget(self, engine: int, handle: int) -> None:
-        self._allocations.pop((engine, handle), None)
+        self.engine_allocations.pop((engine, handle), None)
         self._offloaded.forget((engine, handle))
 
     # --- the kernel offload (stunnerd.transport.offloaded) ----------------------------------
@@ -180,14 +164,14 @@ class NativeUdpTransport(EngineCounted, UdpTransport):
     def _sync_offload(self, engine: int, handle: int) -> None:
         if self._offloaded.idle((engine, handle)):
             return
-        allocation = self._allocations.get((engine, handle))
+        allocation = self.engine_allocations.get((engine, handle))
         relay = allocation.relay if allocation is not None else None
         bound = relay.get_extra_info("sockname") if isinstance(relay, NativeAllocation) else None
         self._offloaded.sync((engine, handle), allocation, (bound[0], bound[1]) if bound else None)
 
     def _sync_every_offload(self) -> None:
         """A route or config change: every allocation's routes again (a refused peer's go)."""
-        for engine, handle in list(self._allocations):
+        for engine, handle in list(self.engine_allocations):
             self._sync_offload(engine, handle)
 
     def _listener_address(self) -> Address | None:
@@ -205,7 +189,7 @@ class NativeUdpTransport(EngineCounted, UdpTransport):
                 if packet.source == native.SOURCE_CLIENT:
                     self._from_client(engine, packet)
                 else:
-                    self._from_peer(engine, packet)
+                    self.from_peer(engine, packet)
             except Exception:  # a bug must not take the listener down
                 log.exception("listener %s: error handling a packet", self.server.name)
 
@@ -214,7 +198,7 @@ class NativeUdpTransport(EngineCounted, UdpTransport):
         allocation = self.server.allocations.get(addr)
         if allocation is not None and allocation.mirror is not None:
             peer = relayed_peer(allocation, data)
-            if peer is not None and self._decided(engine, peer, packet) != native.UP:
+            if peer is not None and self.decided(engine, peer, packet) != native.UP:
                 return
         stats = self.server.stats
         limited = stats.rate_limited
@@ -224,21 +208,3 @@ class NativeUdpTransport(EngineCounted, UdpTransport):
             wait = self.server.context.error_answers.seconds_to_token(addr)
             if wait > 0:
                 self.relays[engine].mute(addr, time.monotonic() + wait)
-
-    def _from_peer(self, engine: int, packet: native.HandedUp) -> None:
-        allocation = self._allocations.get((engine, packet.handle))
-        if allocation is None:
-            return  # removed while its packet waited
-        if self._decided(engine, (packet.address[0], packet.address[1]), packet) != native.UP:
-            return
-        allocation.datagram_received(packet.data, packet.address)
-
-    def _decided(self, engine: int, peer: Address, packet: native.HandedUp) -> int:
-        return decide_and_reinject(self.relays[engine], self.server, peer, packet)
-
-    # --- counters ----------------------------------------------------------------------------
-
-    def _counters(self) -> native.NativeCounters | None:
-        if self.relays:
-            return native.NativeCounters.total([relay.counters() for relay in self.relays])
-        return self._final
