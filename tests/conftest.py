@@ -10,8 +10,9 @@ that asks for it (tests/envtest/, tests/reconciler/test_cluster_envtest.py), wit
 Gateway API v1.6.1's installed and Established; skipped without the variable.
 
 Every test starts with the log levels it found: an in-process stunnerd applies its config's
-`admin.loglevel` to the "stunner" loggers of the whole process (as it should in its own), and a
-level left behind would hide or add records in the caplog of the tests that follow.
+`admin.loglevel` to its own scopes' "stunner.*" loggers (a hosted stunnerd: not the `stunner`
+logger, which stunnerd's own process sets), and tests set levels through stunnerd.surface.logs;
+a level left behind would hide or add records in the caplog of the tests that follow.
 """
 
 from __future__ import annotations

@@ -336,7 +336,8 @@ async def _main(args: argparse.Namespace, override: str | None) -> int:
     workers = udp_workers(args, override, processes, limits)
     stunner = Stunner(
         nonces=NonceManager(workers.secret) if workers is not None else None,
-        log_override=override,
+        # this process is stunnerd's own: admin.loglevel sets its `stunner` loggers, unless -l/-v
+        log_levels=logs.LevelControl.PROCESS if override is None else logs.LevelControl.OVERRIDDEN,
         force_ready=args.force_ready_status,
         workers=workers,
         udp_engines=processes if workers is None else 1,

@@ -20,6 +20,7 @@ from stunner_api.dataplane import StunnerConfig
 
 from ..offload.engine import KernelOffload
 from ..surface import logs
+from ..surface.logs import LevelControl
 from ..transport.listener import Listener
 from ..turn.auth import Authenticator, AuthError, NonceManager
 from ..turn.counters import ClusterCounters, merge
@@ -66,7 +67,7 @@ class DataplaneCore:
         nonces: NonceManager,
         users: Quota,
         reservations: Reservations,
-        log_override: bool,
+        log_levels: LevelControl,
         limits: Limits | None = None,
         relay_ports: mmap.mmap | None = None,
         offload_log_level: int = logging.WARNING,
@@ -76,7 +77,9 @@ class DataplaneCore:
         self.nonces = nonces
         self.users = users
         self.reservations = reservations
-        self.log_override = log_override  # -l/-v on the command line win over admin.loglevel
+        # What admin.loglevel sets: -l/-v on the command line win over it (OVERRIDDEN); in
+        # stunnerd's own process the whole `stunner` tree, hosted in another's its own scopes.
+        self.log_levels = log_levels
         self.context: ServerContext | None = None  # from the first apply on
         # This process's kernel offload (each UDP worker has its own; it tells at DEBUG).
         self.offload = KernelOffload(offload_log_level)
@@ -92,11 +95,10 @@ class DataplaneCore:
             )
         except AuthError as exc:
             raise ApplyError(f"auth: {exc}") from None
-        if not self.log_override:
-            try:
-                logs.apply_level_spec(config.admin.loglevel)
-            except ValueError as exc:
-                raise ApplyError(f"admin.loglevel: {exc}") from None
+        try:
+            logs.apply_level_spec(config.admin.loglevel, self.log_levels)
+        except ValueError as exc:
+            raise ApplyError(f"admin.loglevel: {exc}") from None
         context = self.context or ServerContext(
             authenticator,
             self.router,

@@ -26,6 +26,7 @@ from stunner_api.restart import (  # the rule `helm stunner diff` predicts with
 )
 
 from ..surface.admin import HttpServer, health_routes, metrics_routes, relocate
+from ..surface.logs import LevelControl
 from ..transport.listener import Listener
 from ..turn.auth import NonceManager
 from ..turn.counters import ClusterCounters, ListenerCounters, merge
@@ -50,7 +51,7 @@ class Stunner:
     def __init__(
         self,
         nonces: NonceManager | None = None,
-        log_override: str | None = None,
+        log_levels: LevelControl = LevelControl.HOSTED,
         force_ready: bool = False,
         workers: WorkerPool | None = None,
         udp_engines: int = 1,
@@ -94,7 +95,7 @@ class Stunner:
             nonces or NonceManager(),
             self.users,
             self.reservations,
-            log_override is not None,
+            log_levels,
             self.limits,
             workers.relay_ports if workers is not None else None,
         )

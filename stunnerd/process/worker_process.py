@@ -120,7 +120,13 @@ class WorkerDataplane:
     ) -> None:
         reservations = reservations if reservations is not None else Reservations()
         self.core = DataplaneCore(
-            nonces, users, reservations, log_override, limits, relay_ports, logging.DEBUG
+            nonces,
+            users,
+            reservations,
+            logs.LevelControl.OVERRIDDEN if log_override else logs.LevelControl.PROCESS,
+            limits,
+            relay_ports,
+            logging.DEBUG,
         )
         self.handed: dict[tuple[str, int], socket.socket] = {}  # sockets not yet served
 

@@ -1,7 +1,10 @@
 """Scoped log levels in Go STUNner's syntax (`all:INFO,turn:DEBUG`) and text/JSON output.
 
 Every scope is a child of the `stunner` logger: scope `turn` is `logging.getLogger("stunner.turn")`.
-`all` sets the `stunner` logger itself, so every scope without its own level inherits it.
+In stunnerd's own process (its command: `LevelControl.PROCESS`) `all` sets the `stunner` logger
+itself, so every scope without its own level inherits it. A stunnerd hosted in another program's
+process (`LevelControl.HOSTED`: a `Stunner` made by that program) sets only the levels of its own
+scopes (`OWN_SCOPES`): the `stunner` logger and the host's loggers under it keep the host's.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ import json
 import logging
 import sys
 import time
+from enum import Enum
 from typing import TextIO
 
 from stunner_api.vocabulary import (
@@ -52,15 +56,50 @@ def logger_name(scope: str) -> str:
     return ROOT if scope == "all" else f"{ROOT}.{scope}"
 
 
+# The scopes stunnerd's own modules log under (tests/stunnerd/test_logs.py holds the code to
+# this list). Two are names other programs' loggers share: `auth` (the reconciler's auth
+# service) and `cds-client` (stunner_client's CDS client).
+OWN_SCOPES = (
+    "admin",
+    "auth",
+    "cds-client",
+    "config-file-client",
+    "listener",
+    "offload",
+    "quota",
+    "relay-discovery",
+    "router",
+    "sessions",
+    "stunnerd",
+    "turn",
+)
+
+
+class LevelControl(Enum):
+    """What a config's `admin.loglevel` sets in this process."""
+
+    PROCESS = "process"  # stunnerd's own process (its command): the whole `stunner` tree
+    HOSTED = "hosted"  # a stunnerd in another program's process: its own scopes only
+    OVERRIDDEN = "overridden"  # -l/-v on the command line win: nothing
+
+
 _applied_scopes: set[str] = set()
 
 
-def apply_level_spec(spec: str) -> None:
-    """Set the levels of `spec`; scopes named by an earlier spec but not this one are reset."""
+def apply_level_spec(spec: str, control: LevelControl = LevelControl.PROCESS) -> None:
+    """Set the levels of `spec` as `control` says; scopes named by an earlier spec but not this
+    one are reset. HOSTED: each of OWN_SCOPES gets its level in `spec`, else `all`'s, else
+    INFO (what it would inherit in stunnerd's own process); no other logger is touched."""
+    if control is LevelControl.OVERRIDDEN:
+        return
     levels = parse_level_spec(spec)
-    for scope in _applied_scopes - set(levels):
+    if control is LevelControl.HOSTED:
+        every = levels.get("all", logging.INFO)
+        levels = {scope: levels.get(scope, every) for scope in OWN_SCOPES}
+    else:
+        logging.getLogger(ROOT).setLevel(logging.INFO)
+    for scope in _applied_scopes - set(levels) - {"all"}:
         logging.getLogger(logger_name(scope)).setLevel(logging.NOTSET)
-    logging.getLogger(ROOT).setLevel(logging.INFO)
     for scope, level in levels.items():
         logging.getLogger(logger_name(scope)).setLevel(level)
     _applied_scopes.clear()

@@ -145,7 +145,7 @@ def test_a_watcher_gets_its_config_again_when_its_nodes_address_changes() -> Non
 @pytest.fixture
 def stunner_log_levels() -> Iterator[None]:
     """The `stunner` loggers' levels as they were: the daemon applies its config's log level
-    spec (admin.loglevel) to them, which would reach the tests after this one."""
+    spec (admin.loglevel) to its scopes' loggers, which would reach the tests after this one."""
     loggers = [logging.getLogger("stunner")] + [
         logger
         for name, logger in logging.Logger.manager.loggerDict.items()

@@ -171,8 +171,8 @@ def test_log_levels_follow_every_reconcile_unless_overridden() -> None:
             assert logging.getLogger("stunner.auth").getEffectiveLevel() == logging.WARNING
             await stunner.apply(make_config(port, [f"{HOST}/32"], admin={"loglevel": "all:ERROR"}))
             assert turn.getEffectiveLevel() == logging.ERROR
-        overridden = Stunner(log_override="all:INFO")
-        logs.apply_level_spec("all:INFO")
+        overridden = Stunner(log_levels=logs.LevelControl.OVERRIDDEN)
+        logs.apply_level_spec("all:INFO")  # what the command does with -l all:INFO
         await overridden.apply(
             make_config(free_port(), [f"{HOST}/32"], admin={"loglevel": "all:ERROR"})
         )
@@ -185,6 +185,36 @@ def test_log_levels_follow_every_reconcile_unless_overridden() -> None:
         asyncio.run(main())
     finally:
         logs.apply_level_spec(logs.DEFAULT_LEVEL_SPEC)
+
+
+def test_a_hosted_stunnerd_sets_its_own_scopes_and_leaves_the_hosts_loggers() -> None:
+    """A stunnerd run inside another program (the `Stunner` of a host process, as here) applies
+    its admin.loglevel to its own scopes' loggers only: the `stunner` logger and the host's
+    loggers under it (the reconciler's, the shared stunner_http's) keep the host's levels."""
+    import logging
+
+    from stunnerd.surface import logs
+
+    host = logging.getLogger("stunner")
+    host_loggers = [logging.getLogger(f"stunner.{name}") for name in ("reconciler", "http")]
+    host.setLevel(logging.INFO)
+    host_loggers[0].setLevel(logging.DEBUG)
+
+    async def main() -> None:
+        port = free_port()
+        async with running_stunner(make_config(port, [f"{HOST}/32"])) as stunner:
+            spec = "all:ERROR,turn:DEBUG,reconciler:ERROR"
+            await stunner.apply(make_config(port, [f"{HOST}/32"], admin={"loglevel": spec}))
+            assert logging.getLogger("stunner.turn").getEffectiveLevel() == logging.DEBUG
+            for scope in logs.OWN_SCOPES:
+                if scope != "turn":
+                    level = logging.getLogger(f"stunner.{scope}").getEffectiveLevel()
+                    assert level == logging.ERROR, scope
+            assert host.level == logging.INFO
+            assert host_loggers[0].getEffectiveLevel() == logging.DEBUG
+            assert host_loggers[1].getEffectiveLevel() == logging.INFO
+
+    asyncio.run(main())
 
 
 # --- the dataplane core both processes use ------------------------------------------------------

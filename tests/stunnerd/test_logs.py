@@ -5,10 +5,13 @@ from __future__ import annotations
 import io
 import json
 import logging
+import re
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+import stunnerd
 from reconciler.store import Snapshot
 from stunner_api.dataplane import validate_config
 from stunner_api.rules import Request, Settings
@@ -86,6 +89,31 @@ def test_scopes_inherit_all_and_reset_between_specs() -> None:
     assert logging.getLogger("stunner.auth").getEffectiveLevel() == logging.WARNING
     logs.apply_level_spec("all:ERROR")
     assert logging.getLogger("stunner.turn").getEffectiveLevel() == logging.ERROR
+    logs.apply_level_spec(logs.DEFAULT_LEVEL_SPEC)
+
+
+def test_own_scopes_are_the_scopes_stunnerds_modules_log_under() -> None:
+    """What a hosted stunnerd sets (logs.OWN_SCOPES) is every scope its code logs under, read
+    from the code: a new module's logger is not forgotten, nor a gone one kept."""
+    root = Path(stunnerd.__file__).parent
+    named = re.compile(r"""getLogger\(\s*["']stunner\.([\w-]+)["']""")
+    scopes = {scope for path in root.rglob("*.py") for scope in named.findall(path.read_text())}
+    assert scopes == set(logs.OWN_SCOPES)
+
+
+def test_a_hosted_spec_sets_only_stunnerds_scopes_and_a_process_spec_the_tree() -> None:
+    host, turn = logging.getLogger("stunner"), logging.getLogger("stunner.turn")
+    host.setLevel(logging.WARNING)
+    logs.apply_level_spec("all:DEBUG,turn:ERROR", logs.LevelControl.HOSTED)
+    assert (host.level, turn.level) == (logging.WARNING, logging.ERROR)
+    assert logging.getLogger("stunner.listener").level == logging.DEBUG
+    logs.apply_level_spec("turn:DEBUG", logs.LevelControl.HOSTED)  # all: INFO, as inherited
+    assert logging.getLogger("stunner.listener").level == logging.INFO
+    logs.apply_level_spec("all:ERROR", logs.LevelControl.OVERRIDDEN)  # -l won: nothing moves
+    assert (host.level, turn.level) == (logging.WARNING, logging.DEBUG)
+    logs.apply_level_spec("all:ERROR")  # stunnerd's own process: the tree
+    assert host.level == logging.ERROR
+    assert turn.getEffectiveLevel() == logging.ERROR  # the hosted levels are reset
     logs.apply_level_spec(logs.DEFAULT_LEVEL_SPEC)
 
 
