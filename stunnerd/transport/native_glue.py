@@ -161,7 +161,10 @@ def decide_and_reinject(
     (the TURN-UDP and TURN-TCP transports alike)."""
     router = server.router
     own = router.is_own_ip(peer[0])  # not a relay socket of ours: checked per packet
-    relay.decide(peer, router.cluster_of(server.name, *peer), own)
+    cluster = router.cluster_of(server.name, *peer)
+    relay.decide(peer, cluster, own)
+    if cluster is None:  # the engine drops this one and the peer's next ones: say why once
+        router.log_refused_packet(server.name, *peer)
     return relay.reinject(packet)
 
 

@@ -78,6 +78,9 @@ class PeerPolicy(Protocol):
         self, listener: str, ip: str, port: int, protocol: str = "UDP"
     ) -> str | None: ...
 
+    def log_refused_packet(self, listener: str, ip: str, port: int, protocol: str = "UDP") -> None:
+        """A permitted peer's packet dropped because no route admits it: why (rate-bounded)."""
+
 
 class RelaySocket(Protocol):
     """An allocation's relay socket as the allocation uses it: an asyncio datagram transport,
@@ -184,7 +187,7 @@ class Allocation(asyncio.DatagramProtocol):
         scope = self.scope
         cluster = scope.policy.cluster_of(scope.name, peer[0], peer[1])
         if cluster is None or peer[0] not in self.permissions:
-            _count_drop(scope.stats, peer[0] in self.permissions)
+            self._dropped(peer, peer[0] in self.permissions)
             return
         cap = self.cap
         if cap is not None and not cap.to_client.admit(len(data), time.monotonic()):
@@ -206,6 +209,17 @@ class Allocation(asyncio.DatagramProtocol):
         self.tx_packets += 1
         self.tx_bytes += len(data)
 
+    def _dropped(self, peer: Address, permitted: bool) -> None:
+        """A packet to or from `peer` dropped: reason forbidden when the peer has a permission
+        but no route admits it (removed or narrowed since: logged with why, as the native
+        engine's path logs it), else invalid (no permission), as the native engine counts."""
+        scope = self.scope
+        if permitted:
+            scope.stats.forbidden_dropped += 1
+            scope.policy.log_refused_packet(scope.name, peer[0], peer[1])
+        else:
+            scope.stats.dropped += 1
+
     def error_received(self, exc: Exception) -> None:
         # ICMP errors from peers (port unreachable): nothing to do for a UDP relay.
         log.debug("relay %s: %s", self.relayed_address, exc)
@@ -216,7 +230,7 @@ class Allocation(asyncio.DatagramProtocol):
         scope = self.scope
         cluster = scope.policy.cluster_of(scope.name, peer[0], peer[1])
         if cluster is None or self.relay is None or peer[0] not in self.permissions:
-            _count_drop(scope.stats, peer[0] in self.permissions and self.relay is not None)
+            self._dropped(peer, peer[0] in self.permissions and self.relay is not None)
             return
         cap = self.cap
         if cap is not None and not cap.to_peers.admit(len(payload), time.monotonic()):
@@ -328,13 +342,3 @@ def _send_empty(relay: RelaySocket, peer: Address) -> None:
         log.debug("relay %s: %s", peer, exc)
     finally:
         sock.detach()
-
-
-def _count_drop(stats: ListenerCounters, permitted: bool) -> None:
-    """A packet to or from a peer dropped: reason forbidden when the peer has a permission but
-    no route admits it (removed or narrowed since), else invalid (no permission), as the native
-    engine counts them."""
-    if permitted:
-        stats.forbidden_dropped += 1
-    else:
-        stats.dropped += 1

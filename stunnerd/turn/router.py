@@ -39,6 +39,7 @@ import socket
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from stunner_api.dataplane import uri_host_port
 from stunner_api.endpoints import EndpointRange, IPAddress, parse_static_endpoint
 from stunner_api.peer_admission import (
     ClusterSpec,
@@ -76,6 +77,9 @@ def relay_port_map(fd: int | None = None) -> tuple[int, mmap.mmap]:
 
 CLUSTER_PROTOCOLS = ("UDP", "TCP")  # a UDP allocation's peers, a TCP allocation's (RFC 6062)
 CACHE_LIMIT = 65536  # decisions cached per kind before the cache is dropped and refilled
+# Peers whose dropped packets are logged (with the reason) between two route changes: the
+# first few tell the operator why; past them a client spraying peers cannot flood the log.
+REFUSED_PACKET_LOGS = 16
 DNS_UPDATE_INTERVAL = 5.0  # Go STUNner's dnsUpdateInterval
 
 
@@ -141,6 +145,8 @@ class Router:
         self._admit_cache: dict[tuple[str, str, int], str | None] = {}
         self._tcp_admit_cache: dict[tuple[str, str, int], str | None] = {}
         self._permit_cache: dict[tuple[str, str, str], bool] = {}
+        # (listener, peer, protocol) whose dropped packets were logged since the last change
+        self._refusals_logged: set[tuple[str, str, int, str]] = set()
         self.epoch = 0  # bumped whenever cached decisions are dropped
         self._watchers: list[Callable[[], None]] = []
 
@@ -149,6 +155,7 @@ class Router:
         self._admit_cache.clear()
         self._tcp_admit_cache.clear()
         self._permit_cache.clear()
+        self._refusals_logged.clear()
         for dropped in list(self._watchers):
             dropped()
 
@@ -291,6 +298,32 @@ class Router:
             resolved=self._resolved,
             is_own=is_own,
             protocol=protocol,
+        )
+
+    def log_refused_packet(
+        self, listener: str, peer_ip: str, peer_port: int, protocol: str = "UDP"
+    ) -> None:
+        """A relayed packet of a permitted peer dropped because no route admits it (now): its
+        reason at INFO, as a refused CreatePermission's, the same on the Python and the native
+        path. Once per listener and peer until the routes change, for REFUSED_PACKET_LOGS
+        peers at most; the reason is computed only then, never per packet."""
+        key = (listener, peer_ip, peer_port, protocol)
+        logged = self._refusals_logged
+        if (
+            key in logged
+            or len(logged) >= REFUSED_PACKET_LOGS
+            or not log.isEnabledFor(logging.INFO)
+        ):
+            return
+        logged.add(key)
+        why = self.explain(listener, peer_ip, peer_port, protocol)
+        log.info(
+            "listener %s: packets of peer %s dropped: %s: %s%s",
+            listener,
+            uri_host_port(peer_ip, peer_port),
+            why.code,
+            why.reason,
+            f" (allowed by: {why.allow})" if why.allow else "",
         )
 
     def _own_port(self, port: int) -> bool:

@@ -6,7 +6,8 @@ indications of both shapes, ChannelData both ways, unpermitted and forbidden pee
 channel, Refresh 0) gives the same answers, the same packets and the same counters on both
 paths, over UDP and over TCP, and on the native path the engine relayed the media; a route
 change that forbids a peer stops its packets in both directions at the next packet after the
-reconcile (UDP and TCP); a compiler that fails makes the build of the extension a warning, not a
+reconcile (UDP and TCP), and its dropped packets are logged with the reason once, on both
+paths; a compiler that fails makes the build of the extension a warning, not a
 failed install; without the extension, TURN-UDP and TURN-TCP keep the Python path.
 """
 
@@ -208,6 +209,49 @@ def test_a_route_change_that_forbids_a_peer_stops_its_packets_at_once(name: str)
         peer.close()
 
     asyncio.run(main())
+
+
+@pytest.mark.usefixtures("relay_path")
+@pytest.mark.parametrize("name", [UDP, TCP])
+def test_a_permitted_peers_dropped_packets_log_why_once_on_either_path(
+    name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A peer with a permission and a channel, then a route change that forbids it: its
+    dropped packets, both ways, are logged with the reason (the one a refused CreatePermission
+    names), once for the peer, whether Python or the native engine drops them."""
+    dropped_line = "packets of peer"
+
+    async def main() -> None:
+        peer = await start_peer(echo=False)
+        port = free_port()
+        protocols = ("TURN-UDP",) if name == UDP else ("TURN-TCP",)
+        config = make_config(port, [f"{HOST}/32"], protocols=protocols)
+        async with running_stunner(config) as stunner:
+            client = await CLIENTS[name].connect((HOST, port))
+            relayed = (await client.allocate()).attributes["XOR-RELAYED-ADDRESS"]
+            assert (await client.channel_bind(0x4000, (HOST, peer.port))).message_class == (
+                Class.SUCCESS
+            )
+            forbidden = stunner.listener_stats()[name].forbidden_dropped
+            await stunner.apply(make_config(port, ["127.0.0.2/32"], protocols=protocols))
+            assert peer.transport is not None
+            for i in range(5):
+                client.send_channel_data(0x4000, b"late up %d" % i)
+                peer.transport.sendto(b"late down %d" % i, relayed)
+            async with asyncio.timeout(5):  # every one dropped, on either path
+                while stunner.listener_stats()[name].forbidden_dropped < forbidden + 10:
+                    await asyncio.sleep(0.01)
+            client.close()
+        peer.close()
+        return peer.port
+
+    with caplog.at_level(logging.INFO, logger="stunner"):
+        peer_port = asyncio.run(main())
+    lines = [r.getMessage() for r in caplog.records if dropped_line in r.getMessage()]
+    assert len(lines) == 1, lines  # ten packets dropped, one line
+    prefix = f"listener {name}: packets of peer {HOST}:{peer_port} dropped: loopback-or-link-local:"
+    assert lines[0].startswith(prefix), lines
+    assert "(allowed by: a STATIC endpoint inside 127.0.0.0/8" in lines[0], lines
 
 
 def test_a_compiler_that_fails_makes_the_extension_a_warning(
