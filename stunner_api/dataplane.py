@@ -42,6 +42,7 @@ from .endpoints import EndpointError, parse_static_endpoint
 from .vocabulary import (
     AUTH_TYPE_ALIASES,
     LISTENER_PROTOCOL_TABLE,
+    METRICS_PORT,
     STATUS_PORT,
     ProtocolFacts,
     field_path,
@@ -61,7 +62,7 @@ API_VERSION_V1ALPHA1 = "v1alpha1"
 DEFAULT_STUNNER_NAME = "default-stunnerd"
 DEFAULT_PORT = 3478
 DEFAULT_ADDRESS = "0.0.0.0"
-DEFAULT_METRICS_PORT = 8080
+DEFAULT_METRICS_PORT = METRICS_PORT  # stunnerd's metrics endpoint
 DEFAULT_HEALTHCHECK_PORT = STATUS_PORT  # stunnerd's /live, /ready, /status
 DEFAULT_HEALTHCHECK_ENDPOINT = f"http://:{DEFAULT_HEALTHCHECK_PORT}"
 SECRET = "<SECRET>"

@@ -110,3 +110,41 @@ def test_no_module_imports_a_private_name_of_another() -> None:
         if (names := _private_imports(ast.parse(path.read_text(), str(path))))
     }
     assert taken == {}
+
+
+# The reconciler's own ports (reconciler.cluster: Go's --metrics-bind-address 8080 and
+# --health-probe-bind-address 8081) are another process's, named apart.
+OWN_PORTS_OF_ANOTHER_PROCESS = {"reconciler/cluster.py"}
+
+
+def test_stunnerds_admin_ports_are_written_once() -> None:
+    """stunnerd's status and metrics ports (8086, 8080) are numbers in stunner_api.vocabulary
+    only; every other module names them (issue 33: METRICS_PORT had a second copy)."""
+    vocabulary = {"STATUS_PORT": 8086, "METRICS_PORT": 8080}
+    copies = []
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            where = str(path.relative_to(ROOT))
+            if where in OWN_PORTS_OF_ANOTHER_PROCESS:
+                continue
+            for node in ast.walk(ast.parse(path.read_text(), where)):
+                if (
+                    isinstance(node, ast.Assign)
+                    and isinstance(node.value, ast.Constant)
+                    and node.value.value in vocabulary.values()
+                    and type(node.value.value) is int
+                ):
+                    copies.append(f"{where}:{node.lineno}")
+    assert copies == [
+        f"stunner_api/vocabulary.py:{_line_of('stunner_api/vocabulary.py', name)}"
+        for name in vocabulary
+    ]
+
+
+def _line_of(where: str, name: str) -> int:
+    for node in ast.parse((ROOT / where).read_text(), where).body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(target, ast.Name) and target.id == name for target in node.targets
+        ):
+            return node.lineno
+    raise AssertionError(f"{name} is not assigned in {where}")
