@@ -32,6 +32,7 @@ import yaml
 from tests.envtest.cluster import webhook_rbac
 from tests.envtest.conftest import (
     CLASS,
+    PARENT,
     STUNNER_NAMESPACE,
     TENANT,
     TENANT_USER,
@@ -157,13 +158,16 @@ def test_a_reference_grant_lets_the_reference_be_checked(reference_grant: Cluste
 # --- fault 2: Gateway API UDPRoute v1 ------------------------------------------------------------
 
 
-def test_gateway_api_udproute_v1_with_a_configmap_backend_is_refused(cluster: Cluster) -> None:
+def test_gateway_api_udproute_v1_with_a_configmap_backend_is_refused(ours: Cluster) -> None:
+    # under `ours`' Gateway: the webhook judges a Gateway API UDPRoute only through a parent
+    # that exists and is STUNner's (the spec examples' udp-gateway exists only after their test)
+    cluster = ours
     route = {
         "apiVersion": "gateway.networking.k8s.io/v1",
         "kind": "UDPRoute",
         "metadata": meta("configmap-backend"),
         "spec": {
-            "parentRefs": [{"name": "udp-gateway"}],
+            "parentRefs": [{"name": PARENT}],
             "rules": [{"backendRefs": [{"group": "", "kind": "ConfigMap", "name": "cm"}]}],
         },
     }
