@@ -8,7 +8,9 @@ The rule: a bucket holds at most `burst_bytes` tokens and refills at the cap's b
 a packet passes while the bucket is not empty and takes its size out of it (so the bucket may
 go below zero: a packet larger than the burst still passes, and what passes over a long window
 is the cap plus at most one packet). A packet meeting an empty bucket is dropped, counted as
-`stunner_listener_dropped_packets{reason="bandwidth"}`.
+`stunner_listener_dropped_packets{reason="bandwidth"}`. A byte stream (an RFC 6062 TCP
+allocation's peer connection) is paced instead (`TokenBucket.pace`): never dropped, its reader
+waits until the bucket refills.
 
 Pure code: the clock is the caller's (seconds, monotonic).
 """
@@ -42,13 +44,25 @@ class TokenBucket:
 
     def admit(self, size: int, now: float) -> bool:
         """Refill for the time since the last packet; pass (and spend `size`) unless empty."""
-        if now > self.stamp:
-            self.tokens = min(self.burst, self.tokens + (now - self.stamp) * self.rate)
-            self.stamp = now
+        self._refill(now)
         if self.tokens <= 0:
             return False
         self.tokens -= size
         return True
+
+    def pace(self, size: int, now: float) -> float:
+        """A byte stream's `size` bytes, which are never dropped (RFC 6062 TCP allocations):
+        spend them (the bucket may go below zero) and return the seconds until the bucket is not
+        empty again, 0.0 while it is not: its reader stops reading that long, and TCP's flow
+        control holds the sender. Over a long window what passes is the cap, as with `admit`."""
+        self._refill(now)
+        self.tokens -= size
+        return 0.0 if self.tokens > 0 else -self.tokens / self.rate
+
+    def _refill(self, now: float) -> None:
+        if now > self.stamp:
+            self.tokens = min(self.burst, self.tokens + (now - self.stamp) * self.rate)
+            self.stamp = now
 
 
 class AllocationCap:

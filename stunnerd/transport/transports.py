@@ -442,13 +442,13 @@ class TcpConnectionProtocol(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self.paused = True
-        if self.pipe is not None and self.pipe.transport is not None:
-            self.pipe.transport.pause_reading()
+        if self.pipe is not None:
+            self.pipe.hold("peer", "backpressure")
 
     def resume_writing(self) -> None:
         self.paused = False
-        if self.pipe is not None and self.pipe.transport is not None:
-            self.pipe.transport.resume_reading()
+        if self.pipe is not None:
+            self.pipe.release("peer", "backpressure")
 
     def _splice(self, peer: PeerConnection) -> None:
         """This connection is now `peer`'s data connection (after its ConnectionBind)."""

@@ -11,6 +11,13 @@ sends is written to the other, each side's write buffer bounded by `Limits.strea
 (past it the other side is no longer read until it drains), and either side's close closes
 the other. The allocation's end closes all of them.
 
+Its bandwidth cap (auth.allocation_bandwidth_limit, issue 29) holds here too, each direction on
+its own bucket, but a byte stream cannot lose bytes mid-stream: it is paced, not dropped
+(`stunner_api.bandwidth.TokenBucket.pace`): what a read brings past the bucket waits here (at
+most one read, 256 KiB), written on as the bucket refills every PACING_TICK, and the side that
+sent is not read meanwhile, so TCP's flow control holds the sender. A side is read again only
+when neither its peer's full write buffer nor the cap holds it (`hold`, `release`).
+
 Admission: a peer is reachable only through a routed cluster of protocol TCP (Go STUNner v2's
 "TCP clusters", `router.Router.cluster_of(..., "TCP")`): checked on every Connect (403) and
 every inbound connection (closed at once, as is one from an IP without a permission). Counted
@@ -25,8 +32,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import secrets
 import socket
+import time
 from collections.abc import Callable, MutableMapping
 from typing import Protocol, cast
 
@@ -36,6 +45,7 @@ from .allocation import Allocation, ListenerScope, canonical_address
 
 log = logging.getLogger("stunner.turn")
 
+PACING_TICK = 0.02  # seconds between a capped stream's writes while its bucket is empty
 TRANSPORT_TCP = 6  # REQUESTED-TRANSPORT of a TCP allocation (RFC 6062 §5.1)
 
 
@@ -62,6 +72,11 @@ class PeerConnection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.client: ClientSide | None = None
         self._expiry: asyncio.TimerHandle | None = None
+        # Why each side ("peer", "client") is not read: "backpressure" (the other side's write
+        # buffer is full), "cap" (its direction's bucket is empty, till its timer fires).
+        self._holds: dict[str, set[str]] = {"peer": set(), "client": set()}
+        self._paced: dict[str, asyncio.TimerHandle] = {}
+        self._waiting: dict[str, bytearray] = {"peer": bytearray(), "client": bytearray()}
 
     # --- the peer's side ------------------------------------------------------------------
 
@@ -83,25 +98,94 @@ class PeerConnection(asyncio.Protocol):
         counters.rx_bytes += len(data)
         scope.stats.tx_packets += 1
         scope.stats.tx_bytes += len(data)
-        client.write(data)
+        self._forward("peer", data)
 
     def eof_received(self) -> bool | None:
         return None  # close: TURN relays connections, not half-closes
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_expiry()
+        self._stop_pacing()
         self.relay.forget(self)
         client, self.client = self.client, None
         if client is not None:
             client.close()
 
     def pause_writing(self) -> None:
-        if self.client is not None:
-            self.client.pause_reading()
+        self.hold("client", "backpressure")
 
     def resume_writing(self) -> None:
-        if self.client is not None:
-            self.client.resume_reading()
+        self.release("client", "backpressure")
+
+    # --- reading a side, held by backpressure or by the cap -------------------------------
+
+    def _reader(self, side: str) -> ClientSide | asyncio.Transport | None:
+        return self.transport if side == "peer" else self.client
+
+    def hold(self, side: str, reason: str) -> None:
+        """Stop reading `side` ("peer" or "client") for `reason` until it is released."""
+        holds = self._holds[side]
+        reader = self._reader(side)
+        if not holds and reader is not None:
+            reader.pause_reading()
+        holds.add(reason)
+
+    def release(self, side: str, reason: str) -> None:
+        """`reason` no longer holds `side`: read it again unless another reason does."""
+        holds = self._holds[side]
+        if reason not in holds:
+            return
+        holds.discard(reason)
+        reader = self._reader(side)
+        if not holds and reader is not None:
+            reader.resume_reading()
+
+    def _writer(self, side: str) -> ClientSide | asyncio.Transport | None:
+        """Where what is read from `side` goes."""
+        return self.client if side == "peer" else self.transport
+
+    def _forward(self, side: str, data: bytes) -> None:
+        """`data` read from `side` to the other, through the allocation's cap."""
+        waiting = self._waiting[side]
+        if self.relay.allocation.cap is None and not waiting:
+            writer = self._writer(side)
+            if writer is not None:
+                writer.write(data)
+            return
+        waiting += data
+        if side not in self._paced:
+            self.hold(side, "cap")
+            self._pace(side)
+
+    def _pace(self, side: str) -> None:
+        """Write what of `side`'s waiting bytes its bucket holds; the rest a tick later. Empty:
+        `side` is read again once the bucket is not."""
+        self._paced.pop(side, None)
+        waiting, writer, cap = self._waiting[side], self._writer(side), self.relay.allocation.cap
+        if writer is None:
+            waiting.clear()
+            return
+        if cap is None:  # lifted in place
+            size = len(waiting)
+            wait = 0.0
+        else:
+            bucket = cap.to_client if side == "peer" else cap.to_peers
+            bucket.pace(0, time.monotonic())  # refilled
+            size = min(len(waiting), max(0, math.ceil(bucket.tokens)))
+            wait = bucket.pace(size, time.monotonic())
+        if size:
+            writer.write(bytes(waiting[:size]))
+            del waiting[:size]
+        if not waiting and wait <= 0:
+            self.release(side, "cap")
+            return
+        loop = asyncio.get_running_loop()
+        self._paced[side] = loop.call_later(max(wait, PACING_TICK), self._pace, side)
+
+    def _stop_pacing(self) -> None:
+        for timer in self._paced.values():
+            timer.cancel()
+        self._paced.clear()
 
     # --- pending: waiting for its ConnectionBind ------------------------------------------
 
@@ -145,7 +229,7 @@ class PeerConnection(asyncio.Protocol):
         counters = scope.cluster_counters[self.cluster]
         counters.tx_packets += 1
         counters.tx_bytes += len(data)
-        transport.write(data)
+        self._forward("client", data)
 
     def client_lost(self) -> None:
         self.client = None
@@ -153,6 +237,7 @@ class PeerConnection(asyncio.Protocol):
 
     def close(self) -> None:
         self._cancel_expiry()
+        self._stop_pacing()
         if self.transport is not None:
             self.transport.close()
 
@@ -178,12 +263,10 @@ class DataConnection(asyncio.Protocol):
         self.peer.client_lost()
 
     def pause_writing(self) -> None:
-        if self.peer.transport is not None:
-            self.peer.transport.pause_reading()
+        self.peer.hold("peer", "backpressure")
 
     def resume_writing(self) -> None:
-        if self.peer.transport is not None:
-            self.peer.transport.resume_reading()
+        self.peer.release("peer", "backpressure")
 
 
 class TcpRelay:
