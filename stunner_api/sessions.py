@@ -70,6 +70,10 @@ FIELDS = (
     "txBytes",
 )
 COUNTERS = ("rxPackets", "rxBytes", "txPackets", "txBytes")
+# Keys a session may lack: a stunnerd of an earlier release, still draining during an upgrade,
+# reports without them, and its sessions are shown with null there. `bandwidthLimit`: the
+# allocation's cap in bits per second each way (auth.allocation_bandwidth_limit), null: none.
+OPTIONAL_FIELDS = ("bandwidthLimit",)
 
 
 class SessionsError(ValueError):
@@ -101,10 +105,11 @@ def session_record(
     lifetime: float,
     counters: Sequence[int] | None,
     pod: str = "",
+    bandwidth_limit: int | None = None,
 ) -> dict[str, Any]:
-    """One allocation as `stunner sessions` shows it (FIELDS); `counters`: rx packets, rx bytes,
-    tx packets, tx bytes (rx: from the client), None where the relay path does not count them
-    per allocation."""
+    """One allocation as `stunner sessions` shows it (FIELDS, OPTIONAL_FIELDS); `counters`: rx
+    packets, rx bytes, tx packets, tx bytes (rx: from the client), None where the relay path does
+    not count them per allocation; `bandwidth_limit`: its cap (bits per second), None: none."""
     record: dict[str, Any] = {
         "id": id,
         "pod": pod,
@@ -120,6 +125,7 @@ def session_record(
     }
     for key, value in zip(COUNTERS, counters or (None,) * 4, strict=True):
         record[key] = value
+    record["bandwidthLimit"] = bandwidth_limit or None
     return record
 
 
@@ -144,6 +150,10 @@ def report_frame(request: str, pod: str, sessions: Sequence[Mapping[str, Any]]) 
         size += len(part) + 1
     head = json.dumps({"request": request, "pod": pod, "omitted": len(sessions) - len(parts)})
     return f'{{"{REPORT_KEY}":{head[:-1]},"sessions":[{",".join(parts)}]}}}}'
+
+
+_REQUIRED = frozenset(FIELDS)
+_KNOWN = _REQUIRED | frozenset(OPTIONAL_FIELDS)
 
 
 def _body(text: str | bytes, key: str) -> dict[str, Any]:
@@ -176,13 +186,16 @@ def parse_end(text: str | bytes) -> tuple[str, frozenset[str], frozenset[str]]:
 
 
 def parse_report(text: str | bytes) -> tuple[str, str, list[dict[str, Any]], int]:
-    """(request id, pod, sessions, omitted) of a REPORT_KEY frame; each session has exactly
-    FIELDS (the pod's own name filled in)."""
+    """(request id, pod, sessions, omitted) of a REPORT_KEY frame; each session has FIELDS and
+    may have OPTIONAL_FIELDS, nothing else (the pod's own name filled in; a missing optional
+    field is filled in as null)."""
     body = _body(text, REPORT_KEY)
     pod, sessions, omitted = body.get("pod"), body.get("sessions"), body.get("omitted", 0)
     if not isinstance(pod, str) or not isinstance(sessions, list) or type(omitted) is not int:
         raise SessionsError("sessions report is not {request, pod, sessions, omitted}")
     for session in sessions:
-        if not isinstance(session, dict) or set(session) != set(FIELDS):
+        if not isinstance(session, dict) or not _KNOWN >= set(session) >= _REQUIRED:
             raise SessionsError("sessions report: a session without exactly the known fields")
+        for key in OPTIONAL_FIELDS:
+            session.setdefault(key, None)
     return str(body["request"]), pod, sessions, omitted

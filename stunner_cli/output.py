@@ -136,6 +136,16 @@ def _count(session: dict[str, Any], packets: str, octets: str) -> str:
     return f"{session[packets]}/{session[octets]}"
 
 
+def _rate(bits_per_second: int | None) -> str:
+    """An allocation's cap each way as a person reads it (`64kbps`, `2.5Mbps`), `-`: none."""
+    if not bits_per_second:
+        return "-"
+    for unit, size in (("Gbps", 1e9), ("Mbps", 1e6), ("kbps", 1e3)):
+        if bits_per_second >= size:
+            return f"{bits_per_second / size:.4g}{unit}"
+    return f"{bits_per_second}bps"
+
+
 def show_sessions(answers: list[dict[str, Any]], output: str, user: str | None) -> str:
     """`stunner sessions`: every allocation of the Gateways' pods (only `user`'s, if given),
     a table or JSON; a note for each pod that did not answer. Never a password: the pods
@@ -155,7 +165,7 @@ def show_sessions(answers: list[dict[str, Any]], output: str, user: str | None) 
         "RELAY",
         "PEERS",
     )
-    header += ("CHANNELS", "AGE", "LEFT", "RX PKTS/BYTES", "TX PKTS/BYTES", "ID")
+    header += ("CHANNELS", "AGE", "LEFT", "RX PKTS/BYTES", "TX PKTS/BYTES", "CAP", "ID")
     rows: list[tuple[str, ...]] = [header]
     notes = []
     for answer in answers:
@@ -176,6 +186,7 @@ def show_sessions(answers: list[dict[str, Any]], output: str, user: str | None) 
                     f"{s['lifetime']:.0f}s",
                     _count(s, "rxPackets", "rxBytes"),
                     _count(s, "txPackets", "txBytes"),
+                    _rate(s.get("bandwidthLimit")),
                     str(s["id"]),
                 )
             )

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import importlib.metadata
 import logging
 import os
@@ -324,6 +325,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:
         print(f"stunnerd: {exc}", file=sys.stderr)  # noqa: T201
         return 2
+    # What the imports made (~45,000 objects: modules, classes, the codec's tables) lives as
+    # long as the process and holds no garbage: kept out of the cyclic collector's scans, whose
+    # full collection of them was ~5 % of the CPU of 200 allocations' set-up (issue 30,
+    # bench/README.md "WebRTC's voice load"), as the reconciler does for its cache.
+    gc.freeze()
     with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
         return runner.run(_main(args, override))
 

@@ -80,6 +80,7 @@ def record_of(listener: Listener, allocation: Allocation, now: float, pod: str) 
         age=now - allocation.created,
         lifetime=allocation.expires_at - now,
         counters=counters,
+        bandwidth_limit=a.cap.bits_per_second if a.cap is not None else None,
     )
 
 

@@ -12,6 +12,12 @@ phase on one release (the quick start's images and install, the example Gateway,
   (its client address, user id, relay address, peers), never its password; ``helm stunner
   disconnect --user`` ends it: the allocation's Refresh gets 437 within 1 s of the command
   starting (polled every 50 ms), and by the time the command returns.
+- A bandwidth cap (issue 29): the example's GatewayConfig patched with
+  ``allocationBandwidthLimit`` as a user would (kubectl): a value under the bound is refused at
+  admission naming the field; a valid one reaches the pods (``helm stunner sessions`` shows it on
+  a new allocation), and a call sending at four times the cap gets back its echoes at the cap
+  (within 5 %, the bucket's 0.2 s burst counted), each way capped on the relay; the cap lifted
+  after.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from typing import Any
 import pytest
 
 from stunner_api.stun import Class, Message
+from tests.cluster import calls
 from tests.cluster import test_quickstart_cluster as quickstart
 from tests.cluster.conftest import MEASURED, Kube, wait_for
 from tests.cluster.test_faults_cluster import SPREAD
@@ -49,6 +56,9 @@ from tests.support.turnclient import RawClient, error_code
 __all__ = ["echo_peer", "images", "release"]
 
 ETP_ANNOTATION = "stunner.l7mp.io/external-traffic-policy"
+GATEWAY_CONFIG = ("gatewayconfig", "stunner-gatewayconfig", "-n", GATEWAY_NS)
+CAP = 64_000  # bits per second each way: 50 packets of 160 bytes a second
+CAP_CALL_SECONDS = 10.0
 SESSIONS = ("stunner", "sessions", f"{GATEWAY_NS}/{GATEWAY}")
 
 
@@ -253,3 +263,48 @@ def test_sessions_lists_a_call_and_disconnect_ends_it(
     assert result["ended"] is not None, "the allocation still answered Refresh 30 s later"
     assert result["ended_after_return"] <= 1.0, result
     assert result["ended"] <= result["returned"] + 1.0, result
+
+
+def _cap(kube: Kube, value: int | None) -> Any:
+    patch = json.dumps({"spec": {"allocationBandwidthLimit": value}})
+    return kube.run("patch", *GATEWAY_CONFIG, "--type=merge", "-p", patch)
+
+
+def test_a_bandwidth_cap_applied_with_kubectl_holds_a_call_at_the_cap(
+    gateway: Release, echo_peer: tuple[str, int]
+) -> None:
+    kube = gateway.kube
+    refused = _cap(kube, 100)
+    assert refused.returncode != 0, refused.stdout
+    assert "spec.allocationBandwidthLimit" in refused.stderr, refused.stderr
+    assert _cap(kube, CAP).returncode == 0
+    server = (gateway.state["address"], 3478)
+    try:
+
+        async def shown() -> bool:
+            async with turn_allocation(server) as (client, _):
+                await permitted(client, echo_peer, within=30)
+                listed = await asyncio.to_thread(_sessions, gateway, "-o", "json")
+            return any(r.get("bandwidthLimit") == CAP for r in _rows(listed))
+
+        started = time.monotonic()
+        wait_for("the cap in helm stunner sessions", lambda: asyncio.run(shown()), within=60)
+        reached = time.monotonic() - started
+        rate = 4 * CAP / 8 / calls.PAYLOAD_SIZE  # packets a second: four times the cap
+        result = asyncio.run(
+            calls.call("udp", server, echo_peer, CREDENTIALS, CAP_CALL_SECONDS, rate=rate)
+        )
+        assert not result.error, result.error
+        # what came back: capped to the peer, then capped to the client; the bucket's 0.2 s
+        # burst passes on top of the window's share
+        echoed_bps = result.echoed * calls.PAYLOAD_SIZE * 8 / CAP_CALL_SECONDS
+        burst_bps = CAP * 0.2 / CAP_CALL_SECONDS
+        MEASURED[f"{gateway.name}: allocationBandwidthLimit {CAP} bps"] = (
+            f"in helm stunner sessions {reached:.1f} s after kubectl patch; a call sending "
+            f"{result.sent} packets of {calls.PAYLOAD_SIZE} B in {CAP_CALL_SECONDS:.0f} s "
+            f"({result.sent * calls.PAYLOAD_SIZE * 8 / CAP_CALL_SECONDS:.0f} bps) got "
+            f"{result.echoed} back: {echoed_bps:.0f} bps"
+        )
+        assert 0.95 * CAP <= echoed_bps <= 1.05 * CAP + burst_bps, MEASURED
+    finally:
+        assert _cap(kube, None).returncode == 0

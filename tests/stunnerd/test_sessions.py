@@ -31,7 +31,7 @@ from reconciler.cds.access import Access, Account, TokenVerifier
 from reconciler.kube.api import Api
 from stunner_api.dataplane_load import load_config
 from stunner_api.ice import ephemeral_password, ephemeral_username
-from stunner_api.sessions import DISCONNECT_PATH, FIELDS, SESSIONS_PATH
+from stunner_api.sessions import DISCONNECT_PATH, FIELDS, OPTIONAL_FIELDS, SESSIONS_PATH
 from stunner_api.vocabulary import CDS_TOKEN_AUDIENCE
 from stunner_cli.__main__ import main as stunner
 from tests.cds_server import run_cds_server
@@ -44,6 +44,7 @@ from .conftest import StartStunnerd
 
 ID = "testns/gw"
 PODS = ("127.0.0.1", "127.0.0.2", "127.0.0.3")
+CAP = 64_000_000  # bits per second each way, per allocation: shown by `sessions`, never reached
 
 
 def config_text(port: int) -> str:
@@ -60,7 +61,12 @@ def config_text(port: int) -> str:
     text = {
         "version": "v1",
         "admin": {"name": ID, "loglevel": "all:INFO", "healthcheck_endpoint": ""},
-        "auth": {"type": "ephemeral", "realm": REALM, "credentials": {"secret": SECRET}},
+        "auth": {
+            "type": "ephemeral",
+            "realm": REALM,
+            "credentials": {"secret": SECRET},
+            "allocation_bandwidth_limit": CAP,
+        },
         "listeners": listeners,
         "clusters": [{"name": "testns/backend", "type": "STATIC", "endpoints": ["127.0.0.0/8"]}],
     }
@@ -172,7 +178,8 @@ def test_sessions_are_listed_and_ended_across_pods(
             )
             assert got == want
             for session in listed["sessions"]:
-                assert list(session) == list(FIELDS)
+                assert list(session) == [*FIELDS, *OPTIONAL_FIELDS]
+                assert session["bandwidthLimit"] == CAP
                 assert 0 < session["lifetime"] <= 600
             (on_first,) = [s for s in listed["sessions"] if s["pod"] == "pod-0"]
             assert on_first["peers"] == ["127.0.0.1"]
@@ -332,9 +339,12 @@ def test_the_cli_lists_and_ends_sessions_through_the_api_servers_proxy(
                 assert over_tcp["rxPackets"] == 1 and over_tcp["rxBytes"] == 4
                 assert over_tcp["txPackets"] == 1 and over_tcp["txBytes"] == 4
                 assert over_tcp["channels"] == {"16384": f"127.0.0.1:{peer.port}"}
+                assert over_tcp["bandwidthLimit"] == CAP
                 assert alice["password"] not in shown and alice["username"] not in shown
                 code, table, _ = await asyncio.to_thread(cli, "sessions", "--user", "alice")
                 assert code == 0 and table.count(" alice ") == 2, table
+                assert table.splitlines()[0].split()[-2:] == ["CAP", "ID"], table
+                assert table.count("  64Mbps  ") == 2, table
                 print("\n" + table, file=sys.__stderr__)  # the README's example
                 code, table, _ = await asyncio.to_thread(cli, "sessions", "--user", "bob")
                 assert code == 0 and table.strip() == "no allocations", table
