@@ -11,7 +11,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from kubernetes.client.exceptions import ApiException
+
 from reconciler.cluster import ClusterSettings, Running, run_cluster
+from reconciler.kube.api import Api
+from reconciler.store import Cache
 from tests.support.fakeapi import CORE_TYPES, GATEWAY_TYPES, FakeApiServer, ResourceType
 
 CONTROLLER = "stunner.l7mp.io/gateway-operator"
@@ -260,3 +264,16 @@ async def reconciler(
     kubeconfig = fake.write_kubeconfig(tmp_path / f"kubeconfig-{time.monotonic_ns()}")
     async with run_cluster(replace(FAST, kubeconfig=str(kubeconfig), **settings)) as running:
         yield running
+
+
+def relist(api: Api, cache: Cache) -> None:
+    """`cache` holding every watched kind as the API server lists it now (none of a kind the
+    server does not serve, as the informer caches it: the fake does not serve TCPRoute)."""
+    for watched in cache.watched:
+        try:
+            items, version = api.list(watched, watched.versions[0])
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            items, version = [], ""
+        cache.replace(watched, items, version)

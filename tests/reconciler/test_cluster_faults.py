@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from reconciler.apply import Write, plan_writes
-from reconciler.kube.api import Api, ApiException, load_client
+from reconciler.kube.api import Api, load_client
 from reconciler.kube.writer import Writer
 from reconciler.render import RenderSettings, render
 from reconciler.store import Cache, Snapshot
@@ -41,14 +41,7 @@ def listed(fake: FakeApiServer, tmp_path: Path) -> tuple[Api, Cache]:
     kind the fake does not serve, as the informer caches it: Gateway API's TCPRoute)."""
     cache = Cache()
     api = Api(load_client(str(fake.write_kubeconfig(tmp_path / "kubeconfig"))))
-    for watched in cache.watched:
-        try:
-            items, version = api.list(watched, watched.versions[0])
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
-            items, version = [], ""
-        cache.replace(watched, items, version)
+    k.relist(api, cache)
     return api, cache
 
 

@@ -9,8 +9,6 @@ import asyncio
 from datetime import UTC, datetime
 from pathlib import Path
 
-from kubernetes.client.exceptions import ApiException
-
 from reconciler import events
 from reconciler.kube.api import Api, load_client, refusal
 from reconciler.kube.writer import Writer
@@ -22,19 +20,6 @@ from reconciler.write_backoff import WriteBackoff
 from reconciler.write_queue import WriteQueue
 from tests.reconciler import clusterkit as k
 from tests.support.fakeapi import FakeApiServer
-
-
-def relist(api: Api, cache: Cache) -> None:
-    """The cache as the API server holds it now (what the informers would bring: a kind the
-    server does not serve, as the fake does not serve TCPRoute, is cached as empty)."""
-    for watched in cache.watched:
-        try:
-            items, version = api.list(watched, watched.versions[0])
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
-            items, version = [], ""
-        cache.replace(watched, items, version)
 
 
 def render(cache: Cache) -> tuple[Plan, frozenset[str]]:
@@ -57,7 +42,7 @@ def test_a_refused_write_is_retried_with_back_off_and_the_newest_version_is_writ
             k.world(fake)
             api = Api(load_client(str(fake.write_kubeconfig(tmp_path / "kubeconfig"))))
             cache = Cache()
-            relist(api, cache)
+            k.relist(api, cache)
             plan, ours = render(cache)
             current = {"plan": plan}
             metrics = Metrics()
@@ -84,7 +69,7 @@ def test_a_refused_write_is_retried_with_back_off_and_the_newest_version_is_writ
                 # The user scales the dataplane while the create is refused: the next render's
                 # Deployment is the one that goes out once the API server accepts it.
                 k.scale_dataplane(fake, 3)
-                relist(api, cache)
+                k.relist(api, cache)
                 current["plan"], ours = render(cache)
                 fake.refuse("POST", "deployments", None)
                 made = await k.eventually(
