@@ -44,8 +44,7 @@ class TokenBucket:
 
     def admit(self, size: int, now: float) -> bool:
         """Refill for the time since the last packet; pass (and spend `size`) unless empty."""
-        self._refill(now)
-        if self.tokens <= 0:
+        if self.refilled(now) <= 0:
             return False
         self.tokens -= size
         return True
@@ -55,14 +54,16 @@ class TokenBucket:
         spend them (the bucket may go below zero) and return the seconds until the bucket is not
         empty again, 0.0 while it is not: its reader stops reading that long, and TCP's flow
         control holds the sender. Over a long window what passes is the cap, as with `admit`."""
-        self._refill(now)
+        self.refilled(now)
         self.tokens -= size
         return 0.0 if self.tokens > 0 else -self.tokens / self.rate
 
-    def _refill(self, now: float) -> None:
+    def refilled(self, now: float) -> float:
+        """The tokens held at `now`, the time since the last refill added (at most the burst)."""
         if now > self.stamp:
             self.tokens = min(self.burst, self.tokens + (now - self.stamp) * self.rate)
             self.stamp = now
+        return self.tokens
 
 
 class AllocationCap:

@@ -169,10 +169,9 @@ class PeerConnection(asyncio.Protocol):
             size = len(waiting)
             wait = 0.0
         else:
-            bucket = cap.to_client if side == "peer" else cap.to_peers
-            bucket.pace(0, time.monotonic())  # refilled
-            size = min(len(waiting), max(0, math.ceil(bucket.tokens)))
-            wait = bucket.pace(size, time.monotonic())
+            bucket, now = (cap.to_client if side == "peer" else cap.to_peers), time.monotonic()
+            size = min(len(waiting), max(0, math.ceil(bucket.refilled(now))))
+            wait = bucket.pace(size, now)
         if size:
             writer.write(bytes(waiting[:size]))
             del waiting[:size]
