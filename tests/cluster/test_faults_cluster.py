@@ -34,14 +34,13 @@ import signal
 import subprocess
 import time
 import urllib.request
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
 
 from stunner_api.vocabulary import CDS_SERVICE_NAME, RELATED_GATEWAY_NAME
 from tests.cluster import calls
-from tests.cluster import test_quickstart_cluster as quickstart
 from tests.cluster.conftest import MEASURED, Kube, wait_for
 from tests.cluster.podprocess import container_pid, in_network_of
 from tests.cluster.test_quickstart_cluster import (
@@ -54,6 +53,7 @@ from tests.cluster.test_quickstart_cluster import (
     RELEASE,
     Release,
     echo_peer,
+    gateway,
     image_loads,
     images,
     pod_condition,
@@ -61,22 +61,12 @@ from tests.cluster.test_quickstart_cluster import (
 )
 
 # the quick start's fixtures (a release of this module's own)
-__all__ = ["echo_peer", "images", "release"]
+__all__ = ["echo_peer", "gateway", "images", "release"]
 
 CALL_SECONDS = 40.0
 FAULT_AT = 10.0  # seconds into the calls
 UDP_CALLS = 3
 TCP_CALLS = 2
-
-
-@pytest.fixture(scope="module")
-def gateway(release: Release) -> Iterator[Release]:
-    """The quick start up to a Gateway with its address: installed, the example applied, its
-    stunnerd Ready, the LoadBalancer address given."""
-    quickstart.test_helm_install_as_the_readme_says(release)
-    quickstart.test_apply_the_example_and_its_stunnerd_becomes_ready(release)
-    quickstart.test_the_gateway_gets_its_address_and_ice_prints_it(release)
-    yield release
 
 
 def _stunnerd_pods(kube: Kube) -> list[dict[str, Any]]:

@@ -416,6 +416,16 @@ def echo_peer(release: Release, images: dict[str, str]) -> tuple[str, int]:
     return str(wait_for("the echo pod Ready", ip, within=120)), ECHO_PORT
 
 
+@pytest.fixture(scope="module")
+def gateway(release: Release) -> Iterator[Release]:
+    """The quick start up to a Gateway with its address: installed, the example applied, its
+    stunnerd Ready, the LoadBalancer address given (for the modules that start from there)."""
+    test_helm_install_as_the_readme_says(release)
+    test_apply_the_example_and_its_stunnerd_becomes_ready(release)
+    test_the_gateway_gets_its_address_and_ice_prints_it(release)
+    yield release
+
+
 @contextlib.asynccontextmanager
 async def turn_allocation(server: tuple[str, int]) -> AsyncIterator[tuple[RawClient, Message]]:
     """A UDP allocation through `server`, deleted on the way out (Refresh with lifetime 0):

@@ -28,14 +28,13 @@ import json
 import socket
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
 from stunner_api.stun import Class, Message
 from tests.cluster import calls
-from tests.cluster import test_quickstart_cluster as quickstart
 from tests.cluster.conftest import MEASURED, Kube, wait_for
 from tests.cluster.test_faults_cluster import SPREAD
 from tests.cluster.test_quickstart_cluster import (
@@ -44,6 +43,7 @@ from tests.cluster.test_quickstart_cluster import (
     GATEWAY_NS,
     Release,
     echo_peer,
+    gateway,
     images,
     permitted,
     pod_condition,
@@ -53,22 +53,13 @@ from tests.cluster.test_quickstart_cluster import (
 from tests.support.turnclient import RawClient, error_code
 
 # the quick start's fixtures (a release of this module's own)
-__all__ = ["echo_peer", "images", "release"]
+__all__ = ["echo_peer", "gateway", "images", "release"]
 
 ETP_ANNOTATION = "stunner.l7mp.io/external-traffic-policy"
 GATEWAY_CONFIG = ("gatewayconfig", "stunner-gatewayconfig", "-n", GATEWAY_NS)
 CAP = 64_000  # bits per second each way: 50 packets of 160 bytes a second
 CAP_CALL_SECONDS = 10.0
 SESSIONS = ("stunner", "sessions", f"{GATEWAY_NS}/{GATEWAY}")
-
-
-@pytest.fixture(scope="module")
-def gateway(release: Release) -> Iterator[Release]:
-    """The quick start up to a Gateway with its address, and the stunner plugin installed."""
-    quickstart.test_helm_install_as_the_readme_says(release)
-    quickstart.test_apply_the_example_and_its_stunnerd_becomes_ready(release)
-    quickstart.test_the_gateway_gets_its_address_and_ice_prints_it(release)
-    yield release
 
 
 def _pods_by_node(kube: Kube) -> dict[str, dict[str, Any]] | None:

@@ -28,13 +28,13 @@ import pytest
 
 from stunner_api import stun
 from stunner_api.stun import Class, Message, Method
-from tests.cluster import test_quickstart_cluster as quickstart
 from tests.cluster.conftest import MEASURED, wait_for
 from tests.cluster.test_quickstart_cluster import (
     CREDENTIALS,
     GATEWAY,
     GATEWAY_NS,
     Release,
+    gateway,
     images,
     pod_condition,
     release,
@@ -42,7 +42,7 @@ from tests.cluster.test_quickstart_cluster import (
 from tests.support.turnclient import RawClient, RawTcpClient, error_code
 
 # the quick start's fixtures (a release of this module's own)
-__all__ = ["images", "release"]
+__all__ = ["gateway", "images", "release"]
 
 TCP_ECHO = "tcp-echo"
 TCP_ECHO_PORT = 9002
@@ -59,15 +59,6 @@ TCP_ECHO_SERVER = (
     "socketserver.ThreadingTCPServer.allow_reuse_address = True\n"
     f"socketserver.ThreadingTCPServer(('0.0.0.0', {TCP_ECHO_PORT}), Echo).serve_forever()\n"
 )
-
-
-@pytest.fixture(scope="module")
-def gateway(release: Release) -> Iterator[Release]:
-    """The quick start up to a Gateway with its address."""
-    quickstart.test_helm_install_as_the_readme_says(release)
-    quickstart.test_apply_the_example_and_its_stunnerd_becomes_ready(release)
-    quickstart.test_the_gateway_gets_its_address_and_ice_prints_it(release)
-    yield release
 
 
 def _tcp_echo_objects(image: str) -> list[dict[str, Any]]:
