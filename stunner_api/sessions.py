@@ -198,4 +198,7 @@ def parse_report(text: str | bytes) -> tuple[str, str, list[dict[str, Any]], int
             raise SessionsError("sessions report: a session without exactly the known fields")
         for key in OPTIONAL_FIELDS:
             session.setdefault(key, None)
+        limit = session["bandwidthLimit"]
+        if limit is not None and (type(limit) is not int or limit <= 0):
+            raise SessionsError("sessions report: a bandwidthLimit that is not a positive integer")
     return str(body["request"]), pod, sessions, omitted

@@ -58,3 +58,13 @@ def test_a_session_with_a_field_missing_or_unknown_is_refused(change: str) -> No
     frame = json.dumps({"sessionsReport": {"request": "r", "pod": "p", "sessions": [session]}})
     with pytest.raises(SessionsError, match="known fields"):
         parse_report(frame)
+
+
+@pytest.mark.parametrize("limit", ["64000", 64000.5, True, 0, -1])
+def test_a_cap_that_is_not_a_positive_integer_is_refused(limit: object) -> None:
+    """What the CLI formats as a rate must be one: a pod's report is refused otherwise."""
+    session = _session(None)
+    session["bandwidthLimit"] = limit
+    frame = json.dumps({"sessionsReport": {"request": "r", "pod": "p", "sessions": [session]}})
+    with pytest.raises(SessionsError, match="bandwidthLimit"):
+        parse_report(frame)
